@@ -1,0 +1,43 @@
+# tilefuse: two commands do everything on a fresh machine.
+#   make demo   creates .venv, installs, runs the main job (on Triton's interpreter when there is no GPU)
+#   make test   creates .venv, installs, runs the whole suite that can run without a GPU
+# On a GPU machine (nothing can be installed there) the system python runs:
+#   make gpu-test   the tests marked `gpu`
+#   make bench      the benchmark suites, CSV under benchmarks/results/
+
+VENV      ?= .venv
+PY        := $(VENV)/bin/python
+STAMP     := $(VENV)/.tilefuse-installed
+SYSPY     ?= python3
+# torch 2.13.0 is the CPU wheel on the dev/CI machines' disk; triton 3.6.0 is the GPU machine's version;
+# numpy stays below 2.4 because Triton 3.6's interpreter fails on numpy 2.4+.
+DEPS      := torch==2.13.0 triton==3.6.0 "numpy<2.4" pytest pytest-xdist hypothesis matplotlib
+PYTEST_JOBS ?= 2
+
+.PHONY: demo test test-fast gpu-test bench targets clean
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || python3 -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q $(DEPS)
+	$(PY) -m pip install -q --no-deps -e .
+	touch $@
+
+demo: $(STAMP)
+	$(PY) -m tilefuse demo
+
+test: $(STAMP)
+	OMP_NUM_THREADS=1 $(PY) -m pytest -q -n $(PYTEST_JOBS) --dist loadgroup
+
+targets: $(STAMP)
+	$(PY) -m tilefuse targets
+
+gpu-test:
+	PYTHONPATH=$(CURDIR) $(SYSPY) -m pytest -q -m gpu
+
+bench:
+	PYTHONPATH=$(CURDIR) $(SYSPY) -m tilefuse info --measure
+	PYTHONPATH=$(CURDIR) $(SYSPY) -m tilefuse bench gemm ladder compiler --out benchmarks/results
+
+clean:
+	rm -rf $(VENV) .pytest_cache build *.egg-info

@@ -1,0 +1,68 @@
+"""Shared checking helpers: one tolerance table, relative error against a high-precision reference,
+poisoned outputs and non-contiguous operands (DESIGN.md, Tests)."""
+from __future__ import annotations
+
+import torch
+
+# ‖out − ref‖ / ‖ref‖ allowed, by the dtype of the inputs (the reference is float64, or float32 for half).
+TOLERANCE = {
+    torch.float64: 1e-12,
+    torch.float32: 1e-5,  # ieee fp32 math; tf32 matmuls use TF32_TOLERANCE
+    torch.float16: 3e-3,
+    torch.bfloat16: 2e-2,
+    torch.float8_e4m3fn: 8e-2,
+    torch.float8_e5m2: 1.5e-1,
+    torch.int8: 0.0,
+    torch.int32: 0.0,
+}
+TF32_TOLERANCE = 2e-3
+
+
+def rel_error(out: torch.Tensor, ref: torch.Tensor) -> float:
+    """‖out − ref‖ / ‖ref‖ in float64; NaN or Inf anywhere in ``out`` (where ref is finite) is infinite error."""
+    out64 = out.detach().to("cpu", torch.float64)
+    ref64 = ref.detach().to("cpu", torch.float64)
+    if out64.shape != ref64.shape:
+        raise AssertionError(f"shape {tuple(out64.shape)} != reference shape {tuple(ref64.shape)}")
+    if not torch.isfinite(out64[torch.isfinite(ref64)]).all():
+        return float("inf")
+    denom = ref64.norm().item()
+    diff = (out64 - ref64).norm().item()
+    if denom == 0.0:
+        return diff
+    return diff / denom
+
+
+def assert_close(out: torch.Tensor, ref: torch.Tensor, dtype: torch.dtype | None = None, tol: float | None = None,
+                 what: str = "output") -> float:
+    dtype = dtype or out.dtype
+    tol = TOLERANCE[dtype] if tol is None else tol
+    err = rel_error(out, ref)
+    assert err <= tol, f"{what}: relative error {err:.3g} > {tol:.3g} ({dtype}, shape {tuple(out.shape)})"
+    return err
+
+
+def poison(t: torch.Tensor) -> torch.Tensor:
+    """Fill ``t`` with NaN (floats) or an unlikely value (integers) so unwritten elements show up."""
+    if t.dtype.is_floating_point:
+        return t.fill_(float("nan"))
+    return t.fill_(-123 if t.dtype.is_signed else 123)
+
+
+def poisoned_empty(*shape, dtype, device) -> torch.Tensor:
+    return poison(torch.empty(*shape, dtype=dtype, device=device))
+
+
+def noncontiguous(t: torch.Tensor) -> torch.Tensor:
+    """The same values as ``t`` in a non-contiguous view (every other column of a wider buffer)."""
+    wide = torch.empty(*t.shape[:-1], t.shape[-1] * 2, dtype=t.dtype, device=t.device)
+    poison(wide)
+    view = wide[..., ::2]
+    view.copy_(t)
+    assert not view.is_contiguous() or t.numel() <= 1
+    return view
+
+
+def transposed_copy(t: torch.Tensor) -> torch.Tensor:
+    """The same values as ``t`` (2-D or batched) stored column-major: a transposed view of a contiguous tensor."""
+    return t.transpose(-1, -2).contiguous().transpose(-1, -2)

@@ -1,0 +1,220 @@
+"""Timing and tidy CSV rows, shared by every benchmark suite.
+
+Rules (DESIGN.md): time on the GPU with ``triton.testing.do_bench`` (median, with warm-up), inputs rotated
+so they do not sit in L2, random normal data, and the peer timed in the same process on the same inputs.
+A case that could not run is written as a row whose ``status`` says why, never dropped.
+"""
+from __future__ import annotations
+
+import csv
+import dataclasses
+import datetime as _dt
+import functools
+import math
+import subprocess
+import traceback
+from pathlib import Path
+from typing import Any, Callable, Iterable, Sequence
+
+FIELDS = ["suite", "case", "impl", "dtype", "shape", "ms_p50", "tflops", "gbps", "vs_baseline", "baseline",
+          "pct_ceiling", "ms_p20", "ms_p80", "status", "note", "gpu", "torch", "triton", "git_sha", "date"]
+
+ROTATE_L2_FACTOR = 3  # rotate through enough input sets to cover 3x the L2, so no set is still cached
+ROTATE_MAX_SETS = 8  # and no more than this many (memory): do_bench also clears L2 between repeats
+
+
+@dataclasses.dataclass
+class Row:
+    suite: str
+    case: str
+    impl: str
+    dtype: str
+    shape: str
+    ms_p50: float | None = None
+    tflops: float | None = None
+    gbps: float | None = None
+    vs_baseline: float | None = None
+    baseline: str = ""
+    pct_ceiling: float | None = None  # of the measured matmul ceiling (compute-bound) or copy bandwidth
+    ms_p20: float | None = None
+    ms_p80: float | None = None
+    status: str = "ok"  # "ok", "not run: <why>", "error: <what>", "wrong: <error norm>"
+    note: str = ""
+    gpu: str = ""
+    torch: str = ""
+    triton: str = ""
+    git_sha: str = ""
+    date: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "ok" and self.ms_p50 is not None
+
+
+@functools.lru_cache(maxsize=1)
+def environment() -> dict[str, str]:
+    import torch
+    import triton
+
+    from .. import device
+
+    try:
+        sha = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], capture_output=True, text=True,
+                             cwd=Path(__file__).resolve().parent, timeout=10).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True,
+                               text=True, cwd=Path(__file__).resolve().parent, timeout=10).stdout.strip()
+        sha = sha + ("+dirty" if dirty and sha else "")
+    except (OSError, subprocess.TimeoutExpired):
+        sha = ""
+    return {"gpu": device.current().name, "torch": torch.__version__, "triton": triton.__version__,
+            "git_sha": sha or "unknown", "date": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d")}
+
+
+SMOKE_REPEATS = 3  # a smoke run (interpreter, no GPU) only proves the suite's code path runs
+
+
+def bench(fn: Callable[[], Any], *, warmup_ms: int = 25, rep_ms: int = 100, smoke: bool = False
+          ) -> tuple[float, float, float]:
+    """(median, 20th, 80th percentile) milliseconds of ``fn``: on the GPU with ``do_bench`` (CUDA events,
+    warm-up, L2 cleared between repeats); in a smoke run, a few wall-clock calls."""
+    if smoke:
+        import statistics
+        import time
+
+        fn()
+        times = []
+        for _ in range(SMOKE_REPEATS):
+            start = time.perf_counter()
+            fn()
+            times.append((time.perf_counter() - start) * 1e3)
+        return statistics.median(times), min(times), max(times)
+    from triton.testing import do_bench
+
+    p50, p20, p80 = do_bench(fn, warmup=warmup_ms, rep=rep_ms, quantiles=[0.5, 0.2, 0.8])
+    return float(p50), float(p20), float(p80)
+
+
+def rotation_sets(bytes_per_set: int, l2_bytes: int, budget_bytes: int = 8 << 30) -> int:
+    """How many input sets to rotate through so that the working set is several times the L2."""
+    want = math.ceil(ROTATE_L2_FACTOR * max(l2_bytes, 1) / max(bytes_per_set, 1))
+    fit = max(1, budget_bytes // max(bytes_per_set, 1))
+    return int(max(1, min(want, ROTATE_MAX_SETS, fit)))
+
+
+class Rotating:
+    """Calls ``fn(*inputs[i])`` with i cycling, so successive timed calls touch different memory."""
+
+    def __init__(self, fn: Callable[..., Any], input_sets: Sequence[Sequence[Any]]):
+        self.fn, self.sets, self.i = fn, list(input_sets), 0
+
+    def __call__(self):
+        inputs = self.sets[self.i]
+        self.i = (self.i + 1) % len(self.sets)
+        return self.fn(*inputs)
+
+
+class Recorder:
+    """Collects the rows of one suite; computes ``vs_baseline`` against the baseline impl of each case."""
+
+    def __init__(self, suite: str, *, ceiling_tflops: float | None = None, ceiling_gbps: float | None = None,
+                 warmup_ms: int = 25, rep_ms: int = 100, smoke: bool = False,
+                 log: Callable[[str], None] = print):
+        self.suite, self.rows, self.smoke = suite, [], smoke
+        self.ceiling_tflops, self.ceiling_gbps = ceiling_tflops, ceiling_gbps
+        self.warmup_ms, self.rep_ms, self.log = warmup_ms, rep_ms, log
+
+    def _row(self, case, impl, dtype, shape, **kw) -> Row:
+        if self.smoke:
+            kw["note"] = ("interpreter smoke run, times mean nothing; " + kw.get("note", "")).rstrip("; ")
+        row = Row(self.suite, case, impl, str(dtype).replace("torch.", ""), str(shape), **kw, **environment())
+        self.rows.append(row)
+        return row
+
+    def time(self, case: str, impl: str, fn: Callable[[], Any], *, dtype: Any, shape: Any,
+             flops: float | None = None, bytes_moved: float | None = None, baseline: str = "",
+             check: Callable[[], str | None] | None = None, note: str = "") -> Row:
+        """Time ``fn``; ``check()`` (run first) returns None if the output is right, else what is wrong."""
+        try:
+            if check is not None:
+                wrong = check()
+                if wrong:
+                    row = self._row(case, impl, dtype, shape, status=f"wrong: {wrong}", baseline=baseline, note=note)
+                    self.log(f"  {case:<28} {impl:<20} WRONG {wrong}")
+                    return row
+            p50, p20, p80 = bench(fn, warmup_ms=self.warmup_ms, rep_ms=self.rep_ms, smoke=self.smoke)
+        except Exception as exc:  # one failing impl must not end the suite; the row says what happened
+            msg = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"[:300]
+            self.log(f"  {case:<28} {impl:<20} ERROR {msg}")
+            self.log("".join(traceback.format_exception(exc)[-3:]))
+            return self._row(case, impl, dtype, shape, status=f"error: {msg}", baseline=baseline, note=note)
+        tflops = flops / (p50 * 1e-3) / 1e12 if flops else None
+        gbps = bytes_moved / (p50 * 1e-3) / 1e9 if bytes_moved else None
+        pct = None
+        if tflops is not None and self.ceiling_tflops:
+            pct = 100 * tflops / self.ceiling_tflops
+        elif gbps is not None and self.ceiling_gbps:
+            pct = 100 * gbps / self.ceiling_gbps
+        row = self._row(case, impl, dtype, shape, ms_p50=p50, ms_p20=p20, ms_p80=p80, tflops=tflops, gbps=gbps,
+                        pct_ceiling=pct, baseline=baseline, note=note)
+        rate = f"{tflops:8.1f} TFLOP/s" if tflops is not None else (f"{gbps:8.1f} GB/s" if gbps is not None else "")
+        self.log(f"  {case:<28} {impl:<20} {p50:9.4f} ms {rate}")
+        return row
+
+    def skip(self, case: str, impl: str, reason: str, *, dtype: Any = "", shape: Any = "") -> Row:
+        self.log(f"  {case:<28} {impl:<20} not run: {reason}")
+        return self._row(case, impl, dtype, shape, status=f"not run: {reason}")
+
+    def finish(self) -> list[Row]:
+        """Fill ``vs_baseline`` = baseline time / this time, the baseline being the row of the same case
+        (and dtype) whose impl is named in ``row.baseline``."""
+        for row in self.rows:
+            if not row.baseline or not row.ok:
+                continue
+            peer = next((r for r in self.rows if r.case == row.case and r.dtype == row.dtype
+                         and r.impl == row.baseline and r.ok), None)
+            if peer is not None:
+                row.vs_baseline = peer.ms_p50 / row.ms_p50
+        return self.rows
+
+
+def _fmt(value) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, float):
+        return f"{value:.6g}"
+    return str(value)
+
+
+def write_csv(rows: Iterable[Row], path: str | Path, append: bool = False) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    new = not (append and path.exists() and path.stat().st_size > 0)
+    with open(path, "a" if append else "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=FIELDS)
+        if new:
+            writer.writeheader()
+        for row in rows:
+            writer.writerow({k: _fmt(v) for k, v in dataclasses.asdict(row).items()})
+    return path
+
+
+def read_csv(path: str | Path) -> list[Row]:
+    rows = []
+    with open(path, newline="") as f:
+        for raw in csv.DictReader(f):
+            values: dict[str, Any] = {}
+            for field in dataclasses.fields(Row):
+                text = raw.get(field.name, "")
+                if field.type in ("float | None",):
+                    values[field.name] = float(text) if text not in ("", None) else None
+                else:
+                    values[field.name] = text or ""
+            rows.append(Row(**values))
+    return rows
+
+
+def geomean(values: Iterable[float]) -> float | None:
+    values = [v for v in values if v and v > 0]
+    if not values:
+        return None
+    return math.exp(sum(math.log(v) for v in values) / len(values))

@@ -1,0 +1,89 @@
+"""``tilefuse bench SUITE...``: run suites and write ``<out>/<suite>.csv``.
+
+Suites: see :data:`SUITES`. Each is a module ``tilefuse.bench.<name>_suite`` exposing
+``run(opts: SuiteOptions) -> list[Row]``; it builds a :class:`~tilefuse.bench.harness.Recorder` with
+:meth:`SuiteOptions.recorder` and returns ``recorder.finish()``.
+
+On a machine with no GPU a suite does not run (its time would be the interpreter's) unless ``--smoke`` is
+given: then it runs tiny shapes on the interpreter to prove the code path, and every row says so.
+"""
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import sys
+import time
+from pathlib import Path
+from typing import Callable
+
+from . import harness
+
+SUITES = {
+    "gemm": "Triton GEMM library vs cuBLAS / torch._scaled_mm / the unfused eager chain",
+    "ladder": "CUDA C++ GEMM ladder, rung by rung, vs the Triton GEMM and cuBLAS",
+    "compiler": "tilefuse backend vs eager and Inductor on memory-bound graphs, with compile times",
+}
+DEFAULT_OUT = Path("benchmarks/results")
+
+
+@dataclasses.dataclass
+class SuiteOptions:
+    quick: bool = False  # fewer shapes (the README's headline cases only)
+    smoke: bool = False  # interpreter run on tiny shapes: proves the code path, times mean nothing
+    only: tuple[str, ...] = ()  # keep cases whose name contains one of these
+    warmup_ms: int = 25
+    rep_ms: int = 100
+    log: Callable[[str], None] = print
+
+    def wants(self, case: str) -> bool:
+        return not self.only or any(o in case for o in self.only)
+
+    def recorder(self, suite: str, *, compute_bound: bool) -> harness.Recorder:
+        from .. import device
+
+        ceil = device.ceilings()
+        return harness.Recorder(suite, ceiling_tflops=ceil.bf16_tflops if (ceil and compute_bound) else None,
+                                ceiling_gbps=ceil.copy_gbps if (ceil and not compute_bound) else None,
+                                warmup_ms=self.warmup_ms, rep_ms=self.rep_ms, smoke=self.smoke, log=self.log)
+
+
+def add_arguments(p) -> None:
+    p.add_argument("suites", nargs="+", metavar="SUITE", help=f"one or more of: {', '.join(SUITES)}")
+    p.add_argument("--out", default=str(DEFAULT_OUT), help=f"folder for <suite>.csv (default {DEFAULT_OUT})")
+    p.add_argument("--quick", action="store_true", help="headline shapes only")
+    p.add_argument("--smoke", action="store_true", help="without a GPU: tiny shapes on the interpreter (times mean nothing)")
+    p.add_argument("--only", action="append", default=[], metavar="TEXT", help="only cases whose name contains TEXT")
+    p.add_argument("--rep-ms", type=int, default=100, help="do_bench repetition time per measurement (ms)")
+
+
+def run_suite(name: str, opts: SuiteOptions) -> list[harness.Row]:
+    if name not in SUITES:
+        raise ValueError(f"unknown suite {name!r}: accepted values are {', '.join(SUITES)}")
+    module = importlib.import_module(f"tilefuse.bench.{name}_suite")
+    return module.run(opts)
+
+
+def main(args) -> int:
+    from .. import device
+
+    for name in args.suites:
+        if name not in SUITES:
+            raise ValueError(f"unknown suite {name!r}: accepted values are {', '.join(SUITES)}")
+    dev = device.current()
+    if (not dev.is_gpu or dev.interpreter) and not args.smoke:
+        print(f"tilefuse bench: not run: {dev.describe()}; timings need a GPU "
+              "(--smoke runs tiny shapes on the interpreter to check the suites' code, with no timing value)",
+              file=sys.stderr)
+        return 1
+    opts = SuiteOptions(quick=args.quick, smoke=args.smoke, only=tuple(args.only), rep_ms=args.rep_ms)
+    status = 0
+    for name in args.suites:
+        print(f"== bench {name}: {SUITES[name]} on {dev.describe()}", flush=True)
+        start = time.perf_counter()
+        rows = run_suite(name, opts)
+        path = harness.write_csv(rows, Path(args.out) / f"{name}{'-smoke' if args.smoke else ''}.csv")
+        bad = [r for r in rows if r.status.startswith(("error", "wrong"))]
+        print(f"== {name}: {len(rows)} rows ({len(bad)} error/wrong) in {time.perf_counter() - start:.0f} s -> {path}",
+              flush=True)
+        status = status or (1 if bad else 0)
+    return status

@@ -1,0 +1,201 @@
+"""The ``tilefuse`` command: demo | info | targets | bench | report | explain | port.
+
+Each subcommand's work lives in the module that owns it; this file only parses arguments and turns a bad
+argument into a one-line error naming the accepted values (exit 2), never a traceback.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+
+class UsageError(Exception):
+    """A bad command-line argument: printed as one line, exit status 2."""
+
+
+def _split(values: list[str] | None) -> list[str]:
+    out: list[str] = []
+    for v in values or []:
+        out.extend(x.strip() for x in v.split(",") if x.strip())
+    return out
+
+
+# ----------------------------------------------------------------------------------------------- info
+def cmd_info(args) -> int:
+    import torch
+    import triton
+
+    from . import config, device
+
+    dev = device.current()
+    lines = [f"tilefuse {__import__('tilefuse').__version__}",
+             f"device:    {dev.describe()}",
+             f"torch:     {torch.__version__}" + (f" (HIP {torch.version.hip})" if torch.version.hip else
+                                                 f" (CUDA {torch.version.cuda})" if torch.version.cuda else ""),
+             f"triton:    {triton.__version__}",
+             f"python:    {sys.version.split()[0]}",
+             f"cache dir: {config.get().cache_dir}",
+             f"debug:     TILEFUSE_DEBUG={config.get().debug} ({config.DEBUG_LEVELS[config.get().debug]})"]
+    sheet = device.datasheet(dev)
+    if sheet:
+        lines.append(f"datasheet: {sheet.part}: bf16 {sheet.bf16:g} TFLOP/s dense, HBM {sheet.hbm_tbps:g} TB/s (leads, not measurements)")
+    info = {"device": dev.__dict__, "torch": torch.__version__, "triton": triton.__version__}
+    if dev.is_gpu and not dev.interpreter:
+        ceil = device.measure_ceilings() if args.measure else device.ceilings(dev)
+        if ceil is None:
+            lines.append("ceilings:  not measured yet on this device (run `tilefuse info --measure`)")
+        else:
+            lines.append(f"ceilings:  copy {ceil.copy_gbps / 1000:.2f} TB/s, bf16 matmul {ceil.bf16_tflops:.0f} TFLOP/s, "
+                         f"fp16 matmul {ceil.fp16_tflops:.0f} TFLOP/s at {ceil.matmul_n}^3 (measured {ceil.measured_at})")
+            info["ceilings"] = ceil.__dict__
+    else:
+        lines.append("ceilings:  none: there is no GPU to measure; kernels run on Triton's interpreter, which is "
+                     "for correctness, not speed")
+        if args.measure:
+            lines.append("           (--measure needs a GPU)")
+    if args.json:
+        print(json.dumps(info, indent=1, default=str))
+    else:
+        print("\n".join(lines))
+    return 0
+
+
+# -------------------------------------------------------------------------------------------- targets
+def cmd_targets(args) -> int:
+    from . import targets
+
+    wanted_targets = _split(args.target) or list(targets.ALL_TARGETS)
+    targets.check_target_names(wanted_targets)
+    from . import kernels
+
+    kernels.load_all()
+    if not args.triton_only:
+        try:
+            import tilefuse.cuda  # noqa: F401  (registers the C++ ladder's rows, if built)
+        except ImportError:
+            pass
+    results = targets.compile_matrix(wanted_targets, _split(args.kernel) or None, jobs=args.jobs,
+                                     include_providers=not args.triton_only)
+    bad = targets.failures(results)
+    if args.json:
+        print(json.dumps({"targets": wanted_targets, "results": [r.to_json() for r in results],
+                          "failures": len(bad)}, indent=1, default=str))
+    else:
+        print(targets.format_matrix(results, wanted_targets))
+        if args.details:
+            print()
+            print(targets.format_details(results))
+        print(f"\n{len(results)} compilations, {len(bad)} failed on a claimed target"
+              + ("" if args.details else "  (--details for registers, spills, shared memory, launch configs)"))
+        for r in bad:
+            print(f"FAIL {r.kernel} [{r.example}] on {r.target}: {r.error}")
+    return 1 if bad else 0
+
+
+# ----------------------------------------------------------------------------------------- delegates
+def cmd_demo(args) -> int:
+    from .demo import main as demo_main
+
+    return demo_main(args)
+
+
+def cmd_bench(args) -> int:
+    from .bench.runner import main as bench_main
+
+    return bench_main(args)
+
+
+def cmd_report(args) -> int:
+    from .bench.report import main as report_main
+
+    return report_main(args)
+
+
+def cmd_explain(args) -> int:
+    from .compiler.explain import explain_script
+
+    print(explain_script(args.script, args.script_args))
+    return 0
+
+
+def cmd_port(args) -> int:
+    from .cuda.port import main as port_main
+
+    return port_main(args.paths, args.output)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="tilefuse", description=__import__("tilefuse").__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+
+    p = sub.add_parser("demo", help="compile a model with the tilefuse backend, run a fused GEMM, show the target matrix")
+    p.add_argument("--quick", action="store_true", help="smaller sizes (the default on the interpreter)")
+    p.set_defaults(func=cmd_demo)
+
+    p = sub.add_parser("info", help="device, versions, datasheet peaks and measured ceilings")
+    p.add_argument("--measure", action="store_true", help="measure copy bandwidth and matmul rate now (GPU only) and cache them")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.set_defaults(func=cmd_info)
+
+    p = sub.add_parser("targets", help="cross-compile every registered kernel for NVIDIA and AMD targets (no GPU needed)")
+    p.add_argument("--target", action="append", metavar="T[,T]", help="targets (default all: sm_80,sm_90a,sm_100a,gfx90a,gfx942,gfx950)")
+    p.add_argument("--kernel", action="append", metavar="K[,K]", help="only these kernels (default all registered)")
+    p.add_argument("--details", action="store_true", help="registers, spills, shared memory and launch config of each compilation")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.add_argument("--jobs", type=int, default=None, help="parallel compilations (default: CPU cores)")
+    p.add_argument("--triton-only", action="store_true", help="leave out the CUDA C++ ladder's rows")
+    p.set_defaults(func=cmd_targets)
+
+    p = sub.add_parser("bench", help="time implementations side by side on the GPU and write CSV rows")
+    from .bench.runner import add_arguments as bench_arguments
+
+    bench_arguments(p)
+    p.set_defaults(func=cmd_bench)
+
+    p = sub.add_parser("report", help="render the tables (and plots) of benchmark CSV files")
+    from .bench.report import add_arguments as report_arguments
+
+    report_arguments(p)
+    p.set_defaults(func=cmd_report)
+
+    p = sub.add_parser("explain", help="run a script under the tilefuse backend and show graph breaks, fusion groups, kernels and fallbacks")
+    p.add_argument("script", help="a Python script that calls torch.compile(..., backend='tilefuse') or defines `main()`")
+    p.add_argument("script_args", nargs=argparse.REMAINDER, help="arguments passed to the script")
+    p.set_defaults(func=cmd_explain)
+
+    p = sub.add_parser("port", help="lint CUDA C++ for 32-lane warp assumptions and translate it to HIP")
+    p.add_argument("paths", nargs="+", help=".cu/.cuh/.h files or folders")
+    p.add_argument("-o", "--output", metavar="DIR", default=None, help="write the HIP translation here")
+    p.set_defaults(func=cmd_port)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return 2
+    try:
+        return int(args.func(args) or 0)
+    except (UsageError, ValueError, FileNotFoundError) as exc:
+        if isinstance(exc, ValueError) and not isinstance(exc, UsageError) and _is_internal(exc):
+            raise
+        print(f"tilefuse {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+def _is_internal(exc: BaseException) -> bool:
+    """A ValueError raised deep inside torch/triton is a bug to show in full, not a usage error."""
+    tb = exc.__traceback__
+    while tb and tb.tb_next:
+        tb = tb.tb_next
+    filename = tb.tb_frame.f_code.co_filename if tb else ""
+    return "tilefuse" not in filename
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

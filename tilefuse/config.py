@@ -1,0 +1,132 @@
+"""Every environment variable tilefuse reads, read once, typed and documented.
+
+No other module of tilefuse reads ``os.environ``: they call :func:`get` and read a field. Tests change
+settings with :func:`override`, which needs no environment at all.
+
+=========================  =========================================================================
+variable                   meaning
+=========================  =========================================================================
+``TILEFUSE_DEBUG``         0 (default) quiet; 1 kernel names, fallbacks, timings; 2 also the generated
+                           and selected kernel sources; 3 also the IR after each compiler pass.
+``TILEFUSE_CACHE_DIR``     where compiled kernels, tuning decisions, CUDA builds and measured ceilings
+                           are kept. Default ``$XDG_CACHE_HOME/tilefuse`` (``~/.cache/tilefuse``).
+``TILEFUSE_AUTOTUNE``      1: tune GEMM configs on a GPU on first use of a shape bucket (the winner is
+                           stored on disk); 0: use the heuristic default config. Default 1 on a GPU.
+                           The interpreter never tunes (autotune with several configs cannot run there).
+``TILEFUSE_INTERPRET``     ``auto`` (default): Triton's interpreter on CPU tensors when no GPU is
+                           present; ``1``: force the interpreter even with a GPU; ``0``: never (kernels
+                           are compiled, which on a machine with no GPU is only good for cross-compiling).
+``TILEFUSE_STRICT``        1: the compiler raises where it would otherwise fall back to ATen (tests use
+                           it so a fallback cannot hide a lowering bug). Default 0.
+``TILEFUSE_NVCC``          the nvcc used to build the CUDA C++ ladder (default ``nvcc``).
+``TILEFUSE_HIP_CLANG``     the clang used to compile the HIP translation (default ``clang-19``).
+``TILEFUSE_PROGRESS``      1 (default): show progress while tuning or building takes more than a moment;
+                           0: never.
+=========================  =========================================================================
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+import sys
+from pathlib import Path
+from typing import Iterator, Mapping
+
+DEBUG_LEVELS = {0: "quiet", 1: "kernel names, fallbacks, timings", 2: "+ kernel sources", 3: "+ IR after each pass"}
+INTERPRET_CHOICES = ("auto", "0", "1")
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+    debug: int
+    cache_dir: Path
+    autotune: bool | None  # None: decided by the device (on for a GPU)
+    interpret: str  # one of INTERPRET_CHOICES
+    strict: bool
+    nvcc: str
+    hip_clang: str
+    progress: bool
+
+
+def _int_var(env: Mapping[str, str], name: str, default: int, allowed: range) -> int:
+    raw = env.get(name, "").strip()
+    if not raw:
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ValueError(f"{name}={raw!r}: expected an integer in {allowed.start}..{allowed.stop - 1}") from None
+    if value not in allowed:
+        raise ValueError(f"{name}={raw!r}: expected an integer in {allowed.start}..{allowed.stop - 1}")
+    return value
+
+
+def _bool_var(env: Mapping[str, str], name: str, default: bool | None) -> bool | None:
+    raw = env.get(name, "").strip().lower()
+    if not raw:
+        return default
+    if raw in ("1", "true", "yes", "on"):
+        return True
+    if raw in ("0", "false", "no", "off"):
+        return False
+    raise ValueError(f"{name}={raw!r}: expected 0 or 1")
+
+
+def _default_cache_dir(env: Mapping[str, str]) -> Path:
+    base = env.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "tilefuse"
+
+
+def load(env: Mapping[str, str] | None = None) -> Config:
+    """Read the settings from ``env`` (default: the process environment)."""
+    env = os.environ if env is None else env
+    interpret = env.get("TILEFUSE_INTERPRET", "auto").strip().lower() or "auto"
+    if interpret not in INTERPRET_CHOICES:
+        raise ValueError(f"TILEFUSE_INTERPRET={interpret!r}: expected one of {', '.join(INTERPRET_CHOICES)}")
+    cache_dir = env.get("TILEFUSE_CACHE_DIR", "").strip()
+    return Config(
+        debug=_int_var(env, "TILEFUSE_DEBUG", 0, range(0, 4)),
+        cache_dir=Path(cache_dir).expanduser() if cache_dir else _default_cache_dir(env),
+        autotune=_bool_var(env, "TILEFUSE_AUTOTUNE", None),
+        interpret=interpret,
+        strict=bool(_bool_var(env, "TILEFUSE_STRICT", False)),
+        nvcc=env.get("TILEFUSE_NVCC", "").strip() or "nvcc",
+        hip_clang=env.get("TILEFUSE_HIP_CLANG", "").strip() or "clang-19",
+        progress=bool(_bool_var(env, "TILEFUSE_PROGRESS", True)),
+    )
+
+
+_current: Config = load()
+
+
+def get() -> Config:
+    """The settings in force."""
+    return _current
+
+
+@contextlib.contextmanager
+def override(**changes) -> Iterator[Config]:
+    """Change settings for the duration of a ``with`` block (tests, and the CLI's flags)."""
+    global _current
+    saved = _current
+    if "cache_dir" in changes:
+        changes["cache_dir"] = Path(changes["cache_dir"])
+    _current = dataclasses.replace(saved, **changes)
+    try:
+        yield _current
+    finally:
+        _current = saved
+
+
+def set_for_process(**changes) -> Config:
+    """Change settings for the rest of the process (the CLI uses it for its global flags)."""
+    global _current
+    _current = dataclasses.replace(_current, **changes)
+    return _current
+
+
+def log(level: int, message: str) -> None:
+    """Print ``message`` to stderr when ``TILEFUSE_DEBUG`` is at least ``level``."""
+    if _current.debug >= level:
+        print(f"[tilefuse] {message}", file=sys.stderr, flush=True)
