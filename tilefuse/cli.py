@@ -78,6 +78,9 @@ def cmd_targets(args) -> int:
     results = targets.compile_matrix(wanted_targets, _split(args.kernel) or None, jobs=args.jobs,
                                      include_providers=not args.triton_only)
     bad = targets.failures(results)
+    if not results:
+        print("tilefuse targets: no kernel is registered (tilefuse.kernels has no kernel family)", file=sys.stderr)
+        return 1
     if args.json:
         print(json.dumps({"targets": wanted_targets, "results": [r.to_json() for r in results],
                           "failures": len(bad)}, indent=1, default=str))

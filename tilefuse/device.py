@@ -46,7 +46,9 @@ class Device:
         return (int(m.group(1)), int(m.group(2))) if m else None
 
     def describe(self) -> str:
-        if self.interpreter and not self.is_gpu:
+        if not self.is_gpu:
+            if not self.interpreter:
+                return "no GPU and the interpreter is off (TILEFUSE_INTERPRET=0): kernels can only be cross-compiled"
             return f"no GPU: Triton kernels run on Triton's interpreter over CPU tensors ({self.multiprocessors} CPU cores)"
         extra = " (forced onto the interpreter by TILEFUSE_INTERPRET=1)" if self.interpreter else ""
         unit = "SMs" if self.vendor == "nvidia" else "CUs"
@@ -62,7 +64,8 @@ def _gpu_present() -> bool:
 
 def _detect(interpret: bool) -> Device:
     if not _gpu_present():
-        return Device("cpu", "cpu (Triton interpreter)", "cpu", os.cpu_count() or 1, 32, True, "cpu")
+        name = "cpu (Triton interpreter)" if interpret else "cpu (compile-only: TILEFUSE_INTERPRET=0)"
+        return Device("cpu", name, "cpu", os.cpu_count() or 1, 32, interpret, "cpu")
     props = torch.cuda.get_device_properties(torch.cuda.current_device())
     mem = int(getattr(props, "total_memory", 0))
     l2 = int(getattr(props, "L2_cache_size", 0))

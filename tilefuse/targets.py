@@ -196,8 +196,23 @@ def _attrs_for(spec_fn, example: Example) -> dict:
     return attrs
 
 
+def _short_error(exc: BaseException) -> str:
+    """First and last lines of a compiler error: Triton's say where (``at 7:28:``) and then what."""
+    lines = [ln.strip() for ln in str(exc).strip().splitlines() if ln.strip() and ln.strip() != "^"]
+    text = lines[0] if len(lines) <= 1 else f"{lines[0]} ... {lines[-1]}"
+    return f"{type(exc).__name__}: {text}"[:400]
+
+
 def compile_example(spec: KernelSpec, example: Example, target: str) -> Result:
-    """Compile one example of a kernel for one target and inspect the result."""
+    """Compile one example of a kernel for one target and inspect the result.
+
+    Only in a process that is not on Triton's interpreter: with triton 3.6, code generation in an
+    interpreting process picks up the interpreter's builder on a cache miss and fails
+    (``'ir.value' object has no attribute 'data'``). :func:`compile_matrix` re-runs itself in a child.
+    """
+    if device.interpreting():
+        raise RuntimeError("cross-compiling in a process that runs on Triton's interpreter fails with triton 3.6; "
+                           "use targets.compile_matrix (it re-runs in a child) or set TILEFUSE_INTERPRET=0")
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
@@ -210,7 +225,7 @@ def compile_example(spec: KernelSpec, example: Example, target: str) -> Result:
         src = ASTSource(spec.fn, example.signature, constexprs=example.constexprs, attrs=_attrs_for(spec.fn, example))
         compiled = triton.compile(src, target=GPUTarget(backend, arch, warp), options=dict(example.options))
     except Exception as exc:  # the error is the result: reported per cell, never raised
-        result.error = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"[:400]
+        result.error = _short_error(exc)
         result.compile_s = time.perf_counter() - start
         return result
     result.compile_s = round(time.perf_counter() - start, 3)
