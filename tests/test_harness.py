@@ -1,0 +1,66 @@
+from tilefuse.bench import harness, report
+
+
+def _recorder():
+    return harness.Recorder("unit", smoke=True, log=lambda s: None)
+
+
+def test_recorder_times_and_computes_ratio_to_baseline():
+    rec = _recorder()
+    work = list(range(20000))
+    rec.time("sum", "peer", lambda: sum(work), dtype="int", shape=20000, bytes_moved=8 * 20000)
+    rec.time("sum", "ours", lambda: sum(work[:10000]), dtype="int", shape=20000, bytes_moved=8 * 20000, baseline="peer")
+    rows = rec.finish()
+    peer, ours = rows
+    assert peer.ok and ours.ok and peer.ms_p50 > 0 and ours.gbps > 0
+    assert ours.vs_baseline == peer.ms_p50 / ours.ms_p50
+    assert "smoke" in ours.note
+
+
+def test_failures_are_rows_with_a_status():
+    rec = _recorder()
+    rec.time("c", "boom", lambda: 1 / 0, dtype="f", shape=1)
+    rec.time("c", "wrong", lambda: None, dtype="f", shape=1, check=lambda: "rel error 0.5")
+    rec.skip("c", "absent", "needs a GPU")
+    rows = rec.finish()
+    assert [r.status.split(":")[0] for r in rows] == ["error", "wrong", "not run"]
+    assert rows[0].status.startswith("error: ZeroDivisionError")
+    assert all(r.ms_p50 is None for r in rows)
+
+
+def test_csv_round_trip_keeps_the_design_columns(tmp_path):
+    rec = _recorder()
+    rec.time("c", "x", lambda: None, dtype="bf16", shape="4x4", flops=1e9)
+    path = harness.write_csv(rec.finish(), tmp_path / "r.csv")
+    header = path.read_text().splitlines()[0].split(",")
+    for column in "suite,case,impl,dtype,shape,ms_p50,tflops,gbps,vs_baseline,gpu,torch,triton,git_sha,date".split(","):
+        assert column in header
+    (row,) = harness.read_csv(path)
+    assert row.case == "c" and row.ms_p50 > 0 and row.tflops > 0 and row.status == "ok"
+
+
+def test_rotation_covers_several_l2_sizes():
+    assert harness.rotation_sets(bytes_per_set=10 << 20, l2_bytes=60 << 20) == 8  # capped
+    assert harness.rotation_sets(bytes_per_set=100 << 20, l2_bytes=60 << 20) == 2
+    assert harness.rotation_sets(bytes_per_set=1 << 30, l2_bytes=60 << 20) == 1
+    calls = []
+    rot = harness.Rotating(lambda x: calls.append(x), [(1,), (2,), (3,)])
+    for _ in range(4):
+        rot()
+    assert calls == [1, 2, 3, 1]
+
+
+def test_geomean():
+    assert abs(harness.geomean([1.0, 4.0]) - 2.0) < 1e-12
+    assert harness.geomean([]) is None
+
+
+def test_report_shows_ratios_and_not_run_rows(tmp_path):
+    rec = _recorder()
+    rec.time("gemm 8", "cublas", lambda: sum(range(20000)), dtype="bf16", shape="8", flops=1e12)
+    rec.time("gemm 8", "tilefuse", lambda: sum(range(10000)), dtype="bf16", shape="8", flops=1e12, baseline="cublas")
+    rec.skip("gemm 8", "rung9", "no GPU", dtype="bf16")
+    text = report.render(rec.finish())
+    assert "### unit" in text and "tilefuse ÷ cublas" in text and "not run" in text and "geomean" in text
+    png = report.plot(rec.rows, tmp_path / "r.png")
+    assert png.stat().st_size > 1000
