@@ -1,0 +1,826 @@
+"""The Hopper rungs of the CUDA C++ GEMM ladder: 7 (TMA + mbarrier pipeline + wgmma), 8 (warp-specialised
+producer/consumer warpgroups with setmaxnreg, 128x256 tiles) and 9 (persistent, L2-grouped, cluster-of-2 TMA
+multicast, TMA-store epilogue with bias + GeLU).
+
+CPU (no GPU needed, the CI runs these):
+  * every rung compiles for sm_90a with `-gencode=arch=compute_90a,code=sm_90a`; the SASS contains HGMMA (and
+    the TMA instructions), no local memory (ptxas: 0 bytes stack frame, 0 spill stores/loads; no LDL/STL);
+    wgmma is never serialised by ptxas; setmaxnreg took effect in rungs 8 and 9 (no warning C7508);
+  * the C ABI: b_layout, requirements and argument rejection called through ctypes (host code only);
+  * models of what cannot be tested without the hardware: the 128B swizzle TMA writes vs the addresses the
+    wgmma descriptor reads, the accumulator fragment -> (row, col) map, the TMA-store staging layout (and its
+    bank-conflict freedom), the grouped tile order, and a random-interleaving simulation of each rung's
+    mbarrier protocol (no deadlock, no stage overwritten while read, every k-tile delivered).
+GPU (marked gpu, run on the H200): results against a float32 reference at several sizes including 4096^3,
+outputs poisoned with NaN first (and padding outside C checked untouched), bf16 and fp16, bias and
+bias+GeLU epilogues, and rung 9's debug variants (which feature a wrong result comes from).
+"""
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import os
+import random
+import re
+import subprocess
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from tilefuse import config, diskcache
+
+pytestmark = pytest.mark.xdist_group("cuda_hopper")  # one worker builds the three libraries once
+
+ROOT = Path(__file__).resolve().parent.parent
+CUDA_DIR = ROOT / "tilefuse" / "cuda"
+RUNGS = {7: "rung7_tma_wgmma.cu", 8: "rung8_warpspec.cu", 9: "rung9_persistent.cu"}
+NVCC_FLAGS = ["-shared", "-Xcompiler", "-fPIC", "-gencode=arch=compute_90a,code=sm_90a", "-Xptxas", "-v", "-O3",
+              "-std=c++17"]
+CUDA_ERROR_INVALID_VALUE = 1
+
+
+# ------------------------------------------------------------------------------------------------- build
+@dataclass
+class Built:
+    rung: int
+    library: Path
+    log: str   # nvcc + ptxas -v output
+    sass: str  # cuobjdump -sass of the library ("" when cuobjdump is missing)
+
+
+def _cuobjdump() -> Path | None:
+    try:
+        import triton
+    except ImportError:
+        return None
+    path = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
+    return path if path.exists() else None
+
+
+def _nvcc_version(nvcc: str) -> str:
+    try:
+        return subprocess.run([nvcc, "--version"], capture_output=True, text=True, timeout=60).stdout
+    except OSError:
+        return ""
+
+
+def _build_direct(rung: int) -> Built:
+    """nvcc straight into the test cache (the ladder's own build.py is not there yet)."""
+    nvcc = config.get().nvcc
+    source = CUDA_DIR / RUNGS[rung]
+    key = diskcache.digest(source.read_bytes(), " ".join(NVCC_FLAGS), _nvcc_version(nvcc))
+    folder = Path(config.get().cache_dir) / "cuda-hopper-tests" / f"rung{rung}-{key}"
+    folder.mkdir(parents=True, exist_ok=True)
+    lib, log_path = folder / f"rung{rung}.so", folder / "build.log"
+    if not lib.exists():
+        proc = subprocess.run([nvcc, *NVCC_FLAGS, "-o", str(lib), str(source)], capture_output=True, text=True,
+                              cwd=CUDA_DIR, timeout=600)
+        if proc.returncode != 0:
+            raise AssertionError(f"nvcc failed on {source.name}:\n{proc.stdout}\n{proc.stderr}")
+        diskcache.write_text(log_path, proc.stdout + proc.stderr)
+    return Built(rung, lib, log_path.read_text(), _sass(lib))
+
+
+def _sass(lib: Path) -> str:
+    tool = _cuobjdump()
+    if tool is None:
+        return ""
+    proc = subprocess.run([str(tool), "-sass", str(lib)], capture_output=True, text=True, timeout=300)
+    return proc.stdout
+
+
+_BUILDS: dict[int, Built] = {}
+
+
+def build(rung: int) -> Built:
+    """The library of a rung, built once per session; the three rungs build in parallel on first use."""
+    if rung not in _BUILDS:
+        with ThreadPoolExecutor(max_workers=len(RUNGS)) as pool:
+            for r, built in zip(RUNGS, pool.map(_build_direct, RUNGS)):
+                _BUILDS[r] = built
+    return _BUILDS[rung]
+
+
+def _have_nvcc() -> bool:
+    return bool(_nvcc_version(config.get().nvcc))
+
+
+needs_nvcc = pytest.mark.skipif(not _have_nvcc(), reason="nvcc is not on the PATH (TILEFUSE_NVCC)")
+
+
+# ---------------------------------------------------------------------------------------- compile checks
+def _kernel_reports(log: str) -> dict[str, str]:
+    """ptxas -v: the 'Function properties' and 'Used N registers' lines, by kernel (entry) name."""
+    reports: dict[str, str] = {}
+    current = None
+    for line in log.splitlines():
+        m = re.search(r"Function properties for (\S+)", line)
+        if m:
+            current = m.group(1)
+            reports[current] = ""
+            continue
+        if current is not None and ("stack frame" in line or "Used" in line):
+            reports[current] += line.strip() + "\n"
+    return {k: v for k, v in reports.items() if "rung" in k}
+
+
+@needs_nvcc
+@pytest.mark.parametrize("rung", sorted(RUNGS))
+def test_compiles_for_sm90a_without_local_memory(rung):
+    built = build(rung)
+    reports = _kernel_reports(built.log)
+    assert len(reports) == 2, f"expected a bf16 and an fp16 kernel in the ptxas report:\n{built.log}"
+    for name, report in reports.items():
+        assert "0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads" in report, f"{name}:\n{report}"
+    assert "error" not in built.log.lower(), built.log
+
+
+@needs_nvcc
+@pytest.mark.parametrize("rung", sorted(RUNGS))
+def test_wgmma_is_not_serialised_and_there_are_no_warnings(rung):
+    """ptxas says 'wgmma.mma_async instructions are serialized' (C7510..C7520) when it cannot pipeline them
+    (accumulators touched between wgmma and wait, a call in between, too few registers)."""
+    log = build(rung).log
+    assert "serialized" not in log, log
+    assert "warning" not in log.lower(), log
+
+
+@needs_nvcc
+@pytest.mark.parametrize("rung", sorted(RUNGS))
+def test_sass_has_hgmma_and_tma(rung):
+    sass = build(rung).sass
+    if not sass:
+        pytest.skip("cuobjdump (triton wheel) is not installed")
+    assert "HGMMA.64x" in sass, "no HGMMA: the kernel is not on the wgmma path"
+    assert "UTMALDG" in sass, "no TMA loads (UTMALDG)"
+    assert not re.search(r"\b(LDL|STL)\b", sass), "local-memory loads/stores in the SASS"
+    hgmma = re.findall(r"HGMMA\.(\d+x\d+x\d+)", sass)
+    assert set(hgmma) == {"64x128x16" if rung == 7 else "64x256x16"}, set(hgmma)
+    if rung == 9:
+        assert "UTMALDG.2D.MULTICAST" in sass, "rung 9 must multicast B across its cluster"
+        assert "UTMASTG" in sass, "rung 9's epilogue must store with TMA"
+
+
+@needs_nvcc
+@pytest.mark.parametrize("rung", [8, 9])
+def test_setmaxnreg_took_effect(rung):
+    built = build(rung)
+    assert "C7508" not in built.log, built.log  # "setmaxnreg ignored": no register cap at entry, or misplaced
+    if built.sass:
+        assert "USETMAXREG.DEALLOC" in built.sass and "USETMAXREG.TRY_ALLOC" in built.sass
+    for name, report in _kernel_reports(built.log).items():
+        regs = int(re.search(r"Used (\d+) registers", report).group(1))
+        assert regs <= 168, f"{name}: {regs} registers at entry; 384 threads x 168 is an SM's 64K registers"
+
+
+@pytest.mark.parametrize("rung", sorted(RUNGS))
+def test_metadata_and_header(rung):
+    text = (CUDA_DIR / RUNGS[rung]).read_text()
+    first = text.splitlines()[0]
+    m = re.fullmatch(r'// tilefuse: rung=(\d+) arch=(\S+) portable=no reason="([^"]+)" claims=HGMMA', first)
+    assert m, first
+    assert int(m.group(1)) == rung and m.group(2) == "sm_90a" and "Hopper-only" in m.group(3)
+    header = text.split("#include")[0]
+    assert "What it adds over rung" in header or "Rung 8's" in header
+    assert "Measured:" in header
+
+
+# --------------------------------------------------------------------------------------------- the C ABI
+def _load(rung: int) -> ctypes.CDLL:
+    lib = ctypes.CDLL(str(build(rung).library))
+    fn = getattr(lib, f"tilefuse_rung{rung}")
+    fn.restype = ctypes.c_int
+    fn.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int] * 3 + [ctypes.c_longlong] * 3 + \
+                  [ctypes.c_int, ctypes.c_int, ctypes.c_void_p]
+    getattr(lib, f"tilefuse_rung{rung}_b_layout").restype = ctypes.c_int
+    req = getattr(lib, f"tilefuse_rung{rung}_requirements")
+    req.restype = ctypes.c_int
+    req.argtypes = [ctypes.POINTER(ctypes.c_int)] * 3
+    return lib
+
+
+@needs_nvcc
+@pytest.mark.parametrize("rung", sorted(RUNGS))
+def test_abi_layout_and_requirements(rung):
+    lib = _load(rung)
+    assert getattr(lib, f"tilefuse_rung{rung}_b_layout")() == 1  # B given as [N, K]: K-major, as wgmma reads it
+    m, n, k = ctypes.c_int(), ctypes.c_int(), ctypes.c_int()
+    assert getattr(lib, f"tilefuse_rung{rung}_requirements")(ctypes.byref(m), ctypes.byref(n), ctypes.byref(k)) == 0
+    assert (m.value, n.value, k.value) == ((1, 8, 8) if rung == 9 else (1, 1, 8))
+
+
+@needs_nvcc
+@pytest.mark.parametrize("rung", sorted(RUNGS))
+def test_abi_rejects_bad_arguments_before_touching_the_gpu(rung):
+    fn = getattr(_load(rung), f"tilefuse_rung{rung}")
+    p = ctypes.c_void_p(0x1000)  # never dereferenced: every call below fails its checks first
+
+    def call(**kw):
+        a = dict(A=p, B=p, C=p, bias=None, M=128, N=256, K=64, lda=64, ldb=64, ldc=256, dtype=0, epilogue=0)
+        a.update(kw)
+        return fn(a["A"], a["B"], a["C"], a["bias"], a["M"], a["N"], a["K"], a["lda"], a["ldb"], a["ldc"],
+                  a["dtype"], a["epilogue"], None)
+
+    assert call(dtype=2) == CUDA_ERROR_INVALID_VALUE
+    assert call(epilogue=3) == CUDA_ERROR_INVALID_VALUE
+    assert call(epilogue=1, bias=None) == CUDA_ERROR_INVALID_VALUE
+    assert call(K=60, lda=60, ldb=60) == CUDA_ERROR_INVALID_VALUE  # K % 8
+    assert call(lda=32) == CUDA_ERROR_INVALID_VALUE                 # lda < K
+    assert call(ldb=100) == CUDA_ERROR_INVALID_VALUE                # 200-byte rows: not a TMA stride
+    assert call(A=ctypes.c_void_p(0x1008)) == CUDA_ERROR_INVALID_VALUE  # TMA needs 16-byte alignment
+    assert call(M=-1) == CUDA_ERROR_INVALID_VALUE
+    assert call(M=0) == 0 and call(N=0) == 0  # empty output: nothing to do
+    if rung == 9:
+        assert call(ldc=260) == CUDA_ERROR_INVALID_VALUE  # C is stored by TMA too
+
+
+# ------------------------------------------------------------------------------- layout models (CPU)
+# These restate, in Python, the hardware behaviour the kernels rely on (PTX ISA: tensor-map swizzle modes,
+# the wgmma matrix descriptor and canonical K-major layouts, the m64nNk16 accumulator fragment) and the
+# kernels' own index formulas, and check that they fit together.
+SW128_ROW_BYTES = 128  # a 128B-swizzled row: 64 16-bit elements
+SW128_ATOM_BYTES = 1024
+
+
+def sw128_physical(addr: int) -> int:
+    """The 128B swizzle, applied by TMA and by wgmma to a shared-memory byte address: 16-byte unit bits
+    4-6 are XORed with bits 7-9 (the row within a 1 KB atom)."""
+    return addr ^ (((addr >> 7) & 7) << 4)
+
+
+def tma_box_address(base: int, row: int, col: int) -> int:
+    """Where TMA (SWIZZLE_128B, box inner size 128 bytes) puts element (row, col) of a box at `base`."""
+    return sw128_physical(base + row * SW128_ROW_BYTES + col * 2)
+
+
+def desc_decode(desc: int) -> dict:
+    return {"start": (desc & 0x3FFF) << 4, "lbo": ((desc >> 16) & 0x3FFF) << 4,
+            "sbo": ((desc >> 32) & 0x3FFF) << 4, "base_offset": (desc >> 49) & 7, "swizzle": desc >> 62}
+
+
+def wgmma_kmajor_sw128_address(desc: int, row: int, k: int) -> int:
+    """The byte a wgmma reads for element (row, k) of a K-major operand slice (k < 16) described by `desc`
+    in the 128B swizzle: 8-row core-matrix groups SBO apart, rows 128 B apart, k contiguous; swizzled."""
+    d = desc_decode(desc)
+    assert d["swizzle"] == 1 and d["base_offset"] == 0
+    return sw128_physical(d["start"] + (row // 8) * d["sbo"] + (row % 8) * SW128_ROW_BYTES + k * 2)
+
+
+def make_desc_sw128(addr: int) -> int:  # the kernels' make_desc_sw128, restated
+    return ((addr & 0x3FFFF) >> 4) | ((16 >> 4) << 16) | ((1024 >> 4) << 32) | (1 << 62)
+
+
+@pytest.mark.parametrize("rung", sorted(RUNGS))
+def test_descriptor_encoding_is_pinned_in_the_source(rung):
+    text = (CUDA_DIR / RUNGS[rung]).read_text()
+    assert "static_assert(make_desc_sw128(0x0400) == (0x40ull | (1ull << 16) | (64ull << 32) | (1ull << 62))" in text
+    d = desc_decode(0x40 | (1 << 16) | (64 << 32) | (1 << 62))
+    assert d == {"start": 0x400, "lbo": 16, "sbo": 1024, "base_offset": 0, "swizzle": 1}
+    assert make_desc_sw128(0x400) == 0x40 | (1 << 16) | (64 << 32) | (1 << 62)
+
+
+@pytest.mark.parametrize("rows,row_offset", [(64, 0), (64, 64), (256, 0), (128, 0)])
+def test_wgmma_reads_what_tma_wrote(rows, row_offset):
+    """A tile of R rows x 64 k written by TMA at a 1 KB-aligned base; the wgmma of k-step kk (start address
+    + 32*kk, + row_offset*128 for the second m64 half / consumer) reads element (row, k) of its slice: it
+    must be tile element (row_offset + row, 16*kk + k), for every row, k and kk."""
+    base = 7 * SW128_ATOM_BYTES
+    tile_rows = row_offset + rows
+    written = {tma_box_address(base, r, c): (r, c) for r in range(tile_rows) for c in range(64)}
+    assert len(written) == tile_rows * 64  # the swizzle is a permutation
+    for kk in range(4):
+        desc = make_desc_sw128(base + row_offset * SW128_ROW_BYTES) + kk * 2  # + DESC_K_STEP
+        for row in range(rows):
+            for k in range(16):
+                assert written[wgmma_kmajor_sw128_address(desc, row, k)] == (row_offset + row, 16 * kk + k)
+
+
+def fragment_coords(warp: int, lane: int, i: int) -> tuple[int, int]:
+    """m64nNk16 fp32 accumulator d[i] of lane `lane` in warp `warp` of the warpgroup (PTX ISA figure
+    'WGMMA .m64nNk16 register fragment layout for accumulator matrix D'; CUTLASS's CLayout_64xN:
+    m = t1 + 16*t2 + 8*v1, n = 2*t0 + v0 + 8*v2)."""
+    g, t = lane // 4, lane % 4
+    return 16 * warp + g + 8 * ((i // 2) % 2), 8 * (i // 4) + 2 * t + (i % 2)
+
+
+@pytest.mark.parametrize("n", [128, 256])
+def test_accumulator_fragment_covers_the_tile_once(n):
+    seen = {}
+    for warp in range(4):
+        for lane in range(32):
+            for i in range(n // 2):
+                rc = fragment_coords(warp, lane, i)
+                assert rc not in seen, (rc, seen.get(rc), (warp, lane, i))
+                seen[rc] = (warp, lane, i)
+                # store_fragment's formulas: j = i // 4, h = (i // 2) % 2, col = 8j + 2t (+1 for odd i)
+                j, h = i // 4, (i // 2) % 2
+                assert rc == (16 * warp + lane // 4 + 8 * h, 8 * j + 2 * (lane % 4) + (i % 2))
+    assert len(seen) == 64 * n and all(0 <= r < 64 and 0 <= c < n for r, c in seen)
+
+
+def swizzle128_offset(row: int, col: int) -> int:  # rung 9's swizzle128_offset, restated
+    return row * 128 + ((((col // 8) ^ (row % 8)) & 7) << 4) + (col % 8) * 2
+
+
+def test_tma_store_staging_layout_and_banks():
+    """Rung 9's epilogue writes d[i], d[i+1] of chunk j (64 columns) as one 32-bit word at
+    swizzle128_offset(row, col); the TMA store (SWIZZLE_128B, box 64x64) reads element (r, c) from
+    tma_box_address. They must agree, and each warp-wide st.shared must hit 32 different banks."""
+    assert all(swizzle128_offset(r, c) == tma_box_address(0, r, c) for r in range(64) for c in range(64))
+    for j in range(4):
+        cells = {}
+        for warp in range(4):
+            for jj in range(8):
+                for h in range(2):
+                    banks = set()
+                    for lane in range(32):
+                        i = 4 * (8 * j + jj) + 2 * h
+                        row, col = fragment_coords(warp, lane, i)
+                        assert 64 * j <= col < 64 * j + 64 and fragment_coords(warp, lane, i + 1) == (row, col + 1)
+                        local = col - 64 * j
+                        off = swizzle128_offset(row, local)
+                        assert off % 4 == 0 and swizzle128_offset(row, local + 1) == off + 2
+                        cells[off] = (row, local)
+                        banks.add((off // 4) % 32)
+                    assert len(banks) == 32, f"bank conflict: warp {warp} jj {jj} h {h}"
+        assert len(cells) == 64 * 32  # every pair of the 64x64 chunk written once
+
+
+def grouped_tile(t: int, tiles_m: int, tiles_n: int, group_m: int = 8) -> tuple[int, int]:  # restated
+    per_group = group_m * tiles_n
+    group = t // per_group
+    first = group * group_m
+    rows = min(tiles_m - first, group_m)
+    r = t - group * per_group
+    return first + r % rows, r // rows
+
+
+@pytest.mark.parametrize("tiles_m,tiles_n", [(1, 1), (1, 32), (16, 16), (32, 32), (3, 4), (13, 7), (9, 1)])
+def test_grouped_tile_order_is_a_permutation(tiles_m, tiles_n):
+    got = [grouped_tile(t, tiles_m, tiles_n) for t in range(tiles_m * tiles_n)]
+    assert sorted(got) == [(m, n) for m in range(tiles_m) for n in range(tiles_n)]
+    if tiles_m >= 8 and tiles_n >= 9:
+        # The first wave of 66 clusters touches 8 cluster-rows and 9 columns, not 66 columns of one row.
+        wave = got[:66]
+        assert len({m for m, _ in wave}) == 8 and len({n for _, n in wave}) == 9
+
+
+def test_grouped_tile_values_match_the_source():
+    text = (CUDA_DIR / RUNGS[9]).read_text()
+    assert "constexpr int GROUP_M = 8;" in text
+    assert grouped_tile(1, 16, 16) == (1, 0) and grouped_tile(8, 16, 16) == (0, 1)
+    assert grouped_tile(128, 16, 16) == (8, 0) and grouped_tile(5, 3, 4) == (2, 1)
+    for expr in ("grouped_tile(1, 16, 16).row == 1", "grouped_tile(8, 16, 16).col == 1",
+                 "grouped_tile(128, 16, 16).row == 8", "grouped_tile(5, 3, 4).col == 1"):
+        assert expr in text  # the same values are static_asserted in the kernel source
+
+
+def test_shared_memory_budgets():
+    """Stages and staging buffers fit the 227 KB a block may have (rung 7: two CTAs an SM, 228 KB in all)."""
+    limit = 227 * 1024
+    rung7 = 1024 + 3 * (16384 + 16384) + 2 * 3 * 8
+    rung8 = 1024 + 4 * (16384 + 32768) + 2 * 4 * 8
+    rung9 = 1024 + 4 * (16384 + 32768) + 2 * 2 * 8192 + 2 * 4 * 8
+    assert 2 * (rung7 + 1024) <= 228 * 1024 and rung8 <= limit and rung9 <= limit
+    for rung, text in ((8, "constexpr int STAGES = 4;"), (9, "constexpr int STAGES = 4;"), (7, "constexpr int STAGES = 3;")):
+        assert text in (CUDA_DIR / RUNGS[rung]).read_text()
+
+
+# ------------------------------------------------------------------------- protocol simulation (CPU)
+# A model of the rungs' synchronisation, after the PTX ISA's mbarrier semantics: an mbarrier has an arrival
+# count, pending arrivals, a transaction (tx) count and a completed-phase counter; a phase completes when
+# pending arrivals and tx both reach zero (tx may go negative for a while: a peer's multicast bytes can land
+# before the local expect_tx); try_wait.parity(p) succeeds once the phase of parity p has completed (a fresh
+# barrier passes parity 1 at once). TMA loads (multicast ones into several CTAs) land after a random delay
+# and complete_tx on each destination CTA's barrier at the same offset; a wgmma reads its stage from issue
+# until a later wgmma.wait_group lets it go; a TMA store reads its staging chunk until it completes, and
+# cp.async.bulk.wait_group.read N waits for all but the N newest committed groups. The actors follow the
+# kernels' control flow line by line (comments name the kernel lines); a scheduler runs a random runnable
+# actor or lands a random in-flight copy at every step.
+class ProtocolError(AssertionError):
+    pass
+
+
+class Mbarrier:
+    def __init__(self, count: int):
+        self.count = count
+        self.pending = count
+        self.tx = 0
+        self.completed = 0
+
+    def arrive(self, expect_tx: int = 0) -> None:
+        self.tx += expect_tx
+        if self.pending <= 0:
+            raise ProtocolError("an arrival beyond the barrier's count in one phase")
+        self.pending -= 1
+        self._maybe_complete()
+
+    def complete_tx(self, nbytes: int) -> None:
+        self.tx -= nbytes
+        self._maybe_complete()
+
+    def _maybe_complete(self) -> None:
+        if self.pending == 0 and self.tx == 0:
+            self.completed += 1
+            self.pending = self.count
+
+    def passed(self, parity: int) -> bool:
+        return (self.completed & 1) != parity
+
+
+@dataclass(eq=False)
+class Copy:
+    """An in-flight TMA load: writes `tag` into each (cta, key) and completes tx on each barrier."""
+    writes: list
+    barriers: list
+    nbytes_each: int
+    tag: tuple
+
+
+@dataclass(eq=False)
+class Store:
+    """An in-flight TMA store reading the staging buffer `buf` of CTA `cta`."""
+    cta: int
+    buf: tuple
+
+
+@dataclass
+class World:
+    rng: random.Random
+    smem: list = field(default_factory=list)      # per CTA: dict key -> tag
+    copies: list = field(default_factory=list)
+    stores: list = field(default_factory=list)
+    consumed: list = field(default_factory=list)  # (cta, consumer, tile, kt) in order
+
+    def land_one(self) -> None:
+        item = self.rng.choice(self.copies + self.stores)
+        if isinstance(item, Copy):
+            self.copies.remove(item)
+            for cta, key in item.writes:
+                self.smem[cta][key] = item.tag[:-1] + (key,)
+            for bar in item.barriers:
+                bar.complete_tx(item.nbytes_each)
+        else:
+            self.stores.remove(item)
+
+
+def run(actors, world: World, max_steps: int = 2_000_000) -> None:
+    """Interleave generator actors (each yields None or a wait predicate) and in-flight copies at random."""
+    waiting = {i: None for i in range(len(actors))}
+    live = dict(enumerate(actors))
+    for _ in range(max_steps):
+        runnable = [i for i in live if waiting[i] is None or waiting[i]()]
+        if not runnable and not world.copies and not world.stores:
+            if not live:
+                return
+            raise ProtocolError(f"deadlock: actors {sorted(live)} wait and nothing is in flight")
+        if world.copies or world.stores:
+            if not runnable or world.rng.random() < 0.3:
+                world.land_one()
+                continue
+        i = world.rng.choice(runnable)
+        try:
+            waiting[i] = next(live[i])
+        except StopIteration:
+            del live[i]
+            del waiting[i]
+    raise ProtocolError("no progress within the step budget")
+
+
+# ------------------------------------------------------------------------------------------------ rung 8/9
+def simulate_warp_specialised(*, seed: int, stages: int, k_tiles: int, tiles: int, clusters: int, cluster: int,
+                              persistent: bool, multicast: bool, c_chunks: int = 4, c_buffers: int = 2,
+                              release_last: bool = True, remote_release: bool = True) -> World:
+    """Rung 9 (cluster=2, persistent) or rung 8 (cluster=1, one tile a CTA, release_last irrelevant)."""
+    rng = random.Random(seed)
+    consumers, warps = 2, 4
+    world = World(rng=rng)
+    ctas = clusters * cluster
+    world.smem = [dict() for _ in range(ctas)]
+    full = [[Mbarrier(1) for _ in range(stages)] for _ in range(ctas)]
+    arrivals = (cluster if remote_release else 1) * consumers * warps
+    empty = [[Mbarrier(arrivals) for _ in range(stages)] for _ in range(ctas)]
+    a_bytes, b_part_bytes = 16384, 32768 // cluster
+
+    def my_tiles(cl):
+        return list(range(cl, tiles, clusters)) if persistent else [cl]
+
+    def producer(cta):
+        cl, rank = divmod(cta, cluster)
+        peers = [cl * cluster + r for r in range(cluster)]
+        s, phase = 0, 0
+        for t in my_tiles(cl):
+            for kt in range(k_tiles):
+                bar_e = empty[cta][s]
+                yield (lambda b=bar_e, p=phase ^ 1: b.passed(p))          # mbar_wait(empty, phase ^ 1)
+                full[cta][s].arrive(expect_tx=a_bytes + cluster * b_part_bytes)  # arrive.expect_tx
+                world.copies.append(Copy([(cta, (s, "A"))], [full[cta][s]], a_bytes, (t, kt, rank, None)))
+                if multicast:
+                    world.copies.append(Copy([(p, (s, ("B", rank))) for p in peers], [full[p][s] for p in peers],
+                                             b_part_bytes, (t, kt, rank, None)))
+                else:
+                    for part in range(cluster):
+                        world.copies.append(Copy([(cta, (s, ("B", part)))], [full[cta][s]], b_part_bytes,
+                                                 (t, kt, part, None)))
+                yield None
+                s += 1
+                if s == stages:
+                    s, phase = 0, phase ^ 1
+
+    def check_stage(cta, s, t, kt, rank):
+        got = world.smem[cta]
+        want = {(s, "A"): (t, kt, rank, (s, "A"))}
+        for part in range(cluster):
+            want[(s, ("B", part))] = (t, kt, part, (s, ("B", part)))
+        for key, tag in want.items():
+            if got.get(key) != tag:
+                raise ProtocolError(f"CTA {cta} stage {s} holds {got.get(key)} where tile {t} k-tile {kt} "
+                                    f"needs {tag}")
+
+    def consumer(cta, c):
+        cl, rank = divmod(cta, cluster)
+        peers = [cl * cluster + r for r in range(cluster)]
+        s, phase = 0, 0
+        chunk = 0
+        committed = []  # this consumer's store groups, in commit order
+        reading = []  # stages whose wgmma may still read: (stage, tile, kt)
+
+        def release(stage):
+            for _ in range(warps):                                  # lane 0 of each warp
+                for p in (peers if remote_release else [cta]):
+                    empty[p][stage].arrive()
+
+        def let_go(keep):
+            while len(reading) > keep:                              # wgmma.wait_group keep
+                st, t0, k0 = reading.pop(0)
+                check_stage(cta, st, t0, k0, rank)                  # nobody overwrote it while it was read
+
+        for t in my_tiles(cl):
+            prev = None
+            for kt in range(k_tiles):
+                bar_f = full[cta][s]
+                yield (lambda b=bar_f, p=phase: b.passed(p))        # mbar_wait(full, phase)
+                check_stage(cta, s, t, kt, rank)
+                reading.append((s, t, kt))                          # 4 x wgmma, commit
+                world.consumed.append((cta, c, t, kt))
+                yield None
+                let_go(1)                                           # wgmma_wait<1>
+                if kt > 0:
+                    release(prev)
+                prev = s
+                s += 1
+                if s == stages:
+                    s, phase = 0, phase ^ 1
+            let_go(0)                                               # wgmma_wait<0>
+            if release_last and persistent:
+                release(prev)
+            # TMA-store epilogue: c_chunks chunks, c_buffers staging buffers.
+            for _ in range(c_chunks):
+                buf = (c, chunk % c_buffers)
+                # bulk_wait_read<C_BUFFERS-1> + bar.sync: every store group but the newest C_BUFFERS-1 this
+                # thread committed has finished reading (the PTX rule is by commit order, not by count).
+                older = committed[:max(0, len(committed) - (c_buffers - 1))]
+                yield (lambda older=older: not any(st in world.stores for st in older))
+                if any(st.cta == cta and st.buf == buf for st in world.stores):
+                    raise ProtocolError(f"CTA {cta} consumer {c} rewrites staging buffer {buf} while a store reads it")
+                yield None                                          # st.shared, fence.proxy.async, bar.sync
+                store = Store(cta, buf)
+                world.stores.append(store)                          # tma_store_2d + commit
+                committed.append(store)
+                chunk += 1
+        yield (lambda: not any(st in world.stores for st in committed))  # bulk_wait<0>
+
+    actors = []
+    for cta in range(ctas):
+        actors.append(producer(cta))
+        for c in range(consumers):
+            actors.append(consumer(cta, c))
+    run(actors, world)
+    # Every consumer of every CTA saw every k-tile of each of its tiles once, in order.
+    for cta in range(ctas):
+        cl = cta // cluster
+        for c in range(consumers):
+            seen = [(t, kt) for (x, y, t, kt) in world.consumed if x == cta and y == c]
+            want = [(t, kt) for t in my_tiles(cl) for kt in range(k_tiles)]
+            if seen != want:
+                raise ProtocolError(f"CTA {cta} consumer {c} consumed {seen[:8]}... instead of {want[:8]}...")
+    return world
+
+
+# ------------------------------------------------------------------------------------------------- rung 7
+def simulate_rung7(*, seed: int, stages: int, k_tiles: int) -> World:
+    """One warpgroup; thread 0 (in warp 0) is also the producer; wgmma_wait<0> each k-tile."""
+    rng = random.Random(seed)
+    warps = 4
+    world = World(rng=rng)
+    world.smem = [dict()]
+    full = [Mbarrier(1) for _ in range(stages)]
+    empty = [Mbarrier(warps) for _ in range(stages)]
+    stage_bytes = 32768
+
+    def issue(kt, s):
+        full[s].arrive(expect_tx=stage_bytes)
+        world.copies.append(Copy([(0, (s, "AB"))], [full[s]], stage_bytes, (kt, None)))
+
+    def warp(w):
+        if w == 0:
+            for kt in range(min(stages, k_tiles)):                  # prologue
+                issue(kt, kt)
+                yield None
+        s, phase = 0, 0
+        for kt in range(k_tiles):
+            yield (lambda b=full[s], p=phase: b.passed(p))          # mbar_wait(full, phase)
+            if world.smem[0].get((s, "AB")) != (kt, (s, "AB")):
+                raise ProtocolError(f"stage {s} holds {world.smem[0].get((s, 'AB'))} for k-tile {kt}")
+            world.consumed.append((0, w, 0, kt))
+            yield None                                              # wgmma x 8, commit, wait<0>
+            empty[s].arrive()                                       # lane 0 of this warp
+            if w == 0 and kt + stages < k_tiles:
+                yield (lambda b=empty[s], p=phase: b.passed(p))     # mbar_wait(empty, phase)
+                issue(kt + stages, s)
+            s += 1
+            if s == stages:
+                s, phase = 0, phase ^ 1
+
+    run([warp(w) for w in range(warps)], world)
+    for w in range(warps):
+        seen = [kt for (_, x, _, kt) in world.consumed if x == w]
+        if seen != list(range(k_tiles)):
+            raise ProtocolError(f"warp {w} consumed {seen}")
+    return world
+
+
+SIM_SEEDS = 25  # random interleavings per configuration (the whole simulation suite runs in ~2 s)
+
+
+@pytest.mark.parametrize("k_tiles", [1, 2, 3, 4, 7, 13])
+def test_rung7_protocol(k_tiles):
+    for seed in range(SIM_SEEDS):
+        simulate_rung7(seed=seed, stages=3, k_tiles=k_tiles)
+
+
+@pytest.mark.parametrize("k_tiles", [1, 3, 4, 5, 9])
+def test_rung8_protocol(k_tiles):
+    for seed in range(SIM_SEEDS):
+        simulate_warp_specialised(seed=seed, stages=4, k_tiles=k_tiles, tiles=1, clusters=1, cluster=1,
+                                  persistent=False, multicast=False)
+
+
+@pytest.mark.parametrize("k_tiles,tiles,clusters", [(1, 5, 2), (2, 3, 3), (4, 7, 2), (5, 6, 3), (9, 4, 1), (3, 1, 1)])
+@pytest.mark.parametrize("multicast", [True, False])
+def test_rung9_protocol(k_tiles, tiles, clusters, multicast):
+    for seed in range(SIM_SEEDS):
+        simulate_warp_specialised(seed=seed, stages=4, k_tiles=k_tiles, tiles=tiles, clusters=clusters, cluster=2,
+                                  persistent=True, multicast=multicast)
+
+
+@pytest.mark.parametrize("bug,match", [
+    (dict(release_last=False), "deadlock"),             # persistent: the last stage of a tile never released
+    (dict(remote_release=False), "holds"),              # multicast: only the local consumers counted
+])
+def test_the_protocol_model_catches_known_bugs(bug, match):
+    """The simulation is only worth something if it fails on the bugs it is meant to catch."""
+    with pytest.raises(ProtocolError, match=match):
+        for seed in range(SIM_SEEDS):
+            simulate_warp_specialised(seed=seed, stages=4, k_tiles=9, tiles=7, clusters=2, cluster=2,
+                                      persistent=True, multicast=True, **bug)
+
+
+# ------------------------------------------------------------------------------------------- GPU checks
+GPU_SHAPES = [  # (M, N, K): tile-aligned, ragged edges, tiny, one tile, K below one k-tile, and the bar's size
+    (128, 256, 64),
+    (256, 512, 128),
+    (200, 264, 136),
+    (1000, 1000, 1000),
+    (1, 8, 8),
+    (129, 136, 8),
+    (640, 2048, 4096),
+    (4096, 4096, 4096),
+]
+DTYPE_CODES = {"bfloat16": 0, "float16": 1}
+
+
+def _torch():
+    import torch
+    return torch
+
+
+def _run(rung: int, a, b_nk, c, bias=None, epilogue: int = 0, M=None, N=None):
+    """Call tilefuse_rung<K> on torch tensors (A [M,K], B given as [N,K], C [M,N] views with their strides)."""
+    torch = _torch()
+    fn = getattr(_load(rung), f"tilefuse_rung{rung}")
+    M = a.shape[0] if M is None else M
+    N = b_nk.shape[0] if N is None else N
+    K = a.shape[1]
+    err = fn(a.data_ptr(), b_nk.data_ptr(), c.data_ptr(), None if bias is None else bias.data_ptr(), M, N, K,
+             a.stride(0), b_nk.stride(0), c.stride(0), DTYPE_CODES[str(a.dtype).split(".")[-1]], epilogue,
+             torch.cuda.current_stream().cuda_stream)
+    torch.cuda.synchronize()  # a device-side fault (trap on a barrier timeout included) shows up here
+    assert err == 0, f"tilefuse_rung{rung} returned cudaError {err}"
+
+
+def _reference(a, b_nk, bias=None, epilogue: int = 0):
+    torch = _torch()
+    ref = a.float() @ b_nk.float().t()
+    if epilogue >= 1:
+        ref = ref + bias.float()
+    if epilogue == 2:
+        ref = torch.nn.functional.gelu(ref)
+    return ref
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("rung", sorted(RUNGS))
+@pytest.mark.parametrize("shape", GPU_SHAPES, ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_gemm_matches_float32_reference(rung, shape, dtype):
+    from tests.support import assert_close, poisoned_empty
+    torch = _torch()
+    M, N, K = shape
+    dt = getattr(torch, dtype)
+    a = torch.randn(M, K, device="cuda", dtype=dt)
+    b_nk = torch.randn(N, K, device="cuda", dtype=dt)
+    c = poisoned_empty(M, N, dtype=dt, device="cuda")
+    _run(rung, a, b_nk, c)
+    assert_close(c, _reference(a, b_nk), dtype=dt, what=f"rung {rung} {M}x{N}x{K}")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("rung", sorted(RUNGS))
+@pytest.mark.parametrize("epilogue", [1, 2])
+@pytest.mark.parametrize("shape", [(256, 512, 256), (333, 520, 200), (4096, 4096, 4096)],
+                         ids=lambda s: "x".join(map(str, s)))
+def test_bias_and_gelu_epilogues(rung, epilogue, shape):
+    from tests.support import assert_close, poisoned_empty
+    torch = _torch()
+    M, N, K = shape
+    dt = torch.bfloat16
+    a = torch.randn(M, K, device="cuda", dtype=dt)
+    b_nk = torch.randn(N, K, device="cuda", dtype=dt) / K ** 0.5  # keep x + bias around 1, where GeLU bends
+    bias = torch.randn(N, device="cuda", dtype=dt)
+    c = poisoned_empty(M, N, dtype=dt, device="cuda")
+    _run(rung, a, b_nk, c, bias, epilogue)
+    assert_close(c, _reference(a, b_nk, bias, epilogue), dtype=dt, what=f"rung {rung} epilogue {epilogue}")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("rung", sorted(RUNGS))
+def test_writes_stay_inside_c(rung):
+    """C as a view of a larger poisoned buffer (ldc > N, rows below M): the padding must stay NaN, so edge
+    tiles are clipped (TMA store in rung 9, predicated stores in 7 and 8); strided A and B (lda, ldb > K)."""
+    from tests.support import assert_close, poison
+    torch = _torch()
+    M, N, K = 300, 328, 200
+    dt = torch.float16
+    a = torch.randn(M, K + 24, device="cuda", dtype=dt)[:, :K]
+    b_nk = torch.randn(N, K + 8, device="cuda", dtype=dt)[:, :K]
+    buf = poison(torch.empty(M + 100, N + 72, device="cuda", dtype=dt))
+    c = buf[:M, :N]
+    _run(rung, a, b_nk, c)
+    assert_close(c, _reference(a, b_nk), dtype=dt, what=f"rung {rung} strided")
+    assert torch.isnan(buf[:M, N:]).all() and torch.isnan(buf[M:, :]).all(), "wrote outside C"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("flags", [0, 1, 2, 4, 7], ids=["all-on", "no-multicast", "not-persistent",
+                                                         "direct-store", "all-off"])
+def test_rung9_debug_variants(flags):
+    """Rung 9 with single features switched off: when the default fails, the variants that pass name the
+    feature at fault (1 multicast, 2 persistence, 4 the TMA-store epilogue)."""
+    from tests.support import assert_close, poisoned_empty
+    torch = _torch()
+    lib = _load(9)
+    lib.tilefuse_rung9_set_debug.restype = ctypes.c_int
+    lib.tilefuse_rung9_set_debug.argtypes = [ctypes.c_int]
+    M, N, K = 1536, 2304, 640  # 6 x 9 = 54 cluster tiles: several a cluster when persistent on a 132-SM part
+    dt = torch.bfloat16
+    a = torch.randn(M, K, device="cuda", dtype=dt)
+    b_nk = torch.randn(N, K, device="cuda", dtype=dt)
+    bias = torch.randn(N, device="cuda", dtype=dt)
+    old = lib.tilefuse_rung9_set_debug(flags)
+    try:
+        for epilogue in (0, 1):
+            c = poisoned_empty(M, N, dtype=dt, device="cuda")
+            _run(9, a, b_nk, c, bias if epilogue else None, epilogue)
+            assert_close(c, _reference(a, b_nk, bias, epilogue), dtype=dt, what=f"rung 9 debug {flags}")
+    finally:
+        lib.tilefuse_rung9_set_debug(old)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("rung", sorted(RUNGS))
+def test_repeated_calls_are_deterministic(rung):
+    """Same inputs, same bits: no race between stages (a premature refill shows up as run-to-run noise)."""
+    torch = _torch()
+    M, N, K = 1024, 2048, 1024
+    a = torch.randn(M, K, device="cuda", dtype=torch.bfloat16)
+    b_nk = torch.randn(N, K, device="cuda", dtype=torch.bfloat16)
+    outs = []
+    for _ in range(3):
+        c = torch.empty(M, N, device="cuda", dtype=torch.bfloat16)
+        _run(rung, a, b_nk, c)
+        outs.append(c)
+    assert torch.equal(outs[0], outs[1]) and torch.equal(outs[0], outs[2])

@@ -1,0 +1,635 @@
+// tilefuse: rung=9 arch=sm_90a portable=no reason="TMA multicast, clusters, mbarrier, wgmma and setmaxnreg are NVIDIA Hopper-only" claims=HGMMA
+//
+// Rung 9: a persistent, cluster-multicast, TMA-store GEMM. Rung 8's warp-specialised 128x256 core, plus:
+//
+//   * Persistent grid: one CTA per SM (as many 2-CTA clusters as can be resident at once), each looping over
+//     output tiles. The pipeline never drains between tiles: while the consumers run one tile's epilogue the
+//     producer is already loading the next tile's first stages, and no CTA pays launch and prologue again.
+//   * L2-aware tile order: tiles are walked in groups of GROUP_M cluster-rows (column-major inside a group),
+//     so the ~66 tiles in flight at once share 8 row-panels of A and ~8 column-panels of B, which stay in L2.
+//   * TMA multicast across a cluster of 2: the two CTAs of a cluster compute vertically adjacent 128x256 tiles
+//     that need the same 256x64 slice of B. Each CTA loads one half of it and multicasts it into both CTAs'
+//     shared memory, so B costs each CTA 16 KB of L2 traffic a k-tile instead of 32 (48 -> 32 KB a k-tile:
+//     L2->SM traffic drops by a third). A stage is only refilled once the consumers of BOTH CTAs released it,
+//     so the "empty" mbarriers count 2 x 8 consumer warps and consumers arrive on their peer's barrier too
+//     (mapa + mbarrier.arrive.shared::cluster). Cluster barriers fence start (barrier init) and exit.
+//   * TMA-store epilogue: accumulators (+ bias, GeLU) are rounded to 16 bits and written into a 128B-swizzled
+//     shared-memory chunk (64x64, bank-conflict free), fence.proxy.async, then one thread stores the chunk
+//     with cp.async.bulk.tensor; two chunks a consumer are double-buffered, so stores overlap the next
+//     chunk's math, and full 128-byte rows reach global memory instead of rung 8's 4-byte scatter.
+//
+// Measured: not measured yet (the lead's H200 run). Predicted: see benchmarks/notes/hopper_rungs.md.
+//
+// Layouts: A is [M,K] row-major (lda >= K), B is given as [N,K] row-major (K-major B: tilefuse_rung9_b_layout()
+// returns 1; ldb >= K), C is [M,N] row-major (ldc >= N). bf16 (dtype 0) or fp16 (dtype 1) in and out, fp32
+// accumulation. epilogue 0: C = A*B^T; 1: + bias[N]; 2: gelu(erf form)(x + bias[N]); bias has C's dtype.
+// Requirements (TMA): A, B and C 16-byte aligned, lda, ldb and ldc multiples of 8 elements (16-byte row
+// strides), so K and (for a contiguous C) N multiples of 8; K >= 8; M any. Anything else returns
+// cudaErrorInvalidValue before a launch.
+//
+// Debug: tilefuse_rung9_set_debug(flags) (not part of the ladder ABI) switches single features off, to find
+// which one a wrong result comes from: 1 = no multicast (each CTA loads its whole B tile itself), 2 = not
+// persistent (one tile a cluster), 4 = direct register stores instead of the TMA-store epilogue.
+#include <cuda.h>
+#include <cudaTypedefs.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+#include <stdint.h>
+
+namespace {
+
+// ---------------------------------------------------------------------------------------------------------
+// Tile shape and shared-memory plan.
+constexpr int BM = 128;            // rows of C a CTA computes: two consumer warpgroups x 64 rows
+constexpr int BN = 256;            // m64n256k16: 128 fp32 accumulators a consumer thread
+constexpr int BK = 64;             // 64 bf16 = 128 bytes = exactly one 128B swizzle row
+constexpr int WGMMA_K = 16;
+constexpr int STAGES = 4;          // 4 x 48 KB + 32 KB of C staging = 224 KB of the 227 KB a block may have
+constexpr int CLUSTER = 2;         // CTAs a cluster; they share (multicast) the B tile
+constexpr int CONSUMERS = 2;
+constexpr int THREADS = 128 * (1 + CONSUMERS);
+constexpr int CONSUMER_WARPS = CONSUMERS * 4;
+constexpr int PRODUCER_REGS = 40;  // the producer loop needs ~30; 40 leaves room and 232 for the consumers
+constexpr int CONSUMER_REGS = 232;
+static_assert(128 * PRODUCER_REGS + 128 * CONSUMERS * CONSUMER_REGS <= 65536, "register file of an SM");
+constexpr int GROUP_M = 8;         // cluster-rows of tiles walked together (L2 reuse; see the header)
+constexpr int A_TILE_BYTES = BM * BK * 2;                 // 16 KB
+constexpr int B_TILE_BYTES = BN * BK * 2;                 // 32 KB
+constexpr int B_PART_ROWS = BN / CLUSTER;                 // each CTA loads 128 rows of the B tile
+constexpr int B_PART_BYTES = B_PART_ROWS * BK * 2;        // 16 KB
+constexpr int STAGE_BYTES = A_TILE_BYTES + B_TILE_BYTES;  // the expect_tx count of one stage (own A, both B parts)
+constexpr int CONSUMER_A_BYTES = 64 * BK * 2;             // consumer c reads rows 64c..64c+63 of the A tile
+constexpr int C_CHUNK_COLS = 64;                          // 64 x 16 bits = one 128-byte swizzle row
+constexpr int C_CHUNK_ROWS = 64;                          // one consumer's rows
+constexpr int C_CHUNK_BYTES = C_CHUNK_ROWS * C_CHUNK_COLS * 2;  // 8 KB
+constexpr int C_BUFFERS = 2;                              // per consumer: store one chunk while filling the next
+constexpr int SWIZZLE_ATOM_BYTES = 1024;                  // 8 rows x 128 B: the 128B swizzle repeats every 1 KB
+constexpr int SMEM_BYTES = SWIZZLE_ATOM_BYTES /* alignment slack */ + STAGES * STAGE_BYTES +
+                           CONSUMERS * C_BUFFERS * C_CHUNK_BYTES + 2 * STAGES * 8;
+static_assert(A_TILE_BYTES % SWIZZLE_ATOM_BYTES == 0 && B_PART_BYTES % SWIZZLE_ATOM_BYTES == 0 &&
+                  C_CHUNK_BYTES % SWIZZLE_ATOM_BYTES == 0,
+              "every tile must start on a 1 KB swizzle atom so TMA's and wgmma's swizzle phases agree");
+static_assert(SMEM_BYTES <= 227 * 1024, "the per-block shared-memory limit of sm_90");
+
+constexpr int DEBUG_NO_MULTICAST = 1;
+constexpr int DEBUG_NOT_PERSISTENT = 2;
+constexpr int DEBUG_DIRECT_STORE = 4;
+
+// A wait longer than this is a deadlock (an 8192^3 GEMM takes ~2 ms in all): trap, so a bug becomes a launch
+// error instead of a hung device.
+constexpr unsigned long long WAIT_TIMEOUT_NS = 5000000000ull;
+
+// ---------------------------------------------------------------------------------------------------------
+// wgmma shared-memory descriptor (PTX ISA, "Matrix Descriptor Format"): bits 0-13 start address >> 4,
+// 16-29 leading-dimension byte offset >> 4, 32-45 stride-dimension byte offset >> 4, 49-51 base offset,
+// 62-63 swizzle mode (1 = 128B). For a K-major operand in the 128B swizzle the leading offset is unused
+// (the k16 slice lies inside one 128-byte row; encoded as 1) and the stride offset is the distance between
+// consecutive 8-row core-matrix groups: 8 rows x 128 B = 1024 B. Tiles are 1 KB aligned, so base offset 0.
+// Stepping k by 16 elements inside the 128-byte row adds 32 B to the start address: the hardware applies the
+// XOR swizzle to the final address bits (bits 4-6 ^= bits 7-9), exactly as TMA did when it wrote the tile.
+__host__ __device__ constexpr uint64_t desc_field(uint32_t bytes) { return (uint64_t)((bytes & 0x3FFFF) >> 4); }
+__host__ __device__ constexpr uint64_t make_desc_sw128(uint32_t smem_addr) {
+    return desc_field(smem_addr) | (desc_field(16) << 16) | (desc_field(1024) << 32) | (1ull << 62);
+}
+constexpr uint64_t DESC_K_STEP = desc_field(WGMMA_K * 2);  // +32 bytes a k16 step, in descriptor units
+static_assert(make_desc_sw128(0x0400) == (0x40ull | (1ull << 16) | (64ull << 32) | (1ull << 62)), "descriptor");
+static_assert(DESC_K_STEP == 2, "a k16 step of 16-bit elements is 32 bytes");
+
+// Byte offset of element (row, col) of a [rows][64] 16-bit chunk in the 128B swizzle, as TMA reads it back:
+// the 16-byte unit (col / 8) of row r sits at unit (col / 8) ^ (r % 8).
+__host__ __device__ constexpr uint32_t swizzle128_offset(uint32_t row, uint32_t col) {
+    return row * 128 + ((((col / 8) ^ (row % 8)) & 7) << 4) + (col % 8) * 2;
+}
+static_assert(swizzle128_offset(0, 0) == 0 && swizzle128_offset(1, 0) == 128 + 16 && swizzle128_offset(7, 8) == 7 * 128 + 6 * 16 &&
+                  swizzle128_offset(9, 63) == 9 * 128 + (7 ^ 1) * 16 + 14,
+              "128B swizzle");
+
+// L2-aware order: tile t -> (cluster-row, column). Groups of GROUP_M cluster-rows, column-major inside a
+// group, so consecutive tiles (which run at the same time on different SMs) share rows of A and columns of B.
+struct TileRC {
+    int row, col;
+};
+__host__ __device__ constexpr TileRC grouped_tile(int t, int tiles_m, int tiles_n) {
+    const int per_group = GROUP_M * tiles_n;
+    const int group = t / per_group;
+    const int first = group * GROUP_M;
+    const int rows = (tiles_m - first) < GROUP_M ? (tiles_m - first) : GROUP_M;  // the last group may be short
+    const int r = t - group * per_group;
+    return TileRC{first + r % rows, r / rows};
+}
+static_assert(grouped_tile(1, 16, 16).row == 1 && grouped_tile(8, 16, 16).row == 0 && grouped_tile(8, 16, 16).col == 1 &&
+                  grouped_tile(128, 16, 16).row == 8 && grouped_tile(5, 3, 4).row == 2 && grouped_tile(5, 3, 4).col == 1,
+              "grouped tile order");
+
+// ---------------------------------------------------------------------------------------------------------
+// PTX wrappers.
+__device__ __forceinline__ uint32_t smem_u32(const void* p) { return (uint32_t)__cvta_generic_to_shared(p); }
+
+__device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(count) : "memory");
+}
+__device__ __forceinline__ void fence_mbarrier_init() {
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+}
+__device__ __forceinline__ void mbar_arrive_expect_tx(uint32_t bar, uint32_t bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ bool mbar_try_wait(uint32_t bar, uint32_t parity) {
+    uint32_t done;
+    asm volatile(
+        "{\n.reg .pred p;\n"
+        "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+        "selp.u32 %0, 1, 0, p;\n}\n"
+        : "=r"(done)
+        : "r"(bar), "r"(parity)
+        : "memory");
+    return done != 0;
+}
+__device__ __forceinline__ unsigned long long global_timer_ns() {
+    unsigned long long t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    return t;
+}
+// Wait until the phase of parity `parity` has completed. A fresh barrier is in phase 0, so waiting for
+// parity 1 returns at once (the "previous" phase counts as complete): producers use that for the first lap.
+__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
+    if (mbar_try_wait(bar, parity)) return;
+    const unsigned long long start = global_timer_ns();
+    while (!mbar_try_wait(bar, parity)) {
+        if (global_timer_ns() - start > WAIT_TIMEOUT_NS) __trap();
+    }
+}
+
+__device__ __forceinline__ void prefetch_tensormap(const CUtensorMap* map) {
+    asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<uint64_t>(map)) : "memory");
+}
+// TMA: load the box at (c0 = element along the contiguous dim, c1 = row) into shared memory at dst, and
+// count its bytes against the mbarrier's transaction count.
+__device__ __forceinline__ void tma_load_2d(uint32_t dst, const CUtensorMap* map, int c0, int c1, uint32_t bar) {
+    asm volatile(
+        "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4}], [%2];"
+        ::"r"(dst), "l"(reinterpret_cast<uint64_t>(map)), "r"(bar), "r"(c0), "r"(c1)
+        : "memory");
+}
+
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void wgmma_wait() {
+    asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(N) : "memory");
+}
+// Tie the accumulators to this point of the program: the compiler must not move reads or writes of them
+// across a wgmma wait (it does not know wgmma writes them asynchronously).
+template <int NREG>
+__device__ __forceinline__ void fence_accumulators(float (&d)[NREG]) {
+#pragma unroll
+    for (int i = 0; i < NREG; ++i) asm volatile("" : "+f"(d[i])::"memory");
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// Cluster, multicast and TMA-store wrappers.
+__device__ __forceinline__ uint32_t cluster_ctarank() {
+    uint32_t r;
+    asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
+    return r;
+}
+__device__ __forceinline__ uint32_t cluster_index() {
+    uint32_t r;
+    asm volatile("mov.u32 %0, %%clusterid.x;" : "=r"(r));
+    return r;
+}
+__device__ __forceinline__ uint32_t cluster_count() {
+    uint32_t r;
+    asm volatile("mov.u32 %0, %%nclusterid.x;" : "=r"(r));
+    return r;
+}
+// Every thread of both CTAs: release what this thread did before, acquire what the others did.
+__device__ __forceinline__ void cluster_sync() {
+    asm volatile("barrier.cluster.arrive.release;\nbarrier.cluster.wait.acquire;" ::: "memory");
+}
+// The address of the same shared-memory offset in CTA `rank` of the cluster.
+__device__ __forceinline__ uint32_t map_to_rank(uint32_t addr, uint32_t rank) {
+    uint32_t r;
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(r) : "r"(addr), "r"(rank));
+    return r;
+}
+// Arrive on a barrier of any CTA of the cluster. Default semantics (release at CTA scope), as a stage release
+// needs: what must be ordered is that this warp's wgmma reads of the stage completed (wgmma.wait_group did
+// that) before a producer's TMA overwrites it. ".release.cluster" would cost a MEMBAR.GPU before every arrive.
+__device__ __forceinline__ void mbar_arrive_cluster(uint32_t cluster_addr) {
+    asm volatile("mbarrier.arrive.shared::cluster.b64 _, [%0];" ::"r"(cluster_addr) : "memory");
+}
+// TMA load of one box into the same offset of every CTA in cta_mask, each signalling the mbarrier at the
+// same offset in its own shared memory.
+__device__ __forceinline__ void tma_load_2d_multicast(uint32_t dst, const CUtensorMap* map, int c0, int c1,
+                                                      uint32_t bar, uint16_t cta_mask) {
+    asm volatile(
+        "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster"
+        " [%0], [%1, {%3, %4}], [%2], %5;"
+        ::"r"(dst), "l"(reinterpret_cast<uint64_t>(map)), "r"(bar), "r"(c0), "r"(c1), "h"(cta_mask)
+        : "memory");
+}
+__device__ __forceinline__ void tma_store_2d(const CUtensorMap* map, uint32_t src, int c0, int c1) {
+    asm volatile("cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [%0, {%2, %3}], [%1];"
+                 ::"l"(reinterpret_cast<uint64_t>(map)), "r"(src), "r"(c0), "r"(c1)
+                 : "memory");
+}
+__device__ __forceinline__ void bulk_commit() { asm volatile("cp.async.bulk.commit_group;" ::: "memory"); }
+// At most N store groups may still be reading their shared-memory source.
+template <int N>
+__device__ __forceinline__ void bulk_wait_read() {
+    asm volatile("cp.async.bulk.wait_group.read %0;" ::"n"(N) : "memory");
+}
+// At most N store groups may still be in flight at all (their global writes included).
+template <int N>
+__device__ __forceinline__ void bulk_wait() {
+    asm volatile("cp.async.bulk.wait_group %0;" ::"n"(N) : "memory");
+}
+// Ordinary shared-memory stores must be made visible to the copy engine (the async proxy) before it reads.
+__device__ __forceinline__ void fence_proxy_async_smem() {
+    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+}
+__device__ __forceinline__ void named_barrier_sync(int id, int threads) {
+    asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");
+}
+__device__ __forceinline__ void st_shared_u32(uint32_t addr, uint32_t v) {
+    asm volatile("st.shared.b32 [%0], %1;" ::"r"(addr), "r"(v) : "memory");
+}
+
+// setmaxnreg: executed by all threads of a warpgroup; takes effect only because the kernel has a register
+// cap at entry (__launch_bounds__(THREADS, 1)).
+template <int REGS>
+__device__ __forceinline__ void regs_release() { asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(REGS)); }
+template <int REGS>
+__device__ __forceinline__ void regs_claim() { asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(REGS)); }
+
+#define TF_ACC_8(d, i) "+f"(d[i + 0]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3]), \
+                       "+f"(d[i + 4]), "+f"(d[i + 5]), "+f"(d[i + 6]), "+f"(d[i + 7])
+#define TF_ACC_64(d, i) TF_ACC_8(d, i + 0), TF_ACC_8(d, i + 8), TF_ACC_8(d, i + 16), TF_ACC_8(d, i + 24), \
+                        TF_ACC_8(d, i + 32), TF_ACC_8(d, i + 40), TF_ACC_8(d, i + 48), TF_ACC_8(d, i + 56)
+#define TF_ACC_128(d) TF_ACC_64(d, 0), TF_ACC_64(d, 64)
+
+// D(64x256, fp32) (+)= A(64x16, smem, K-major) * B(16x256 given as 256x16, smem, K-major).
+// scale_d = 0 ignores D's old value (the first k16 step of a tile). imm-scale-a/b = 1, imm-trans-a/b = 0
+// (both operands K-major).
+#define TF_WGMMA_M64N256K16(DTS, d, desc_a, desc_b, scale_d) \
+    asm volatile( \
+        "{\n.reg .pred p;\n" \
+        "setp.ne.b32 p, %130, 0;\n" \
+        "wgmma.mma_async.sync.aligned.m64n256k16.f32." DTS "." DTS " {" \
+        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, " \
+        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, " \
+        "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, " \
+        "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, " \
+        "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, " \
+        "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, " \
+        "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, " \
+        "%112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127" \
+        "}, %128, %129, p, 1, 1, 0, 0;\n}\n" \
+        : TF_ACC_128(d) \
+        : "l"(desc_a), "l"(desc_b), "r"(scale_d) \
+        : "memory")
+
+
+template <int DT>
+__device__ __forceinline__ void wgmma_m64n256k16(float (&d)[128], uint64_t desc_a, uint64_t desc_b, uint32_t scale_d) {
+    if constexpr (DT == 0) {
+        TF_WGMMA_M64N256K16("bf16", d, desc_a, desc_b, scale_d);
+    } else {
+        TF_WGMMA_M64N256K16("f16", d, desc_a, desc_b, scale_d);
+    }
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// Epilogue: the m64nNk16 fp32 accumulator fragment. Warp w of the warpgroup holds rows 16w..16w+15; lane
+// = 4*g + t holds, for every n8 block j, d[4j+0..1] at (row 16w+g, cols 8j+2t, 8j+2t+1) and d[4j+2..3] at
+// (row 16w+g+8, the same cols). Two neighbouring columns go out as one 32-bit store.
+__device__ __forceinline__ float gelu_erf(float x) { return 0.5f * x * (1.0f + erff(x * 0.70710678118654752f)); }
+
+template <int DT>
+__device__ __forceinline__ float load_scalar(const void* p, long long i) {
+    if constexpr (DT == 0) return __bfloat162float(reinterpret_cast<const __nv_bfloat16*>(p)[i]);
+    else return __half2float(reinterpret_cast<const __half*>(p)[i]);
+}
+template <int DT>
+__device__ __forceinline__ uint32_t pack2(float lo, float hi) {
+    if constexpr (DT == 0) {
+        __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+        return *reinterpret_cast<uint32_t*>(&v);
+    } else {
+        __half2 v = __floats2half2_rn(lo, hi);
+        return *reinterpret_cast<uint32_t*>(&v);
+    }
+}
+template <int DT>
+__device__ __forceinline__ void store_scalar(void* p, long long i, float v) {
+    if constexpr (DT == 0) reinterpret_cast<__nv_bfloat16*>(p)[i] = __float2bfloat16_rn(v);
+    else reinterpret_cast<__half*>(p)[i] = __float2half_rn(v);
+}
+
+template <int DT, int NREG>
+__device__ __forceinline__ void store_fragment(const float (&d)[NREG], void* C, const void* bias, int M, int N,
+                                               long long ldc, int row0, int col0, int epilogue, bool pair_ok) {
+    const int lane = threadIdx.x % 32, warp = (threadIdx.x / 32) % 4;
+    const int g = lane / 4, t = lane % 4;
+#pragma unroll
+    for (int j = 0; j < NREG / 4; ++j) {
+        const int col = col0 + 8 * j + 2 * t;
+        float b0 = 0.f, b1 = 0.f;
+        if (epilogue != 0) {
+            if (col < N) b0 = load_scalar<DT>(bias, col);
+            if (col + 1 < N) b1 = load_scalar<DT>(bias, col + 1);
+        }
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const int row = row0 + 16 * warp + g + 8 * h;
+            float v0 = d[4 * j + 2 * h] + b0, v1 = d[4 * j + 2 * h + 1] + b1;
+            if (epilogue == 2) { v0 = gelu_erf(v0); v1 = gelu_erf(v1); }
+            if (row < M) {
+                const long long at = (long long)row * ldc + col;
+                if (pair_ok && col + 1 < N) {
+                    *reinterpret_cast<uint32_t*>(reinterpret_cast<char*>(C) + 2 * at) = pack2<DT>(v0, v1);
+                } else {
+                    if (col < N) store_scalar<DT>(C, at, v0);
+                    if (col + 1 < N) store_scalar<DT>(C, at + 1, v1);
+                }
+            }
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------------------
+template <int DT>
+__global__ void __launch_bounds__(THREADS, 1)
+rung9_kernel(const __grid_constant__ CUtensorMap tm_a, const __grid_constant__ CUtensorMap tm_b,
+             const __grid_constant__ CUtensorMap tm_c, void* C, const void* bias, int M, int N, int K, long long ldc,
+             int epilogue, int debug) {
+    extern __shared__ __align__(16) uint8_t smem_raw[];
+    const uint32_t base = (smem_u32(smem_raw) + SWIZZLE_ATOM_BYTES - 1) & ~uint32_t(SWIZZLE_ATOM_BYTES - 1);
+    const uint32_t s_a = base;                                // STAGES x [128 rows][128 B], swizzled
+    const uint32_t s_b = s_a + STAGES * A_TILE_BYTES;         // STAGES x [256 rows][128 B]: part 0, part 1
+    const uint32_t s_c = s_b + STAGES * B_TILE_BYTES;         // CONSUMERS x C_BUFFERS x [64 rows][128 B]
+    const uint32_t full = s_c + CONSUMERS * C_BUFFERS * C_CHUNK_BYTES;  // STAGES mbarriers: bytes landed
+    const uint32_t empty = full + STAGES * 8;  // STAGES mbarriers: both CTAs' 8 consumer warps are done
+
+    const int warpgroup = threadIdx.x / 128;
+    const uint32_t rank = cluster_ctarank();
+    const int first_tile = (int)cluster_index(), tile_step = (int)cluster_count();
+    const int k_tiles = (K + BK - 1) / BK;
+    const int tiles_m = (M + BM * CLUSTER - 1) / (BM * CLUSTER);  // cluster-rows of 256
+    const int tiles_n = (N + BN - 1) / BN;
+    const int tiles = tiles_m * tiles_n;
+
+    if (threadIdx.x == 0) {
+        for (int s = 0; s < STAGES; ++s) {
+            mbar_init(full + 8 * s, 1);                          // one arrive.expect_tx by the local producer
+            mbar_init(empty + 8 * s, CLUSTER * CONSUMER_WARPS);  // every consumer warp of both CTAs
+        }
+        fence_mbarrier_init();  // visible to the copy engine and to the peer CTA
+        prefetch_tensormap(&tm_a);
+        prefetch_tensormap(&tm_b);
+        prefetch_tensormap(&tm_c);
+    }
+    // No CTA may multicast into, or arrive on, its peer's barriers before the peer initialised them.
+    cluster_sync();
+
+    if (warpgroup == 0) {
+        // Producer: one thread walks this cluster's tiles and their k-tiles, STAGES ahead at most.
+        regs_release<PRODUCER_REGS>();
+        if (threadIdx.x == 0) {
+            const bool multicast = (debug & DEBUG_NO_MULTICAST) == 0;
+            int s = 0;
+            uint32_t phase = 0;
+            for (int t = first_tile; t < tiles; t += tile_step) {
+                const TileRC tile = grouped_tile(t, tiles_m, tiles_n);
+                const int m0 = tile.row * (BM * CLUSTER) + (int)rank * BM;
+                const int n0 = tile.col * BN;
+                for (int kt = 0; kt < k_tiles; ++kt) {
+                    // Both CTAs' consumers released this stage (first lap: parity 1 of a fresh barrier passes).
+                    mbar_wait(empty + 8 * s, phase ^ 1u);
+                    mbar_arrive_expect_tx(full + 8 * s, STAGE_BYTES);
+                    const uint32_t a_dst = s_a + s * A_TILE_BYTES, b_dst = s_b + s * B_TILE_BYTES;
+                    tma_load_2d(a_dst, &tm_a, kt * BK, m0, full + 8 * s);
+                    if (multicast) {
+                        // My part of the shared B tile, into both CTAs (the peer sends the other part).
+                        tma_load_2d_multicast(b_dst + rank * B_PART_BYTES, &tm_b, kt * BK, n0 + (int)rank * B_PART_ROWS,
+                                              full + 8 * s, (uint16_t)((1u << CLUSTER) - 1));
+                    } else {
+                        for (int part = 0; part < CLUSTER; ++part)
+                            tma_load_2d(b_dst + part * B_PART_BYTES, &tm_b, kt * BK, n0 + part * B_PART_ROWS,
+                                        full + 8 * s);
+                    }
+                    if (++s == STAGES) { s = 0; phase ^= 1u; }
+                }
+            }
+        }
+    } else {
+        // Consumers: warpgroup 1 computes rows 0..63 of the CTA's tile, warpgroup 2 rows 64..127.
+        regs_claim<CONSUMER_REGS>();
+        const int consumer = warpgroup - 1;
+        const int tid = threadIdx.x % 128, warp = tid / 32, lane = tid % 32;
+        const int g = lane / 4, q = lane % 4;  // fragment coordinates: row g (+8), columns 2q, 2q+1 of each n8
+        const bool tma_store = (debug & DEBUG_DIRECT_STORE) == 0;
+        float acc[128];
+#pragma unroll
+        for (int i = 0; i < 128; ++i) acc[i] = 0.f;
+
+        int s = 0;
+        uint32_t phase = 0;
+        uint32_t chunk = 0;  // C chunks this consumer has stored: chunk & 1 picks the staging buffer
+        for (int t = first_tile; t < tiles; t += tile_step) {
+            const TileRC tile = grouped_tile(t, tiles_m, tiles_n);
+            const int m0 = tile.row * (BM * CLUSTER) + (int)rank * BM + consumer * 64;  // this warpgroup's rows
+            const int n0 = tile.col * BN;
+
+            int prev = 0;
+            for (int kt = 0; kt < k_tiles; ++kt) {
+                mbar_wait(full + 8 * s, phase);
+                const uint64_t da = make_desc_sw128(s_a + s * A_TILE_BYTES + consumer * CONSUMER_A_BYTES);
+                const uint64_t db = make_desc_sw128(s_b + s * B_TILE_BYTES);
+                fence_accumulators(acc);
+                wgmma_fence();
+#pragma unroll
+                for (int kk = 0; kk < BK / WGMMA_K; ++kk) {
+                    wgmma_m64n256k16<DT>(acc, da + kk * DESC_K_STEP, db + kk * DESC_K_STEP,
+                                         (kt > 0 || kk > 0) ? 1u : 0u);
+                }
+                wgmma_commit();
+                // Keep this k-tile's wgmma in flight; the previous one has finished, so release its stage
+                // to the producers of both CTAs (each of them writes into this CTA's copy of it).
+                wgmma_wait<1>();
+                fence_accumulators(acc);
+                if (kt > 0 && lane == 0) {
+                    for (uint32_t r = 0; r < CLUSTER; ++r) mbar_arrive_cluster(map_to_rank(empty + 8 * prev, r));
+                }
+                __syncwarp();  // the warp whole again before the next .sync.aligned wgmma instructions
+                prev = s;
+                if (++s == STAGES) { s = 0; phase ^= 1u; }
+            }
+            wgmma_wait<0>();
+            fence_accumulators(acc);
+            if (lane == 0) {  // the producer goes on into the next tile: the last stage must be released too
+                for (uint32_t r = 0; r < CLUSTER; ++r) mbar_arrive_cluster(map_to_rank(empty + 8 * prev, r));
+            }
+            __syncwarp();
+
+            if (!tma_store) {
+                store_fragment<DT>(acc, C, bias, M, N, ldc, m0, n0, epilogue, true);
+                continue;
+            }
+            // Epilogue: four 64x64 chunks, each rounded into a swizzled staging buffer and stored by TMA.
+#pragma unroll
+            for (int j = 0; j < BN / C_CHUNK_COLS; ++j, ++chunk) {
+                const uint32_t buf = s_c + (consumer * C_BUFFERS + (chunk & 1)) * C_CHUNK_BYTES;
+                if (tid == 0) bulk_wait_read<C_BUFFERS - 1>();  // the store that last used `buf` has read it
+                __syncwarp();
+                named_barrier_sync(1 + consumer, 128);
+#pragma unroll
+                for (int jj = 0; jj < C_CHUNK_COLS / 8; ++jj) {
+                    const int col = 8 * jj + 2 * q;  // column inside the chunk
+                    const int gcol = n0 + j * C_CHUNK_COLS + col;
+                    float b0 = 0.f, b1 = 0.f;
+                    if (epilogue != 0) {
+                        if (gcol < N) b0 = load_scalar<DT>(bias, gcol);
+                        if (gcol + 1 < N) b1 = load_scalar<DT>(bias, gcol + 1);
+                    }
+#pragma unroll
+                    for (int h = 0; h < 2; ++h) {
+                        const int i = 4 * (j * (C_CHUNK_COLS / 8) + jj) + 2 * h;
+                        float v0 = acc[i] + b0, v1 = acc[i + 1] + b1;
+                        if (epilogue == 2) { v0 = gelu_erf(v0); v1 = gelu_erf(v1); }
+                        const int row = 16 * warp + g + 8 * h;
+                        st_shared_u32(buf + swizzle128_offset(row, col), pack2<DT>(v0, v1));
+                    }
+                }
+                fence_proxy_async_smem();
+                named_barrier_sync(1 + consumer, 128);
+                if (tid == 0) {
+                    tma_store_2d(&tm_c, buf, n0 + j * C_CHUNK_COLS, m0);  // TMA clips rows >= M, cols >= N
+                    bulk_commit();
+                }
+                __syncwarp();
+            }
+        }
+        if (tid == 0) bulk_wait<0>();  // the stores have landed before this CTA's shared memory goes away
+    }
+    // No CTA may exit while its peer can still arrive on its barriers.
+    __syncwarp();
+    cluster_sync();
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// Host side: the tensor maps, through the driver entry point (no -lcuda at link time).
+PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
+    static PFN_cuTensorMapEncodeTiled_v12000 fn = nullptr;
+    if (fn == nullptr) {
+        void* p = nullptr;
+        cudaDriverEntryPointQueryResult status;
+        if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &p, 12000, cudaEnableDefault, &status) !=
+                cudaSuccess ||
+            status != cudaDriverEntryPointSuccess)
+            return nullptr;
+        fn = reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(p);
+    }
+    return fn;
+}
+
+// A row-major [rows, cols] matrix with a row stride of `ld` elements, read in boxes of box_rows x box_cols
+// (box_cols * 2 bytes <= 128: one 128B-swizzle row).
+cudaError_t encode_2d(CUtensorMap* map, int dtype, const void* ptr, long long rows, long long cols, long long ld,
+                      int box_rows, int box_cols) {
+    PFN_cuTensorMapEncodeTiled_v12000 encode = tensor_map_encoder();
+    if (encode == nullptr) return cudaErrorNotSupported;
+    const cuuint64_t dims[2] = {(cuuint64_t)cols, (cuuint64_t)rows};
+    const cuuint64_t strides[1] = {(cuuint64_t)(ld * 2)};
+    const cuuint32_t box[2] = {(cuuint32_t)box_cols, (cuuint32_t)box_rows};
+    const cuuint32_t elem_strides[2] = {1, 1};
+    CUresult r = encode(map, dtype == 0 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 2,
+                        const_cast<void*>(ptr), dims, strides, box, elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                        CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                        CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+    return r == CUDA_SUCCESS ? cudaSuccess : cudaErrorInvalidValue;
+}
+
+bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; }
+
+int g_debug_flags = 0;
+
+}  // namespace
+
+extern "C" int tilefuse_rung9_b_layout(void) { return 1; }
+
+extern "C" int tilefuse_rung9_requirements(int* m_multiple, int* n_multiple, int* k_multiple) {
+    if (m_multiple) *m_multiple = 1;
+    if (n_multiple) *n_multiple = 8;  // C is written by TMA: 16-byte row strides
+    if (k_multiple) *k_multiple = 8;  // A and B are read by TMA: 16-byte row strides
+    return 0;
+}
+
+// Not part of the ladder ABI: switch features off to locate a failure (see the header). Returns the old flags.
+extern "C" int tilefuse_rung9_set_debug(int flags) {
+    const int old = g_debug_flags;
+    g_debug_flags = flags;
+    return old;
+}
+
+extern "C" int tilefuse_rung9(const void* A, const void* B, void* C, const void* bias, int M, int N, int K,
+                              long long lda, long long ldb, long long ldc, int dtype, int epilogue, void* stream) {
+    if (dtype != 0 && dtype != 1) return cudaErrorInvalidValue;
+    if (epilogue < 0 || epilogue > 2 || (epilogue != 0 && bias == nullptr)) return cudaErrorInvalidValue;
+    if (M < 0 || N < 0 || K < 0) return cudaErrorInvalidValue;
+    if (M == 0 || N == 0) return cudaSuccess;
+    if (K < 8 || K % 8 != 0 || lda < K || ldb < K || ldc < N) return cudaErrorInvalidValue;
+    if (lda % 8 != 0 || ldb % 8 != 0 || ldc % 8 != 0) return cudaErrorInvalidValue;
+    if (!aligned16(A) || !aligned16(B) || !aligned16(C)) return cudaErrorInvalidValue;
+
+    CUtensorMap tm_a, tm_b, tm_c;
+    cudaError_t e = encode_2d(&tm_a, dtype, A, M, K, lda, BM, BK);
+    if (e != cudaSuccess) return e;
+    e = encode_2d(&tm_b, dtype, B, N, K, ldb, B_PART_ROWS, BK);
+    if (e != cudaSuccess) return e;
+    e = encode_2d(&tm_c, dtype, C, M, N, ldc, C_CHUNK_ROWS, C_CHUNK_COLS);
+    if (e != cudaSuccess) return e;
+
+    void (*kernel)(const CUtensorMap, const CUtensorMap, const CUtensorMap, void*, const void*, int, int, int,
+                   long long, int, int) = dtype == 0 ? rung9_kernel<0> : rung9_kernel<1>;
+    e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM_BYTES);
+    if (e != cudaSuccess) return e;
+
+    const long long tiles = (long long)((M + BM * CLUSTER - 1) / (BM * CLUSTER)) * ((N + BN - 1) / BN);
+    const int debug = g_debug_flags;
+
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeClusterDimension;
+    attr[0].val.clusterDim.x = CLUSTER;
+    attr[0].val.clusterDim.y = 1;
+    attr[0].val.clusterDim.z = 1;
+    cudaLaunchConfig_t cfg = {};
+    cfg.blockDim = dim3(THREADS);
+    cfg.dynamicSmemBytes = SMEM_BYTES;
+    cfg.stream = reinterpret_cast<cudaStream_t>(stream);
+    cfg.attrs = attr;
+    cfg.numAttrs = 1;
+
+    // Persistent: as many clusters as can be resident at once (one CTA an SM), never more than the tiles.
+    int device = 0, sms = 0;
+    e = cudaGetDevice(&device);
+    if (e != cudaSuccess) return e;
+    e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+    if (e != cudaSuccess) return e;
+    cfg.gridDim = dim3((sms / CLUSTER) * CLUSTER);
+    int resident = 0;
+    if (cudaOccupancyMaxActiveClusters(&resident, kernel, &cfg) != cudaSuccess || resident <= 0) {
+        (void)cudaGetLastError();  // a failed query is not the launch's error: fall back to the SM count
+        resident = sms / CLUSTER;
+    }
+    long long clusters = (debug & DEBUG_NOT_PERSISTENT) ? tiles : (tiles < resident ? tiles : resident);
+    if (clusters < 1) clusters = 1;
+    if (clusters * CLUSTER > 0x7fffffffLL) return cudaErrorInvalidValue;
+    cfg.gridDim = dim3((unsigned)(clusters * CLUSTER));
+
+    e = cudaLaunchKernelEx(&cfg, kernel, tm_a, tm_b, tm_c, C, bias, M, N, K, ldc, epilogue, debug);
+    if (e != cudaSuccess) return e;
+    return (int)cudaGetLastError();
+}
