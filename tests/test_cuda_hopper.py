@@ -18,12 +18,11 @@ bias+GeLU epilogues, and rung 9's debug variants (which feature a wrong result c
 from __future__ import annotations
 
 import ctypes
-import functools
-import hashlib
 import os
 import random
 import re
 import subprocess
+import sys
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,6 +30,8 @@ from pathlib import Path
 import pytest
 
 from tilefuse import config, diskcache
+
+from .support import assert_close, poison, poisoned_empty
 
 pytestmark = pytest.mark.xdist_group("cuda_hopper")  # one worker builds the three libraries once
 
@@ -40,6 +41,7 @@ RUNGS = {7: "rung7_tma_wgmma.cu", 8: "rung8_warpspec.cu", 9: "rung9_persistent.c
 NVCC_FLAGS = ["-shared", "-Xcompiler", "-fPIC", "-gencode=arch=compute_90a,code=sm_90a", "-Xptxas", "-v", "-O3",
               "-std=c++17"]
 CUDA_ERROR_INVALID_VALUE = 1
+BUILD_DIR_ENV = "TILEFUSE_HOPPER_BUILD_DIR"  # the GPU child process reuses its parent's builds
 
 
 # ------------------------------------------------------------------------------------------------- build
@@ -67,12 +69,17 @@ def _nvcc_version(nvcc: str) -> str:
         return ""
 
 
+def _build_root() -> Path:
+    return Path(os.environ.get(BUILD_DIR_ENV) or Path(config.get().cache_dir) / "cuda-hopper-tests")
+
+
 def _build_direct(rung: int) -> Built:
     """nvcc straight into the test cache (the ladder's own build.py is not there yet)."""
     nvcc = config.get().nvcc
     source = CUDA_DIR / RUNGS[rung]
     key = diskcache.digest(source.read_bytes(), " ".join(NVCC_FLAGS), _nvcc_version(nvcc))
-    folder = Path(config.get().cache_dir) / "cuda-hopper-tests" / f"rung{rung}-{key}"
+    root = _build_root()
+    folder = root / f"rung{rung}-{key}"
     folder.mkdir(parents=True, exist_ok=True)
     lib, log_path = folder / f"rung{rung}.so", folder / "build.log"
     if not lib.exists():
@@ -690,6 +697,33 @@ def test_the_protocol_model_catches_known_bugs(bug, match):
 
 
 # ------------------------------------------------------------------------------------------- GPU checks
+# A kernel bug here can end in a trap (every mbarrier wait traps after 5 s instead of hanging), and a trap
+# leaves the process's CUDA context unusable for every test after it. So the GPU checks run in a child
+# pytest, one a rung: test_gpu_checks_in_a_child_process[<rung>] runs this file with CHILD_ENV set to the
+# rung, where the checks below run (and report each failure by name); elsewhere they skip.
+CHILD_ENV = "TILEFUSE_HOPPER_GPU_CHILD"
+CHILD_RUNG = os.environ.get(CHILD_ENV, "")  # tests may read the environment; the package reads it in config.py
+CHILD_TIMEOUT_S = 1200
+
+
+def _in_child(rung: int) -> None:
+    if CHILD_RUNG != str(rung):
+        pytest.skip(f"runs in the child process of test_gpu_checks_in_a_child_process[{rung}]")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("rung", sorted(RUNGS))
+def test_gpu_checks_in_a_child_process(rung):
+    if CHILD_RUNG:
+        pytest.skip("already the child")
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-m", "gpu", "-p", "no:cacheprovider", "-rfE",
+                           "--tb=short", str(Path(__file__))], cwd=ROOT, capture_output=True, text=True,
+                          env={**os.environ, CHILD_ENV: str(rung), BUILD_DIR_ENV: str(_build_root())},
+                          timeout=CHILD_TIMEOUT_S)
+    summary = proc.stdout[-8000:] + proc.stderr[-2000:]
+    assert proc.returncode == 0 and " passed" in proc.stdout, f"rung {rung} GPU checks failed:\n{summary}"
+
+
 GPU_SHAPES = [  # (M, N, K): tile-aligned, ragged edges, tiny, one tile, K below one k-tile, and the bar's size
     (128, 256, 64),
     (256, 512, 128),
@@ -737,7 +771,7 @@ def _reference(a, b_nk, bias=None, epilogue: int = 0):
 @pytest.mark.parametrize("shape", GPU_SHAPES, ids=lambda s: "x".join(map(str, s)))
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
 def test_gemm_matches_float32_reference(rung, shape, dtype):
-    from tests.support import assert_close, poisoned_empty
+    _in_child(rung)
     torch = _torch()
     M, N, K = shape
     dt = getattr(torch, dtype)
@@ -754,7 +788,7 @@ def test_gemm_matches_float32_reference(rung, shape, dtype):
 @pytest.mark.parametrize("shape", [(256, 512, 256), (333, 520, 200), (4096, 4096, 4096)],
                          ids=lambda s: "x".join(map(str, s)))
 def test_bias_and_gelu_epilogues(rung, epilogue, shape):
-    from tests.support import assert_close, poisoned_empty
+    _in_child(rung)
     torch = _torch()
     M, N, K = shape
     dt = torch.bfloat16
@@ -771,7 +805,7 @@ def test_bias_and_gelu_epilogues(rung, epilogue, shape):
 def test_writes_stay_inside_c(rung):
     """C as a view of a larger poisoned buffer (ldc > N, rows below M): the padding must stay NaN, so edge
     tiles are clipped (TMA store in rung 9, predicated stores in 7 and 8); strided A and B (lda, ldb > K)."""
-    from tests.support import assert_close, poison
+    _in_child(rung)
     torch = _torch()
     M, N, K = 300, 328, 200
     dt = torch.float16
@@ -790,7 +824,7 @@ def test_writes_stay_inside_c(rung):
 def test_rung9_debug_variants(flags):
     """Rung 9 with single features switched off: when the default fails, the variants that pass name the
     feature at fault (1 multicast, 2 persistence, 4 the TMA-store epilogue)."""
-    from tests.support import assert_close, poisoned_empty
+    _in_child(9)
     torch = _torch()
     lib = _load(9)
     lib.tilefuse_rung9_set_debug.restype = ctypes.c_int
@@ -814,6 +848,7 @@ def test_rung9_debug_variants(flags):
 @pytest.mark.parametrize("rung", sorted(RUNGS))
 def test_repeated_calls_are_deterministic(rung):
     """Same inputs, same bits: no race between stages (a premature refill shows up as run-to-run noise)."""
+    _in_child(rung)
     torch = _torch()
     M, N, K = 1024, 2048, 1024
     a = torch.randn(M, K, device="cuda", dtype=torch.bfloat16)

@@ -555,6 +555,8 @@ cudaError_t encode_2d(CUtensorMap* map, int dtype, const void* ptr, long long ro
 bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; }
 
 int g_debug_flags = 0;
+constexpr int MAX_DEVICES = 64;
+int g_resident_clusters[MAX_DEVICES] = {};  // per device: clusters of this kernel resident at once (0: not asked)
 
 }  // namespace
 
@@ -594,6 +596,9 @@ extern "C" int tilefuse_rung9(const void* A, const void* B, void* C, const void*
 
     void (*kernel)(const CUtensorMap, const CUtensorMap, const CUtensorMap, void*, const void*, int, int, int,
                    long long, int, int) = dtype == 0 ? rung9_kernel<0> : rung9_kernel<1>;
+    int device = 0;
+    e = cudaGetDevice(&device);
+    if (e != cudaSuccess) return e;
     e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM_BYTES);
     if (e != cudaSuccess) return e;
 
@@ -613,16 +618,18 @@ extern "C" int tilefuse_rung9(const void* A, const void* B, void* C, const void*
     cfg.numAttrs = 1;
 
     // Persistent: as many clusters as can be resident at once (one CTA an SM), never more than the tiles.
-    int device = 0, sms = 0;
-    e = cudaGetDevice(&device);
-    if (e != cudaSuccess) return e;
-    e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
-    if (e != cudaSuccess) return e;
-    cfg.gridDim = dim3((sms / CLUSTER) * CLUSTER);
-    int resident = 0;
-    if (cudaOccupancyMaxActiveClusters(&resident, kernel, &cfg) != cudaSuccess || resident <= 0) {
-        (void)cudaGetLastError();  // a failed query is not the launch's error: fall back to the SM count
-        resident = sms / CLUSTER;
+    // The occupancy query costs more than the rest of the host work together, so it is asked once a device.
+    int resident = (device >= 0 && device < MAX_DEVICES) ? g_resident_clusters[device] : 0;
+    if (resident <= 0) {
+        int sms = 0;
+        e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+        if (e != cudaSuccess) return e;
+        cfg.gridDim = dim3((sms / CLUSTER) * CLUSTER);
+        if (cudaOccupancyMaxActiveClusters(&resident, kernel, &cfg) != cudaSuccess || resident <= 0) {
+            (void)cudaGetLastError();  // a failed query is not the launch's error: fall back to the SM count
+            resident = sms / CLUSTER;
+        }
+        if (device >= 0 && device < MAX_DEVICES) g_resident_clusters[device] = resident;
     }
     long long clusters = (debug & DEBUG_NOT_PERSISTENT) ? tiles : (tiles < resident ? tiles : resident);
     if (clusters < 1) clusters = 1;
