@@ -1,0 +1,408 @@
+"""GEMM launch configurations: the config type, the per-vendor spaces (as data), pruning, the default.
+
+A :class:`GemmProblem` describes a GEMM without its tensors (shapes, dtypes, layouts, epilogue): it is what
+the tuner keys on and what a child process needs to compile a candidate. :func:`candidates` turns a problem
+into an ordered list of configs: the space of its shape class for its vendor, pruned by shared memory and
+by shape, split-K filled in from the SM count. The first candidate is the heuristic default, used when
+tuning is off, under the interpreter, or before a tuning decision exists.
+
+Shape classes (M is the row count after folding a broadcast batch into the rows):
+
+- ``decode``  M <= 64: reading B is the whole cost (N=K=8192 bf16 is 128 MiB, 31.7 us at 4.23 TB/s, while
+  the MMA work is under 5 us), so small BLOCK_M, long BLOCK_K, deep pipelines and split-K until every SM
+  streams its share of B.
+- ``skinny``  64 < M <= 256: 128-row tiles leave SMs idle (M=128, N=8192: 64 tiles of 128x128 on 132 SMs,
+  the 0.76x tutorial case), so split-K or narrower tiles bring the CTA count to about one wave.
+- ``small``   fewer tiles of 128x256 than twice the SMs (1024^3, 2048^3): narrower tiles / split-K for fill.
+- ``large``   everything else: 128x256 tiles with two consumer warpgroups, TMA, persistent grid.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+from typing import Any, Iterable, Sequence
+
+# --------------------------------------------------------------------------------------------- config
+KERNELS = ("tiled", "persistent")
+
+
+@dataclasses.dataclass(frozen=True)
+class GemmConfig:
+    """One launch configuration of the GEMM family."""
+    kernel: str = "tiled"  # "tiled" (one tile a program, optional split-K) | "persistent" (one program an SM)
+    block_m: int = 64
+    block_n: int = 64
+    block_k: int = 32
+    group_m: int = 8  # row-tiles per L2 group: they share B's column panels while those are in L2
+    split_k: int = 1  # tiled only: K cut into this many ranges, the last program of a tile reduces them
+    num_warps: int = 4
+    num_stages: int = 3
+    tma: bool = False  # loads (and the persistent kernel's store) through TMA tensor descriptors
+    flatten: bool = False  # persistent: flatten the tile and K loops into one pipelined loop
+    epi_subtile: int = 1  # persistent: the epilogue runs on this many column slices of the tile
+    warp_specialize: bool = False  # persistent, Blackwell only (a no-op on Hopper in triton 3.6)
+    waves_per_eu: int = 0  # AMD only
+    matrix_instr_nonkdim: int = 0  # AMD only (16: 16x16 MFMA)
+    kpack: int = 0  # AMD only
+
+    def label(self) -> str:
+        s = f"{self.kernel[0].upper()}{self.block_m}x{self.block_n}x{self.block_k}-w{self.num_warps}-s{self.num_stages}"
+        if self.group_m != 8:
+            s += f"-g{self.group_m}"
+        if self.split_k > 1:
+            s += f"-k{self.split_k}"
+        if self.tma:
+            s += "-tma"
+        if self.flatten:
+            s += "-flat"
+        if self.epi_subtile > 1:
+            s += f"-sub{self.epi_subtile}"
+        if self.warp_specialize:
+            s += "-ws"
+        if self.waves_per_eu or self.matrix_instr_nonkdim or self.kpack:
+            s += f"-wpe{self.waves_per_eu}-nk{self.matrix_instr_nonkdim}-kp{self.kpack}"
+        return s
+
+    def to_json(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict) -> "GemmConfig":
+        fields = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in fields})
+
+    def launch_options(self, vendor: str) -> dict[str, Any]:
+        opts: dict[str, Any] = {"num_warps": self.num_warps, "num_stages": self.num_stages}
+        if vendor == "amd":
+            if self.waves_per_eu:
+                opts["waves_per_eu"] = self.waves_per_eu
+            if self.matrix_instr_nonkdim:
+                opts["matrix_instr_nonkdim"] = self.matrix_instr_nonkdim
+            if self.kpack:
+                opts["kpack"] = self.kpack
+        return opts
+
+
+# The interpreter runs a program at a time with numpy on whole blocks: big blocks mean few programs and
+# fast tests, and it never tunes. 64x64x32 keeps a 300^3 fp32 GEMM near a second on one core.
+INTERPRETER_CONFIG = GemmConfig("tiled", 64, 64, 32, group_m=8, split_k=1, num_warps=4, num_stages=1)
+# What a launch falls back to when a config runs out of resources on an unknown part.
+SAFE_CONFIG = GemmConfig("tiled", 64, 64, 32, group_m=8, split_k=1, num_warps=4, num_stages=2)
+
+
+# -------------------------------------------------------------------------------------------- problem
+@dataclasses.dataclass(frozen=True)
+class GemmProblem:
+    """A GEMM without its tensors: C[z] (M x N) = epilogue(A[z] (M x K) @ B[z] (K x N)), z < Z."""
+    M: int
+    N: int
+    K: int
+    Z: int
+    a_dtype: str  # torch dtype names without "torch."
+    b_dtype: str
+    c_dtype: str
+    a_t: bool  # A is column-major (stride_am == 1)
+    b_t: bool  # B is K-contiguous (stride_bk == 1), e.g. nn.Linear's weight.T
+    tma_ok: bool  # base pointers and strides meet TMA's 16-byte rules, unit inner stride, Z == 1, K >= 1
+    epilogue: str  # the epilogue's signature (see gemm.Epilogue.signature)
+
+    @property
+    def in_bytes(self) -> int:
+        return dtype_bytes(self.a_dtype)
+
+    def shape_class(self, multiprocessors: int = 132) -> str:
+        if self.M * self.Z <= DECODE_MAX_M:
+            return "decode"
+        if self.M * self.Z <= SKINNY_MAX_M:
+            return "skinny"
+        if math.ceil(self.M / 128) * math.ceil(self.N / 256) * self.Z < SMALL_MAX_TILES_PER_SM * multiprocessors:
+            return "small"
+        return "large"
+
+    def bucket(self) -> tuple[int, int, int, int]:
+        """Shapes that share a tuning decision: M, N, K rounded up to a power of two (M and N at least 16),
+        and whether the problem is batched."""
+        return (_pow2_at_least(self.M, 16), _pow2_at_least(self.N, 16), _pow2_at_least(self.K, 16),
+                1 if self.Z == 1 else 2)
+
+    def describe(self) -> str:
+        z = f"{self.Z}x" if self.Z > 1 else ""
+        lay = ("T" if self.a_t else "N") + ("T" if self.b_t else "N")
+        return f"{z}{self.M}x{self.N}x{self.K} {self.a_dtype}->{self.c_dtype} {lay} [{self.epilogue}]"
+
+
+DECODE_MAX_M = 64
+SKINNY_MAX_M = 256
+SMALL_MAX_TILES_PER_SM = 2  # fewer 128x256 tiles than 2 per SM: fill matters more than tile efficiency
+
+
+def _pow2_at_least(x: int, floor: int) -> int:
+    return max(floor, 1 << max(0, (max(1, x) - 1).bit_length()))
+
+
+_DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "float8_e4m3fn": 1, "float8_e5m2": 1,
+                "float8_e4m3fnuz": 1, "float8_e5m2fnuz": 1, "int8": 1, "int32": 4, "float64": 8}
+
+
+def dtype_bytes(name: str) -> int:
+    return _DTYPE_BYTES[name]
+
+
+# ------------------------------------------------------------------------------------------ the parts
+@dataclasses.dataclass(frozen=True)
+class Part:
+    """What the config space needs to know of a GPU (or a cross-compilation target)."""
+    vendor: str  # "nvidia" | "amd"
+    arch: str  # "sm_90", "gfx942", ...
+    multiprocessors: int
+    smem_bytes: int  # per block, opt-in maximum
+
+    @property
+    def capability(self) -> int:
+        if self.vendor != "nvidia":
+            return 0
+        return int(self.arch.split("_")[1].rstrip("a"))
+
+    @property
+    def has_tma(self) -> bool:
+        return self.vendor == "nvidia" and self.capability >= 90
+
+
+# Opt-in shared memory per block, by architecture (CUDA programming guide, CDNA ISA guides). Used when
+# the driver cannot be asked (cross-compilation) and as a check on what it says.
+SMEM_BY_ARCH = {"sm_80": 166912, "sm_86": 101376, "sm_87": 166912, "sm_89": 101376, "sm_90": 232448,
+                "sm_90a": 232448, "sm_100": 232448, "sm_100a": 232448, "sm_120": 101376,
+                "gfx90a": 65536, "gfx942": 65536, "gfx950": 163840}
+SMEM_SLACK = 1024  # barriers and Triton's own scratch
+
+PART_BY_TARGET = {
+    "sm_80": Part("nvidia", "sm_80", 108, SMEM_BY_ARCH["sm_80"]),
+    "sm_90a": Part("nvidia", "sm_90", 132, SMEM_BY_ARCH["sm_90"]),
+    "sm_100a": Part("nvidia", "sm_100", 148, SMEM_BY_ARCH["sm_100"]),
+    "gfx90a": Part("amd", "gfx90a", 104, SMEM_BY_ARCH["gfx90a"]),
+    "gfx942": Part("amd", "gfx942", 304, SMEM_BY_ARCH["gfx942"]),
+    "gfx950": Part("amd", "gfx950", 256, SMEM_BY_ARCH["gfx950"]),
+}
+
+
+@functools.lru_cache(maxsize=1)
+def current_part() -> Part:
+    """The part this process runs on (the interpreter is reported as an H100-like part: configs chosen for
+    it are never timed, only checked for correctness)."""
+    from .. import device
+
+    dev = device.current()
+    if not dev.is_gpu or dev.interpreter:
+        return Part("nvidia", "sm_90", dev.multiprocessors, SMEM_BY_ARCH["sm_90"])
+    smem = SMEM_BY_ARCH.get(dev.arch, 0)
+    try:
+        import torch
+
+        props = torch.cuda.get_device_properties(torch.cuda.current_device())
+        smem = int(getattr(props, "shared_memory_per_block_optin", 0) or smem)
+    except Exception:  # an unusual driver: the table's number stands
+        pass
+    return Part(dev.vendor, dev.arch, dev.multiprocessors, smem or 65536)
+
+
+# ------------------------------------------------------------------------------------ spaces as data
+def C(kernel, bm, bn, bk, w, s, **kw) -> GemmConfig:
+    return GemmConfig(kernel, bm, bn, bk, num_warps=w, num_stages=s, **kw)
+
+
+AUTO_SPLIT = -1  # split_k filled in from the SM count (see fill_split_k)
+DECODE_M = -1  # block_m filled in from M (16, 32 or 64)
+
+# NVIDIA, in order of preference within a class (the first that survives pruning is the default).
+# Hopper numbers: 227 KB smem; a 128x256x64 bf16 stage is 48 KB, so 3 stages + a 64 KB TMA store buffer
+# fit (211 KB), 4 stages fit only with the store split in two 32 KB column halves (epi_subtile=2).
+NVIDIA_SPACE: dict[str, tuple[GemmConfig, ...]] = {
+    "decode": (
+        # B dominates: BLOCK_N x BLOCK_K x 2 bytes a stage; 3-4 stages in flight keep ~100 KB a SM moving.
+        C("tiled", DECODE_M, 64, 256, 4, 4, group_m=1, split_k=AUTO_SPLIT),
+        C("tiled", DECODE_M, 128, 128, 4, 4, group_m=1, split_k=AUTO_SPLIT),
+        C("tiled", DECODE_M, 64, 256, 4, 4, group_m=1, split_k=AUTO_SPLIT, tma=True),
+        C("tiled", DECODE_M, 128, 128, 4, 5, group_m=1, split_k=AUTO_SPLIT, tma=True),
+        C("tiled", DECODE_M, 64, 128, 4, 6, group_m=1, split_k=AUTO_SPLIT),
+        C("tiled", DECODE_M, 128, 256, 8, 3, group_m=1, split_k=AUTO_SPLIT),
+    ),
+    "skinny": (
+        C("tiled", 128, 128, 64, 4, 4, group_m=8, split_k=AUTO_SPLIT, tma=True),
+        C("tiled", 128, 128, 64, 8, 4, group_m=8, split_k=AUTO_SPLIT),
+        C("tiled", 128, 256, 64, 8, 3, group_m=8, split_k=AUTO_SPLIT, tma=True),
+        C("tiled", 64, 128, 128, 4, 4, group_m=8, split_k=AUTO_SPLIT, tma=True),
+        C("tiled", 128, 64, 128, 4, 4, group_m=8, split_k=AUTO_SPLIT),
+        C("tiled", 128, 128, 128, 8, 3, group_m=8, split_k=AUTO_SPLIT),
+    ),
+    "small": (
+        C("tiled", 128, 128, 64, 4, 4, group_m=8, split_k=AUTO_SPLIT, tma=True),
+        C("persistent", 128, 128, 64, 4, 4, group_m=8, tma=True),
+        C("tiled", 128, 128, 64, 8, 4, group_m=8, split_k=AUTO_SPLIT),
+        C("tiled", 128, 256, 64, 8, 3, group_m=8, split_k=AUTO_SPLIT, tma=True),
+        C("tiled", 64, 128, 64, 4, 4, group_m=8, split_k=AUTO_SPLIT),
+        C("persistent", 128, 256, 64, 8, 3, group_m=8, tma=True),
+    ),
+    "large": (
+        C("persistent", 128, 256, 64, 8, 3, group_m=8, tma=True),
+        C("persistent", 128, 256, 64, 8, 4, group_m=8, tma=True, epi_subtile=2),
+        C("tiled", 128, 256, 64, 8, 3, group_m=8, tma=True),
+        C("tiled", 128, 256, 64, 8, 3, group_m=8),
+        C("persistent", 128, 128, 64, 4, 5, group_m=8, tma=True),
+        C("persistent", 128, 256, 64, 8, 3, group_m=8, tma=True, flatten=True),
+        C("tiled", 256, 128, 64, 8, 3, group_m=8),
+        C("tiled", 128, 128, 64, 4, 4, group_m=8),
+    ),
+}
+
+# AMD CDNA (ROCm tuning guidance: num_stages=2 for GEMMs, matrix_instr_nonkdim=16, kpack=2 for 16-bit
+# inputs, waves_per_eu 2 to leave room for two waves a SIMD). 64 KB LDS on gfx90a/gfx942.
+def A(kernel, bm, bn, bk, w, **kw) -> GemmConfig:
+    kw.setdefault("waves_per_eu", 2)
+    return GemmConfig(kernel, bm, bn, bk, num_warps=w, num_stages=2, matrix_instr_nonkdim=16, kpack=2, **kw)
+
+
+AMD_SPACE: dict[str, tuple[GemmConfig, ...]] = {
+    "decode": (
+        A("tiled", DECODE_M, 64, 256, 4, group_m=1, split_k=AUTO_SPLIT, waves_per_eu=0),
+        A("tiled", DECODE_M, 128, 128, 4, group_m=1, split_k=AUTO_SPLIT, waves_per_eu=0),
+        A("tiled", DECODE_M, 64, 128, 4, group_m=1, split_k=AUTO_SPLIT),
+    ),
+    "skinny": (
+        A("tiled", 128, 128, 64, 4, group_m=8, split_k=AUTO_SPLIT),
+        A("tiled", 64, 128, 64, 4, group_m=8, split_k=AUTO_SPLIT),
+        A("tiled", 128, 64, 64, 4, group_m=8, split_k=AUTO_SPLIT),
+    ),
+    "small": (
+        A("tiled", 128, 128, 64, 4, group_m=8, split_k=AUTO_SPLIT),
+        A("tiled", 64, 128, 64, 4, group_m=8, split_k=AUTO_SPLIT),
+        A("persistent", 128, 128, 64, 4, group_m=8),
+    ),
+    "large": (
+        A("tiled", 256, 256, 64, 8, group_m=8),
+        A("tiled", 256, 128, 64, 8, group_m=8),
+        A("persistent", 256, 256, 64, 8, group_m=8),
+        A("tiled", 128, 128, 64, 4, group_m=8),
+    ),
+}
+
+SPACES = {"nvidia": NVIDIA_SPACE, "amd": AMD_SPACE}
+
+MAX_SPLIT_K = 16
+MIN_K_TILES_PER_SPLIT = 4  # fewer K steps a split than this and the pipeline never fills
+SPLIT_TARGET_WAVES = 1.0  # aim at about one wave of programs: more waves add tail, fewer leave SMs idle
+
+
+# ------------------------------------------------------------------------------------------- pruning
+def smem_estimate(cfg: GemmConfig, problem: GemmProblem) -> int:
+    """Shared memory a config needs: one A and one B tile a pipeline stage (AMD: stages - 1 in LDS, the
+    last in registers), plus the TMA store buffer of the persistent kernel."""
+    ea, eb = dtype_bytes(problem.a_dtype), dtype_bytes(problem.b_dtype)
+    stage = cfg.block_m * cfg.block_k * ea + cfg.block_k * cfg.block_n * eb
+    stages = max(1, cfg.num_stages - 1) if cfg.waves_per_eu or cfg.kpack or cfg.matrix_instr_nonkdim else cfg.num_stages
+    total = stages * stage
+    if cfg.kernel == "persistent" and cfg.tma:
+        total += cfg.block_m * (cfg.block_n // cfg.epi_subtile) * max(dtype_bytes(problem.c_dtype), 2)
+    return total + SMEM_SLACK
+
+
+def k_tiles(problem: GemmProblem, cfg: GemmConfig) -> int:
+    return max(1, math.ceil(problem.K / cfg.block_k))
+
+
+def fill_split_k(cfg: GemmConfig, problem: GemmProblem, part: Part) -> GemmConfig:
+    """Choose split_k so that tiles x split is about one wave of programs, keeping at least
+    MIN_K_TILES_PER_SPLIT K steps a split."""
+    if cfg.split_k != AUTO_SPLIT:
+        return cfg
+    tiles = math.ceil(problem.M / cfg.block_m) * math.ceil(problem.N / cfg.block_n) * problem.Z
+    slots = part.multiprocessors * max(1, part.smem_bytes // max(1, smem_estimate(cfg, problem)))
+    want = max(1, int(SPLIT_TARGET_WAVES * slots // tiles))
+    most = max(1, k_tiles(problem, cfg) // MIN_K_TILES_PER_SPLIT)
+    split = max(1, min(want, most, MAX_SPLIT_K))
+    return dataclasses.replace(cfg, split_k=split)
+
+
+def fill_block_m(cfg: GemmConfig, problem: GemmProblem) -> GemmConfig:
+    if cfg.block_m != DECODE_M:
+        return cfg
+    return dataclasses.replace(cfg, block_m=min(64, _pow2_at_least(problem.M, 16)))
+
+
+def fits_shape(cfg: GemmConfig, problem: GemmProblem) -> bool:
+    """No block wider than twice the (power-of-two) problem in that dimension; TMA only where allowed."""
+    if cfg.tma and not problem.tma_ok:
+        return False
+    if cfg.block_n > 2 * _pow2_at_least(problem.N, 16) or cfg.block_k > 2 * _pow2_at_least(problem.K, 16):
+        return False
+    if cfg.block_m > 2 * _pow2_at_least(problem.M, 16):
+        return False
+    if cfg.kernel == "persistent" and problem.Z > 1 and cfg.tma:
+        return False
+    return True
+
+
+def tma_allowed(part: Part) -> bool:
+    return part.has_tma and tma_supported()
+
+
+@functools.lru_cache(maxsize=1)
+def tma_supported() -> bool:
+    """This Triton has in-kernel tensor descriptors and an allocator hook (triton >= 3.4)."""
+    try:
+        import triton
+        import triton.language as tl
+
+        return hasattr(tl, "make_tensor_descriptor") and hasattr(triton, "set_allocator")
+    except Exception:
+        return False
+
+
+def candidates(problem: GemmProblem, part: Part | None = None, limit: int | None = None) -> list[GemmConfig]:
+    """The configs worth timing for ``problem`` on ``part``, best guess first."""
+    part = part or current_part()
+    space = SPACES[part.vendor][problem.shape_class(part.multiprocessors)]
+    out: list[GemmConfig] = []
+    one_byte = problem.a_dtype.startswith("float8") or problem.a_dtype == "int8"
+    for cfg in space:
+        if cfg.tma and not tma_allowed(part):
+            cfg = dataclasses.replace(cfg, tma=False)
+        if cfg.warp_specialize and part.capability < 100:
+            continue
+        if cfg.kpack > 1 and part.arch == "gfx950":
+            cfg = dataclasses.replace(cfg, kpack=1)  # deprecated from gfx950 on (the compiler forces 1)
+        cfg = fill_block_m(cfg, problem)
+        if one_byte:
+            # 1-byte inputs: twice the K a stage for the same bytes (wgmma's K step is 32 for 8-bit types)
+            wide = dataclasses.replace(cfg, block_k=cfg.block_k * 2)
+            if smem_estimate(wide, problem) <= part.smem_bytes and fits_shape(wide, problem):
+                cfg = wide
+        cfg = fill_split_k(cfg, problem, part)
+        if not fits_shape(cfg, problem) or smem_estimate(cfg, problem) > part.smem_bytes:
+            continue
+        if cfg not in out:
+            out.append(cfg)
+    if not out:
+        out.append(SAFE_CONFIG)
+    return out[:limit] if limit else out
+
+
+def default_config(problem: GemmProblem, part: Part | None = None) -> GemmConfig:
+    """The heuristic choice: the first candidate (used when not tuning)."""
+    return candidates(problem, part, limit=1)[0]
+
+
+def describe_space(problem: GemmProblem, part: Part | None = None) -> str:
+    return "\n".join(c.label() for c in candidates(problem, part))
+
+
+def unique(configs: Iterable[GemmConfig]) -> list[GemmConfig]:
+    seen: list[GemmConfig] = []
+    for c in configs:
+        if c not in seen:
+            seen.append(c)
+    return seen
+
+
+def configs_from_json(rows: Sequence[dict]) -> list[GemmConfig]:
+    return [GemmConfig.from_json(r) for r in rows]

@@ -1,0 +1,255 @@
+"""Choosing a GEMM config: the heuristic default, or disk-cached autotuning on a GPU.
+
+Decision order for a problem (see :class:`~tilefuse.kernels.gemm_configs.GemmProblem`):
+
+1. this process already decided its key: reuse (a dict lookup; the launch path stays cheap);
+2. tuning is off (``TILEFUSE_AUTOTUNE=0``), or kernels run on the interpreter (which cannot time, and
+   where @triton.autotune with several configs cannot run): the heuristic default;
+3. a decision stored on disk under ``TILEFUSE_CACHE_DIR/tuning/gemm/`` for this key: reuse it (a new
+   process does not tune again);
+4. otherwise tune: compile the candidates (concurrently), time each on the call's own inputs with
+   ``triton.testing.do_bench`` (median, L2 cleared), store the winner with every candidate's time, use it.
+
+Candidates: the space of the problem's shape class (:func:`~tilefuse.kernels.gemm_configs.candidates`,
+at most :data:`TUNE_MAX_CANDIDATES`). When a *related* key was tuned already (the same bucket and layout
+with the plain epilogue, or the other 16-bit dtype), its :data:`RELATED_TOP` fastest configs are the
+candidates instead: the main loop decides the time and the epilogue rarely reorders configs, so a fused
+variant costs two compilations, not six (this is what keeps ``tilefuse bench gemm`` from an empty cache
+within its budget).
+
+The key is (device name and arch, triton version, dtypes, layout, shape bucket, epilogue signature).
+Progress goes to stderr once tuning has taken more than :data:`PROGRESS_AFTER_S` (``TILEFUSE_PROGRESS``).
+"""
+from __future__ import annotations
+
+import concurrent.futures
+import dataclasses
+import os
+import sys
+import threading
+import time
+from typing import Callable, Sequence
+
+from .. import config as tf_config
+from .. import device, diskcache
+from .gemm_configs import GemmConfig, GemmProblem, INTERPRETER_CONFIG, candidates, current_part, default_config
+
+TUNE_MAX_CANDIDATES = 6  # configs timed a key: the space's order is a strong prior, the tail rarely wins
+RELATED_TOP = 2  # candidates taken from a related key's measured ranking
+TUNE_WARMUP_MS = 5
+TUNE_REP_MS = 25  # do_bench repetition time a candidate; a 12 ms GEMM still gets 2+ timed runs
+TUNE_EARLY_STOP = 1.6  # a candidate slower than this x the best so far after its estimate is not re-timed
+PROGRESS_AFTER_S = 1.0
+COMPILE_THREADS = min(16, max(2, (os.cpu_count() or 2)))
+CACHE_VERSION = 1  # bump when the kernels change in a way that invalidates stored decisions
+
+_memo: dict[str, GemmConfig] = {}
+_memo_lock = threading.Lock()
+
+
+def tuning_enabled() -> bool:
+    dev = device.current()
+    if dev.interpreter or not dev.is_gpu:
+        return False
+    setting = tf_config.get().autotune
+    return True if setting is None else bool(setting)
+
+
+def key_of(problem: GemmProblem) -> str:
+    import triton
+
+    dev = device.current()
+    bucket = problem.bucket()
+    return "|".join([f"v{CACHE_VERSION}", dev.name, dev.arch, triton.__version__,
+                     f"{problem.a_dtype}x{problem.b_dtype}->{problem.c_dtype}",
+                     ("T" if problem.a_t else "N") + ("T" if problem.b_t else "N") + ("tma" if problem.tma_ok else ""),
+                     "x".join(map(str, bucket)), problem.epilogue])
+
+
+def _related_problems(problem: GemmProblem) -> list[GemmProblem]:
+    """Keys whose measured ranking is a good prior for ``problem``, nearest first."""
+    import dataclasses as dc
+
+    out = []
+    if problem.epilogue != "plain":
+        plain_c = problem.c_dtype
+        if problem.c_dtype.startswith(("float8", "int8")) and problem.a_dtype in ("float16", "bfloat16"):
+            plain_c = problem.a_dtype  # a quantised output: the plain GEMM stored the input dtype
+        out.append(dc.replace(problem, epilogue="plain", c_dtype=plain_c))
+    swap = {"float16": "bfloat16", "bfloat16": "float16"}
+    if problem.a_dtype in swap and problem.b_dtype == problem.a_dtype:
+        other = swap[problem.a_dtype]
+        c = other if problem.c_dtype == problem.a_dtype else problem.c_dtype
+        out.append(dc.replace(problem, a_dtype=other, b_dtype=other, c_dtype=c))
+        if problem.epilogue != "plain":
+            out.append(dc.replace(problem, a_dtype=other, b_dtype=other, c_dtype=other, epilogue="plain"))
+    return out
+
+
+def related_candidates(problem: GemmProblem) -> list[GemmConfig]:
+    for rel in _related_problems(problem):
+        data = diskcache.read_json(_path(key_of(rel)))
+        if not data or data.get("key") != key_of(rel) or not data.get("ranking"):
+            continue
+        ranked = [GemmConfig.from_json(r["config"]) for r in data["ranking"] if r.get("ms") is not None]
+        if ranked:
+            return ranked[:RELATED_TOP]
+    return []
+
+
+def _path(key: str):
+    return diskcache.folder("tuning", "gemm") / f"{diskcache.digest(key)}.json"
+
+
+def stored(problem: GemmProblem) -> GemmConfig | None:
+    data = diskcache.read_json(_path(key_of(problem)))
+    if not data or data.get("key") != key_of(problem):
+        return None
+    try:
+        return GemmConfig.from_json(data["winner"])
+    except (KeyError, TypeError):
+        return None
+
+
+def choose(ops) -> GemmConfig:
+    """The config to run ``ops`` (a :class:`tilefuse.kernels.gemm._Operands`) with."""
+    problem = ops.problem
+    if not tuning_enabled():
+        if device.current().interpreter:
+            return INTERPRETER_CONFIG
+        return default_config(problem)
+    key = key_of(problem)
+    hit = _memo.get(key)
+    if hit is not None:
+        return hit
+    with _memo_lock:
+        hit = _memo.get(key)
+        if hit is not None:
+            return hit
+        cfg = stored(problem)
+        if cfg is None:
+            cfg = tune(ops)
+        _memo[key] = cfg
+        return cfg
+
+
+class Progress:
+    """Prints to stderr only once the work has taken more than PROGRESS_AFTER_S (and TILEFUSE_PROGRESS=1)."""
+
+    def __init__(self, what: str):
+        self.what, self.start, self.shown = what, time.perf_counter(), False
+
+    def update(self, message: str) -> None:
+        if not tf_config.get().progress:
+            return
+        if not self.shown and time.perf_counter() - self.start < PROGRESS_AFTER_S:
+            return
+        self.shown = True
+        print(f"[tilefuse] tuning {self.what}: {message}", file=sys.stderr, flush=True)
+
+    def done(self, message: str) -> None:
+        if self.shown:
+            self.update(message)
+        tf_config.log(1, f"tuned {self.what}: {message}")
+
+
+def _time(fn: Callable[[], None], best_ms: float | None) -> float:
+    import torch
+    from triton.testing import do_bench
+
+    torch.cuda.synchronize()
+    # quick look first: a clearly slower candidate is not worth the full measurement
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    fn()
+    end.record()
+    end.synchronize()
+    first = start.elapsed_time(end)
+    if best_ms is not None and first > TUNE_EARLY_STOP * best_ms * 1.5:
+        return first
+    return float(do_bench(fn, warmup=TUNE_WARMUP_MS, rep=TUNE_REP_MS, return_mode="median"))
+
+
+def compile_all(ops, configs: Sequence[GemmConfig]) -> dict[GemmConfig, str]:
+    """Compile every config (threads: Triton's C++ passes and ptxas run without the GIL). Returns the
+    configs that failed to compile, with the error."""
+    from . import gemm
+
+    failed: dict[GemmConfig, str] = {}
+    if device.interpreting():
+        return failed  # nothing to compile: the interpreter runs the Python source
+
+    def one(cfg):
+        try:
+            gemm.warmup(ops, cfg)
+        except Exception as exc:  # a config the compiler rejects is dropped, with its reason
+            failed[cfg] = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:200]
+
+    if len(configs) <= 1:
+        for cfg in configs:
+            one(cfg)
+        return failed
+    with concurrent.futures.ThreadPoolExecutor(min(COMPILE_THREADS, len(configs))) as pool:
+        list(pool.map(one, configs))
+    return failed
+
+
+def tune(ops, configs: Sequence[GemmConfig] | None = None, *, store: bool = True,
+         timer: Callable[[Callable[[], None], float | None], float] | None = None) -> GemmConfig:
+    """Time the candidates on ``ops``'s inputs (outputs go to scratch buffers) and store the winner.
+
+    ``timer(fn, best_ms_so_far) -> ms`` defaults to CUDA-event timing with ``do_bench`` (tests pass a
+    wall clock to run the tuner on the interpreter)."""
+    timer = timer or _time
+    from . import gemm
+
+    problem = ops.problem
+    seeded = False
+    if configs is None:
+        configs = related_candidates(problem)
+        seeded = bool(configs)
+        if not configs:
+            configs = candidates(problem, current_part(), limit=TUNE_MAX_CANDIDATES)
+    configs = list(configs)
+    progress = Progress(problem.describe())
+    t0 = time.perf_counter()
+    progress.update(f"compiling {len(configs)} configs")
+    failed = compile_all(ops, configs)
+    scratch = gemm.scratch_operands(ops)
+    times: dict[GemmConfig, float] = {}
+    best: tuple[float, GemmConfig] | None = None
+    for i, cfg in enumerate(configs):
+        if cfg in failed:
+            times[cfg] = float("inf")
+            continue
+        try:
+            ms = timer(lambda: gemm.launch(scratch, cfg), best[0] if best else None)
+        except Exception as exc:  # out of resources at launch, an illegal config on this part
+            failed[cfg] = f"{type(exc).__name__}: {exc}"[:200]
+            times[cfg] = float("inf")
+            continue
+        times[cfg] = ms
+        if best is None or ms < best[0]:
+            best = (ms, cfg)
+        progress.update(f"{i + 1}/{len(configs)} {cfg.label()} {ms:.3f} ms")
+    if best is None:
+        winner = default_config(problem)
+        tf_config.log(1, f"gemm tuning: every candidate failed for {problem.describe()}: {failed}")
+    else:
+        winner = best[1]
+    if store and best is not None:
+        diskcache.write_json(_path(key_of(problem)), {
+            "key": key_of(problem), "problem": dataclasses.asdict(problem), "winner": winner.to_json(),
+            "winner_label": winner.label(), "winner_ms": best[0], "seeded_from_related": seeded,
+            "ranking": [{"label": c.label(), "ms": None if ms == float("inf") else round(ms, 5), "config": c.to_json()}
+                        for c, ms in sorted(times.items(), key=lambda kv: kv[1])],
+            "failed": {c.label(): why for c, why in failed.items()}, "tuned_s": round(time.perf_counter() - t0, 2)})
+    progress.done(f"{winner.label()} ({best[0]:.3f} ms) of {len(configs)} in {time.perf_counter() - t0:.1f} s"
+                  if best else "no candidate ran; using the default")
+    return winner
+
+
+def forget() -> None:
+    """Drop this process's decisions (tests; the disk entries stay)."""
+    with _memo_lock:
+        _memo.clear()
