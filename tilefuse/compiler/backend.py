@@ -1,0 +1,147 @@
+"""The Dynamo backend: ``torch.compile(model, backend="tilefuse")``.
+
+Capture -> AOTAutograd (forward and backward graphs, torch's min-cut rematerialisation partitioner, the
+decomposition table of decompositions.py, input mutations kept in inference graphs as ``copy_``) -> for each
+graph a :class:`runtime.CompiledGraph` (lower -> schedule -> codegen -> cache -> wrapper).
+
+A model never fails because of tilefuse: an op that cannot be lowered is an ATen extern (lowering.py), a
+graph that cannot be planned runs as the ATen graph AOTAutograd produced, and a Dynamo graph tilefuse will
+not take at all (complex tensors) runs as Dynamo captured it. Each is counted in ``stats()["fallbacks"]``
+with its reason and shown at ``TILEFUSE_DEBUG=1``. ``TILEFUSE_STRICT=1`` raises instead.
+
+The name ``tilefuse`` is registered by ``tilefuse/__init__`` (lazily) and by the package's
+``torch_dynamo_backends`` entry point; this module must not register it again.
+"""
+from __future__ import annotations
+
+import functools
+import time
+
+import torch
+
+from .. import config
+from . import lowering, records, runtime
+from .decompositions import decomposition_table
+from .lowering import FallbackError
+
+__all__ = ["tilefuse_backend"]
+
+
+def _unsupported_reason(gm: torch.fx.GraphModule, example_inputs) -> str | None:
+    """Why the whole Dynamo graph stays in ATen (complex numbers: out of scope), or None."""
+    values = list(example_inputs)
+    for node in gm.graph.nodes:
+        v = node.meta.get("example_value", node.meta.get("val"))
+        if isinstance(v, (list, tuple)):
+            values.extend(v)
+        else:
+            values.append(v)
+    for v in values:
+        if isinstance(v, torch.Tensor) and v.dtype.is_complex:
+            return f"complex tensors ({v.dtype}) are not supported by tilefuse"
+    return None
+
+
+def _fallback(where: str, reason: str) -> None:
+    if config.get().strict:
+        raise FallbackError(f"tilefuse strict mode: {where} would fall back to ATen: {reason}")
+    records.add_fallback(where, reason)
+    records.bump("graph_fallbacks")
+    config.log(1, f"fallback: {where} runs in ATen: {reason}")
+
+
+def _boxed(gm):
+    def run(args):
+        return gm(*args)
+    run._boxed_call = True
+    return run
+
+
+def _compiler(kind: str):
+    def compile_graph(gm: torch.fx.GraphModule, example_inputs):
+        cfg = config.get()
+        t0 = time.perf_counter()
+        try:
+            compiled = runtime.CompiledGraph(gm, kind, cfg.strict)
+        except FallbackError:
+            raise
+        except Exception as exc:  # the graph as AOTAutograd made it, in ATen
+            reason = f"{type(exc).__name__}: {exc}"
+            if isinstance(exc, (lowering.GraphFallback, runtime.PlanError)):
+                reason = str(exc)
+            elif cfg.strict:
+                raise
+            _fallback(f"{kind} graph", reason)
+            report = records.GraphReport(-1, kind, sum(1 for n in gm.graph.nodes if n.op == "call_function"),
+                                       whole_graph_fallback=reason)
+            records.record(report)
+            return _boxed(gm)
+        elapsed = time.perf_counter() - t0
+        records.bump("graphs")
+        records.bump("compile_seconds", elapsed)
+        plan = compiled.plan
+        if plan is not None:
+            _account(plan.report, elapsed)
+        else:
+            report = records.GraphReport(compiled.graph_id, kind,
+                                       sum(1 for n in gm.graph.nodes if n.op == "call_function"))
+            report.seconds = {"total": elapsed}
+            records.record(report)
+            config.log(1, f"graph {compiled.graph_id} ({kind}): dynamic shapes, planned per shape at call time")
+            compiled.on_plan = _account
+        return compiled
+    return compile_graph
+
+
+def _account(report: records.GraphReport, elapsed: float | None = None) -> None:
+    records.bump("kernels", len(report.kernels))
+    records.bump("externs", len(report.externs))
+    for where, reason in report.fallbacks:
+        records.add_fallback(where, reason)
+    records.record(report)
+    if config.get().debug >= 1:
+        total = elapsed if elapsed is not None else sum(report.seconds.values())
+        parts = ", ".join(f"{k} {v * 1e3:.1f} ms" for k, v in report.seconds.items())
+        names = ", ".join(k.name for k in report.kernels) or "none"
+        config.log(1, f"graph {report.graph_id} ({report.kind}): {report.aten_nodes} ATen nodes -> "
+                      f"{len(report.kernels)} kernels [{names}], {len(report.externs)} externs; "
+                      f"compiled in {total * 1e3:.1f} ms ({parts})")
+        for where, reason in report.fallbacks:
+            config.log(1, f"fallback: {where} runs in ATen: {reason}")
+
+
+@functools.lru_cache(maxsize=1)
+def _partition_fn():
+    from torch._functorch.partitioners import min_cut_rematerialization_partition
+
+    return min_cut_rematerialization_partition
+
+
+def tilefuse_backend(gm: torch.fx.GraphModule, example_inputs, **kwargs):
+    """Dynamo backend entry point (``torch.compile(..., backend="tilefuse")``)."""
+    reason = _unsupported_reason(gm, example_inputs)
+    if reason is not None:
+        _fallback("Dynamo graph", reason)
+        records.record(records.GraphReport(-1, "dynamo", sum(1 for n in gm.graph.nodes if n.op == "call_function"),
+                                       whole_graph_fallback=reason))
+        return gm.forward
+    from torch._functorch.aot_autograd import aot_module_simplified
+
+    try:
+        return aot_module_simplified(
+            gm, example_inputs,
+            fw_compiler=_compiler("forward"),
+            bw_compiler=_compiler("backward"),
+            inference_compiler=_compiler("inference"),
+            decompositions=decomposition_table(),
+            partition_fn=_partition_fn(),
+            keep_inference_input_mutations=True,
+        )
+    except FallbackError:
+        raise
+    except Exception as exc:
+        if config.get().strict:
+            raise
+        # AOTAutograd itself could not trace the graph: run what Dynamo captured
+        _fallback("Dynamo graph", f"AOTAutograd failed: {type(exc).__name__}: {exc}")
+        return gm.forward

@@ -1,0 +1,808 @@
+"""Code generation: one fusion group -> the text of one standalone Triton kernel module.
+
+Kernel shapes:
+
+* **pointwise, flat**: one program = ``XBLOCK`` consecutive elements of the collapsed space (when every
+  access is affine in the linear index: contiguous or broadcast-by-prefix operands), 16-byte vector loads.
+* **pointwise, tiled**: ``YBLOCK x XBLOCK`` tiles (rows x last dim) when the flat form would divide and take
+  the modulo of every element's index (broadcast along the last dim, transposes): index arithmetic per row.
+* **reduction, persistent**: ``XBLOCK`` rows x the whole reduced extent in registers (``RBLOCK >= rnumel``):
+  the input is read once; the reduction's prologue, full-row epilogue (softmax's output) and row epilogue
+  (layer norm's rstd) are computed from registers. Used up to :data:`PERSISTENT_MAX_R` elements a row.
+* **reduction, looped**: longer rows loop over ``RBLOCK`` chunks, one loop per dependent reduction stage
+  (e.g. max, then sum of exp(x - max), then the output), recomputing cheap pointwise values per loop.
+
+Sizes and strides are kernel arguments (``xnumel``, ``rnumel``, ``ks0``...), never literals, so one kernel
+serves every size with the same structure (Dynamo's dynamic shapes do not recompile it; Triton specialises
+arguments equal to 1 and divisible by 16 itself). Block sizes are ``tl.constexpr`` arguments and the warp
+count a launch option, both chosen on the host from :mod:`tilefuse.device` (warp size 32 or 64): nothing in a
+kernel asks which vendor it runs on. Indices are int64 where any offset reaches 2**31.
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import math
+import re
+from typing import Optional
+
+import torch
+
+from . import ir
+from . import primitives as P
+from .scheduler import KernelGroup, Schedule
+
+CODEGEN_VERSION = "1"  # part of every cache key: bump when generated code changes meaning
+
+# Launch heuristics (host side). Vector width: 16 bytes a thread for 2-byte types -> 8 elements a thread.
+ELEMS_PER_THREAD = 8
+POINTWISE_BLOCK = 1024  # 1024 elements / (4 warps x 32 lanes) = 8 a thread: one 16-byte bf16 vector
+TILE_ELEMS = 1024
+PERSISTENT_MAX_R = 8192  # a row of 8192 fp32 values in 16 warps is 16 registers a thread per live tensor
+PERSISTENT_ELEMS = 4096  # rows per program so that a program holds about this many elements
+LOOPED_RBLOCK = 2048
+OUTER_XBLOCK = 64  # reductions over a non-contiguous dim: 64 contiguous columns per program
+MAX_WARPS = 16
+# The interpreter runs each program in Python over numpy blocks: fewer, larger programs run faster.
+INTERP_BLOCK = 16384
+INTERP_PERSISTENT_MAX_R = 65536
+
+TL_DTYPE = {
+    torch.float16: "tl.float16", torch.bfloat16: "tl.bfloat16", torch.float32: "tl.float32",
+    torch.float64: "tl.float64", torch.int8: "tl.int8", torch.int16: "tl.int16", torch.int32: "tl.int32",
+    torch.int64: "tl.int64", torch.uint8: "tl.uint8", torch.bool: "tl.int1",
+}
+
+
+def next_pow2(n: int) -> int:
+    return 1 << max(int(n) - 1, 0).bit_length()
+
+
+@dataclasses.dataclass(frozen=True)
+class LaunchTarget:
+    """What the host knows about the device when it picks block sizes."""
+    warp_size: int = 32
+    interpreter: bool = False
+    multiprocessors: int = 132
+
+    @staticmethod
+    def current() -> "LaunchTarget":
+        from .. import device
+        d = device.current()
+        return LaunchTarget(d.warp_size, d.interpreter, d.multiprocessors)
+
+
+@dataclasses.dataclass(frozen=True)
+class KernelSource:
+    """A generated kernel: its module text and how to launch it."""
+    name: str
+    source: str
+    args: tuple  # ("buf", name) | ("seed",) | ("int", value) | ("float", value), in signature order
+    constexprs: tuple  # ((name, value), ...)
+    grid: tuple
+    num_warps: int
+    num_stages: int
+    form: str  # "pointwise" | "tiled" | "persistent" | "looped"
+    group: str
+    stores: tuple  # names of buffers written
+
+
+# ----------------------------------------------------------------------------------------- emitter
+class _Scope:
+    def __init__(self, parent: Optional["_Scope"], indent: str, row_level: bool):
+        self.parent = parent
+        self.indent = indent
+        self.lines: list[str] = []
+        self.cache: dict[int, tuple[str, torch.dtype]] = {}
+        self.row_level = row_level
+
+    def lookup(self, key):
+        s = self
+        while s is not None:
+            if key in s.cache:
+                return s.cache[key]
+            s = s.parent
+        return None
+
+
+class KernelWriter:
+    def __init__(self, group: KernelGroup, sched: Schedule, target: LaunchTarget):
+        self.g = group
+        self.sched = sched
+        self.target = target
+        self.table = sched.graph.by_name()
+        self.helpers: set[str] = set()
+        self.sizes: dict[int, str] = {}  # value -> argument name
+        self.size_order: list[tuple[str, int]] = []
+        self.buffers: dict[tuple[str, str], str] = {}  # (kind, buffer) -> pointer arg
+        self.buffer_order: list[tuple[str, str]] = []
+        self.tmp = 0
+        self.uses_seed = False
+        self.float_args: dict[tuple, str] = {}
+
+    # -------------------------------------------------------------------------------- naming
+    def size(self, value: int) -> str:
+        value = int(value)
+        if value in (0, 1):
+            return str(value)
+        name = self.sizes.get(value)
+        if name is None:
+            name = f"ks{len(self.sizes)}"
+            self.sizes[value] = name
+            self.size_order.append((name, value))
+        return name
+
+    def named_size(self, name: str, value: int) -> str:
+        if value in self.sizes:
+            return self.sizes[value]
+        self.sizes[value] = name
+        self.size_order.append((name, value))
+        return name
+
+    def pointer(self, kind: str, buffer: str) -> str:
+        key = (kind, buffer)
+        if key not in self.buffers:
+            n = sum(1 for k, _ in self.buffer_order if k == kind)
+            self.buffers[key] = f"{'in' if kind == 'load' else 'out'}_ptr{n}"
+            self.buffer_order.append(key)
+        return self.buffers[key]
+
+    def fresh(self, prefix="tmp") -> str:
+        self.tmp += 1
+        return f"{prefix}{self.tmp - 1}"
+
+    # ----------------------------------------------------------------------------- index text
+    def index_text(self, ix: ir.Index, scope: _Scope) -> str:
+        parts = []
+        for atom, coef in ix.terms:
+            a = self.atom_text(atom, scope)
+            mag = abs(coef)
+            term = a if mag == 1 else f"{self.size(mag)} * {a}"
+            parts.append(("- " if coef < 0 else "+ ") + term)
+        if ix.offset:
+            parts.append(("- " if ix.offset < 0 else "+ ") + self.size(abs(ix.offset)))
+        if not parts:
+            return "0"
+        text = " ".join(parts)
+        return text[2:] if text.startswith("+ ") else "-" + text[2:]
+
+    def atom_text(self, atom, scope: _Scope) -> str:
+        if isinstance(atom, ir.Var):
+            return atom.name
+        key = ("atom", id(atom))
+        found = scope.lookup(key)
+        if found:
+            return found[0]
+        target = self.scope_for(atom_uses_r(atom), scope)
+        if isinstance(atom, ir.DivMod):
+            inner = self.index_text(atom.inner, target)
+            text = f"({inner})" if len(atom.inner.terms) > 1 or atom.inner.offset else inner
+            if atom.div != 1:
+                text = f"{text} // {self.size(atom.div)}"
+            if atom.mod is not None:
+                text = f"({text}) % {self.size(atom.mod)}" if atom.div != 1 else f"{text} % {self.size(atom.mod)}"
+            prefix = "r" if atom_uses_r(atom) else "x"
+        else:
+            text = self.expr(atom.expr, target)[0]
+            prefix = "idx"
+        name = self.fresh(prefix + "_")
+        target.lines.append(f"{target.indent}{name} = {text}")
+        target.cache[key] = (name, torch.int64)
+        return name
+
+    def scope_for(self, uses_r: bool, scope: _Scope) -> _Scope:
+        """Row-level values go to the outermost row scope (hoisted out of reduction loops)."""
+        if uses_r:
+            return scope
+        s = scope
+        while not s.row_level and s.parent is not None:
+            s = s.parent
+        return s
+
+    # ------------------------------------------------------------------------------ expressions
+    def emit(self, scope: _Scope, text: str, dtype: torch.dtype, key=None, prefix="tmp") -> tuple[str, torch.dtype]:
+        name = self.fresh(prefix)
+        scope.lines.append(f"{scope.indent}{name} = {text}")
+        if key is not None:
+            scope.cache[key] = (name, dtype)
+        return name, dtype
+
+    def expr(self, e: ir.Expr, scope: _Scope) -> tuple[str, torch.dtype]:
+        """Text naming ``e``'s value (emitting lines as needed) and its register dtype."""
+        key = id(e)
+        found = scope.lookup(key)
+        if found:
+            return found
+        if isinstance(e, ir.Const):
+            return self.const_text(e), P.compute_dtype(e.dtype)
+        target = self.scope_for(self.uses_r(e), scope)
+        found = target.lookup(key)
+        if found:
+            return found
+        reg = P.compute_dtype(e.dtype)
+        if isinstance(e, ir.Load):
+            return self.load(e, target)
+        if isinstance(e, ir.Local):
+            return self.local(e, scope)
+        if isinstance(e, ir.IndexValue):
+            text = self.index_text(self.kernel_index(e.index), target)
+            if text.lstrip("-").isdigit() or re.fullmatch(r"ks\d+|xnumel|rnumel", text):
+                return self.emit(target, f"tl.full([], {text}, {TL_DTYPE[e.dtype]})", e.dtype, key)
+            return self.emit(target, f"({text}).to({TL_DTYPE[e.dtype]})", e.dtype, key)
+        if isinstance(e, ir.Rand):
+            self.uses_seed = True
+            off = self.index_text(self.kernel_index(e.offset), target)
+            fn = "tl.randn" if e.normal else "tl.rand"
+            off = f"tl.full([], {off}, tl.uint32)" if re.fullmatch(r"-?\w+", off) and not off.startswith(("x", "r", "y")) \
+                else f"({off}).to(tl.uint32)"
+            return self.emit(target, f"{fn}(tl.load(seed_ptr + {e.seed}), {off})", torch.float32, key)
+        if isinstance(e, ir.Cast):
+            return self.cast(e, target, key)
+        if isinstance(e, ir.Op):
+            prim = P.PRIMITIVES[e.name]
+            self.helpers.update(prim.helpers)
+            args = []
+            for a in e.args:
+                text, dt = self.expr(a, target)
+                args.append(text)
+            if e.name == "nextafter" and e.args[0].dtype in P.HALF:
+                half = TL_DTYPE[e.args[0].dtype]
+                args = [f"{a}.to({half})" for a in args]
+                return self.emit(target, prim.template.format(*args) + ".to(tl.float32)", reg, key)
+            return self.emit(target, prim.template.format(*args), reg, key)
+        raise TypeError(f"cannot generate code for {type(e).__name__}")
+
+    def const_text(self, c: ir.Const) -> str:
+        dt = P.compute_dtype(c.dtype)
+        if c.from_size:
+            if dt.is_floating_point or isinstance(c.value, float):
+                key = ("f", repr(float(c.value)))
+                if key not in self.float_args:
+                    self.float_args[key] = f"kf{len(self.float_args)}"
+                return self.float_args[key]
+            return self.size(int(c.value)) if abs(int(c.value)) > 1 else str(int(c.value))
+        v = c.value
+        if dt == torch.bool:
+            return f"tl.full([], {1 if v else 0}, tl.int1)"
+        if dt.is_floating_point:
+            v = float(v)
+            if math.isnan(v):
+                text = 'float("nan")'
+            elif math.isinf(v):
+                text = 'float("inf")' if v > 0 else '-float("inf")'
+            else:
+                text = repr(v)
+            return text if dt == torch.float32 else f"tl.full([], {text}, {TL_DTYPE[dt]})"
+        v = int(v)
+        if dt == torch.int32 and -2**31 <= v < 2**31:
+            return str(v) if v >= 0 else f"({v})"
+        return f"tl.full([], {v}, {TL_DTYPE[dt]})"
+
+    def cast(self, e: ir.Cast, scope, key):
+        text, src_reg = self.expr(e.arg, scope)
+        dst, src = e.dtype, e.arg.dtype
+        reg = P.compute_dtype(dst)
+        if dst in P.HALF:
+            if src in P.HALF and src == dst:
+                return text, reg
+            base = text if src_reg.is_floating_point else f"{text}.to(tl.float32)"
+            return self.emit(scope, f"{base}.to({TL_DTYPE[dst]}).to(tl.float32)", reg, key)
+        if reg == src_reg:
+            return text, reg
+        if dst == torch.bool:
+            return self.emit(scope, f"({text} != 0)", reg, key)
+        if src_reg.is_floating_point and not dst.is_floating_point and dst in (torch.int8, torch.int16, torch.uint8):
+            # float -> narrow int: through int64, wrapping as torch's CPU conversion does
+            return self.emit(scope, f"{text}.to(tl.int64).to({TL_DTYPE[dst]})", reg, key)
+        return self.emit(scope, f"{text}.to({TL_DTYPE[reg]})", reg, key)
+
+    # --------------------------------------------------------------------------- memory access
+    def kernel_index(self, ix: ir.Index) -> ir.Index:
+        return ir.substitute(ix, self.kmap)
+
+    def physical(self, buffer: str, index) -> ir.Index:
+        meta = ir.node_meta(self.table[buffer], buffer)
+        return self.kernel_index(ir.strided_offset(index, meta.stride))
+
+    def level_mask(self, uses_x: bool, uses_r: bool) -> Optional[str]:
+        outer_mask, inner_mask = self.masks
+        if uses_x and uses_r:
+            return "mask"
+        if uses_x:
+            return outer_mask
+        if uses_r:
+            return inner_mask
+        return None
+
+    def load(self, e: ir.Load, scope: _Scope):
+        key = id(e)
+        off = self.physical(e.buffer, e.index)
+        ptr = self.pointer("load", e.buffer)
+        offtext = self.index_text(off, scope)
+        ux, ur = self.index_uses(off)
+        mask = self.level_mask(ux, ur)
+        if e.mask is not None:
+            mtext, _ = self.expr(e.mask, scope)
+            mux, mur = self.expr_uses(e.mask)
+            mask = self.level_mask(ux or mux, ur or mur) if (mux or mur) else mask
+            mask = f"{mask} & {mtext}" if mask else mtext
+            if not (ux or ur):  # a scalar address under a tensor mask: broadcast the address
+                offtext = f"{offtext} + 0 * {self.zero_shape(mux, mur)}"
+        args = f"{ptr} + ({offtext})"
+        if mask:
+            other = "0" if e.dtype != torch.bool else "0"
+            args += f", {mask}, other={other}"
+        text = f"tl.load({args})"
+        if e.dtype in P.HALF:
+            text += ".to(tl.float32)"
+        return self.emit(scope, text, P.compute_dtype(e.dtype), key)
+
+    def zero_shape(self, ux: bool, ur: bool) -> str:
+        outer, inner = self.pvars
+        if inner is None:
+            return outer
+        if ux and ur:
+            return f"({outer} + {inner})"
+        return outer if ux or not ur else inner
+
+    def index_uses(self, ix: ir.Index) -> tuple[bool, bool]:
+        names = ix.free_vars()
+        ux = self.pvars[0] in names
+        ur = self.pvars[1] in names if self.pvars[1] else False
+        for atom in ir._indirect_atoms(ix):
+            ax, ar = self.expr_uses(atom.expr)
+            ux, ur = ux or ax, ur or ar
+        return ux, ur
+
+    def expr_uses(self, e: ir.Expr) -> tuple[bool, bool]:
+        key = ("uses", id(e))
+        found = self.uses_cache.get(key)
+        if found is not None:
+            return found
+        if isinstance(e, ir.Local):
+            r = self.local_uses[e.name]
+        elif isinstance(e, ir.Load):
+            r = self.index_uses(self.physical(e.buffer, e.index))
+            if e.mask is not None:
+                m = self.expr_uses(e.mask)
+                r = (r[0] or m[0], r[1] or m[1])
+        elif isinstance(e, ir.IndexValue):
+            r = self.index_uses(self.kernel_index(e.index))
+        elif isinstance(e, ir.Rand):
+            r = self.index_uses(self.kernel_index(e.offset))
+        else:
+            ux = ur = False
+            for c in ir.children(e):
+                cx, cr = self.expr_uses(c)
+                ux, ur = ux or cx, ur or cr
+            r = (ux, ur)
+        self.uses_cache[key] = r
+        return r
+
+    def uses_r(self, e: ir.Expr) -> bool:
+        return self.expr_uses(e)[1] if self.form in ("persistent", "looped") else False
+
+    def local(self, e: ir.Local, scope: _Scope):
+        if e.name in self.local_values:
+            return self.local_values[e.name]
+        if e.name in self.macro_roots:  # looped form: a full-row root is recomputed in each loop
+            return self.expr(self.bodies[e.name], scope)
+        raise AssertionError(f"value of {e.name} used before it is computed")
+
+    # ------------------------------------------------------------------------------------ kernel
+    def write(self) -> KernelSource:
+        g = self.g
+        self.uses_cache: dict = {}
+        self.bodies = dict(g.bodies)
+        self.positions = dict(g.positions)
+        self.local_values: dict[str, tuple[str, torch.dtype]] = {}
+        self.macro_roots: set[str] = set()
+        space, reduced = g.space, g.reduced
+        numel = math.prod(space) if space else 1
+        kept = [d for d in range(len(space)) if d not in reduced]
+        xnumel = math.prod(space[d] for d in kept) if kept else 1
+        rnumel = math.prod(space[d] for d in reduced) if reduced else 1
+        need64 = self.needs_int64(numel)
+        itype = "tl.int64" if need64 else "tl.int32"
+
+        if g.kind == "reduction":
+            self.pvars, self.masks = ("xindex", "rindex"), ("xmask", "rmask")
+            xvar = ir.var_index("xindex", xnumel)
+            rvar = ir.var_index("rindex", rnumel)
+            xs = ir.unravel(xvar, [space[d] for d in kept])
+            rs = ir.unravel(rvar, [space[d] for d in reduced])
+            self.kmap = {}
+            for k, d in enumerate(kept):
+                self.kmap[f"k{d}"] = xs[k]
+            for k, d in enumerate(reduced):
+                self.kmap[f"k{d}"] = rs[k]
+            persistent_max = INTERP_PERSISTENT_MAX_R if self.target.interpreter else PERSISTENT_MAX_R
+            self.form = "persistent" if rnumel <= persistent_max else "looped"
+        else:
+            self.form = "pointwise"
+            self.pvars, self.masks = ("xindex", None), ("xmask", None)
+            flat = ir.unravel(ir.var_index("xindex", numel), space)
+            self.kmap = {f"k{d}": flat[d] for d in range(len(space))}
+            if len(space) >= 2 and self.divmod_count() > 0:
+                tiled = self.tiled_map(space)
+                flat_cost = self.divmod_count()
+                saved = self.kmap
+                self.kmap = tiled
+                self.form = "tiled"
+                self.pvars, self.masks = ("yindex", "xindex"), ("ymask", "xmask")
+                if self.divmod_count(inner_only=True) >= flat_cost:
+                    self.kmap, self.form = saved, "pointwise"
+                    self.pvars, self.masks = ("xindex", None), ("xmask", None)
+        self.local_uses = {}
+        for r in g.roots:
+            self.local_uses[r] = self.root_uses(r)
+        body_lines, constexprs, grid, warps = self.body(space, reduced, xnumel, rnumel, numel, itype)
+        return self.module(body_lines, constexprs, grid, warps, xnumel, rnumel, numel)
+
+    def root_uses(self, r) -> tuple[bool, bool]:
+        """(row level, element level) of a root's value: in a reduction kernel a root whose position runs
+        over the reduced dims is per element, a reduction's or a row root's value is per row."""
+        if self.form in ("persistent", "looped") and not isinstance(self.table[r], ir.Reduction):
+            return (True, _covers(self.positions[r], self.g.reduced))
+        return (True, False)
+
+    def divmod_count(self, inner_only: bool = False) -> int:
+        """DivMod atoms in the group's memory offsets (each costs a division a element in the flat form)."""
+        count = 0
+        for r, body in self.g.bodies:
+            offs = [self.physical(ld.buffer, ld.index) for ld in ir.loads(body)]
+            if r in self.g.stores:
+                offs.append(self.physical(r, self.positions[r]))
+            for off in offs:
+                for atom, _ in off.terms:
+                    if isinstance(atom, ir.DivMod) and (not inner_only or "xindex" in atom.inner.free_vars()):
+                        count += 1
+        return count
+
+    def tiled_map(self, space) -> dict:
+        outer = space[:-1]
+        ys = ir.unravel(ir.var_index("yindex", math.prod(outer)), outer)
+        m = {f"k{d}": ys[d] for d in range(len(outer))}
+        m[f"k{len(space) - 1}"] = ir.var_index("xindex", space[-1])
+        return m
+
+    def needs_int64(self, numel) -> bool:
+        if numel >= 2**31 - 1:
+            return True
+        names = {ld.buffer for _, b in self.g.bodies for ld in ir.loads(b)} | set(self.g.stores)
+        for name in names:
+            meta = ir.node_meta(self.table[name], name)
+            extent = sum((s - 1) * abs(st) for s, st in zip(meta.shape, meta.stride)) + 1
+            if extent >= 2**31 - 1:
+                return True
+        return False
+
+    # ---------------------------------------------------------------------------------- bodies
+    def body(self, space, reduced, xnumel, rnumel, numel, itype):
+        t = self.target
+        lines: list[str] = []
+        top = _Scope(None, "    ", True)
+        cast64 = ".to(tl.int64)" if itype == "tl.int64" else ""
+        if self.form == "pointwise":
+            self.named_size("xnumel", numel)
+            block = min(next_pow2(numel), INTERP_BLOCK if t.interpreter else POINTWISE_BLOCK)
+            block = max(block, 1)
+            top.lines += ["    xoffset = tl.program_id(0)" + cast64 + " * XBLOCK",
+                          "    xindex = xoffset + tl.arange(0, XBLOCK)",
+                          "    xmask = xindex < xnumel"]
+            self.emit_roots(top, stores_level=("xmask",))
+            warps = self.warps(block)
+            return top.lines, (("XBLOCK", block),), (-(-numel // block),), warps
+        if self.form == "tiled":
+            inner = space[-1]
+            outer = math.prod(space[:-1])
+            self.named_size("xnumel", inner)
+            self.named_size("ynumel", outer)
+            cap = INTERP_BLOCK if t.interpreter else TILE_ELEMS
+            xb = min(next_pow2(inner), cap if t.interpreter else 128)
+            yb = max(1, min(next_pow2(outer), cap // xb))
+            top.lines += ["    pid = tl.program_id(0)" + cast64,
+                          "    xblocks = tl.cdiv(xnumel, XBLOCK)",
+                          "    yindex = (pid // xblocks) * YBLOCK + tl.arange(0, YBLOCK)[:, None]",
+                          "    xindex = (pid % xblocks) * XBLOCK + tl.arange(0, XBLOCK)[None, :]",
+                          "    ymask = yindex < ynumel",
+                          "    xmask = xindex < xnumel",
+                          "    mask = ymask & xmask"]
+            self.emit_roots(top, stores_level=("mask",))
+            grid = (-(-outer // yb) * -(-inner // xb),)
+            return top.lines, (("YBLOCK", yb), ("XBLOCK", xb)), grid, self.warps(xb * yb)
+        # reductions
+        self.named_size("xnumel", xnumel)
+        self.named_size("rnumel", rnumel)
+        if self.form == "persistent":
+            rb = next_pow2(rnumel)
+            per_prog = INTERP_BLOCK * 4 if t.interpreter else PERSISTENT_ELEMS
+            xb = max(1, min(next_pow2(xnumel), per_prog // rb))
+            top.lines += ["    xoffset = tl.program_id(0)" + cast64 + " * XBLOCK",
+                          "    xindex = xoffset + tl.arange(0, XBLOCK)[:, None]",
+                          "    xmask = xindex < xnumel",
+                          "    rindex = tl.arange(0, RBLOCK)[None, :]" + (cast64 and ""),
+                          "    rmask = rindex < rnumel",
+                          "    mask = xmask & rmask"]
+            self.emit_reduction_persistent(top)
+            return top.lines, (("XBLOCK", xb), ("RBLOCK", rb)), (-(-xnumel // xb),), self.warps(xb * rb)
+        outer = self.r_is_outer()
+        if outer:
+            rb = min(next_pow2(rnumel), INTERP_BLOCK // OUTER_XBLOCK if t.interpreter else OUTER_XBLOCK)
+            xb = min(next_pow2(xnumel), OUTER_XBLOCK)
+        else:
+            rb = min(next_pow2(rnumel), INTERP_BLOCK if t.interpreter else LOOPED_RBLOCK)
+            xb = 1
+        top.lines += ["    xoffset = tl.program_id(0)" + cast64 + " * XBLOCK",
+                      "    xindex = xoffset + tl.arange(0, XBLOCK)[:, None]",
+                      "    xmask = xindex < xnumel",
+                      "    rbase = tl.arange(0, RBLOCK)[None, :]"]
+        self.emit_reduction_looped(top, itype)
+        return top.lines, (("XBLOCK", xb), ("RBLOCK", rb)), (-(-xnumel // xb),), self.warps(xb * rb)
+
+    def warps(self, elems: int) -> int:
+        if self.target.interpreter:
+            return 1
+        w = elems // (self.target.warp_size * ELEMS_PER_THREAD)
+        return int(min(max(next_pow2(max(w, 1)), 1), MAX_WARPS if self.target.warp_size == 32 else MAX_WARPS // 2))
+
+    def r_is_outer(self) -> bool:
+        """True when the reduced dims are not the contiguous ones of the biggest input (column sums)."""
+        best, best_bytes = None, -1
+        for _, body in self.g.bodies:
+            for ld in ir.loads(body):
+                meta = ir.node_meta(self.table[ld.buffer], ld.buffer)
+                b = math.prod(meta.shape) * meta.dtype.itemsize if meta.shape else 0
+                if b > best_bytes:
+                    best, best_bytes = ld, b
+        if best is None:
+            return False
+        off = self.physical(best.buffer, best.index)
+        for atom, coef in off.terms:
+            if isinstance(atom, ir.Var) and atom.name == "xindex" and abs(coef) == 1:
+                return True
+        return False
+
+    def store_root(self, r: str, value: str, scope: _Scope, level_mask: str):
+        node = self.table[r]
+        ptr = self.pointer("store", r)
+        off = self.physical(r, self.positions[r])
+        offtext = self.index_text(off, scope)
+        ux, ur = self.index_uses(off)
+        if not ux and not ur:
+            offtext = f"{offtext} + 0 * {self.pvars[0]}"
+        dtype = node.dtype
+        cast = f".to({TL_DTYPE[dtype]})" if dtype != torch.bool and dtype != self.value_dtype(r) else ""
+        scope.lines.append(f"{scope.indent}tl.store({ptr} + ({offtext}), {value}{cast}, {level_mask})")
+
+    def value_dtype(self, r: str) -> torch.dtype:
+        """The register dtype of root ``r``'s value (the dtype the store converts from)."""
+        v = self.local_values.get(r)
+        return v[1] if v else P.compute_dtype(self.table[r].dtype)
+
+    def emit_roots(self, scope: _Scope, stores_level):
+        for r in self.g.roots:
+            text, _ = self.expr(self.bodies[r], scope)
+            self.local_values[r] = (text, P.compute_dtype(self.table[r].dtype))
+            if r in self.g.stores:
+                self.store_root(r, text, scope, stores_level[0])
+
+    # ------------------------------------------------------------------------------ reductions
+    def identity(self, kind: str, dtype: torch.dtype) -> str:
+        reg = P.compute_dtype(dtype)
+        if kind in ("sum", "any"):
+            return "0"
+        if kind in ("prod", "all"):
+            return "1"
+        big = kind in ("min", "argmin")
+        if reg.is_floating_point:
+            return 'float("inf")' if big else '-float("inf")'
+        if reg == torch.bool:
+            return "1" if big else "0"
+        info = torch.iinfo(reg)
+        return str(info.max if big else info.min)
+
+    def reduce_block(self, kind, value, vdtype, scope, acc=None):
+        """tl.* reduction of a [XBLOCK, RBLOCK] block over axis 1, kept as [XBLOCK, 1]."""
+        fl = vdtype.is_floating_point
+        if kind == "sum":
+            return f"tl.sum({value}, 1, keep_dims=True)"
+        if kind in ("any", "all"):
+            fn = "tl.max" if kind == "any" else "tl.min"
+            return f"({fn}({value}.to(tl.int32), 1, keep_dims=True) != 0)"
+        if kind in ("max", "min"):
+            if fl:
+                self.helpers.add(f"_tf_{kind}_combine")
+                return f"tl.reduce({value}, 1, _tf_{kind}_combine, keep_dims=True)"
+            return f"tl.{kind}({value}, 1, keep_dims=True)"
+        if kind == "prod":
+            self.helpers.add("_tf_prod_combine")
+            return f"tl.reduce({value}, 1, _tf_prod_combine, keep_dims=True)"
+        raise ValueError(kind)
+
+    def reduction_input(self, r: str, scope: _Scope) -> tuple[str, torch.dtype]:
+        node = self.table[r]
+        text, reg = self.expr(self.bodies[r], scope)
+        if node.kind in ("any", "all") and reg != torch.bool:
+            text = f"({text} != 0)"
+            reg = torch.bool
+        ident = self.identity(node.kind, node.body.dtype)
+        return self.emit(scope, f"tl.where(mask, {text}, {ident})", reg, prefix="rv")
+
+    def emit_reduction_persistent(self, top: _Scope):
+        for r in self.g.roots:
+            node = self.table[r]
+            if isinstance(node, ir.Reduction):
+                (v, reg) = self.reduction_input(r, top)
+                if node.kind in ("argmax", "argmin"):
+                    self.helpers.add(f"_tf_{node.kind}_combine")
+                    idx = self.emit(top, "tl.broadcast_to(rindex, [XBLOCK, RBLOCK])", torch.int32, prefix="ri")[0]
+                    pair = self.fresh("am")
+                    top.lines.append(f"    _, {pair} = tl.reduce(({v}, {idx}), 1, _tf_{node.kind}_combine, keep_dims=True)")
+                    text = pair
+                else:
+                    text = self.emit(top, self.reduce_block(node.kind, v, reg, top), reg, prefix="red")[0]
+                self.local_values[r] = (text, P.compute_dtype(node.dtype))
+                if r in self.g.stores:
+                    self.store_root(r, text, top, "xmask")
+            else:
+                text, _ = self.expr(self.bodies[r], top)
+                self.local_values[r] = (text, P.compute_dtype(node.dtype))
+                if r in self.g.stores:
+                    self.store_root(r, text, top, "mask" if self.local_uses[r][1] else "xmask")
+
+    def stage_of(self) -> dict[str, int]:
+        """Loop index of each root: a reduction runs in the loop after the reductions it needs; a full-row
+        value in the loop after its reductions; a row value right after its last reduction's loop."""
+        stage: dict[str, int] = {}
+        for r in self.g.roots:
+            node = self.table[r]
+            deps = [stage[l.name] + (1 if isinstance(self.table[l.name], ir.Reduction) else 0)
+                    for l in _locals(self.bodies[r]) if l.name in stage]
+            s = max(deps, default=0)
+            stage[r] = s
+            del node
+        return stage
+
+    def emit_reduction_looped(self, top: _Scope, itype: str):
+        stage = self.stage_of()
+        full = {r for r in self.g.roots if not isinstance(self.table[r], ir.Reduction) and self.local_uses[r][1]}
+        self.macro_roots = set(full)
+        last = max(stage.values(), default=0)
+        for s in range(last + 1):
+            reds = [r for r in self.g.roots if isinstance(self.table[r], ir.Reduction) and stage[r] == s]
+            fulls = [r for r in self.g.roots if r in full and stage[r] == s]
+            if reds or fulls:
+                accs = {}
+                for r in reds:
+                    node = self.table[r]
+                    reg = P.compute_dtype(node.body.dtype) if node.kind not in ("any", "all") else torch.bool
+                    init_dt = TL_DTYPE[reg] if reg != torch.bool else "tl.int1"
+                    a = self.fresh("acc")
+                    top.lines.append(f"    {a} = tl.full([XBLOCK, RBLOCK], {self.identity(node.kind, node.body.dtype)}, {init_dt})")
+                    if node.kind in ("argmax", "argmin"):
+                        top.lines.append(f"    {a}_idx = tl.full([XBLOCK, RBLOCK], 2147483647, tl.int32)")
+                    accs[r] = (a, reg)
+                top.lines.append("    for roffset in range(0, rnumel, RBLOCK):")
+                loop = _Scope(top, "        ", False)
+                loop.lines += ["        rindex = roffset + rbase",
+                               "        rmask = rindex < rnumel",
+                               "        mask = xmask & rmask"]
+                for r in fulls:
+                    if r in self.g.stores:
+                        text, _ = self.expr(self.bodies[r], loop)
+                        self.store_root(r, text, loop, "mask")
+                for r in reds:
+                    node = self.table[r]
+                    a, reg = accs[r]
+                    v, vreg = self.reduction_input(r, loop)
+                    k = node.kind
+                    if k == "sum":
+                        loop.lines.append(f"        {a} = {a} + {v}")
+                    elif k == "prod":
+                        loop.lines.append(f"        {a} = {a} * {v}")
+                    elif k in ("any",):
+                        loop.lines.append(f"        {a} = {a} | {v}")
+                    elif k in ("all",):
+                        loop.lines.append(f"        {a} = {a} & {v}")
+                    elif k in ("max", "min"):
+                        if reg.is_floating_point:
+                            self.helpers.add(f"_tf_{k}_combine")
+                            loop.lines.append(f"        {a} = _tf_{k}_combine({a}, {v})")
+                        else:
+                            loop.lines.append(f"        {a} = tl.{'maximum' if k == 'max' else 'minimum'}({a}, {v})")
+                    else:
+                        self.helpers.add(f"_tf_{k}_combine")
+                        loop.lines.append(f"        {a}, {a}_idx = _tf_{k}_combine({a}, {a}_idx, {v}, "
+                                          f"tl.broadcast_to(rindex, [XBLOCK, RBLOCK]))")
+                top.lines.extend(loop.lines)
+                for r in reds:
+                    node = self.table[r]
+                    a, reg = accs[r]
+                    if node.kind in ("argmax", "argmin"):
+                        name = self.fresh("am")
+                        top.lines.append(f"    _, {name} = tl.reduce(({a}, {a}_idx), 1, _tf_{node.kind}_combine, keep_dims=True)")
+                    else:
+                        name = self.emit(top, self.reduce_block(node.kind, a, reg, top), reg, prefix="red")[0]
+                    self.local_values[r] = (name, P.compute_dtype(node.dtype))
+                    if r in self.g.stores:
+                        self.store_root(r, name, top, "xmask")
+            # row-level roots whose reductions are done
+            for r in self.g.roots:
+                if r in full or isinstance(self.table[r], ir.Reduction) or r in self.local_values:
+                    continue
+                if all(l.name in self.local_values or l.name in full for l in _locals(self.bodies[r])) and \
+                        all(stage.get(l.name, 0) <= s for l in _locals(self.bodies[r])):
+                    text, _ = self.expr(self.bodies[r], top)
+                    self.local_values[r] = (text, P.compute_dtype(self.table[r].dtype))
+                    if r in self.g.stores:
+                        self.store_root(r, text, top, "xmask")
+
+    # ---------------------------------------------------------------------------------- module
+    def module(self, body_lines, constexprs, grid, warps, xnumel, rnumel, numel) -> KernelSource:
+        g = self.g
+        params, args = [], []
+        for kind, buf in self.buffer_order:
+            params.append(self.buffers[(kind, buf)])
+            args.append(("buf", self.table[buf].into if kind == "store" and isinstance(self.table[buf], ir.Pointwise)
+                         and self.table[buf].into else buf))
+        if self.uses_seed:
+            params.append("seed_ptr")
+            args.append(("seed",))
+        for name, value in self.size_order:
+            params.append(name)
+            args.append(("int", value))
+        for (_, rep), name in self.float_args.items():
+            params.append(name)
+            args.append(("float", float(rep)))
+        params += [f"{c}: tl.constexpr" for c, _ in constexprs]
+        tag = {"pointwise": "pw", "tiled": "pwt", "persistent": "red", "looped": "redl"}[self.form]
+        ops = []
+        for o in g.origins:
+            short = o.split(":", 1)[1].split(".")[1] if ":" in o and "." in o.split(":", 1)[1] else o
+            if short not in ops:
+                ops.append(short)
+        summary = "_".join(re.sub(r"[^a-z0-9]", "", s.lower()) for s in ops[:4]) or "copy"
+        body = "\n".join(body_lines)
+        helper_text = "\n\n".join(P.HELPERS[h] for h in P.helpers_closure(self.helpers))
+        describe = {"pointwise": "pointwise, blocked over elements", "tiled": "pointwise, rows x last-dim tiles",
+                    "persistent": "reduction, persistent (whole rows in registers)",
+                    "looped": "reduction, looped over row chunks"}[self.form]
+        targets = [o.split(":", 1)[1] if ":" in o else o for o in g.origins]
+        header = [f"# {describe}", f"# iteration space {len(g.space)}-d, reduced dims {list(g.reduced)}",
+                  f"# fuses {len(targets)} ATen nodes:"]
+        header += [f"#   {t}" for t in targets]
+        header.append(f"# writes {len(g.stores)} buffers, reads {sum(1 for k, _ in self.buffer_order if k == 'load')}")
+        sig = ", ".join(params)
+        draft = "\n".join(header) + "\n" + helper_text + f"\n@triton.jit\ndef KERNEL({sig}):\n{body}\n"
+        digest = hashlib.sha256(draft.encode()).hexdigest()[:10]
+        name = f"tfk_{tag}_{summary}_{digest}"[:80]
+        source = ("# tilefuse generated kernel: " + name + "\n" + "\n".join(header) + "\n"
+                  "import triton\nimport triton.language as tl\n\n\n" + (helper_text + "\n\n" if helper_text else "")
+                  + f"@triton.jit\ndef {name}({sig}):\n{body}\n")
+        stores = tuple(a[1] for a, (k, _) in zip(args, self.buffer_order) if k == "store")
+        return KernelSource(name, source, tuple(args), tuple(constexprs), tuple(int(x) for x in grid), warps, 1,
+                            self.form, g.name, stores)
+
+
+def _locals(e: ir.Expr) -> list:
+    return [x for x in ir.walk(e) if isinstance(x, ir.Local)]
+
+
+def _covers(pos, reduced) -> bool:
+    names = set()
+    for ix in pos:
+        names |= ix.free_vars()
+    return any(f"k{d}" in names for d in reduced)
+
+
+def atom_uses_r(atom) -> bool:
+    if isinstance(atom, ir.Var):
+        return atom.name == "rindex"
+    if isinstance(atom, ir.DivMod):
+        return "rindex" in atom.inner.free_vars()
+    return "rindex" in ir.expr_vars(atom.expr)
+
+
+def generate(group: KernelGroup, sched: Schedule, target: LaunchTarget | None = None) -> KernelSource:
+    return KernelWriter(group, sched, target or LaunchTarget.current()).write()

@@ -1,0 +1,73 @@
+"""The decomposition table AOTAutograd traces with: torch's own, plus the few entries tilefuse needs on top.
+
+``torch._decomp.core_aten_decompositions()`` lowers ~2,000 operators to core ATen, but core ATen keeps
+``_softmax``, ``_log_softmax``, ``native_layer_norm``, ``gelu`` and ``native_dropout`` as single ops (they are
+core ops). Those decompose into pointwise + reduction primitives here, from torch's own registry, so that the
+scheduler can fuse them. Entries that torch writes with ``prims`` (``var_mean``, ``sigmoid``, ...) are left
+out on purpose: the lowering has rules for the ATen ops and prims would only add ops to lower.
+
+What torch lacks: on torch builds whose registry has no ``_fused_rms_norm`` decomposition (the op
+``F.rms_norm`` reaches on CUDA), :func:`_fused_rms_norm` below supplies one.
+"""
+from __future__ import annotations
+
+import functools
+
+import torch
+
+aten = torch.ops.aten
+
+# Decompositions taken from torch's registry on top of the core table (name, overload or None for all).
+EXTRA_FROM_TORCH = (
+    "_softmax", "_log_softmax", "native_layer_norm", "gelu", "native_dropout", "dropout",
+    "native_batch_norm", "_native_batch_norm_legit", "_native_batch_norm_legit_functional",
+    "_native_batch_norm_legit_no_training", "native_group_norm", "_fused_rms_norm", "_fused_rms_norm_backward",
+    "native_layer_norm_backward", "_softmax_backward_data", "_log_softmax_backward_data", "gelu_backward",
+    "native_dropout_backward", "hardtanh_backward", "elu_backward", "silu", "silu_backward", "narrow",
+    "split.Tensor", "unbind", "std", "std_mean", "logsumexp.default", "addcmul", "addcdiv", "lerp",
+    "nan_to_num", "logit", "mish", "softplus", "hardswish", "hardsigmoid", "glu",
+)
+
+
+def _registry_entries(names) -> dict:
+    from torch._decomp import decomposition_table
+
+    wanted = []
+    for name in names:
+        base, _, overload = name.partition(".")
+        packet = getattr(aten, base, None)
+        if packet is None:  # an op this torch does not have
+            continue
+        overloads = [overload] if overload else packet.overloads()
+        for o in overloads:
+            op = getattr(packet, o, None)
+            if op is not None and op in decomposition_table:
+                wanted.append(op)
+    return {op: decomposition_table[op] for op in wanted}
+
+
+def _fused_rms_norm(input, normalized_shape, weight, eps):
+    """``aten._fused_rms_norm`` as pointwise + one reduction (used only where torch's registry has none)."""
+    dims = list(range(input.dim() - len(normalized_shape), input.dim()))
+    compute = torch.float32 if input.dtype in (torch.float16, torch.bfloat16) else input.dtype
+    x = input.to(compute)
+    if eps is None:
+        eps = torch.finfo(compute).eps
+    rstd = torch.rsqrt(aten.add.Scalar(torch.pow(x, 2).mean(dim=dims, keepdim=True), eps))
+    out = x * rstd
+    if weight is not None:
+        out = out * weight
+    return out.to(input.dtype), rstd
+
+
+@functools.lru_cache(maxsize=1)
+def decomposition_table() -> dict:
+    """The table handed to AOTAutograd (built once a process)."""
+    from torch._decomp import core_aten_decompositions
+
+    table = dict(core_aten_decompositions())
+    table.update(_registry_entries(EXTRA_FROM_TORCH))
+    fused = getattr(aten, "_fused_rms_norm", None)
+    if fused is not None and fused.default not in table:
+        table[fused.default] = _fused_rms_norm
+    return table

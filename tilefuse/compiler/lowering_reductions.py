@@ -1,0 +1,224 @@
+"""Lowering rules for reductions: sum, prod, amax/amin, argmax/argmin, any/all, mean, var/std (two passes),
+max/min with indices.
+
+A Reduction node iterates over its input's shape (``space``) and reduces the ``reduced`` dimensions; the
+body reads its operand at the space position, so a pointwise producer is inlined into it by the scheduler
+(the prologue). ``mean`` and ``var`` are a reduction plus a pointwise node; ``var`` is the two-pass form
+(sum of squared deviations from the mean): exact, and free when the row is in registers.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from . import ir
+from . import primitives as P
+from .lowering import TV, LoweringError, aten, ints, norm_dim, plain, register
+
+prims = torch.ops.prims
+
+
+def _dims(low, a, dims) -> tuple[int, ...]:
+    rank = len(low.shape_of(a))
+    if dims is None:
+        return tuple(range(rank))
+    dims = ints(dims)
+    if not dims:
+        return tuple(range(rank))
+    return tuple(sorted({norm_dim(d, rank) for d in dims})) if rank else ()
+
+
+def out_dims_for(space, reduced, out_shape) -> tuple:
+    """For each output dimension, the space dimension it runs over (None for a kept size-1 dimension)."""
+    if len(out_shape) == len(space) and len(reduced) > 0:
+        return tuple(None if d in reduced else d for d in range(len(space)))
+    kept = [d for d in range(len(space)) if d not in reduced]
+    if len(kept) != len(out_shape):
+        raise LoweringError(f"reduction output shape {list(out_shape)} does not match the input {list(space)}")
+    return tuple(kept)
+
+
+def row_index(vars_, out_dims) -> tuple[ir.Index, ...]:
+    """The index of a reduction's output at space position ``vars_``."""
+    return tuple(ir.const_index(0) if d is None else vars_[d] for d in out_dims)
+
+
+def reduce(low, a: TV, dims, kind: str, meta=None, body_fn=None, name=None, acc_dtype=None) -> TV:
+    """A Reduction of ``a`` (or of ``body_fn(load of a)``) over ``dims`` with the output ``meta``."""
+    meta = meta or low.out_meta()
+    space = low.shape_of(a)
+    reduced = tuple(d for d in dims if d < len(space))
+    vars_ = ir.loop_vars(space)
+    value = low.load(a, vars_)
+    if body_fn is not None:
+        value = body_fn(value, vars_)
+    dtype = meta.dtype
+    if kind in ("sum", "prod", "max", "min"):
+        value = P.cast(value, acc_dtype or dtype)
+    elif kind in ("any", "all"):
+        value = value if value.dtype == torch.bool else P.build("ne", value, P.const(0, value.dtype))
+    name = name or low.current.name
+    rsize = math.prod(space[d] for d in reduced)
+    if not reduced or rsize == 1:
+        # nothing to reduce: a pointwise node (the position of the only element is 0)
+        if kind in ("argmax", "argmin"):
+            return low.add(ir.Pointwise(name, meta.shape, low.buffer_stride(meta), dtype, P.const(0, dtype),
+                                        low.origin()))
+        out_dims = out_dims_for(space, reduced, meta.shape) if reduced else tuple(range(len(space)))
+        ov = ir.loop_vars(meta.shape)
+        mapping = {f"i{d}": ov[k] for k, d in enumerate(out_dims) if d is not None}
+        for d in reduced:
+            mapping[f"i{d}"] = ir.const_index(0)
+        body = ir.substitute_expr(value, mapping)
+        return low.add(ir.Pointwise(name, meta.shape, low.buffer_stride(meta), dtype, P.cast(body, dtype),
+                                    low.origin()))
+    out_dims = out_dims_for(space, reduced, meta.shape)
+    return low.add(ir.Reduction(name, meta.shape, low.buffer_stride(meta), dtype if kind not in ("any", "all")
+                                else torch.bool, kind, space, reduced, out_dims, value, low.origin()))
+
+
+def _cast_result(low, tv, meta):
+    if low.tensor_meta[tv.name].dtype == meta.dtype:
+        return tv
+    return low.pointwise(lambda x: P.cast(x, meta.dtype), tv, meta=meta, name=low.new_name("cast"))
+
+
+@register(aten.sum.dim_IntList, aten.sum.default, prims.sum.default)
+def _sum(low, a, dims=None, keepdim=False, dtype=None, **kwargs):
+    return reduce(low, a, _dims(low, a, dims), "sum")
+
+
+@register(aten.prod.dim_int, aten.prod.default)
+def _prod(low, a, dim=None, keepdim=False, dtype=None):
+    return reduce(low, a, _dims(low, a, dim), "prod")
+
+
+@register(aten.amax.default, prims.amax.default)
+def _amax(low, a, dims=(), keepdim=False):
+    return reduce(low, a, _dims(low, a, dims), "max")
+
+
+@register(aten.amin.default, prims.amin.default)
+def _amin(low, a, dims=(), keepdim=False):
+    return reduce(low, a, _dims(low, a, dims), "min")
+
+
+@register(aten.max.default)
+def _max_all(low, a):
+    return reduce(low, a, _dims(low, a, None), "max")
+
+
+@register(aten.min.default)
+def _min_all(low, a):
+    return reduce(low, a, _dims(low, a, None), "min")
+
+
+@register(aten.argmax.default)
+def _argmax(low, a, dim=None, keepdim=False):
+    return reduce(low, a, _dims(low, a, dim), "argmax")
+
+
+@register(aten.argmin.default)
+def _argmin(low, a, dim=None, keepdim=False):
+    return reduce(low, a, _dims(low, a, dim), "argmin")
+
+
+@register(aten.max.dim)
+def _max_dim(low, a, dim, keepdim=False):
+    dims = _dims(low, a, dim)
+    values = reduce(low, a, dims, "max", meta=low.out_meta(k=0), name=f"{low.current.name}_values")
+    indices = reduce(low, a, dims, "argmax", meta=low.out_meta(k=1), name=f"{low.current.name}_indices")
+    return values, indices
+
+
+@register(aten.min.dim)
+def _min_dim(low, a, dim, keepdim=False):
+    dims = _dims(low, a, dim)
+    values = reduce(low, a, dims, "min", meta=low.out_meta(k=0), name=f"{low.current.name}_values")
+    indices = reduce(low, a, dims, "argmin", meta=low.out_meta(k=1), name=f"{low.current.name}_indices")
+    return values, indices
+
+
+@register(aten.any.dim, aten.any.dims, aten.any.default)
+def _any(low, a, dim=None, keepdim=False):
+    return reduce(low, a, _dims(low, a, dim), "any")
+
+
+@register(aten.all.dim, aten.all.dims, aten.all.default)
+def _all(low, a, dim=None, keepdim=False):
+    return reduce(low, a, _dims(low, a, dim), "all")
+
+
+@register(aten.mean.dim, aten.mean.default)
+def _mean(low, a, dims=None, keepdim=False, dtype=None):
+    meta = low.out_meta()
+    dims = _dims(low, a, dims)
+    space = low.shape_of(a)
+    n = math.prod(space[d] for d in dims) if space else 1
+    total = reduce(low, a, dims, "sum", meta=meta, name=low.new_name("sum"))
+    return low.pointwise(lambda s: P.build("truediv", s, P.const(float(n), meta.dtype)), total)
+
+
+def _var(low, a, dims, correction, keepdim, var_meta, mean_meta=None):
+    """(var, mean) with the two-pass formula; ``mean_meta`` None: the mean is internal (keepdim layout)."""
+    space = low.shape_of(a)
+    n = math.prod(space[d] for d in dims) if space else 1
+    dtype = var_meta.dtype
+    acc = P.compute_dtype(dtype)
+    kd_shape = tuple(1 if d in dims else s for d, s in enumerate(space))
+    mean_internal = ir.TensorMeta(kd_shape, _contig(kd_shape), dtype)
+    total = reduce(low, a, dims, "sum", meta=mean_internal, name=low.new_name("sum"))
+    mean = low.pointwise(lambda s: P.build("truediv", s, P.const(float(n), dtype)), total, meta=mean_internal,
+                         name=low.new_name("mean"))
+    corr = float(plain(correction)) if correction is not None else 1.0
+    denom = max(n - corr, 0.0)
+
+    def sq_dev(x, vars_):
+        m = low.load(mean, tuple(ir.const_index(0) if d in dims else vars_[d] for d in range(len(space))))
+        d = P.build("sub", P.cast(x, acc), P.cast(m, acc))
+        return P.build("mul", d, d)
+    ss = reduce(low, a, dims, "sum", meta=ir.TensorMeta(var_meta.shape, var_meta.stride, acc),
+                body_fn=sq_dev, name=low.new_name("sumsq"), acc_dtype=acc)
+    var = low.pointwise(lambda s: P.build("truediv", s, P.const(denom, acc)), ss, meta=var_meta,
+                        name=low.current.name if mean_meta is None else low.new_name("var"))
+    if mean_meta is None:
+        return var, None
+    mean_out = low.pointwise(lambda m: m, _reshape_like(low, mean, mean_meta, dims, space), meta=mean_meta,
+                             name=low.new_name("mean_out"))
+    return var, mean_out
+
+
+def _contig(shape):
+    from .lowering import contiguous_stride
+    return contiguous_stride(shape)
+
+
+def _reshape_like(low, keepdim_tv, meta, dims, space):
+    """``keepdim_tv`` (size-1 at the reduced dims) seen with the output's (possibly squeezed) shape."""
+    if tuple(meta.shape) == tuple(low.shape_of(keepdim_tv)):
+        return keepdim_tv
+    out_dims = out_dims_for(space, dims, meta.shape)
+    vmeta = ir.TensorMeta(meta.shape, meta.stride, low.tensor_meta[keepdim_tv.name].dtype)
+
+    def index_fn(v):
+        src = [ir.const_index(0)] * len(space)
+        for k, d in enumerate(out_dims):
+            if d is not None:
+                src[d] = v[k]
+        return src
+    from .lowering_views import make_view
+    return make_view(low, keepdim_tv, index_fn, name=low.new_name("mean_view"), meta=vmeta)
+
+
+@register(aten.var.correction, prims.var.default)
+def _var_rule(low, a, dims=None, correction=None, keepdim=False, **kwargs):
+    if low.current.target is prims.var.default:
+        correction = kwargs.get("correction", correction)
+    var, _ = _var(low, a, _dims(low, a, dims), correction, keepdim, low.out_meta())
+    return var
+
+
+@register(aten.var_mean.correction)
+def _var_mean(low, a, dims=None, correction=None, keepdim=False):
+    return _var(low, a, _dims(low, a, dims), correction, keepdim, low.out_meta(k=0), low.out_meta(k=1))

@@ -1,0 +1,622 @@
+"""The pointwise primitives the lowering builds expressions from, and the Triton text each becomes.
+
+A primitive is named (``Op.name``), takes operands of the dtype the lowering gives it, and is written in
+Triton from core ``tl`` math only: ``tl.extra.libdevice`` does not run on Triton's interpreter, so functions
+without a core op (tanh, log1p, atan, lgamma, erfinv, ...) are small ``@triton.jit`` helpers below, written
+out into each kernel file that uses them (a kernel file stands alone) and tested on the interpreter. The same
+text runs on NVIDIA and AMD. Helpers that need more precision than float32 gives compute in float64
+(special functions only: none of them is on a hot path).
+
+``build(name, *args, dtype)`` makes an ``Op`` and folds constants where that is trivially right.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Callable, Optional
+
+import torch
+
+from . import ir
+
+HALF = (torch.float16, torch.bfloat16)
+
+
+def compute_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The dtype a value is held in registers: half types compute in float32."""
+    return torch.float32 if dtype in HALF else dtype
+
+
+@dataclasses.dataclass(frozen=True)
+class Primitive:
+    arity: int
+    template: str  # str.format with the operands' text as {0}, {1}, ...
+    helpers: tuple[str, ...] = ()
+    floats_only: bool = False  # operands must be floating (integer variants have other names)
+
+
+P = Primitive
+PRIMITIVES: dict[str, Primitive] = {
+    # arithmetic (any numeric dtype unless noted)
+    "add": P(2, "({0} + {1})"),
+    "sub": P(2, "({0} - {1})"),
+    "mul": P(2, "({0} * {1})"),
+    "truediv": P(2, "({0} / {1})", floats_only=True),
+    "neg": P(1, "(-{0})"),
+    "abs": P(1, "tl.abs({0})"),
+    "reciprocal": P(1, "(1.0 / {0})", floats_only=True),
+    "fmod": P(2, "({0} % {1})"),  # C semantics on the GPU and the interpreter alike
+    "remainder": P(2, "_tf_remainder({0}, {1})", ("_tf_remainder",)),
+    "floordiv_int": P(2, "_tf_floordiv_int({0}, {1})", ("_tf_floordiv_int",)),
+    "truncdiv_int": P(2, "({0} // {1})"),  # Triton's integer division truncates
+    "floordiv": P(2, "_tf_floordiv({0}, {1})", ("_tf_floordiv",), floats_only=True),
+    "pow": P(2, "_tf_pow({0}, {1})", ("_tf_pow",), floats_only=True),
+    "pow_int": P(2, "_tf_pow_int({0}, {1})", ("_tf_pow_int",)),
+    "maximum": P(2, "tl.where(({0} > {1}) | ({0} != {0}), {0}, {1})"),  # NaN propagates, as in torch
+    "minimum": P(2, "tl.where(({0} < {1}) | ({0} != {0}), {0}, {1})"),
+    "fmax": P(2, "tl.where(({0} >= {1}) | ({1} != {1}), {0}, {1})"),  # NaN ignored
+    "fmin": P(2, "tl.where(({0} <= {1}) | ({1} != {1}), {0}, {1})"),
+    "maximum_int": P(2, "tl.maximum({0}, {1})"),
+    "minimum_int": P(2, "tl.minimum({0}, {1})"),
+    # float math
+    "exp": P(1, "tl.exp({0})", floats_only=True),
+    "exp2": P(1, "tl.exp2({0})", floats_only=True),
+    "expm1": P(1, "_tf_expm1({0})", ("_tf_expm1",), floats_only=True),
+    "log": P(1, "tl.log({0})", floats_only=True),
+    "log2": P(1, "tl.log2({0})", floats_only=True),
+    "log1p": P(1, "_tf_log1p({0})", ("_tf_log1p",), floats_only=True),
+    "sqrt": P(1, "tl.sqrt({0})", floats_only=True),
+    "rsqrt": P(1, "tl.rsqrt({0})", floats_only=True),
+    "sin": P(1, "tl.sin({0})", floats_only=True),
+    "cos": P(1, "tl.cos({0})", floats_only=True),
+    "tan": P(1, "(tl.sin({0}) / tl.cos({0}))", floats_only=True),
+    "asin": P(1, "_tf_asin({0})", ("_tf_asin",), floats_only=True),
+    "acos": P(1, "_tf_acos({0})", ("_tf_acos",), floats_only=True),
+    "atan": P(1, "_tf_atan({0})", ("_tf_atan",), floats_only=True),
+    "atan2": P(2, "_tf_atan2({0}, {1})", ("_tf_atan2",), floats_only=True),
+    "sinh": P(1, "_tf_sinh({0})", ("_tf_sinh",), floats_only=True),
+    "cosh": P(1, "_tf_cosh({0})", ("_tf_cosh",), floats_only=True),
+    "tanh": P(1, "_tf_tanh({0})", ("_tf_tanh",), floats_only=True),
+    "asinh": P(1, "_tf_asinh({0})", ("_tf_asinh",), floats_only=True),
+    "acosh": P(1, "_tf_acosh({0})", ("_tf_acosh",), floats_only=True),
+    "atanh": P(1, "_tf_atanh({0})", ("_tf_atanh",), floats_only=True),
+    "sigmoid": P(1, "tl.sigmoid({0})", floats_only=True),
+    "erf": P(1, "tl.erf({0})", floats_only=True),
+    "erfc": P(1, "_tf_erfc({0})", ("_tf_erfc",), floats_only=True),
+    "erfcx": P(1, "_tf_erfcx({0})", ("_tf_erfcx",), floats_only=True),
+    "erfinv": P(1, "_tf_erfinv({0})", ("_tf_erfinv",), floats_only=True),
+    "lgamma": P(1, "_tf_lgamma({0})", ("_tf_lgamma",), floats_only=True),
+    "digamma": P(1, "_tf_digamma({0})", ("_tf_digamma",), floats_only=True),
+    "i0": P(1, "_tf_bessel_i({0}, 0, False)", ("_tf_bessel_i",), floats_only=True),
+    "i0e": P(1, "_tf_bessel_i({0}, 0, True)", ("_tf_bessel_i",), floats_only=True),
+    "i1": P(1, "_tf_bessel_i({0}, 1, False)", ("_tf_bessel_i",), floats_only=True),
+    "i1e": P(1, "_tf_bessel_i({0}, 1, True)", ("_tf_bessel_i",), floats_only=True),
+    "ndtri": P(1, "_tf_ndtri({0})", ("_tf_ndtri",), floats_only=True),
+    "log_ndtr": P(1, "_tf_log_ndtr({0})", ("_tf_log_ndtr",), floats_only=True),
+    "floor": P(1, "tl.floor({0})", floats_only=True),
+    "ceil": P(1, "tl.ceil({0})", floats_only=True),
+    "trunc": P(1, "_tf_trunc({0})", ("_tf_trunc",), floats_only=True),
+    "round": P(1, "_tf_round({0})", ("_tf_round",), floats_only=True),
+    "sign": P(1, "_tf_sign({0})", ("_tf_sign",)),
+    "signbit": P(1, "_tf_signbit({0})", ("_tf_signbit",), floats_only=True),
+    "copysign": P(2, "_tf_copysign({0}, {1})", ("_tf_copysign",), floats_only=True),
+    "hypot": P(2, "_tf_hypot({0}, {1})", ("_tf_hypot",), floats_only=True),
+    "logaddexp": P(2, "_tf_logaddexp({0}, {1})", ("_tf_logaddexp",), floats_only=True),
+    "logaddexp2": P(2, "_tf_logaddexp2({0}, {1})", ("_tf_logaddexp2",), floats_only=True),
+    "nextafter": P(2, "_tf_nextafter({0}, {1})", ("_tf_nextafter",), floats_only=True),
+    "isnan": P(1, "({0} != {0})"),
+    "isinf": P(1, "(tl.abs({0}) == float(\"inf\"))"),
+    "gcd": P(2, "_tf_gcd({0}, {1})", ("_tf_gcd",)),
+    # comparisons and logic (result bool)
+    "eq": P(2, "({0} == {1})"),
+    "ne": P(2, "({0} != {1})"),
+    "lt": P(2, "({0} < {1})"),
+    "le": P(2, "({0} <= {1})"),
+    "gt": P(2, "({0} > {1})"),
+    "ge": P(2, "({0} >= {1})"),
+    "and": P(2, "({0} & {1})"),
+    "or": P(2, "({0} | {1})"),
+    "xor": P(2, "({0} ^ {1})"),
+    "not": P(1, "({0} == 0)"),
+    "bitwise_not": P(1, "(~{0})"),
+    "lshift": P(2, "_tf_lshift({0}, {1})", ("_tf_lshift",)),
+    "rshift": P(2, "_tf_rshift({0}, {1})", ("_tf_rshift",)),
+    "where": P(3, "tl.where({0}, {1}, {2})"),
+}
+
+BOOL_RESULT = {"eq", "ne", "lt", "le", "gt", "ge", "and", "or", "xor", "not", "isnan", "isinf", "signbit"}
+
+
+# ------------------------------------------------------------------------------------------- builders
+def const(value, dtype: torch.dtype, from_size: bool = False) -> ir.Const:
+    if dtype == torch.bool:
+        value = bool(value)
+    elif dtype.is_floating_point:
+        value = float(value)
+    else:
+        value = int(value)
+    return ir.Const.make(value, dtype, from_size)
+
+
+def cast(e: ir.Expr, dtype: torch.dtype) -> ir.Expr:
+    if e.dtype == dtype:
+        return e
+    if isinstance(e, ir.Const) and not e.from_size and not (dtype in HALF):
+        if dtype == torch.bool:
+            return const(bool(e.value), dtype)
+        if dtype.is_floating_point:
+            return const(float(e.value), dtype)
+        if not (isinstance(e.value, float) and not math.isfinite(e.value)):
+            return const(int(e.value), dtype)
+    if isinstance(e, ir.Const) and dtype in HALF and e.dtype.is_floating_point and not e.from_size:
+        # a constant cast to a half type: round it now (exactly what the kernel would do)
+        return const(float(torch.tensor(e.value, dtype=dtype).item()), dtype)
+    return ir.Cast.make(e, dtype)
+
+
+def build(name: str, *args: ir.Expr, dtype: Optional[torch.dtype] = None) -> ir.Expr:
+    """``Op(name, args)``; result dtype: bool for comparisons, else ``dtype`` or the first operand's."""
+    prim = PRIMITIVES[name]
+    if len(args) != prim.arity:
+        raise TypeError(f"primitive {name} takes {prim.arity} operands, got {len(args)}")
+    if name in BOOL_RESULT:
+        dtype = torch.bool
+    elif dtype is None:
+        dtype = args[1].dtype if name == "where" else args[0].dtype
+    if name == "where" and isinstance(args[0], ir.Const):
+        return args[1] if args[0].value else args[2]
+    if name in ("add", "sub") and isinstance(args[1], ir.Const) and args[1].value == 0 and not args[1].from_size \
+            and args[0].dtype == dtype and not isinstance(args[1].value, bool):
+        return args[0]
+    if name == "mul" and isinstance(args[1], ir.Const) and args[1].value == 1 and not args[1].from_size \
+            and args[0].dtype == dtype and not isinstance(args[1].value, bool):
+        return args[0]
+    if name == "not" and isinstance(args[0], ir.Op) and args[0].name == "not":
+        return args[0].args[0]
+    return ir.Op.make(name, tuple(args), dtype)
+
+
+def where(cond, a, b):
+    return build("where", cond, a, b, dtype=a.dtype)
+
+
+# --------------------------------------------------------------------------------------- Triton helpers
+# Each helper is an @triton.jit function; ``HELPER_DEPS`` lists the helpers it calls.
+HELPER_DEPS: dict[str, tuple[str, ...]] = {
+    "_tf_asin": ("_tf_atan2",), "_tf_acos": ("_tf_atan2",), "_tf_atan2": ("_tf_atan", "_tf_signbit"),
+    "_tf_sinh": ("_tf_expm1",), "_tf_asinh": ("_tf_log1p",), "_tf_acosh": ("_tf_log1p",),
+    "_tf_atanh": ("_tf_log1p",), "_tf_erfc": ("_tf_erfc_cf",), "_tf_erfcx": ("_tf_erfc_cf",),
+    "_tf_lgamma": ("_tf_lgamma_pos",), "_tf_digamma": ("_tf_digamma_pos",), "_tf_ndtri": ("_tf_erfinv",),
+    "_tf_log_ndtr": ("_tf_erfcx", "_tf_erfc", "_tf_log1p"), "_tf_copysign": ("_tf_signbit",),
+    "_tf_logaddexp": ("_tf_log1p",), "_tf_logaddexp2": ("_tf_log1p",), "_tf_floordiv": ("_tf_signbit",),
+    "_tf_round": ("_tf_trunc",),
+}
+
+HELPERS: dict[str, str] = {}
+
+
+def _helper(name: str, text: str) -> None:
+    HELPERS[name] = "@triton.jit\n" + text.strip("\n") + "\n"
+
+
+_helper("_tf_remainder", '''
+def _tf_remainder(a, b):
+    # torch.remainder: the sign of the divisor (Triton's % is C's fmod)
+    r = a % b
+    fix = (r != 0) & ((r < 0) != (b < 0))
+    return tl.where(fix, r + b, r)
+''')
+_helper("_tf_floordiv_int", '''
+def _tf_floordiv_int(a, b):
+    q = a // b
+    fix = ((a % b) != 0) & ((a < 0) != (b < 0))
+    return tl.where(fix, q - 1, q)
+''')
+_helper("_tf_floordiv", '''
+def _tf_floordiv(a, b):
+    # torch's div_floor for floats: exact where a/b is within rounding of an integer
+    mod = a % b
+    div = (a - mod) / b
+    div = tl.where((mod != 0) & ((b < 0) != (mod < 0)), div - 1.0, div)
+    fl = tl.floor(div)
+    fl = tl.where(div - fl > 0.5, fl + 1.0, fl)
+    q = a / b
+    zero = tl.where(_tf_signbit(q), -0.0, 0.0)
+    out = tl.where(div != 0, fl, zero)
+    return tl.where(b == 0, q, out)
+''')
+_helper("_tf_pow", '''
+def _tf_pow(a0, b0):
+    # C pow semantics, computed in float64 (log2/exp2 in float32 lose ~5e-6 at large exponents)
+    a = a0.to(tl.float64)
+    b = b0.to(tl.float64)
+    aa = tl.abs(a)
+    r = tl.exp2(b * tl.log2(aa))
+    b_int = tl.floor(b) == b
+    b_odd = b_int & (tl.floor(b * 0.5) * 2.0 != b)
+    r = tl.where(a < 0, tl.where(b_int, tl.where(b_odd, -r, r), float("nan")), r)
+    r = tl.where((a == 0) & b_odd & (b < 0) & (a0.to(tl.float32).to(tl.int32, bitcast=True) < 0), -r, r)
+    r = tl.where((aa == 1.0) & (tl.abs(b) == float("inf")), 1.0, r)
+    r = tl.where((b == 0) | (a == 1.0), 1.0, r)
+    return r.to(a0.dtype)
+''')
+_helper("_tf_pow_int", '''
+def _tf_pow_int(a, b):
+    # integer power by squaring (b >= 0; torch rejects negative integer exponents)
+    result = tl.full(a.shape, 1, a.dtype) + a * 0
+    base = a
+    e = b + a * 0
+    for _ in range(63):
+        result = tl.where((e & 1) != 0, result * base, result)
+        base = base * base
+        e = e >> 1
+    return result
+''')
+_helper("_tf_lshift", '''
+def _tf_lshift(a, b):
+    return tl.where((b < 0) | (b >= a.dtype.primitive_bitwidth), 0, a << b)
+''')
+_helper("_tf_rshift", '''
+def _tf_rshift(a, b):
+    big = (b < 0) | (b >= a.dtype.primitive_bitwidth)
+    return tl.where(big, tl.where(a < 0, -1, 0), a >> b)
+''')
+_helper("_tf_expm1", '''
+def _tf_expm1(x):
+    # Kahan: (u - 1) * x / log(u) cancels the rounding of u = exp(x)
+    u = tl.exp(x)
+    d = u - 1.0
+    lu = tl.log(u)
+    r = d * x / tl.where(lu == 0.0, 1.0, lu)
+    r = tl.where(u == 1.0, x, r)
+    r = tl.where(d == -1.0, -1.0, r)
+    return tl.where(u == float("inf"), u, r)
+''')
+_helper("_tf_log1p", '''
+def _tf_log1p(x):
+    # Goldberg: log(u) * x / (u - 1) with u = 1 + x rounded
+    u = 1.0 + x
+    d = u - 1.0
+    r = tl.log(u) * (x / tl.where(d == 0.0, 1.0, d))
+    r = tl.where(d == 0.0, x, r)
+    return tl.where(u == float("inf"), u, r)
+''')
+_helper("_tf_tanh", '''
+def _tf_tanh(x):
+    # |x| < 0.5: odd Taylor series to x^15 (relative error < 2e-8); else (1 - e) / (1 + e), e = exp(-2|x|)
+    a = tl.abs(x)
+    z = x * x
+    p = z * (-0.05396825396825397 + z * (0.021869488536155203 + z * (-0.008863235529902197
+            + z * (0.003592128036572481 + z * -0.0014558343870513183))))
+    small = x + x * z * (-0.3333333333333333 + z * (0.13333333333333333 + p))
+    e = tl.exp(-2.0 * a)
+    big = (1.0 - e) / (1.0 + e)
+    big = tl.where(x < 0, -big, big)
+    return tl.where(a < 0.5, small, big)
+''')
+_helper("_tf_sinh", '''
+def _tf_sinh(x):
+    a = tl.abs(x)
+    e = _tf_expm1(a)
+    r = 0.5 * (e + e / (e + 1.0))
+    big = tl.exp(a - 0.6931471805599453)
+    r = tl.where(a > 20.0, big, r)
+    return tl.where(x < 0, -r, r)
+''')
+_helper("_tf_cosh", '''
+def _tf_cosh(x):
+    e = tl.exp(tl.abs(x) - 0.6931471805599453)
+    return e + 0.25 / e
+''')
+_helper("_tf_asinh", '''
+def _tf_asinh(x):
+    a = tl.abs(x)
+    r = _tf_log1p(a + a * a / (1.0 + tl.sqrt(1.0 + a * a)))
+    r = tl.where(a > 1e15, tl.log(a) + 0.6931471805599453, r)
+    return tl.where(x < 0, -r, r)
+''')
+_helper("_tf_acosh", '''
+def _tf_acosh(x):
+    t = x - 1.0
+    r = _tf_log1p(t + tl.sqrt(2.0 * t + t * t))
+    return tl.where(x > 1e15, tl.log(x) + 0.6931471805599453, r)
+''')
+_helper("_tf_atanh", '''
+def _tf_atanh(x):
+    return 0.5 * _tf_log1p(2.0 * x / (1.0 - x))
+''')
+_helper("_tf_atan", '''
+def _tf_atan(x):
+    # range reduction to |t| <= tan(pi/8), then the odd series to t^23 (error < 1e-11)
+    a = tl.abs(x)
+    inv = a > 1.0
+    t = tl.where(inv, 1.0 / a, a)
+    mid = t > 0.41421356237309503
+    t = tl.where(mid, (t - 1.0) / (t + 1.0), t)
+    z = t * t
+    p = -0.3333333333333333 + z * (0.2 + z * (-0.14285714285714285 + z * (0.1111111111111111 + z * (
+        -0.09090909090909091 + z * (0.07692307692307693 + z * (-0.06666666666666667 + z * (
+            0.058823529411764705 + z * (-0.05263157894736842 + z * (0.047619047619047616
+                                                                   + z * -0.043478260869565216)))))))))
+    r = t + t * z * p
+    r = tl.where(mid, r + 0.7853981633974483, r)
+    r = tl.where(inv, 1.5707963267948966 - r, r)
+    return tl.where(x < 0, -r, r)
+''')
+_helper("_tf_signbit", '''
+def _tf_signbit(x):
+    if x.dtype == tl.float64:
+        s = x.to(tl.int64, bitcast=True) < 0
+    else:
+        s = x.to(tl.float32).to(tl.int32, bitcast=True) < 0
+    return s
+''')
+_helper("_tf_atan2", '''
+def _tf_atan2(y, x):
+    ax = tl.abs(x)
+    ay = tl.abs(y)
+    mx = tl.where(ax > ay, ax, ay)
+    mn = tl.where(ax > ay, ay, ax)
+    both_inf = (ax == float("inf")) & (ay == float("inf"))
+    t = tl.where(both_inf, 1.0, mn / tl.where(mx == 0.0, 1.0, mx))
+    a = _tf_atan(t)
+    a = tl.where(ay > ax, 1.5707963267948966 - a, a)
+    a = tl.where(_tf_signbit(x), 3.141592653589793 - a, a)
+    a = tl.where(_tf_signbit(y), -a, a)
+    return tl.where((x != x) | (y != y), x + y, a)
+''')
+_helper("_tf_asin", '''
+def _tf_asin(x):
+    return _tf_atan2(x, tl.sqrt((1.0 - x) * (1.0 + x)))
+''')
+_helper("_tf_acos", '''
+def _tf_acos(x):
+    return _tf_atan2(tl.sqrt((1.0 - x) * (1.0 + x)), x)
+''')
+_helper("_tf_erfc_cf", '''
+def _tf_erfc_cf(x):
+    # exp(x^2) * erfc(x) for x >= 2 by the continued fraction 1/sqrt(pi) / (x + (1/2)/(x + 1/(x + (3/2)/...)))
+    f = x
+    for k in tl.static_range(48, 0, -1):
+        f = x + (k * 0.5) / f
+    return 0.5641895835477563 / f
+''')
+_helper("_tf_erfc", '''
+def _tf_erfc(x):
+    big = tl.exp(-x * x) * _tf_erfc_cf(tl.maximum(x, 2.0))
+    return tl.where(x >= 2.0, big, 1.0 - tl.erf(x))
+''')
+_helper("_tf_erfcx", '''
+def _tf_erfcx(x):
+    big = _tf_erfc_cf(tl.maximum(x, 2.0))
+    small = tl.exp(x * x) * (1.0 - tl.erf(x))
+    return tl.where(x >= 2.0, big, small)
+''')
+_helper("_tf_erfinv", '''
+def _tf_erfinv(y0):
+    # Winitzki's closed form (a = 0.147) polished by three Newton steps on erf, in float64
+    y = y0.to(tl.float64)
+    w = -tl.log((1.0 - y) * (1.0 + y))
+    t = 4.330746750799873 - 0.5 * w
+    x = tl.sqrt(tl.sqrt(t * t + w * 6.802721088435374) - t)
+    x = tl.where(y < 0, -x, x)
+    for _ in tl.static_range(3):
+        x = x - (tl.erf(x) - y) / (1.1283791670955126 * tl.exp(-x * x))
+    x = tl.where(tl.abs(y) == 1.0, y * float("inf"), x)
+    x = tl.where(y == 0.0, y, x)
+    return tl.where(tl.abs(y) > 1.0, float("nan"), x).to(y0.dtype)
+''')
+_helper("_tf_ndtri", '''
+def _tf_ndtri(p):
+    return 1.4142135623730951 * _tf_erfinv(2.0 * p - 1.0)
+''')
+_helper("_tf_log_ndtr", '''
+def _tf_log_ndtr(x):
+    # log(Phi(x)): in the left tail log(erfcx(-x/sqrt2) / 2) - x^2/2, elsewhere log1p(-Phi(-x))
+    t = -x * 0.7071067811865476
+    left = tl.log(0.5 * _tf_erfcx(tl.maximum(t, 0.0))) - 0.5 * x * x
+    right = _tf_log1p(-0.5 * _tf_erfc(-t))
+    return tl.where(x < -1.0, left, right)
+''')
+_helper("_tf_lgamma_pos", '''
+def _tf_lgamma_pos(x):
+    # x > 0 (float64): shift to z >= 8, then Stirling's series to 1/z^9
+    shift = x < 8.0
+    p = x * (x + 1.0) * (x + 2.0) * (x + 3.0) * (x + 4.0) * (x + 5.0) * (x + 6.0) * (x + 7.0)
+    z = tl.where(shift, x + 8.0, x)
+    iz = 1.0 / z
+    iz2 = iz * iz
+    s = (z - 0.5) * tl.log(z) - z + 0.9189385332046727 + iz * (0.08333333333333333 + iz2 * (
+        -0.002777777777777778 + iz2 * (0.0007936507936507937 + iz2 * (-0.0005952380952380953
+                                                                      + iz2 * 0.0008417508417508417))))
+    return tl.where(shift, s - tl.log(p), s)
+''')
+_helper("_tf_lgamma", '''
+def _tf_lgamma(x0):
+    x = x0.to(tl.float64)
+    neg = x <= 0.0
+    lg = _tf_lgamma_pos(tl.where(neg, 1.0 - x, x))
+    r = x - tl.floor(x + 0.5)
+    s = tl.abs(tl.sin(3.141592653589793 * r))
+    out = tl.where(neg, tl.log(3.141592653589793 / s) - lg, lg)
+    out = tl.where(tl.abs(x) == float("inf"), float("inf"), out)
+    return out.to(x0.dtype)
+''')
+_helper("_tf_digamma_pos", '''
+def _tf_digamma_pos(x):
+    # x > 0 (float64): psi(x) = psi(x + 6) - sum 1/(x + k), then the asymptotic series to 1/z^10
+    shift = x < 6.0
+    acc = 1.0 / x + 1.0 / (x + 1.0) + 1.0 / (x + 2.0) + 1.0 / (x + 3.0) + 1.0 / (x + 4.0) + 1.0 / (x + 5.0)
+    z = tl.where(shift, x + 6.0, x)
+    iz = 1.0 / z
+    iz2 = iz * iz
+    s = tl.log(z) - 0.5 * iz - iz2 * (0.08333333333333333 - iz2 * (0.008333333333333333 - iz2 * (
+        0.003968253968253968 - iz2 * (0.004166666666666667 - iz2 * 0.007575757575757576))))
+    return tl.where(shift, s - acc, s)
+''')
+_helper("_tf_digamma", '''
+def _tf_digamma(x0):
+    x = x0.to(tl.float64)
+    neg = x <= 0.0
+    ps = _tf_digamma_pos(tl.where(neg, 1.0 - x, x))
+    r = x - tl.floor(x + 0.5)
+    refl = ps - 3.141592653589793 * tl.cos(3.141592653589793 * r) / tl.sin(3.141592653589793 * r)
+    out = tl.where(neg, refl, ps)
+    out = tl.where(x == 0.0, -float("inf"), out)
+    out = tl.where(neg & (r == 0.0) & (x != 0.0), float("nan"), out)
+    out = tl.where(x == float("inf"), x, out)
+    out = tl.where(x == -float("inf"), float("nan"), out)
+    return out.to(x0.dtype)
+''')
+_helper("_tf_bessel_i", '''
+def _tf_bessel_i(x0, ORDER: tl.constexpr, SCALED: tl.constexpr):
+    # modified Bessel I0/I1 (SCALED: times exp(-|x|)), float64: power series below 30, asymptotic above
+    x = x0.to(tl.float64)
+    a = tl.abs(x)
+    q = a * a * 0.25
+    term = tl.where(a == a, 1.0, a)
+    if ORDER == 1:
+        term = a * 0.5
+    s = term
+    for k in tl.static_range(1, 64):
+        term = term * q / (k * (k + ORDER))
+        s = s + term
+    if SCALED:
+        s = s * tl.exp(-a)
+    ia = 1.0 / tl.where(a == 0.0, 1.0, a)
+    c = tl.where(a == a, 1.0, a)
+    asym = c
+    for k in tl.static_range(1, 10):
+        c = c * -(4.0 * ORDER * ORDER - (2.0 * k - 1.0) * (2.0 * k - 1.0)) * ia / (8.0 * k)
+        asym = asym + c
+    asym = asym / tl.sqrt(6.283185307179586 * a)
+    if not SCALED:
+        asym = asym * tl.exp(a)
+    out = tl.where(a > 30.0, asym, s)
+    if ORDER == 1:
+        out = tl.where(x < 0, -out, out)
+    return out.to(x0.dtype)
+''')
+_helper("_tf_trunc", '''
+def _tf_trunc(x):
+    return tl.where(x < 0, tl.ceil(x), tl.floor(x))
+''')
+_helper("_tf_round", '''
+def _tf_round(x):
+    # round half to even; values this large are integers already
+    r = tl.floor(x + 0.5)
+    tie = (r - x) == 0.5
+    odd = (r * 0.5) != tl.floor(r * 0.5)
+    r = tl.where(tie & odd, r - 1.0, r)
+    if x.dtype == tl.float64:
+        big = tl.abs(x) >= 4503599627370496.0
+    else:
+        big = tl.abs(x) >= 8388608.0
+    return tl.where(big | (x != x), x, r)
+''')
+_helper("_tf_sign", '''
+def _tf_sign(x):
+    one = x * 0 + 1
+    s = tl.where(x > 0, one, tl.where(x < 0, -one, x * 0))
+    return tl.where(x != x, x, s)
+''')
+_helper("_tf_copysign", '''
+def _tf_copysign(a, b):
+    return tl.where(_tf_signbit(b), -tl.abs(a), tl.abs(a))
+''')
+_helper("_tf_hypot", '''
+def _tf_hypot(a, b):
+    ax = tl.abs(a)
+    ay = tl.abs(b)
+    m = tl.where(ax > ay, ax, ay)
+    n = tl.where(ax > ay, ay, ax)
+    r = n / tl.where(m == 0.0, 1.0, m)
+    h = m * tl.sqrt(1.0 + r * r)
+    h = tl.where((a != a) | (b != b), a + b, h)
+    return tl.where((ax == float("inf")) | (ay == float("inf")), float("inf"), h)
+''')
+_helper("_tf_logaddexp", '''
+def _tf_logaddexp(a, b):
+    m = tl.where(a > b, a, b)
+    r = m + _tf_log1p(tl.exp(-tl.abs(a - b)))
+    r = tl.where((a == b) & (tl.abs(a) == float("inf")), a, r)
+    return tl.where((a != a) | (b != b), a + b, r)
+''')
+_helper("_tf_logaddexp2", '''
+def _tf_logaddexp2(a, b):
+    m = tl.where(a > b, a, b)
+    r = m + _tf_log1p(tl.exp2(-tl.abs(a - b))) * 1.4426950408889634
+    r = tl.where((a == b) & (tl.abs(a) == float("inf")), a, r)
+    return tl.where((a != a) | (b != b), a + b, r)
+''')
+_helper("_tf_nextafter", '''
+def _tf_nextafter(x, y):
+    # one ulp of x's own dtype towards y, on the bits
+    if x.dtype == tl.float64:
+        bits = x.to(tl.int64, bitcast=True)
+        tiny = tl.where(y > 0, 1, -9223372036854775807).to(tl.int64)
+    elif x.dtype == tl.float32:
+        bits = x.to(tl.int32, bitcast=True)
+        tiny = tl.where(y > 0, 1, -2147483647)
+    else:
+        bits = x.to(tl.int16, bitcast=True)
+        tiny = tl.where(y > 0, 1, -32767).to(tl.int16)
+    up = (y > x) == (x >= 0)
+    nb = tl.where(up, bits + 1, bits - 1)
+    nb = tl.where(x == 0, tiny, nb)
+    r = nb.to(x.dtype, bitcast=True)
+    r = tl.where(x == y, y, r)
+    return tl.where((x != x) | (y != y), x + y, r)
+''')
+_helper("_tf_gcd", '''
+def _tf_gcd(a0, b0):
+    a = tl.abs(a0)
+    b = tl.abs(b0)
+    for _ in range(96):  # Euclid needs at most ~92 steps for 64-bit operands (Fibonacci worst case)
+        nz = b != 0
+        t = tl.where(nz, a % tl.where(nz, b, 1), 0)
+        a = tl.where(nz, b, a)
+        b = t
+    return a
+''')
+
+# reduction combine functions (tl.reduce), also helpers
+_helper("_tf_max_combine", '''
+def _tf_max_combine(a, b):
+    return tl.where((a > b) | (a != a), a, b)
+''')
+_helper("_tf_min_combine", '''
+def _tf_min_combine(a, b):
+    return tl.where((a < b) | (a != a), a, b)
+''')
+_helper("_tf_prod_combine", '''
+def _tf_prod_combine(a, b):
+    return a * b
+''')
+_helper("_tf_argmax_combine", '''
+def _tf_argmax_combine(v0, i0, v1, i1):
+    # NaN counts as the largest value; ties go to the lower index (torch.argmax's rule)
+    take = (v1 > v0) | ((v1 == v0) & (i1 < i0)) | ((v1 != v1) & (v0 == v0)) | ((v1 != v1) & (v0 != v0) & (i1 < i0))
+    return tl.where(take, v1, v0), tl.where(take, i1, i0)
+''')
+_helper("_tf_argmin_combine", '''
+def _tf_argmin_combine(v0, i0, v1, i1):
+    take = (v1 < v0) | ((v1 == v0) & (i1 < i0)) | ((v1 != v1) & (v0 == v0)) | ((v1 != v1) & (v0 != v0) & (i1 < i0))
+    return tl.where(take, v1, v0), tl.where(take, i1, i0)
+''')
+
+
+def helpers_closure(names) -> list[str]:
+    """The helpers ``names`` need, dependencies first, in a stable order."""
+    out: list[str] = []
+
+    def visit(n):
+        if n in out:
+            return
+        for d in HELPER_DEPS.get(n, ()):
+            visit(d)
+        out.append(n)
+
+    for n in sorted(names):
+        visit(n)
+    return out

@@ -1,0 +1,418 @@
+"""Runtime: a compiled graph as one generated Python function that allocates, launches and calls ATen.
+
+:func:`build_plan` runs the stages (lower -> schedule -> codegen -> cache) and writes a wrapper like::
+
+    def call(args):
+        primals_1, primals_2 = args
+        args.clear()
+        buf_div = empty_strided((32768, 4096), (4096, 1), dtype=torch.bfloat16, device=device)
+        launch_0(primals_1, buf_div, 32768, 4096)       # tfk_red_amax_sub_exp_sum_...
+        return (buf_div,)
+
+so the per-call cost is the launches themselves (launch closures with grid, block sizes and warps bound once).
+Outputs that are views (eager returns a view) are real ``as_strided`` views of the buffer they alias;
+an input mutation (``copy_`` into an input) is a kernel writing into the input's storage; intermediates are
+freed after their last use.
+
+:class:`CompiledGraph` is what AOTAutograd calls (boxed calling convention). A graph with symbolic sizes
+(Dynamo's automatic dynamic shapes) is planned once per concrete shape seen; kernels take sizes as
+arguments, so a new shape re-plans in Python (milliseconds) and reuses the compiled kernels.
+"""
+from __future__ import annotations
+
+import contextlib
+import itertools
+import time
+from typing import Any, Callable
+
+import torch
+
+from .. import config, device as tf_device
+from . import cache, codegen, ir, lowering, records, scheduler
+
+_ids = itertools.count()
+
+
+class PlanError(RuntimeError):
+    """The graph cannot run as planned (a view that is not strided, a kernel Triton rejects, ...)."""
+
+
+def _literal(value, consts: dict) -> str:
+    if value is None or isinstance(value, (bool, int, str)):
+        return repr(value)
+    if isinstance(value, float):
+        return f"float({str(value)!r})" if value != value or value in (float("inf"), float("-inf")) else repr(value)
+    if isinstance(value, (list, tuple)):
+        inner = ", ".join(_literal(v, consts) for v in value)
+        return f"[{inner}]" if isinstance(value, list) else f"({inner}{',' if len(value) == 1 else ''})"
+    name = f"c{len(consts)}"
+    consts[name] = value
+    return name
+
+
+class WrapperWriter:
+    """Writes the ``call(args)`` function of one planned graph."""
+
+    def __init__(self, sched: scheduler.Schedule, kernels: list, fns: list, constants: list, dev: torch.device):
+        self.sched = sched
+        self.graph = sched.graph
+        self.table = self.graph.by_name()
+        self.kernels = dict(zip((k.group for k in kernels), zip(kernels, fns)))
+        self.constants = constants
+        self.device = dev
+        self.globals: dict[str, Any] = {"torch": torch, "empty_strided": torch.empty_strided, "device": dev}
+        self.vars: dict[str, str] = {}
+        self.lines: list[str] = []
+
+    def var(self, name: str) -> str:
+        v = self.vars.get(name)
+        if v is None:
+            node = self.table[name]
+            if isinstance(node, ir.Pointwise) and node.into:
+                return self.var(node.into)
+            v = "v_" + "".join(ch if ch.isalnum() else "_" for ch in name)
+            while v in self.vars.values():
+                v += "_"
+            self.vars[name] = v
+        return v
+
+    def view_expr(self, name: str) -> str:
+        """A tensor for node ``name``: a View becomes an as_strided view of the buffer it aliases."""
+        node = self.table[name]
+        if not isinstance(node, ir.View):
+            return self.var(name)
+        base, size, stride, offset = view_params(self.table, name)
+        b = self.var(base)
+        return f"{b}.as_strided({tuple(size)!r}, {tuple(stride)!r}, {b}.storage_offset() + {offset})"
+
+    def arg_text(self, value) -> str:
+        if isinstance(value, ir.Ref):
+            return self.view_expr(value.name)
+        if isinstance(value, (list, tuple)) and any(isinstance(v, ir.Ref) for v in _flatten(value)):
+            inner = ", ".join(self.arg_text(v) for v in value)
+            return f"[{inner}]" if isinstance(value, list) else f"({inner}{',' if len(value) == 1 else ''})"
+        return _literal(value, self.globals_consts)
+
+    def write(self) -> tuple[str, dict]:
+        self.globals_consts: dict[str, Any] = {}
+        g = self.graph
+        inputs = [n for n in g.nodes if isinstance(n, ir.InputNode)]
+        lines = ["def call(args):"]
+        arg_vars = ["_"] * g.num_args
+        for n in inputs:
+            if n.position < g.num_args:
+                arg_vars[n.position] = self.var(n.name)
+            else:
+                cname = f"const_{n.position - g.num_args}"
+                self.globals[cname] = self.constants[n.position - g.num_args].to(self.device)
+                lines.append(f"    {self.var(n.name)} = {cname}")
+        if g.num_args:
+            lines.insert(1, f"    {', '.join(arg_vars)}{',' if len(arg_vars) == 1 else ''} = args")
+            lines.insert(2, "    args.clear()")
+        if g.seeds:
+            lines.append(f"    seeds = torch.randint(0, 2147483647, ({g.seeds},), dtype=torch.int64, device=device)")
+        body: list[tuple[list[str], set[str]]] = []  # (lines, names used)
+        for step in self.sched.steps:
+            body.append(self.step(step))
+        outputs = []
+        out_names = set()
+        for out in g.outputs:
+            if out.name is None:
+                outputs.append(_literal(out.value, self.globals_consts))
+            else:
+                outputs.append(self.view_expr(out.name))
+                out_names.add(self._base_var(out.name))
+        # free intermediates after their last use
+        last: dict[str, int] = {}
+        for k, (_, used) in enumerate(body):
+            for v in used:
+                last[v] = k
+        keep = out_names
+        for k, (step_lines, used) in enumerate(body):
+            lines.extend(step_lines)
+            dead = sorted(v for v in used if last.get(v) == k and v not in keep)
+            if dead:
+                lines.append(f"    del {', '.join(dead)}")
+        lines.append(f"    return ({', '.join(outputs)}{',' if len(outputs) == 1 else ''})")
+        self.globals.update(self.globals_consts)
+        return "\n".join(lines) + "\n", self.globals
+
+    def _base_var(self, name: str) -> str:
+        node = self.table[name]
+        while isinstance(node, ir.View):
+            name = node.source
+            node = self.table[name]
+        return self.var(name)
+
+    def step(self, step) -> tuple[list[str], set[str]]:
+        lines: list[str] = []
+        used: set[str] = set()
+        if isinstance(step, scheduler.ExternStep):
+            ext = self.table[step.name]
+            op_name = f"op_{len(self.globals)}"
+            self.globals[op_name] = ext.op
+            args = ", ".join(self.arg_text(a) for a in ext.args)
+            kwargs = ", ".join(f"{k}={self.arg_text(v)}" for k, v in ext.kwargs)
+            call = f"{op_name}({args}{', ' if args and kwargs else ''}{kwargs})"
+            for ref in scheduler._refs(ext.args) + scheduler._refs(tuple(v for _, v in ext.kwargs)):
+                used.add(self._base_var(ref.name))
+            if ext.tuple_output:
+                tmp = self.var(ext.name) + "_out"
+                lines.append(f"    {tmp} = {call}  # extern {ext.name}")
+                for k, meta in enumerate(ext.outputs):
+                    if meta is not None:
+                        v = self.var(ext.output_name(k))
+                        lines.append(f"    {v} = {tmp}[{k}]")
+                        used.add(v)
+                lines.append(f"    del {tmp}")
+            else:
+                v = self.var(ext.name)
+                lines.append(f"    {v} = {call}  # extern {ext.name}")
+                used.add(v)
+            return lines, used
+        ks, fn = self.kernels[step.name]
+        for name in ks.stores:
+            node = self.table[name]
+            if isinstance(node, ir.Pointwise) and node.into:
+                continue
+            if isinstance(node, ir.InputNode):
+                continue
+            meta = ir.node_meta(node, name)
+            lines.append(f"    {self.var(name)} = empty_strided({tuple(meta.shape)!r}, {tuple(meta.stride)!r}, "
+                         f"dtype={meta.dtype}, device=device)")
+        args = []
+        for a in ks.args:
+            if a[0] == "buf":
+                v = self.var(a[1])
+                args.append(v)
+                used.add(v)
+            elif a[0] == "seed":
+                args.append("seeds")
+            else:
+                args.append(repr(a[1]))
+        for name in ks.stores:
+            used.add(self.var(name))
+        total = 1
+        for s in ks_space(self.sched, step.name):
+            total *= s
+        if total == 0:
+            return lines, used
+        launcher = f"launch_{step.name}"
+        constexprs = dict(ks.constexprs)
+        self.globals[launcher] = _bind_launch(fn, ks.grid, constexprs, ks.num_warps, ks.num_stages)
+        self.globals.setdefault("_kernel_names", {})[launcher] = ks.name
+        lines.append(f"    {launcher}({', '.join(args)})  # {ks.name}")
+        return lines, used
+
+
+def _bind_launch(fn, grid, constexprs, num_warps, num_stages):
+    launch = fn[tuple(grid)]
+    if tf_device.interpreting():
+        def call(*args):
+            return launch(*args, **constexprs)
+        return call
+
+    def call(*args):
+        return launch(*args, num_warps=num_warps, num_stages=num_stages, **constexprs)
+    return call
+
+
+def ks_space(sched, group_name):
+    for st in sched.steps:
+        if isinstance(st, scheduler.KernelGroup) and st.name == group_name:
+            return st.space
+    return ()
+
+
+def _flatten(value):
+    for v in value:
+        if isinstance(v, (list, tuple)):
+            yield from _flatten(v)
+        else:
+            yield v
+
+
+def view_params(table, name):
+    """(base node, size, stride, element offset from the base's storage offset) of a strided view."""
+    node = table[name]
+    index = tuple(ir.loop_vars(node.shape))
+    cur = node
+    while isinstance(cur, ir.View):
+        mapping = {f"i{d}": index[d] for d in range(len(cur.shape))}
+        index = tuple(ir.substitute(ix, mapping) for ix in cur.index)
+        base = cur.source
+        cur = table[base]
+    meta = ir.node_meta(cur, base)
+    phys = ir.strided_offset(index, meta.stride)
+    strides = {}
+    for atom, coef in phys.terms:
+        if not isinstance(atom, ir.Var):
+            raise PlanError(f"view {name} of {base} is not a strided view of it")
+        strides[atom.name] = coef
+    stride = []
+    for d, size in enumerate(node.shape):
+        computed = strides.get(f"i{d}", 0)
+        stride.append(node.stride[d] if size == 1 or node.stride[d] == computed else computed)
+    return base, tuple(node.shape), tuple(stride), phys.offset
+
+
+# ------------------------------------------------------------------------------------------------ plans
+class Plan:
+    def __init__(self, call, source, kernels, report):
+        self.call = call
+        self.source = source
+        self.kernels = kernels
+        self.report = report
+
+
+def build_plan(gm: torch.fx.GraphModule, meta: Callable, kind: str, graph_id: int, strict: bool) -> Plan:
+    times = {}
+    t0 = time.perf_counter()
+    graph, fallbacks, constants = lowering.lower(gm, meta, strict=strict)
+    t1 = time.perf_counter()
+    times["lower"] = t1 - t0
+    config.log(3, f"graph {graph_id} ({kind}) IR after lowering:\n{ir.format_graph(graph)}")
+    sched = scheduler.schedule(graph)
+    t2 = time.perf_counter()
+    times["schedule"] = t2 - t1
+    config.log(3, f"graph {graph_id} ({kind}) fusion groups:\n{scheduler.format_schedule(sched)}")
+    if graph.device.type == "cpu" and not tf_device.interpreting():
+        raise lowering.GraphFallback("CPU tensors need Triton's interpreter (this process compiles for a GPU)")
+    groups = [st for st in sched.steps if isinstance(st, scheduler.KernelGroup)]
+    target = codegen.LaunchTarget.current()
+    kernels = [codegen.generate(g, sched, target) for g in groups]
+    t3 = time.perf_counter()
+    times["codegen"] = t3 - t2
+    fns, origins = [], []
+    for ks in kernels:
+        fn, origin = cache.load(ks)
+        fns.append(fn)
+        origins.append(origin)
+        config.log(2, f"kernel {ks.name} ({origin}) -> {cache.kernel_path(ks)}\n{ks.source}")
+    t4 = time.perf_counter()
+    times["load"] = t4 - t3
+    writer = WrapperWriter(sched, kernels, fns, constants, graph.device)
+    source, glb = writer.write()
+    if tf_device.interpreting():
+        glb["_errstate"] = _np_quiet
+        source = _wrap_quiet(source)
+    code = compile(source, f"<tilefuse graph {graph_id} {kind}>", "exec")
+    exec(code, glb)
+    call = glb["call"]
+    config.log(2, f"graph {graph_id} ({kind}) wrapper:\n{source}")
+    if not tf_device.interpreting():
+        precompile(kernels, fns, graph)
+        times["triton"] = time.perf_counter() - t4
+    report = records.GraphReport(graph_id, kind, sum(1 for n in gm.graph.nodes if n.op == "call_function"))
+    for ks, g in zip(kernels, groups):
+        report.kernels.append(records.KernelReport(ks.name, ks.form, [o for o in g.origins], list(g.stores),
+                                                 str(cache.kernel_path(ks))))
+    for n in graph.nodes:
+        if isinstance(n, ir.Extern):
+            report.externs.append((n.name, lowering.op_name(n.op), n.reason))
+    report.fallbacks = list(fallbacks)
+    report.seconds = times
+    return Plan(call, source, kernels, report)
+
+
+def precompile(kernels, fns, graph) -> None:
+    """Compile every kernel now (GPU): a kernel Triton rejects fails the plan, not the middle of a call."""
+    for ks, fn in zip(kernels, fns):
+        args = []
+        for a in ks.args:
+            if a[0] == "buf":
+                node = graph.by_name()[a[1]]
+                args.append(ir.node_meta(node, a[1]).dtype)
+            elif a[0] == "seed":
+                args.append(torch.int64)
+            else:
+                args.append(a[1])
+        try:
+            fn.warmup(*args, grid=tuple(ks.grid), num_warps=ks.num_warps, num_stages=ks.num_stages,
+                      **dict(ks.constexprs))
+        except Exception as exc:
+            raise PlanError(f"Triton could not compile {ks.name}: {type(exc).__name__}: {exc}") from exc
+
+
+@contextlib.contextmanager
+def _np_quiet():
+    import numpy as np
+
+    with np.errstate(all="ignore"):
+        yield
+
+
+def _wrap_quiet(source: str) -> str:
+    """On the interpreter, numpy warns about inf/nan arithmetic that the GPU does silently."""
+    lines = source.splitlines()
+    out = [lines[0], "    with _errstate():"]
+    out += ["    " + ln for ln in lines[1:]]
+    return "\n".join(out) + "\n"
+
+
+# ------------------------------------------------------------------------------------------ the callable
+def _is_symbolic(value) -> bool:
+    if isinstance(value, (torch.SymInt, torch.SymFloat, torch.SymBool)):
+        return True
+    if isinstance(value, torch.Tensor):
+        return any(isinstance(s, torch.SymInt) for s in value.shape) or \
+            any(isinstance(s, torch.SymInt) for s in value.stride()) or \
+            isinstance(value.storage_offset(), torch.SymInt)
+    return False
+
+
+def concrete_metas(gm: torch.fx.GraphModule, args) -> dict:
+    """Every node's value with concrete sizes, by running ``gm`` on fake copies of ``args``."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    mode = FakeTensorMode(allow_non_fake_inputs=True)
+    values: dict = {}
+    fakes = [mode.from_tensor(a, static_shapes=True) if isinstance(a, torch.Tensor) else a for a in args]
+
+    class Prop(torch.fx.Interpreter):
+        def run_node(self, n):
+            r = super().run_node(n)
+            values[n] = r
+            return r
+
+    with mode:
+        Prop(gm).run(*fakes)
+    return values
+
+
+class CompiledGraph:
+    """The function AOTAutograd calls for one forward/backward/inference graph (boxed: takes a list)."""
+    _boxed_call = True
+
+    def __init__(self, gm: torch.fx.GraphModule, kind: str, strict: bool):
+        self.gm = gm
+        self.kind = kind
+        self.graph_id = next(_ids)
+        self.strict = strict
+        self.dynamic = any(_is_symbolic(n.meta.get("val")) for n in gm.graph.nodes)
+        self.plans: dict = {}
+        self.plan: Plan | None = None
+        self.fallback_reason: str | None = None
+        self.on_plan = None
+        if not self.dynamic:
+            self.plan = build_plan(gm, lambda n: n.meta.get("val"), kind, self.graph_id, strict)
+            self.report = self.plan.report
+
+    def __call__(self, args):
+        if self.fallback_reason is not None:
+            return self.gm(*args)
+        plan = self.plan
+        if plan is None:
+            key = tuple((tuple(a.shape), tuple(a.stride()), a.dtype) if isinstance(a, torch.Tensor) else a
+                        for a in args)
+            plan = self.plans.get(key)
+            if plan is None:
+                values = concrete_metas(self.gm, args)
+                plan = build_plan(self.gm, values.__getitem__, self.kind, self.graph_id, self.strict)
+                self.plans[key] = plan
+                records.bump("replans")
+                if self.on_plan is not None:
+                    self.on_plan(plan.report)
+                config.log(1, f"graph {self.graph_id} ({self.kind}): planned for shapes "
+                              f"{[k[0] for k in key if isinstance(k, tuple)]}, kernels reused from the cache")
+        return plan.call(args)

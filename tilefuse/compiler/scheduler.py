@@ -1,0 +1,516 @@
+"""Scheduling: the loop IR -> fusion groups, one Triton kernel each, and extern calls, in execution order.
+
+1. **Roots.** A node that must exist in memory (a graph output, an extern's argument, an input mutation) or
+   that is a reduction is a *root*. Every other pointwise node is inlined into its consumers: its body is
+   substituted at the index the consumer reads it (views compose, masks propagate), so a pointwise chain
+   costs one pass over memory.
+2. **Groups.** Roots are placed in topological order. A root joins an existing group when that is *legal*
+   (:func:`fusion_legality`: the iteration spaces line up, every value it reads from the group is at the
+   position the group computes it (else a pointwise value is recomputed, a reduction's cannot be), and no
+   step it depends on runs after the group) and *profitable* (:func:`fusion_benefit`: bytes of memory
+   traffic it saves, net of what recomputation re-reads). Shapes of groups: a pointwise space, or a
+   reduction space (rows x reduced dims) that also carries the reduction's pointwise prologue, full-row
+   epilogues (softmax's output) and row epilogues (layer norm's rstd): several outputs from one kernel.
+3. **Materialize what is shared.** A non-root pointwise node inlined into several groups is recomputed in
+   each; when that re-reads more bytes than writing it once and reading it back, it becomes a root and the
+   grouping is redone.
+
+The seam for templates (the next compiler issue): a matmul is an :class:`ExternStep` now. A GEMM template
+with a fused epilogue will be a step whose epilogue is a pointwise group over the matmul's output shape:
+:func:`epilogue_candidates` already finds, for each extern, the pointwise roots that read its output at the
+output position and nothing else from later steps (legal epilogues); the template step will absorb them
+instead of their own kernel.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Optional
+
+import torch
+
+from . import ir
+from . import primitives as P
+
+MAX_GROUP_ROOTS = 48  # beyond this a kernel's compile time and register pressure grow faster than it saves
+MAX_INLINE_OPS = 400  # a recomputed body larger than this is materialized instead
+REUSE_FACTOR = 1.0  # materialize a shared node when recomputing it re-reads more than (n+1) x its own bytes
+
+
+@dataclasses.dataclass(frozen=True)
+class KernelGroup:
+    """One generated kernel: ``roots`` computed over ``space`` (``reduced`` dims reduced), ``stores`` written.
+    ``bodies``: each root's expression over the kernel variables ``k0, k1, ...`` (loads of in-group roots at
+    their own position are :class:`Local`); ``positions``: the per-dimension index each root's value belongs
+    to (its output element)."""
+    name: str
+    kind: str  # "pointwise" | "reduction"
+    space: tuple[int, ...]
+    reduced: tuple[int, ...]
+    roots: tuple[str, ...]
+    stores: tuple[str, ...]
+    bodies: tuple  # tuple[(name, Expr)]
+    positions: tuple  # tuple[(name, tuple[Index])]
+    origins: tuple[str, ...]
+
+    def body(self, name):
+        return dict(self.bodies)[name]
+
+
+@dataclasses.dataclass(frozen=True)
+class ExternStep:
+    name: str  # the Extern node
+
+
+@dataclasses.dataclass(frozen=True)
+class Schedule:
+    graph: ir.Graph
+    steps: tuple  # tuple[KernelGroup | ExternStep]
+    materialized: frozenset  # names of nodes that live in memory (stored roots, inputs, extern outputs)
+
+
+Local = ir.Local
+
+
+def kernel_vars(space) -> tuple[ir.Index, ...]:
+    return tuple(ir.var_index(f"k{d}", s) for d, s in enumerate(space))
+
+
+def nbytes(meta) -> int:
+    return math.prod(meta.shape) * meta.dtype.itemsize if meta.shape else meta.dtype.itemsize
+
+
+# ------------------------------------------------------------------------------------------- alignment
+def align(node, space, reduced) -> Optional[tuple[ir.Index, ...]]:
+    """The position (per output dimension, over kernel vars) of ``node``'s elements in a group with this
+    space, or None when its shape does not line up (then it cannot join)."""
+    kv = kernel_vars(space)
+    if isinstance(node, ir.Reduction):
+        if tuple(node.space) != tuple(space) or tuple(node.reduced) != tuple(reduced):
+            return None
+        return tuple(ir.const_index(0) if d is None else kv[d] for d in node.out_dims)
+    shape = tuple(node.shape)
+    if shape == tuple(space):
+        return kv
+    if not reduced:
+        return None
+    if len(shape) == len(space) and all((shape[d] == 1) if d in reduced else (shape[d] == space[d])
+                                        for d in range(len(space))):
+        return tuple(ir.const_index(0) if d in reduced else kv[d] for d in range(len(space)))
+    kept = [d for d in range(len(space)) if d not in reduced]
+    if shape == tuple(space[d] for d in kept):
+        return tuple(kv[d] for d in kept)
+    return None
+
+
+def own_mapping(node, position) -> dict:
+    """Map a node's own loop variables to kernel indices given its position."""
+    if isinstance(node, ir.Reduction):
+        kv = kernel_vars(node.space)
+        return {f"i{d}": kv[d] for d in range(len(node.space))}
+    return {f"i{d}": position[d] for d in range(len(node.shape))}
+
+
+# -------------------------------------------------------------------------------------------- scheduler
+class Scheduler:
+    def __init__(self, graph: ir.Graph):
+        self.graph = graph
+        self.table = graph.by_name()
+        self.order = {n.name: k for k, n in enumerate(graph.nodes)}
+        self.inline_memo: dict[str, ir.Expr] = {}
+        self.roots: set[str] = set()
+
+    # ---------------------------------------------------------------------------------------- roots
+    def base(self, name: str) -> str:
+        node = self.table[name]
+        while isinstance(node, ir.View):
+            name = node.source
+            node = self.table[name]
+        return name
+
+    def forced_roots(self) -> set[str]:
+        roots = set()
+        for n in self.graph.nodes:
+            if isinstance(n, ir.Reduction):
+                roots.add(n.name)
+            elif isinstance(n, ir.Pointwise) and n.into:
+                roots.add(n.name)
+            elif isinstance(n, ir.Extern):
+                for ref in _refs(n.args) + _refs(tuple(v for _, v in n.kwargs)):
+                    roots.add(self.base(ref.name))
+        for out in self.graph.outputs:
+            if out.name is not None:
+                roots.add(self.base(out.name))
+        return {r for r in roots if isinstance(self.table[r], (ir.Pointwise, ir.Reduction))}
+
+    # -------------------------------------------------------------------------------------- inlining
+    def inlined(self, name: str) -> ir.Expr:
+        """``name``'s body with every non-root pointwise producer substituted (over its own variables)."""
+        found = self.inline_memo.get(name)
+        if found is not None:
+            return found
+        node = self.table[name]
+        body = ir.replace_loads(node.body, self._inline_load)
+        self.inline_memo[name] = body
+        return body
+
+    def _inline_load(self, load: ir.Load) -> ir.Expr:
+        node = self.table.get(load.buffer)
+        if not isinstance(node, ir.Pointwise) or load.buffer in self.roots or node.into:
+            return load
+        return self.value_at(load.buffer, load.index, load.mask)
+
+    def value_at(self, name: str, index, mask) -> ir.Expr:
+        """The value of pointwise node ``name`` at ``index`` (computed from its inlined body)."""
+        node = self.table[name]
+        body = self.inlined(name)
+        mapping = {f"i{d}": index[d] for d in range(len(node.shape))}
+        value = ir.substitute_expr(body, mapping)
+        if mask is not None:
+            value = ir.replace_loads(value, lambda ld: ir.Load.make(ld.buffer, ld.index, ld.dtype,
+                                                                     _and(ld.mask, mask)))
+        return P.cast(value, node.dtype) if value.dtype != node.dtype else value
+
+    def root_body(self, name: str, position) -> ir.Expr:
+        """A root's inlined body over kernel variables."""
+        node = self.table[name]
+        return ir.substitute_expr(self.inlined(name), own_mapping(node, position))
+
+    # ------------------------------------------------------------------------------------- grouping
+    def schedule(self) -> Schedule:
+        self.roots = self.forced_roots()
+        for _round in range(4):
+            self.inline_memo = {}
+            steps, where = self._group()
+            promoted = self._shared_to_materialize(steps)
+            if not promoted:
+                break
+            self.roots |= promoted
+        return self._finish(steps, where)
+
+    def _group(self):
+        steps: list = []  # KernelGroup drafts (dicts) and ExternStep
+        where: dict[str, int] = {}  # root / extern output -> step index
+        for node in self.graph.nodes:
+            if isinstance(node, ir.Extern):
+                steps.append(ExternStep(node.name))
+                for k in range(len(node.outputs)):
+                    where[node.output_name(k)] = len(steps) - 1
+                where[node.name] = len(steps) - 1
+                continue
+            if node.name not in self.roots:
+                continue
+            self._place(node, steps, where)
+        return steps, where
+
+    def _deps(self, body: ir.Expr) -> set[str]:
+        out = set()
+        for ld in ir.loads(body):
+            out.add(ld.buffer)
+        return out
+
+    def _place(self, node, steps, where):
+        if isinstance(node, ir.Reduction):
+            space, reduced = tuple(node.space), tuple(node.reduced)
+        else:
+            space, reduced = tuple(node.shape), ()
+        deps = self._deps(self.root_body(node.name, align(node, space, reduced)))
+        dep_steps = {where[d] for d in deps if d in where}
+        latest_dep = max(dep_steps, default=-1)
+        best, best_gain, best_draft = None, 0, None
+        for idx in range(len(steps) - 1, -1, -1):
+            g = steps[idx]
+            if isinstance(g, ExternStep):
+                continue
+            if any(s > idx for s in dep_steps):
+                break  # an earlier group would have to run after a step this node needs
+            draft = self.try_join(g, node)
+            if draft is None:
+                continue
+            gain = fusion_benefit(self, g, draft, node)
+            if gain > best_gain:
+                best, best_gain, best_draft = idx, gain, draft
+        if best is not None:
+            steps[best] = best_draft
+            where[node.name] = best
+            return
+        g = self.new_group(node)
+        steps.append(g)
+        where[node.name] = len(steps) - 1
+        del latest_dep
+
+    def new_group(self, node) -> dict:
+        if isinstance(node, ir.Reduction):
+            space, reduced, kind = tuple(node.space), tuple(node.reduced), "reduction"
+        else:
+            space, reduced, kind = tuple(node.shape), (), "pointwise"
+        pos = align(node, space, reduced)
+        body = self.root_body(node.name, pos)
+        return {"kind": kind, "space": space, "reduced": reduced, "roots": [node.name],
+                "bodies": {node.name: body}, "positions": {node.name: pos}}
+
+    def try_join(self, g: dict, node) -> Optional[dict]:
+        """The group with ``node`` added, or None if that is illegal (:func:`fusion_legality`)."""
+        ok, draft = fusion_legality(self, g, node)
+        return draft if ok else None
+
+    # ------------------------------------------------------------------------- sharing (step 3)
+    def _shared_to_materialize(self, steps) -> set[str]:
+        """Non-root pointwise nodes recomputed in several groups where a buffer would be cheaper."""
+        used_in: dict[str, set[int]] = {}
+        for k, g in enumerate(steps):
+            if isinstance(g, ExternStep):
+                continue
+            for root in g["roots"]:
+                for name in self._inlined_nodes(root):
+                    used_in.setdefault(name, set()).add(k)
+        promote = set()
+        for name, groups in used_in.items():
+            if len(groups) < 2:
+                continue
+            node = self.table[name]
+            own = nbytes(ir.node_meta(node))
+            leaves = self._leaf_bytes(name)
+            recompute = (len(groups) - 1) * leaves
+            materialize = own * (len(groups) + 1)
+            size = len(ir.walk(self.inlined(name)))
+            if recompute > REUSE_FACTOR * materialize or size > MAX_INLINE_OPS:
+                promote.add(name)
+        # keep the outermost: promoting a node makes the nodes it reads irrelevant to recompute
+        return promote
+
+    def _inlined_nodes(self, root: str) -> set[str]:
+        out, stack = set(), [root]
+        while stack:
+            n = stack.pop()
+            node = self.table[n]
+            for ld in ir.loads(node.body):
+                b = ld.buffer
+                child = self.table.get(b)
+                if isinstance(child, ir.Pointwise) and b not in self.roots and not child.into and b not in out:
+                    out.add(b)
+                    stack.append(b)
+        return out
+
+    def _leaf_bytes(self, name: str) -> int:
+        total = 0
+        seen = set()
+        for ld in ir.loads(self.inlined(name)):
+            if ld.buffer in seen:
+                continue
+            seen.add(ld.buffer)
+            total += nbytes(ir.node_meta(self.table[ld.buffer], ld.buffer))
+        return total
+
+    # ---------------------------------------------------------------------------------- finishing
+    def _finish(self, steps, where) -> Schedule:
+        out_steps = []
+        needed: set[str] = set()
+        for out in self.graph.outputs:
+            if out.name is not None:
+                needed.add(self.base(out.name))
+        for n in self.graph.nodes:
+            if isinstance(n, ir.Extern):
+                for ref in _refs(n.args) + _refs(tuple(v for _, v in n.kwargs)):
+                    needed.add(self.base(ref.name))
+            if isinstance(n, ir.Pointwise) and n.into:
+                needed.add(n.name)
+        for g in steps:
+            if isinstance(g, ExternStep):
+                continue
+            for body in g["bodies"].values():
+                for ld in ir.loads(body):
+                    needed.add(ld.buffer)
+        materialized = set()
+        for n in self.graph.nodes:
+            if isinstance(n, ir.InputNode):
+                materialized.add(n.name)
+            elif isinstance(n, ir.Extern):
+                materialized.update(n.output_name(k) for k in range(len(n.outputs)))
+        for k, g in enumerate(steps):
+            if isinstance(g, ExternStep):
+                out_steps.append(g)
+                continue
+            stores = tuple(r for r in g["roots"] if r in needed)
+            materialized.update(stores)
+            origins = []
+            for r in g["roots"]:
+                for name in [r] + sorted(self._inlined_nodes(r), key=self.order.get):
+                    for o in self.table[name].origins:
+                        if o not in origins:
+                            origins.append(o)
+            roots = tuple(sorted(g["roots"], key=self.order.get))
+            out_steps.append(KernelGroup(
+                f"g{k}", g["kind"], g["space"], g["reduced"], roots, stores,
+                tuple((r, g["bodies"][r]) for r in roots), tuple((r, g["positions"][r]) for r in roots),
+                tuple(origins)))
+        return Schedule(self.graph, tuple(out_steps), frozenset(materialized))
+
+
+def _refs(value) -> tuple:
+    out = []
+    if isinstance(value, ir.Ref):
+        out.append(value)
+    elif isinstance(value, (tuple, list)):
+        for v in value:
+            out.extend(_refs(v))
+    return tuple(out)
+
+
+def _and(a, b):
+    if a is None:
+        return b
+    if b is None or a is b:
+        return a
+    return P.build("and", a, b)
+
+
+# ------------------------------------------------------------------------------ legality, profitability
+def fusion_legality(s: Scheduler, g: dict, node) -> tuple[bool, Optional[dict]]:
+    """Can ``node`` join group ``g``? Returns (legal, the joined group). Legal when: the spaces line up
+    (a reduction turns a pointwise group of its full space into a reduction group); every load the node
+    makes of a root in ``g`` is at that root's position (a pointwise root read elsewhere is recomputed, a
+    reduction's value cannot be); mutations write only where the group reads the old value at the same
+    position; and the group stays under MAX_GROUP_ROOTS."""
+    if len(g["roots"]) >= MAX_GROUP_ROOTS:
+        return False, None
+    space, reduced, kind = g["space"], g["reduced"], g["kind"]
+    if isinstance(node, ir.Reduction):
+        if kind == "pointwise":
+            if tuple(node.space) != space:
+                return False, None
+            reduced, kind = tuple(node.reduced), "reduction"
+        elif tuple(node.space) != space or tuple(node.reduced) != reduced:
+            return False, None
+    pos = align(node, space, reduced)
+    if pos is None:
+        return False, None
+    members = set(g["roots"])
+    body = s.root_body(node.name, pos)
+    positions = g["positions"]
+
+    def resolve(ld: ir.Load):
+        if ld.buffer not in members:
+            return ld
+        root = s.table[ld.buffer]
+        if tuple(ld.index) == tuple(positions[ld.buffer]):
+            return Local.make(ld.buffer, ld.dtype)
+        if isinstance(root, ir.Pointwise) and not root.into:
+            value = _recompute(s, ld)
+            return ir.replace_loads(value, resolve)
+        raise _Illegal()
+
+    try:
+        new_body = ir.replace_loads(body, resolve)
+    except _Illegal:
+        return False, None
+    # a row-level node cannot read a full-row value of the group (it has no reduced position)
+    if kind == "reduction" and not _covers_reduced(pos, space, reduced):
+        for loc in _locals(new_body):
+            lpos = positions[loc.name]
+            if _covers_reduced(lpos, space, reduced) and not isinstance(s.table[loc.name], ir.Reduction):
+                return False, None
+    if isinstance(node, ir.Pointwise) and node.into:
+        target = node.into
+        for other in g["roots"]:
+            for ld in ir.loads(g["bodies"][other]):
+                if ld.buffer == target and tuple(ld.index) != tuple(pos):
+                    return False, None
+        for ld in ir.loads(new_body):
+            if ld.buffer == target and tuple(ld.index) != tuple(pos):
+                return False, None
+    # the group's existing roots stay legal when the space became a reduction space
+    bodies = dict(g["bodies"])
+    bodies[node.name] = new_body
+    new_positions = dict(positions)
+    new_positions[node.name] = pos
+    return True, {"kind": kind, "space": space, "reduced": reduced, "roots": g["roots"] + [node.name],
+                  "bodies": bodies, "positions": new_positions}
+
+
+class _Illegal(Exception):
+    pass
+
+
+def _recompute(s: Scheduler, ld: ir.Load) -> ir.Expr:
+    """A pointwise root's value at a position other than its own: its body, recomputed there."""
+    node = s.table[ld.buffer]
+    body = ir.replace_loads(node.body, s._inline_load)
+    value = ir.substitute_expr(body, {f"i{d}": ld.index[d] for d in range(len(node.shape))})
+    if ld.mask is not None:
+        value = ir.replace_loads(value, lambda x: ir.Load.make(x.buffer, x.index, x.dtype, _and(x.mask, ld.mask)))
+    return P.cast(value, node.dtype)
+
+
+def _covers_reduced(pos, space, reduced) -> bool:
+    names = set()
+    for ix in pos:
+        names |= ix.free_vars()
+    return any(f"k{d}" in names for d in reduced)
+
+
+def _locals(e: ir.Expr) -> list[Local]:
+    return [x for x in ir.walk(e) if isinstance(x, Local)]
+
+
+def fusion_benefit(s: Scheduler, g: dict, draft: dict, node) -> int:
+    """Bytes of memory traffic saved by computing ``node`` in ``g`` rather than in its own kernel: reads the
+    group already makes (shared inputs, values in registers), minus buffers the join makes it read that it
+    would not read alone (recomputation)."""
+    alone = {ld.buffer for ld in ir.loads(s.root_body(node.name, align(node, g["space"], g["reduced"])))}
+    joined_body = draft["bodies"][node.name]
+    joined = {ld.buffer for ld in ir.loads(joined_body)}
+    group_reads = set()
+    for r in g["roots"]:
+        group_reads |= {ld.buffer for ld in ir.loads(g["bodies"][r])}
+    saved = 0
+    for b in alone:
+        if b in g["roots"] or b in group_reads:
+            saved += nbytes(ir.node_meta(s.table[b], b))
+    extra = 0
+    for b in joined - alone:
+        if b not in group_reads:
+            extra += nbytes(ir.node_meta(s.table[b], b))
+    return saved - extra
+
+
+def schedule(graph: ir.Graph) -> Schedule:
+    return Scheduler(graph).schedule()
+
+
+def epilogue_candidates(sched: Schedule) -> dict[str, list[str]]:
+    """For each extern, the kernel groups that are legal epilogues of it: pointwise groups over the extern
+    output's shape whose only read of the output is at the output position (the seam a GEMM template with a
+    fused epilogue attaches to; nothing is fused into externs in this issue)."""
+    out: dict[str, list[str]] = {}
+    table = sched.graph.by_name()
+    for step in sched.steps:
+        if not isinstance(step, ExternStep):
+            continue
+        ext = table[step.name]
+        if ext.tuple_output or ext.outputs[0] is None:
+            continue
+        shape = ext.outputs[0].shape
+        kv = kernel_vars(shape)
+        found = []
+        for g in sched.steps:
+            if isinstance(g, KernelGroup) and g.kind == "pointwise" and tuple(g.space) == tuple(shape):
+                reads = [ld for _, b in g.bodies for ld in ir.loads(b) if ld.buffer == ext.name]
+                if reads and all(tuple(ld.index) == kv for ld in reads):
+                    found.append(g.name)
+        out[step.name] = found
+    return out
+
+
+def format_schedule(sched: Schedule) -> str:
+    lines = []
+    for st in sched.steps:
+        if isinstance(st, ExternStep):
+            lines.append(f"{st.name}: extern")
+            continue
+        red = f" reduce dims {list(st.reduced)}" if st.reduced else ""
+        lines.append(f"{st.name}: {st.kind} over {list(st.space)}{red}; roots {list(st.roots)}; "
+                     f"stores {list(st.stores)}")
+        for r, b in st.bodies:
+            lines.append(f"    {r} = {ir.format_expr(b)}")
+    return "\n".join(lines)
