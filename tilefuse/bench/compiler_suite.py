@@ -1,0 +1,444 @@
+"""``tilefuse bench compiler``: the tilefuse backend vs eager PyTorch and Inductor on memory-bound graphs.
+
+Every graph is timed three ways in this process on the same inputs: eager, ``torch.compile(backend="inductor")``
+(default mode) and ``torch.compile(backend="tilefuse")``; each compiled output (and gradient) is first checked
+against a float32 eager reference. ``bytes_moved`` is the minimum a graph must move (each input read once, each
+output written once; for forward + backward the inputs include the incoming gradient and the outputs the
+gradients), so ``pct_ceiling`` is the share of the measured copy bandwidth. ``baseline`` is Inductor; the
+note says the ratio to eager.
+
+Compile time: one child process per backend with fresh TILEFUSE_CACHE_DIR / TORCHINDUCTOR_CACHE_DIR /
+TRITON_CACHE_DIR compiles every graph cold (after a throw-away graph, so one-time imports are not charged to the
+first case), and a third child compiles with tilefuse's now-warm cache. Those rows (impl ``*-compile-cold`` /
+``tilefuse-compile-warm``) put seconds × 1000 in ``ms_p50``.
+
+``--smoke`` (CI, no GPU): tiny shapes on Triton's interpreter, Inductor not run (it would build C++ for the
+CPU), compile time measured for two graphs: it proves the code path, the times mean nothing.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Callable, Sequence
+
+import torch
+import torch.nn.functional as F
+
+from . import harness, runner
+
+SUITE = "compiler"
+ROWS, COLS = 32768, 4096  # the issue's size: 256 MiB of bf16, 4x the H200's 60 MiB L2
+VOCAB = 32000  # cross-entropy rows are vocabulary-long (a Llama-sized vocabulary, not a power of two)
+SMOKE_ROWS, SMOKE_COLS, SMOKE_VOCAB = 13, 257, 1000
+DTYPE = torch.bfloat16
+SMOKE_DTYPE = torch.float32  # numpy (the interpreter) has no bfloat16
+
+# Compiled results are checked against float32 eager at tests/support.py's bf16 tolerance, or at this many
+# times eager bf16's own error when that is larger (the same rule the tests use).
+CHECK_TOLERANCE = {torch.bfloat16: 2e-2, torch.float16: 3e-3, torch.float32: 1e-5}
+EAGER_ERROR_FACTOR = 4.0
+
+QUICK_CASES = ("softmax", "layer_norm", "rms_norm", "softmax_layer_norm", "layer_norm_gelu_fwd_bwd")
+SMOKE_COMPILE_CASES = ("softmax", "layer_norm_gelu_fwd_bwd")
+COMPILE_CHILD_TIMEOUT_S = 600
+IMPLS = ("eager", "inductor", "tilefuse")
+
+
+# ------------------------------------------------------------------------------------------- graphs
+def softmax(x):
+    return torch.softmax(x, dim=-1)
+
+
+def log_softmax(x):
+    return torch.log_softmax(x, dim=-1)
+
+
+def layer_norm(x, w, b):
+    return F.layer_norm(x, x.shape[-1:], w, b, 1e-5)
+
+
+def rms_norm(x, w):
+    return F.rms_norm(x, x.shape[-1:], w, 1e-6)
+
+
+def gelu_chain(x, b, s):
+    return F.gelu(x + b) * s
+
+
+def silu_chain(a, g):  # the SwiGLU gate
+    return F.silu(a) * g
+
+
+def residual_layer_norm(x, r, w, b):  # pre-norm transformer: the sum is the next residual, the norm the input
+    h = x + r
+    return h, F.layer_norm(h, h.shape[-1:], w, b, 1e-5)
+
+
+def cross_entropy(logits, target):
+    return F.cross_entropy(logits, target)
+
+
+def softmax_layer_norm(x, w, b):
+    return F.layer_norm(torch.softmax(x, dim=-1), x.shape[-1:], w, b, 1e-5)
+
+
+def layer_norm_gelu(x, w, b):
+    return F.gelu(F.layer_norm(x, x.shape[-1:], w, b, 1e-5))
+
+
+@dataclasses.dataclass(frozen=True)
+class Graph:
+    case: str
+    fn: Callable
+    inputs: Callable[[int, int, int, torch.dtype, str], list]  # (rows, cols, vocab, dtype, device) -> tensors
+    backward: bool = False
+
+    def shape(self, rows, cols, vocab) -> str:
+        return f"{rows}x{vocab if self.fn is cross_entropy else cols}"
+
+
+def _mats(matrices: int, vectors: int):
+    """Inputs: ``matrices`` random (rows x cols) tensors, then ``vectors`` of length cols: the first
+    weight-like (1 + 0.1·N(0,1)), the rest bias-like (0.1·N(0,1))."""
+
+    def make(rows, cols, vocab, dtype, device):
+        xs = [torch.randn(rows, cols, dtype=dtype, device=device) for _ in range(matrices)]
+        vs = [torch.randn(cols, dtype=dtype, device=device) * 0.1 + (1.0 if i == 0 else 0.0) for i in range(vectors)]
+        return xs + vs
+
+    return make
+
+
+def _ce_inputs(rows, cols, vocab, dtype, device):
+    return [torch.randn(rows, vocab, dtype=dtype, device=device) * 2,
+            torch.randint(0, vocab, (rows,), device=device)]
+
+
+_FORWARD = [
+    Graph("softmax", softmax, _mats(1, 0)),
+    Graph("log_softmax", log_softmax, _mats(1, 0)),
+    Graph("layer_norm", layer_norm, _mats(1, 2)),
+    Graph("rms_norm", rms_norm, _mats(1, 1)),
+    Graph("gelu_chain", gelu_chain, _mats(1, 2)),
+    Graph("silu_chain", silu_chain, _mats(2, 0)),
+    Graph("residual_layer_norm", residual_layer_norm, _mats(2, 2)),
+    Graph("cross_entropy", cross_entropy, _ce_inputs),
+    Graph("softmax_layer_norm", softmax_layer_norm, _mats(1, 2)),
+]
+GRAPHS: list[Graph] = _FORWARD + [dataclasses.replace(g, case=f"{g.case}_fwd_bwd", backward=True)
+                                  for g in _FORWARD if g.case != "softmax_layer_norm"] + \
+    [Graph("layer_norm_gelu_fwd_bwd", layer_norm_gelu, _mats(1, 2), backward=True)]
+
+
+def _outputs(out) -> list[torch.Tensor]:
+    return list(out) if isinstance(out, (tuple, list)) else [out]
+
+
+def differentiable(inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+    return [t for t in inputs if t.dtype.is_floating_point]
+
+
+def prepare(graph: Graph, inputs: list[torch.Tensor]) -> list:
+    """The call's arguments: for forward + backward the float inputs require grad and the incoming gradients
+    (fixed random tensors, one per output) are appended."""
+    if not graph.backward:
+        return inputs
+    inputs = [t.requires_grad_() if t.dtype.is_floating_point else t for t in inputs]
+    with torch.no_grad():
+        outs = _outputs(graph.fn(*inputs))
+    return inputs + [torch.randn_like(o) for o in outs]
+
+
+def make_step(graph: Graph, fn: Callable) -> Callable:
+    """A callable over prepare()'s arguments: the forward, or the forward and the gradients of every float input."""
+    if not graph.backward:
+        return fn
+
+    def step(*args):
+        n_in = len(args) - _n_outputs(graph)
+        inputs, cots = args[:n_in], args[n_in:]
+        outs = _outputs(fn(*inputs))
+        grads = torch.autograd.grad(outs, differentiable(inputs), cots)
+        return outs, grads
+
+    return step
+
+
+_N_OUTPUTS = {residual_layer_norm: 2}
+
+
+def _n_outputs(graph: Graph) -> int:
+    return _N_OUTPUTS.get(graph.fn, 1)
+
+
+def minimal_bytes(graph: Graph, args: Sequence[torch.Tensor]) -> int:
+    """Each input read once and each output written once (for fwd + bwd: the gradients too)."""
+    def nbytes(ts):
+        return sum(t.numel() * t.element_size() for t in ts)
+
+    if not graph.backward:
+        with torch.no_grad():
+            outs = _outputs(graph.fn(*args))
+        return nbytes(args) + nbytes(outs)
+    n_in = len(args) - _n_outputs(graph)
+    inputs, cots = args[:n_in], args[n_in:]
+    return nbytes(inputs) + nbytes(cots) + nbytes(cots) + nbytes(differentiable(inputs))  # outputs = cots' sizes
+
+
+# ------------------------------------------------------------------------------------------- checks
+def _flat(result) -> list[torch.Tensor]:
+    flat = []
+    for r in (result if isinstance(result, (tuple, list)) else [result]):
+        flat.extend(_flat(r) if isinstance(r, (tuple, list)) else [r])
+    return flat
+
+
+def _rel(out: torch.Tensor, ref: torch.Tensor) -> float:
+    out32, ref32 = out.detach().float(), ref.detach().float()
+    if not bool(torch.isfinite(out32).all()):
+        return float("inf")
+    denom = float(ref32.norm())
+    diff = float((out32 - ref32).norm())
+    return diff / denom if denom else diff
+
+
+def upcast_args(args: Sequence[torch.Tensor]) -> list:
+    out = []
+    for t in args:
+        if t.dtype.is_floating_point:
+            out.append(t.detach().float().requires_grad_(t.requires_grad))
+        else:
+            out.append(t)
+    return out
+
+
+def reference(graph: Graph, args) -> list[torch.Tensor]:
+    """Float32 eager on upcast inputs: outputs (and gradients)."""
+    return [t.detach() for t in _flat(make_step(graph, graph.fn)(*upcast_args(args)))]
+
+
+def check_against(result, ref: list[torch.Tensor], eager: list[torch.Tensor], dtype) -> str | None:
+    """None when every output is within tolerance of the float32 reference, else what is wrong."""
+    outs = [t.detach() for t in _flat(result)]
+    if len(outs) != len(ref):
+        return f"{len(outs)} outputs, expected {len(ref)}"
+    for i, (o, r, e) in enumerate(zip(outs, ref, eager)):
+        if o.shape != r.shape or o.dtype != e.dtype:
+            return f"output {i}: {tuple(o.shape)} {o.dtype}, expected {tuple(r.shape)} {e.dtype}"
+        err, eager_err = _rel(o, r), _rel(e, r)
+        limit = max(CHECK_TOLERANCE.get(dtype, 2e-2), EAGER_ERROR_FACTOR * eager_err)
+        if not err <= limit:
+            return f"output {i}: relative error {err:.3g} > {limit:.3g}"
+    return None
+
+
+# ----------------------------------------------------------------------------------------- running
+def _compile(backend: str, fn: Callable) -> Callable:
+    torch._dynamo.reset()
+    return torch.compile(fn, backend=backend)
+
+
+def _tilefuse_stats() -> dict | None:
+    try:
+        from .. import compiler
+
+        return dict(compiler.stats())
+    except Exception:
+        return None
+
+
+def _reset_tilefuse_stats() -> None:
+    try:
+        from .. import compiler
+
+        compiler.reset_stats()
+    except Exception:
+        pass
+
+
+def _l2_bytes() -> int:
+    from .. import device as tf_device
+
+    return tf_device.current().l2_bytes
+
+
+def _sizes(opts: runner.SuiteOptions) -> tuple[int, int, int, torch.dtype]:
+    if opts.smoke:
+        return SMOKE_ROWS, SMOKE_COLS, SMOKE_VOCAB, SMOKE_DTYPE
+    return ROWS, COLS, VOCAB, DTYPE
+
+
+def selected(opts: runner.SuiteOptions) -> list[Graph]:
+    graphs = [g for g in GRAPHS if opts.wants(g.case)]
+    if opts.quick:
+        graphs = [g for g in graphs if g.case in QUICK_CASES]
+    return graphs
+
+
+def time_graph(rec: harness.Recorder, graph: Graph, opts: runner.SuiteOptions, device: str) -> None:
+    rows, cols, vocab, dtype = _sizes(opts)
+    shape = graph.shape(rows, cols, vocab)
+    first = prepare(graph, graph.inputs(rows, cols, vocab, dtype, device))
+    bytes_per_set = sum(t.numel() * t.element_size() for t in first)
+    n_sets = 1 if opts.smoke else harness.rotation_sets(bytes_per_set, _l2_bytes())
+    sets = [first] + [prepare(graph, graph.inputs(rows, cols, vocab, dtype, device)) for _ in range(n_sets - 1)]
+    args = first
+    ref = reference(graph, args)
+    eager_step = make_step(graph, graph.fn)
+    eager = [t.detach() for t in _flat(eager_step(*args))]
+    moved = minimal_bytes(graph, args)
+    times: dict[str, harness.Row] = {}
+    for impl in IMPLS:
+        if impl == "inductor" and opts.smoke:
+            rec.skip(graph.case, impl, "smoke run on the interpreter: Inductor would build C++ for the CPU",
+                     dtype=dtype, shape=shape)
+            continue
+        if impl == "eager":
+            step = eager_step
+        else:
+            if impl == "tilefuse":
+                _reset_tilefuse_stats()
+            step = make_step(graph, _compile(impl, graph.fn))
+
+        def check(step=step):
+            return check_against(step(*args), ref, eager, dtype)
+
+        row = rec.time(graph.case, impl, harness.Rotating(step, sets), dtype=dtype, shape=shape,
+                       bytes_moved=moved, baseline="inductor", check=check)
+        if impl == "tilefuse":
+            s = _tilefuse_stats()
+            if s is not None:
+                extra = f"{len(s.get('fallbacks', []))} fallbacks, {s.get('kernels', '?')} kernels, " \
+                        f"{s.get('externs', '?')} externs"
+                row.note = f"{row.note}; {extra}" if row.note else extra
+        times[impl] = row
+    base = times.get("eager")
+    for impl in ("inductor", "tilefuse"):
+        row = times.get(impl)
+        if row is not None and row.ok and base is not None and base.ok:
+            vs = f"{base.ms_p50 / row.ms_p50:.2f}x eager"
+            row.note = f"{vs}; {row.note}" if row.note else vs
+    del sets, args, first, ref, eager
+    if device == "cuda":
+        torch.cuda.empty_cache()
+
+
+# ------------------------------------------------------------------------------------ compile time
+def compile_times(backend: str, cases: Sequence[str], smoke: bool) -> dict[str, float | str]:
+    """Seconds from torch.compile to the end of the first call (forward, or forward + backward) per case, in
+    this process; a throw-away graph first pays the backend's one-time imports and initialisation."""
+    device = "cpu" if smoke else "cuda"
+    rows, cols, vocab, dtype = (SMOKE_ROWS, SMOKE_COLS, SMOKE_VOCAB, SMOKE_DTYPE) if smoke else (ROWS, COLS, VOCAB, DTYPE)
+    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+    warm = torch.compile(lambda t: (t.cos() * 3).sum(-1), backend=backend)
+    warm(torch.randn(8, 8, device=device))
+    sync()
+    results: dict[str, float | str] = {}
+    by_case = {g.case: g for g in GRAPHS}
+    for case in cases:
+        graph = by_case[case]
+        args = prepare(graph, graph.inputs(rows, cols, vocab, dtype, device))
+        sync()
+        try:
+            torch._dynamo.reset()
+            start = time.perf_counter()
+            step = make_step(graph, torch.compile(graph.fn, backend=backend))
+            step(*args)
+            sync()
+            results[case] = time.perf_counter() - start
+        except Exception as exc:
+            results[case] = f"error: {type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"[:300]
+        del args
+    return results
+
+
+def _child(backend: str, cases: Sequence[str], smoke: bool, dirs: dict[str, Path], log) -> dict:
+    """Run compile_times in a fresh process whose caches are ``dirs``. The variables go in through ``env`` on
+    the command line (config.py is the only module that reads os.environ)."""
+    assign = [f"{k}={v}" for k, v in dirs.items()]
+    cmd = ["env", *assign, sys.executable, "-m", "tilefuse.bench.compiler_suite", "--compile-child", backend,
+           ",".join(cases)] + (["--smoke"] if smoke else [])
+    root = Path(__file__).resolve().parents[2]
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=COMPILE_CHILD_TIMEOUT_S, cwd=root)
+    except subprocess.TimeoutExpired:
+        return {c: f"error: compile child timed out after {COMPILE_CHILD_TIMEOUT_S} s" for c in cases}
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("COMPILE_TIMES ")]
+    if proc.returncode != 0 or not lines:
+        tail = (proc.stderr.strip().splitlines() or ["no output"])[-1][:250]
+        log(f"  compile child ({backend}) failed: {proc.stderr[-2000:]}")
+        return {c: f"error: compile child exit {proc.returncode}: {tail}" for c in cases}
+    return json.loads(lines[-1][len("COMPILE_TIMES "):])
+
+
+def record_compile_times(rec: harness.Recorder, graphs: Sequence[Graph], opts: runner.SuiteOptions) -> None:
+    rows, cols, vocab, dtype = _sizes(opts)
+    cases = [g.case for g in graphs]
+    if opts.smoke:
+        cases = [c for c in cases if c in SMOKE_COMPILE_CASES] or cases[:1]
+    shapes = {g.case: g.shape(rows, cols, vocab) for g in graphs}
+    note = "ms_p50 = seconds x 1000 from torch.compile to the end of the first call, in a fresh process"
+    with tempfile.TemporaryDirectory(prefix="tilefuse-compile-bench-") as tmp:
+        tmp = Path(tmp)
+        tf_dirs = {"TILEFUSE_CACHE_DIR": tmp / "tilefuse", "TRITON_CACHE_DIR": tmp / "triton-tilefuse",
+                   "TORCHINDUCTOR_CACHE_DIR": tmp / "inductor-unused"}
+        ind_dirs = {"TILEFUSE_CACHE_DIR": tmp / "tilefuse-unused", "TRITON_CACHE_DIR": tmp / "triton-inductor",
+                    "TORCHINDUCTOR_CACHE_DIR": tmp / "inductor"}
+        runs = [("tilefuse-compile-cold", "tilefuse", tf_dirs, "inductor-compile-cold", "cold caches"),
+                ("inductor-compile-cold", "inductor", ind_dirs, "", "cold caches"),
+                ("tilefuse-compile-warm", "tilefuse", tf_dirs, "", "tilefuse's cache warm from the cold run; target <= 500 ms")]
+        for impl, backend, dirs, baseline, what in runs:
+            if backend == "inductor" and opts.smoke:
+                for c in cases:
+                    rec.skip(c, impl, "smoke run on the interpreter: Inductor would build C++ for the CPU",
+                             dtype=dtype, shape=shapes[c])
+                continue
+            rec.log(f"  compile time: {impl} ({len(cases)} graphs in a child process)")
+            results = _child(backend, cases, opts.smoke, dirs, rec.log)
+            for c in cases:
+                value = results.get(c, "error: no result")
+                if isinstance(value, str):
+                    rec._row(c, impl, dtype, shapes[c], status=value, baseline=baseline, note=note)
+                    rec.log(f"  {c:<28} {impl:<20} {value}")
+                else:
+                    rec._row(c, impl, dtype, shapes[c], ms_p50=value * 1e3, baseline=baseline,
+                             note=f"{note}; {what}")
+                    rec.log(f"  {c:<28} {impl:<20} {value:9.3f} s")
+
+
+# ------------------------------------------------------------------------------------------- entry
+def run(opts: runner.SuiteOptions) -> list[harness.Row]:
+    from .. import device as tf_device
+
+    rec = opts.recorder(SUITE, compute_bound=False)
+    device = "cpu" if opts.smoke else tf_device.current().torch_device
+    graphs = selected(opts)
+    torch.manual_seed(0)
+    for graph in graphs:
+        time_graph(rec, graph, opts, device)
+    record_compile_times(rec, graphs, opts)
+    return rec.finish()
+
+
+def _main(argv: Sequence[str]) -> int:
+    import argparse
+
+    p = argparse.ArgumentParser(description="compile-time child of `tilefuse bench compiler` (internal)")
+    p.add_argument("--compile-child", nargs=2, metavar=("BACKEND", "CASES"), required=True)
+    p.add_argument("--smoke", action="store_true")
+    args = p.parse_args(argv)
+    backend, cases = args.compile_child
+    import tilefuse  # noqa: F401  (the backend name; device.py decides the interpreter first)
+
+    results = compile_times(backend, cases.split(","), args.smoke)
+    print("COMPILE_TIMES " + json.dumps(results), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(_main(sys.argv[1:]))
