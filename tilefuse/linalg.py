@@ -102,6 +102,9 @@ def _sum_to(grad: Tensor, shape: torch.Size) -> Tensor:
     if tuple(grad.shape) == tuple(shape):
         return grad
     lead = grad.dim() - len(shape)
+    if lead < 0:
+        grad = grad.reshape((1,) * -lead + tuple(grad.shape))
+        lead = 0
     if lead > 0:
         grad = grad.sum(dim=tuple(range(lead)))
     dims = tuple(i for i, s in enumerate(shape) if s == 1 and grad.shape[i] != 1)

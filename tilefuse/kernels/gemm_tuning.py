@@ -36,6 +36,7 @@ from .gemm_configs import GemmConfig, GemmProblem, INTERPRETER_CONFIG, candidate
 
 TUNE_MAX_CANDIDATES = 6  # configs timed a key: the space's order is a strong prior, the tail rarely wins
 RELATED_TOP = 2  # candidates taken from a related key's measured ranking
+RELATED_CLEAR_WIN = 1.10  # a related winner this much faster than its runner-up is inherited without timing
 TUNE_WARMUP_MS = 5
 TUNE_REP_MS = 25  # do_bench repetition time a candidate; a 12 ms GEMM still gets 2+ timed runs
 TUNE_EARLY_STOP = 1.6  # a candidate slower than this x the best so far after its estimate is not re-timed
@@ -71,6 +72,12 @@ def _related_problems(problem: GemmProblem) -> list[GemmProblem]:
     import dataclasses as dc
 
     out = []
+    if ",quant=" in problem.epilogue or problem.epilogue.startswith("quant="):
+        # the same epilogue without the quantised store (its main loop and tile are the same)
+        unq = ",".join(p for p in problem.epilogue.split(",") if not p.startswith("quant=")) or "plain"
+        if unq != "plain":
+            c = problem.a_dtype if problem.a_dtype in ("float16", "bfloat16", "float32") else "bfloat16"
+            out.append(dc.replace(problem, epilogue=unq, c_dtype=c))
     if problem.epilogue != "plain":
         plain_c = problem.c_dtype
         if problem.c_dtype.startswith(("float8", "int8")) and problem.a_dtype in ("float16", "bfloat16"):
@@ -86,15 +93,43 @@ def _related_problems(problem: GemmProblem) -> list[GemmProblem]:
     return out
 
 
-def related_candidates(problem: GemmProblem) -> list[GemmConfig]:
+def related_ranking(problem: GemmProblem) -> list[tuple[GemmConfig, float]]:
+    """The measured (config, ms) ranking of the nearest related key tuned already, or []."""
     for rel in _related_problems(problem):
         data = diskcache.read_json(_path(key_of(rel)))
         if not data or data.get("key") != key_of(rel) or not data.get("ranking"):
             continue
-        ranked = [GemmConfig.from_json(r["config"]) for r in data["ranking"] if r.get("ms") is not None]
+        ranked = [(GemmConfig.from_json(r["config"]), r["ms"]) for r in data["ranking"] if r.get("ms") is not None]
         if ranked:
-            return ranked[:RELATED_TOP]
+            return ranked
     return []
+
+
+def related_candidates(problem: GemmProblem) -> list[GemmConfig]:
+    """What tuning ``problem`` times: the related key's winner alone when it won clearly
+    (RELATED_CLEAR_WIN), else its RELATED_TOP best; [] when no related key was tuned."""
+    ranked = related_ranking(problem)
+    if not ranked:
+        return []
+    if len(ranked) == 1 or ranked[1][1] > RELATED_CLEAR_WIN * ranked[0][1]:
+        return [ranked[0][0]]
+    return [cfg for cfg, _ in ranked[:RELATED_TOP]]
+
+
+# A bound on this process's tuning time (None: none). ``tilefuse bench gemm`` sets one so that a run from
+# an empty cache ends in time; past it, keys get the related winner or the heuristic default, untimed and
+# not stored (a later process tunes them).
+_budget_s: float | None = None
+_spent_s = 0.0
+
+
+def set_budget(seconds: float | None) -> None:
+    global _budget_s, _spent_s
+    _budget_s, _spent_s = seconds, 0.0
+
+
+def budget_left() -> bool:
+    return _budget_s is None or _spent_s < _budget_s
 
 
 def _path(key: str):
@@ -128,7 +163,12 @@ def choose(ops) -> GemmConfig:
             return hit
         cfg = stored(problem)
         if cfg is None:
-            cfg = tune(ops)
+            if budget_left():
+                cfg = tune(ops)
+            else:
+                related = related_candidates(problem)
+                cfg = related[0] if related else default_config(problem)
+                tf_config.log(1, f"gemm tuning budget spent: {problem.describe()} runs {cfg.label()} untuned")
         _memo[key] = cfg
         return cfg
 
@@ -213,6 +253,17 @@ def tune(ops, configs: Sequence[GemmConfig] | None = None, *, store: bool = True
     configs = list(configs)
     progress = Progress(problem.describe())
     t0 = time.perf_counter()
+    if seeded and len(configs) == 1:
+        # the related key's clear winner: nothing to time (its launch compiles it)
+        winner = configs[0]
+        if store:
+            diskcache.write_json(_path(key_of(problem)), {
+                "key": key_of(problem), "problem": dataclasses.asdict(problem), "winner": winner.to_json(),
+                "winner_label": winner.label(), "winner_ms": None, "seeded_from_related": True,
+                "ranking": [{"label": winner.label(), "ms": None, "config": winner.to_json()}], "failed": {},
+                "tuned_s": 0.0})
+        tf_config.log(1, f"tuned {problem.describe()}: {winner.label()} (inherited from a related key)")
+        return winner
     progress.update(f"compiling {len(configs)} configs")
     failed = compile_all(ops, configs)
     scratch = gemm.scratch_operands(ops)
@@ -244,6 +295,8 @@ def tune(ops, configs: Sequence[GemmConfig] | None = None, *, store: bool = True
             "ranking": [{"label": c.label(), "ms": None if ms == float("inf") else round(ms, 5), "config": c.to_json()}
                         for c, ms in sorted(times.items(), key=lambda kv: kv[1])],
             "failed": {c.label(): why for c, why in failed.items()}, "tuned_s": round(time.perf_counter() - t0, 2)})
+    global _spent_s
+    _spent_s += time.perf_counter() - t0
     progress.done(f"{winner.label()} ({best[0]:.3f} ms) of {len(configs)} in {time.perf_counter() - t0:.1f} s"
                   if best else "no candidate ran; using the default")
     return winner

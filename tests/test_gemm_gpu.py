@@ -1,0 +1,212 @@
+"""The Triton GEMM library on a GPU: bf16/fp8/int8/tf32, large and skinny shapes, every candidate config of
+each shape class, the fused epilogues and quantised outputs, the tuner end to end.
+
+Run by ``scripts/gpu-run`` (``pytest -m gpu``). Tuning is off in this module (the heuristic config, or an
+explicit one) except in the tuner's own test, so the whole file stays well under two minutes; the
+kernels it compiles land in Triton's cache, where the benchmark run that follows finds them.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import tilefuse
+from tests.support import TF32_TOLERANCE, TOLERANCE, assert_close, poisoned_empty, rel_error, transposed_copy
+from tilefuse import config
+from tilefuse.kernels import gemm as G
+from tilefuse.kernels import gemm_configs as C
+from tilefuse.kernels import gemm_tuning as T
+from tilefuse.kernels.gemm_epilogue import example_silu_plus_e0
+
+pytestmark = pytest.mark.gpu
+F = torch.nn.functional
+
+
+@pytest.fixture(autouse=True)
+def no_tuning():
+    with config.override(autotune=False):
+        yield
+
+
+def ref_mm(a, b):
+    return a.float() @ b.float()
+
+
+def rand(*shape, dtype=torch.bfloat16):
+    return torch.randn(*shape, device="cuda", dtype=torch.float32).to(dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("shape", [(1000, 1000, 1000), (2048, 2048, 2048), (1, 4096, 4096), (128, 8192, 4096),
+                                   (4096, 1024, 4096), (37, 129, 7)])
+def test_default_config_large_and_skinny(dtype, shape):
+    m, n, k = shape
+    a, b = rand(m, k, dtype=dtype), rand(k, n, dtype=dtype)
+    out = poisoned_empty(m, n, dtype=dtype, device="cuda")
+    tilefuse.gemm(a, b, out=out)
+    assert_close(out, ref_mm(a, b), dtype)
+
+
+@pytest.mark.parametrize("shape", [(16, 4096, 4096), (128, 4096, 4096), (1024, 1024, 1024), (4096, 4096, 1024)],
+                         ids=["decode", "skinny", "small", "large"])
+def test_every_candidate_config_is_correct(shape):
+    m, n, k = shape
+    a, b = rand(m, k), rand(k, n)
+    bias = rand(n)
+    ops = G.prepare(a, b, bias=bias, activation="gelu")
+    cfgs = C.candidates(ops.problem)
+    failed = T.compile_all(ops, cfgs)
+    assert not failed, failed
+    assert ops.problem.shape_class() == request_class(shape)
+    ref = F.gelu(ref_mm(a, b) + bias.float())
+    for cfg in cfgs:
+        out = poisoned_empty(m, n, dtype=torch.bfloat16, device="cuda")
+        run = G.prepare(a, b, bias=bias, activation="gelu", out=out)
+        G.launch(run, cfg)  # no fallback: a config that cannot launch here fails the test
+        assert_close(out, ref, torch.bfloat16, what=cfg.label())
+
+
+def request_class(shape):
+    return {16: "decode", 128: "skinny", 1024: "small", 4096: "large"}[shape[0]]
+
+
+@pytest.mark.parametrize("layout", ["nt", "tn", "tt"])
+def test_layouts_tma_and_pointer_paths(layout):
+    m, n, k = 512, 768, 640
+    a, b = rand(m, k), rand(k, n)
+    if layout[0] == "t":
+        a = transposed_copy(a)
+    if layout[1] == "t":
+        b = transposed_copy(b)
+    ref = ref_mm(a, b)
+    for cfg in (C.GemmConfig("persistent", 128, 256, 64, num_warps=8, num_stages=3, tma=True),
+                C.GemmConfig("tiled", 128, 128, 64, num_warps=4, num_stages=4, split_k=2, tma=True),
+                C.GemmConfig("tiled", 128, 128, 64, num_warps=8, num_stages=3)):
+        assert_close(G.gemm_raw(a, b, config=cfg).out[0], ref, torch.bfloat16, what=f"{layout} {cfg.label()}")
+
+
+def test_fused_epilogues_and_hook():
+    m, n, k = 1024, 1536, 512
+    a, b, bias, res, e0 = rand(m, k), rand(k, n), rand(n), rand(m, n), rand(m, n)
+    x = ref_mm(a, b)
+    for act, fn in (("gelu", F.gelu), ("gelu_tanh", lambda t: F.gelu(t, approximate="tanh")), ("silu", F.silu),
+                    ("relu", torch.relu), ("sigmoid", torch.sigmoid), ("tanh", torch.tanh)):
+        got = tilefuse.gemm(a, b, bias=bias, activation=act, residual=res, alpha=0.5, beta=2.0)
+        assert_close(got, fn(0.5 * x + bias.float()) + 2.0 * res.float(), torch.bfloat16, what=act)
+    got = G.gemm_with_epilogue(a, b, example_silu_plus_e0, [e0], torch.float32)
+    assert_close(got, F.silu(x) + e0.float(), torch.bfloat16)
+
+
+DIRECT = C.GemmConfig("tiled", 64, 256, 64, num_warps=8, num_stages=3)  # whole rows in one tile
+
+
+@pytest.mark.parametrize("quantize", ["fp8_e4m3", "int8"])
+@pytest.mark.parametrize("shape,cfg", [((512, 4096, 1024), None), ((64, 256, 512), DIRECT)], ids=["two_pass", "direct"])
+def test_quantised_output(quantize, shape, cfg):
+    m, n, k = shape
+    a, b, bias = rand(m, k), rand(k, n), rand(n)
+    q, s = G.gemm_with_epilogue(a, b, None, (), None, bias=bias, activation="gelu", quantize=quantize, config=cfg)
+    y = F.gelu(ref_mm(a, b) + bias.float())
+    qmax = 127.0 if q.dtype == torch.int8 else 448.0
+    ref_s = y.abs().amax(1, keepdim=True) / qmax
+    assert_close(s, ref_s, torch.float32, tol=1e-2)
+    tol = 1e-2 if q.dtype == torch.int8 else TOLERANCE[torch.float8_e4m3fn]
+    assert_close(q.float() * s, y, q.dtype, tol=tol)
+
+
+def test_fp8_rowwise_matches_scaled_mm():
+    m, n, k = 1024, 2048, 1024
+    a = rand(m, k, dtype=torch.float32).to(torch.float8_e4m3fn)
+    b = rand(n, k, dtype=torch.float32).to(torch.float8_e4m3fn).t()
+    sa = torch.rand(m, 1, device="cuda") * 0.1 + 0.01
+    sb = torch.rand(1, n, device="cuda") * 0.1 + 0.01
+    ref = (a.float() * sa) @ (b.float() * sb)
+    out = poisoned_empty(m, n, dtype=torch.bfloat16, device="cuda")
+    tilefuse.gemm(a, b, scale_a=sa, scale_b=sb, out=out)
+    assert_close(out, ref, torch.bfloat16)
+    peer = torch._scaled_mm(a, b, scale_a=sa, scale_b=sb, out_dtype=torch.bfloat16)
+    assert rel_error(out, peer) < 1e-2
+    one = torch.tensor(0.5, device="cuda")
+    assert_close(tilefuse.gemm(a, b, scale_a=one, scale_b=one), (a.float() @ b.float()) * 0.25, torch.bfloat16)
+
+
+def test_int8_exact_and_scaled():
+    a = torch.randint(-128, 128, (1024, 2048), device="cuda", dtype=torch.int8)
+    b = torch.randint(-128, 128, (1536, 2048), device="cuda", dtype=torch.int8).t()
+    exact = (a.double() @ b.double())
+    out = poisoned_empty(1024, 1536, dtype=torch.int32, device="cuda")
+    tilefuse.gemm(a, b, out=out)
+    assert torch.equal(out.double(), exact)
+    assert torch.equal(tilefuse.gemm(a, b), torch._int_mm(a, b))
+    sa, sb = torch.rand(1024, 1, device="cuda"), torch.rand(1, 1536, device="cuda")
+    assert_close(tilefuse.gemm(a, b, scale_a=sa, scale_b=sb, out_dtype=torch.float32), exact * sa * sb, torch.float32)
+
+
+def test_tf32_follows_torch_setting():
+    a, b = rand(1024, 1024, dtype=torch.float32), rand(1024, 1024, dtype=torch.float32)
+    ref = a.double() @ b.double()
+    saved = torch.backends.cuda.matmul.allow_tf32
+    try:
+        torch.backends.cuda.matmul.allow_tf32 = False
+        assert_close(tilefuse.gemm(a, b), ref, torch.float32)
+        torch.backends.cuda.matmul.allow_tf32 = True
+        err = assert_close(tilefuse.gemm(a, b), ref, torch.float32, tol=TF32_TOLERANCE)
+        assert err > TOLERANCE[torch.float32], "allow_tf32=True should use tf32 tensor cores"
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = saved
+
+
+def test_batched_and_linear_and_autograd():
+    a, b = rand(4, 256, 512), rand(512, 384)
+    assert_close(tilefuse.gemm(a, b), torch.matmul(a.float(), b.float()), torch.bfloat16)
+    b3 = rand(4, 512, 384)
+    assert_close(tilefuse.gemm(a, b3), torch.matmul(a.float(), b3.float()), torch.bfloat16)
+    lin = tilefuse.nn.Linear(512, 384, device="cuda", dtype=torch.bfloat16, activation="gelu")
+    ref_lin = torch.nn.Linear(512, 384, device="cuda", dtype=torch.float32)
+    ref_lin.load_state_dict({k: v.float() for k, v in lin.state_dict().items()})
+    x = rand(2, 100, 512).requires_grad_()
+    y = lin(x)
+    assert_close(y, F.gelu(ref_lin(x.float())).detach(), torch.bfloat16)
+    y.float().square().sum().backward()
+    x2 = x.detach().float().requires_grad_()
+    F.gelu(ref_lin(x2)).square().sum().backward()
+    assert_close(x.grad, x2.grad, torch.bfloat16, tol=3e-2)
+    assert_close(lin.weight.grad, ref_lin.weight.grad, torch.bfloat16, tol=3e-2)
+
+
+def test_split_k_counters_reset_across_launches_and_streams():
+    a, b = rand(16, 4096), rand(4096, 2048)
+    ref = ref_mm(a, b)
+    cfg = C.GemmConfig("tiled", 16, 64, 128, group_m=1, split_k=8, num_warps=4, num_stages=4)
+    side = torch.cuda.Stream()
+    for _ in range(3):
+        assert_close(G.gemm_raw(a, b, config=cfg).out[0], ref, torch.bfloat16)
+        with torch.cuda.stream(side):
+            out = G.gemm_raw(a, b, config=cfg).out[0]
+        side.synchronize()
+        assert_close(out, ref, torch.bfloat16)
+
+
+def test_tuner_end_to_end(tmp_cache):
+    T.forget()
+    a, b = rand(256, 2048), rand(2048, 2048)
+    with config.override(autotune=True):
+        out = tilefuse.gemm(a, b, activation="relu")
+    assert_close(out, torch.relu(ref_mm(a, b)), torch.bfloat16)
+    ops = G.prepare(a, b, activation="relu")
+    winner = T.stored(ops.problem)
+    assert winner is not None
+    entry = json.loads(T._path(T.key_of(ops.problem)).read_text())
+    assert len([r for r in entry["ranking"] if r["ms"] is not None]) >= 2
+    code = ("import torch; from tilefuse.kernels import gemm as G, gemm_tuning as T;"
+            "a=torch.randn(256, 2048, device='cuda', dtype=torch.bfloat16); b=torch.randn(2048, 2048, device='cuda', dtype=torch.bfloat16);"
+            "print(T.stored(G.prepare(a, b, activation='relu').problem).label())")
+    env = dict(os.environ, TILEFUSE_CACHE_DIR=str(tmp_cache))
+    got = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True)
+    assert got.stdout.strip().splitlines()[-1] == winner.label()
+    T.forget()

@@ -1,0 +1,270 @@
+"""GEMM config spaces, the disk-cached tuner, the target-matrix registration and the bench suite's code path."""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import tilefuse
+from tilefuse import config, targets
+from tilefuse.kernels import gemm as G
+from tilefuse.kernels import gemm_configs as C
+from tilefuse.kernels import gemm_tuning as T
+
+
+def problem(m, n, k, *, dtype="bfloat16", epilogue="plain", tma=True, z=1):
+    return C.GemmProblem(m, n, k, z, dtype, dtype, dtype, False, False, tma, epilogue)
+
+
+H200 = C.Part("nvidia", "sm_90", 132, C.SMEM_BY_ARCH["sm_90"])
+
+
+# ------------------------------------------------------------------------------------------- spaces
+@pytest.mark.parametrize("target", list(C.PART_BY_TARGET))
+@pytest.mark.parametrize("shape", [(1, 8192, 8192), (128, 8192, 8192), (256, 8192, 8192), (1024, 1024, 1024),
+                                   (8192, 8192, 8192), (16384, 4096, 14336), (7, 13, 29)])
+def test_candidates_fit_their_part(target, shape):
+    part = C.PART_BY_TARGET[target]
+    prob = problem(*shape)
+    cands = C.candidates(prob, part)
+    assert cands, "every problem gets at least one config"
+    for cfg in cands:
+        assert C.smem_estimate(cfg, prob) <= part.smem_bytes or cfg == C.SAFE_CONFIG
+        assert cfg.split_k >= 1 and cfg.block_m >= 16
+        assert not (cfg.tma and not part.has_tma)
+        if part.vendor == "amd" and cfg != C.SAFE_CONFIG:
+            assert cfg.num_stages == 2 and cfg.matrix_instr_nonkdim == 16
+        if target == "gfx950":
+            assert cfg.kpack <= 1
+
+
+def test_shape_classes_and_split_k():
+    assert problem(1, 8192, 8192).shape_class() == "decode"
+    assert problem(128, 8192, 8192).shape_class() == "skinny"
+    assert problem(1024, 1024, 1024).shape_class() == "small"
+    assert problem(8192, 8192, 8192).shape_class() == "large"
+    # M = 128, N = 8192 with 128x128 tiles: 64 tiles on 132 SMs -> split-K 2 fills the machine
+    first = C.candidates(problem(128, 8192, 8192), H200)[0]
+    assert (first.block_m, first.block_n, first.split_k) == (128, 128, 2)
+    # decode: BLOCK_M follows M (16 rows is the smallest MMA)
+    assert {c.block_m for c in C.candidates(problem(1, 8192, 8192), H200)} == {16}
+    assert {c.block_m for c in C.candidates(problem(64, 8192, 8192), H200)} == {64}
+    # large: the persistent TMA kernel leads on Hopper, but not where TMA is impossible
+    assert C.default_config(problem(8192, 8192, 8192), H200).kernel == "persistent"
+    assert not any(c.tma for c in C.candidates(problem(8192, 8192, 8192, tma=False), H200))
+
+
+def test_smem_pruning():
+    small = C.Part("nvidia", "sm_89", 128, 101376)
+    prob = problem(8192, 8192, 8192)
+    assert all(C.smem_estimate(c, prob) <= small.smem_bytes for c in C.candidates(prob, small))
+    assert len(C.candidates(prob, small)) < len(C.candidates(prob, H200))
+
+
+def test_one_byte_inputs_double_block_k():
+    prob = problem(8192, 8192, 8192, dtype="float8_e4m3fn")
+    assert all(c.block_k >= 128 for c in C.candidates(prob, H200))
+
+
+def test_config_json_round_trip():
+    cfg = C.GemmConfig("persistent", 128, 256, 64, tma=True, epi_subtile=2)
+    assert C.GemmConfig.from_json(json.loads(json.dumps(cfg.to_json()))) == cfg
+    assert cfg.label() == "P128x256x64-w4-s3-tma-sub2"
+    assert C.GemmConfig(waves_per_eu=2, kpack=2).launch_options("amd")["kpack"] == 2
+    assert "kpack" not in C.GemmConfig(kpack=2).launch_options("nvidia")
+
+
+def test_buckets():
+    assert problem(1, 8192, 8192).bucket() == problem(16, 8192, 8192).bucket()
+    assert problem(128, 8192, 8192).bucket() != problem(256, 8192, 8192).bucket()
+    assert problem(16384, 14336, 4096).bucket()[1] == 16384
+
+
+# ------------------------------------------------------------------------------------------- tuning
+def test_interpreter_uses_the_fixed_config():
+    assert not T.tuning_enabled()
+    ops = G.prepare(torch.randn(8, 8), torch.randn(8, 8))
+    assert T.choose(ops) == C.INTERPRETER_CONFIG
+
+
+def _fake_timer(times):
+    it = iter(times)
+
+    def timer(fn, best):
+        fn()
+        return next(it)
+    return timer
+
+
+def test_tune_stores_winner_and_new_process_reuses_it(tmp_cache):
+    a, b = torch.randn(40, 32), torch.randn(32, 48)
+    ops = G.prepare(a, b, activation="relu")
+    cfgs = [C.GemmConfig("tiled", 32, 32, 16), C.GemmConfig("tiled", 16, 32, 16, split_k=2),
+            C.GemmConfig("persistent", 32, 32, 16)]
+    winner = T.tune(ops, cfgs, timer=_fake_timer([3.0, 1.0, 2.0]))
+    assert winner == cfgs[1]
+    assert T.stored(ops.problem) == cfgs[1]
+    entry = json.loads(T._path(T.key_of(ops.problem)).read_text())
+    assert [r["ms"] for r in entry["ranking"]] == [1.0, 2.0, 3.0]
+    assert entry["winner_label"] == cfgs[1].label()
+    code = ("import torch, json; from tilefuse.kernels import gemm as G, gemm_tuning as T;"
+            "ops = G.prepare(torch.randn(40, 32), torch.randn(32, 48), activation='relu');"
+            "print(json.dumps(T.stored(ops.problem).to_json()))")
+    env = dict(os.environ, TILEFUSE_CACHE_DIR=str(tmp_cache))
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True).stdout
+    assert C.GemmConfig.from_json(json.loads(out.strip().splitlines()[-1])) == cfgs[1]
+
+
+def test_related_key_seeds_candidates(tmp_cache):
+    a, b = torch.randn(40, 32, dtype=torch.float16), torch.randn(32, 48, dtype=torch.float16)
+    plain = G.prepare(a, b)
+    cfgs = [C.GemmConfig("tiled", 32, 32, 16), C.GemmConfig("tiled", 16, 32, 16, split_k=2),
+            C.GemmConfig("persistent", 32, 32, 16)]
+    T.tune(plain, cfgs, timer=_fake_timer([3.0, 1.0, 1.05]))
+    fused = G.prepare(a, b, activation="gelu", quantize="fp8_e4m3")
+    assert T.related_candidates(fused.problem) == [cfgs[1], cfgs[2]]
+    bf16_like = dataclasses.replace(plain.problem, a_dtype="bfloat16", b_dtype="bfloat16", c_dtype="bfloat16")
+    assert T.related_candidates(bf16_like) == [cfgs[1], cfgs[2]]
+    # tuning the fused key without explicit configs times exactly the two seeded ones
+    seen = []
+
+    def timer(fn, best):
+        fn()
+        seen.append(1)
+        return float(len(seen))
+    assert T.tune(fused, timer=timer) == cfgs[1]
+    assert len(seen) == 2
+    # the quantised variant of an epilogue learns from the same epilogue without quantisation
+    gelu = G.prepare(a, b, activation="silu")
+    T.tune(gelu, cfgs, timer=_fake_timer([1.0, 5.0, 6.0]))
+    silu_q = G.prepare(a, b, activation="silu", quantize="int8")
+    assert T.related_candidates(silu_q.problem) == [cfgs[0]]  # a clear winner: inherited, not timed
+    assert T.tune(silu_q, timer=lambda fn, best: pytest.fail("timed an inherited winner")) == cfgs[0]
+    assert T.stored(silu_q.problem) == cfgs[0]
+
+
+def test_budget_stops_tuning(tmp_cache, monkeypatch):
+    monkeypatch.setattr(T, "tuning_enabled", lambda: True)
+    monkeypatch.setattr(T, "tune", lambda *a, **k: pytest.fail("tuned past the budget"))
+    T.forget()
+    T.set_budget(0.0)
+    T._spent_s = 1.0
+    try:
+        ops = G.prepare(torch.randn(12, 8), torch.randn(8, 12), activation="sigmoid")
+        assert T.choose(ops) == C.default_config(ops.problem)
+        assert T.stored(ops.problem) is None
+    finally:
+        T.set_budget(None)
+        T.forget()
+
+
+def test_choose_tunes_once_then_memo_then_disk(tmp_cache, monkeypatch):
+    monkeypatch.setattr(T, "tuning_enabled", lambda: True)
+    calls = []
+
+    def fake_time(fn, best):
+        fn()
+        calls.append(1)
+        return 1.0 + len(calls)
+    monkeypatch.setattr(T, "_time", fake_time)
+    monkeypatch.setattr(T, "candidates", lambda p, part, limit=None: [C.GemmConfig("tiled", 32, 32, 16),
+                                                                      C.GemmConfig("tiled", 64, 32, 16)])
+    T.forget()
+    a, b = torch.randn(33, 20), torch.randn(20, 30)
+    out = tilefuse.gemm(a, b, activation="tanh")
+    assert len(calls) == 2
+    torch.testing.assert_close(out, torch.tanh(a @ b), rtol=1e-4, atol=1e-4)
+    tilefuse.gemm(a, b, activation="tanh")
+    assert len(calls) == 2  # memo
+    T.forget()
+    monkeypatch.setattr(T, "tune", lambda *a, **k: pytest.fail("tuned again despite the disk entry"))
+    assert T.choose(G.prepare(a, b, activation="tanh")) == C.GemmConfig("tiled", 32, 32, 16)
+    T.forget()
+
+
+def test_progress_respects_setting(capsys, monkeypatch):
+    monkeypatch.setattr(T, "PROGRESS_AFTER_S", 0.0)
+    with config.override(progress=True):
+        T.Progress("x").update("compiling 3 configs")
+    assert "tuning x: compiling 3 configs" in capsys.readouterr().err
+    with config.override(progress=False):
+        T.Progress("x").update("compiling 3 configs")
+    assert capsys.readouterr().err == ""
+
+
+def test_out_of_resources_falls_back(monkeypatch):
+    import triton
+
+    real = G.launch
+
+    def picky(ops, cfg):
+        if cfg != C.SAFE_CONFIG:
+            raise triton.runtime.errors.OutOfResources(300000, 232448, "shared memory")
+        real(ops, cfg)
+    monkeypatch.setattr(G, "launch", picky)
+    a, b = torch.randn(10, 12), torch.randn(12, 9)
+    res = G.gemm_raw(a, b, config=C.GemmConfig("tiled", 32, 32, 16, num_stages=7))
+    torch.testing.assert_close(res.out[0], a @ b, rtol=1e-4, atol=1e-4)
+
+
+# ------------------------------------------------------------------------------------- registration
+def test_registered_with_the_target_matrix():
+    from tilefuse import kernels
+
+    kernels.load_all()
+    specs = targets.kernels()
+    for name in ("gemm_tiled", "gemm_splitk", "gemm_persistent", "gemm_int8", "gemm_quantize_rows"):
+        assert name in specs
+    for name in ("gemm_tiled", "gemm_splitk", "gemm_persistent"):
+        assert specs[name].expect_mma == {"sm_80": "mma.sync", "sm_90a": "wgmma", "sm_100a": "tcgen05",
+                                          "gfx90a": "v_mfma", "gfx942": "v_mfma", "gfx950": "v_mfma"}
+    for spec in specs.values():
+        if spec.family != "gemm":
+            continue
+        for target in targets.ALL_TARGETS:
+            examples = spec.examples(target)
+            assert examples
+            for ex in examples:
+                assert list(ex.signature) == list(spec.fn.arg_names), (spec.name, ex.label)
+                assert all(ex.constexprs.get(n, "missing") != "missing" for n, t in ex.signature.items()
+                           if t == "constexpr")
+    # fp8 examples where the target has fp8 MMA, int8 everywhere
+    assert any("fp8e4nv" in ex.label for ex in specs["gemm_tiled"].examples("sm_90a"))
+    assert any("fp8e4b8" in ex.label for ex in specs["gemm_tiled"].examples("gfx942"))
+    assert not any("fp8" in ex.label for ex in specs["gemm_tiled"].examples("sm_80"))
+
+
+@pytest.mark.slow
+def test_cross_compiles_with_the_right_mma():
+    proc = subprocess.run([sys.executable, "-m", "tilefuse", "targets", "--kernel", "gemm_splitk",
+                           "--target", "sm_90a,gfx942", "--json", "--triton-only"],
+                          capture_output=True, text=True, timeout=600)
+    data = json.loads(proc.stdout)
+    assert data["failures"] == 0, [r for r in data["results"] if not r["ok"]]
+    mma = {r["target"]: r["mma"] for r in data["results"]}
+    assert mma == {"sm_90a": "wgmma", "gfx942": "v_mfma"}
+
+
+# ---------------------------------------------------------------------------------------- the suite
+def test_bench_suite_smoke_rows_are_checked_and_ok():
+    from tilefuse.bench import runner
+
+    rows = runner.run_suite("gemm", runner.SuiteOptions(smoke=True, only=("mm/", "int8/"), log=lambda s: None))
+    assert rows and all(r.status == "ok" or r.status.startswith("not run") for r in rows), \
+        [(r.case, r.impl, r.status) for r in rows]
+    assert {r.impl for r in rows} >= {"cublas", "tilefuse"}
+    ours = [r for r in rows if r.impl == "tilefuse" and r.case.startswith("mm/")]
+    assert all(r.baseline == "cublas" and r.vs_baseline is not None for r in ours)
+
+
+def test_sweep_needs_a_gpu():
+    from tilefuse.bench import gemm_suite
+
+    with pytest.raises(SystemExit, match="needs a GPU"):
+        gemm_suite.main(["--sweep", "--shape", "64x64x64"])
+    assert len(gemm_suite.gemm_shapes(__import__("tilefuse.bench.runner").bench.runner.SuiteOptions())) == 14
