@@ -122,6 +122,8 @@ def override(**changes) -> Iterator[Config]:
 def set_for_process(**changes) -> Config:
     """Change settings for the rest of the process (the CLI uses it for its global flags)."""
     global _current
+    if "cache_dir" in changes:
+        changes["cache_dir"] = Path(changes["cache_dir"])
     _current = dataclasses.replace(_current, **changes)
     return _current
 
