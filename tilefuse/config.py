@@ -20,6 +20,8 @@ variable                   meaning
                            it so a fallback cannot hide a lowering bug). Default 0.
 ``TILEFUSE_NVCC``          the nvcc used to build the CUDA C++ ladder (default ``nvcc``).
 ``TILEFUSE_HIP_CLANG``     the clang used to compile the HIP translation (default ``clang-19``).
+``TILEFUSE_GIT_SHA``       the commit recorded in benchmark rows when the tree has no ``.git`` (a copy of
+                           the checkout on a device machine); default: asked of git.
 ``TILEFUSE_PROGRESS``      1 (default): show progress while tuning or building takes more than a moment;
                            0: never.
 =========================  =========================================================================
@@ -47,6 +49,7 @@ class Config:
     nvcc: str
     hip_clang: str
     progress: bool
+    git_sha: str = ""
 
 
 def _int_var(env: Mapping[str, str], name: str, default: int, allowed: range) -> int:
@@ -94,6 +97,7 @@ def load(env: Mapping[str, str] | None = None) -> Config:
         nvcc=env.get("TILEFUSE_NVCC", "").strip() or "nvcc",
         hip_clang=env.get("TILEFUSE_HIP_CLANG", "").strip() or "clang-19",
         progress=bool(_bool_var(env, "TILEFUSE_PROGRESS", True)),
+        git_sha=env.get("TILEFUSE_GIT_SHA", "").strip(),
     )
 
 

@@ -56,7 +56,7 @@ def environment() -> dict[str, str]:
     import torch
     import triton
 
-    from .. import device
+    from .. import config, device
 
     try:
         sha = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], capture_output=True, text=True,
@@ -66,6 +66,7 @@ def environment() -> dict[str, str]:
         sha = sha + ("+dirty" if dirty and sha else "")
     except (OSError, subprocess.TimeoutExpired):
         sha = ""
+    sha = sha or config.get().git_sha
     return {"gpu": device.current().name, "torch": torch.__version__, "triton": triton.__version__,
             "git_sha": sha or "unknown", "date": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d")}
 
