@@ -289,14 +289,16 @@ def test_input_mutation_written_back(case, layout):
     lay = lambda t: make(t) if t.dim() == 2 else t  # noqa: E731  (the broadcast 1-D operand stays as it is)
     eager_args = [lay(x.clone()), lay(y.clone())]
     args = [lay(x.clone()), lay(y.clone())]
+    ref_args = [lay(x.double()), lay(y.double())]
     expected = fn(*eager_args)
+    ref = fn(*ref_args)
     cc.reset()
     with cc.strict():
         out = cc.compiled(fn)(*args)
     assert int(cc.stats()["graphs"]) >= 1, "tilefuse compiled no graph"
-    cc.assert_matches(f"{case} output", out, expected)
-    for i, (a, e) in enumerate(zip(args, eager_args)):
-        cc.assert_matches(f"{case} input {i} after the call", a, e)
+    cc.assert_matches(f"{case} output", out, expected, ref)
+    for i, (a, e, r) in enumerate(zip(args, eager_args, ref_args)):
+        cc.assert_matches(f"{case} input {i} after the call", a, e, r)
         assert a.stride() == e.stride(), f"{case}: input {i} strides changed: {a.stride()} vs {e.stride()}"
 
 
@@ -317,17 +319,21 @@ def test_buffer_mutation_in_training():
 
     eager = Running()
     model = copy.deepcopy(eager)
+    ref_model = copy.deepcopy(eager).double()
     x = torch.randn(7, 129, requires_grad=True)
+    x_ref = x.detach().double().requires_grad_()
     cc.reset()
     compiled = cc.compiled(model)
     for step in range(2):
         e_out, e_grads = forward_backward(eager, list(eager.parameters()), [x], step)
+        r_out, r_grads = forward_backward(ref_model, list(ref_model.parameters()), [x_ref], step)
         with cc.strict():
             out, grads = forward_backward(compiled, list(model.parameters()), [x], step)
-        cc.assert_matches(f"step {step} output", out, e_out)
-        cc.assert_matches(f"step {step} running_mean", model.running_mean, eager.running_mean)
-        for i, (g, e) in enumerate(zip(grads, e_grads)):
-            cc.assert_matches(f"step {step} grad {i}", g, e)
+        cc.assert_matches(f"step {step} output", out, e_out, r_out)
+        cc.assert_matches(f"step {step} running_mean", model.running_mean, eager.running_mean,
+                          ref_model.running_mean)
+        for i, (g, e, r) in enumerate(zip(grads, e_grads, r_grads)):
+            cc.assert_matches(f"step {step} grad {i}", g, e, r)
 
 
 def _unusual_mutations():
@@ -362,11 +368,14 @@ def test_unusual_mutation_is_right_or_falls_back_with_reason(case):
 
     (eager_args, eager_base), (args, base) = make(), make()
     expected = fn(*eager_args)
+    data = data.double()
+    ref_args, ref_base = make()
+    ref = fn(*ref_args)
     cc.reset()
     with cc.lenient():
         out = cc.compiled(fn)(*args)
-    cc.assert_matches(f"{case} output", out, expected)
-    cc.assert_matches(f"{case} storage after the call", base, eager_base)
+    cc.assert_matches(f"{case} output", out, expected, ref)
+    cc.assert_matches(f"{case} storage after the call", base, eager_base, ref_base)
     for i, (a, e) in enumerate(zip(args, eager_args)):
         assert a.shape == e.shape and a.stride() == e.stride(), \
             f"{case}: input {i} is {tuple(a.shape)}/{a.stride()} after the call, eager's {tuple(e.shape)}/{e.stride()}"

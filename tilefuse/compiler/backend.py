@@ -5,9 +5,9 @@ decomposition table of decompositions.py, input mutations kept in inference grap
 graph a :class:`runtime.CompiledGraph` (lower -> schedule -> codegen -> cache -> wrapper).
 
 A model never fails because of tilefuse: an op that cannot be lowered is an ATen extern (lowering.py), a
-graph that cannot be planned runs as the ATen graph AOTAutograd produced, and a Dynamo graph tilefuse will
-not take at all (complex tensors) runs as Dynamo captured it. Each is counted in ``stats()["fallbacks"]``
-with its reason and shown at ``TILEFUSE_DEBUG=1``. ``TILEFUSE_STRICT=1`` raises instead.
+graph that cannot be planned runs as the ATen graph AOTAutograd produced, and a Dynamo graph AOTAutograd
+cannot trace runs as Dynamo captured it. Complex tensors (out of scope) are extern nodes, op by op. Each is
+counted in ``stats()["fallbacks"]`` with its reason and shown at ``TILEFUSE_DEBUG=1``. ``TILEFUSE_STRICT=1`` raises instead.
 
 The name ``tilefuse`` is registered by ``tilefuse/__init__`` (lazily) and by the package's
 ``torch_dynamo_backends`` entry point; this module must not register it again.
@@ -25,21 +25,6 @@ from .decompositions import decomposition_table
 from .lowering import FallbackError
 
 __all__ = ["tilefuse_backend"]
-
-
-def _unsupported_reason(gm: torch.fx.GraphModule, example_inputs) -> str | None:
-    """Why the whole Dynamo graph stays in ATen (complex numbers: out of scope), or None."""
-    values = list(example_inputs)
-    for node in gm.graph.nodes:
-        v = node.meta.get("example_value", node.meta.get("val"))
-        if isinstance(v, (list, tuple)):
-            values.extend(v)
-        else:
-            values.append(v)
-    for v in values:
-        if isinstance(v, torch.Tensor) and v.dtype.is_complex:
-            return f"complex tensors ({v.dtype}) are not supported by tilefuse"
-    return None
 
 
 def _fallback(where: str, reason: str) -> None:
@@ -119,12 +104,6 @@ def _partition_fn():
 
 def tilefuse_backend(gm: torch.fx.GraphModule, example_inputs, **kwargs):
     """Dynamo backend entry point (``torch.compile(..., backend="tilefuse")``)."""
-    reason = _unsupported_reason(gm, example_inputs)
-    if reason is not None:
-        _fallback("Dynamo graph", reason)
-        records.record(records.GraphReport(-1, "dynamo", sum(1 for n in gm.graph.nodes if n.op == "call_function"),
-                                       whole_graph_fallback=reason))
-        return gm.forward
     from torch._functorch.aot_autograd import aot_module_simplified
 
     try:

@@ -279,6 +279,14 @@ def divmod_index(inner: Index, div: int, mod: Optional[int]) -> Index:
         if mod is not None and hi // div < mod:
             mod = None
         if div > 1:
+            # inner = div*H + R with R >= 0  =>  inner // div == H + R // div (a reshape's merged index
+            # 448*i0 + 64*i1 + i2 over 16 -> 28*i0 + 4*i1 + i2//16; the modulo that follows drops the first two)
+            high = [(a, c // div) for a, c in inner.terms if c % div == 0]
+            if high and len(high) < len(inner.terms):
+                q_off, r_off = divmod(inner.offset, div)
+                rest = make_index([(a, c) for a, c in inner.terms if c % div != 0], r_off)
+                if rest.bounds()[0] >= 0:
+                    return mod_index(add(make_index(high, q_off), divmod_index(rest, div, None)), mod)
             # inner = g*H + R with 0 <= R < g and g | div  =>  inner // div == H // (div/g)
             gs = sorted({math.gcd(div, abs(c)) for _, c in inner.terms} - {1}, reverse=True)
             for g in gs:
