@@ -137,7 +137,7 @@ def _split_top(text: str, sep: str = ",") -> list[str]:
 
 
 _SUBSCRIPT = re.compile(r"\[[^\[\]]*\]")
-_ASSIGN = re.compile(r"\b([A-Za-z_]\w*)\s*(?:\[[^\]]*\])?\s*(?<![=!<>+\-*/%&|^])=(?!=)")
+_ASSIGN = re.compile(r"\b([A-Za-z_]\w*)\s*(\[[^\]]*\])?\s*(?<![=!<>+\-*/%&|^])=(?!=)")
 
 
 def _thread_index_names(code: str) -> set[str]:
@@ -148,7 +148,7 @@ def _thread_index_names(code: str) -> set[str]:
     for _, stmt in _statements(code):
         for piece in _split_top(stmt):
             m = _ASSIGN.search(piece)
-            if m:
+            if m and not m.group(2):  # a[i] = ... stores a value: it does not make a an index
                 assignments.append((m.group(1), piece[m.end():]))
     for _ in range(10):
         grew = False
@@ -184,8 +184,17 @@ def _left_operand(code: str, end: int) -> str:
         while k >= 0 and (code[k].isalnum() or code[k] in "_."):
             k -= 1
         return code[k + 1:i + 1]
-    j = i
-    while j >= 0 and (code[j].isalnum() or code[j] in "_.[]"):
+    j, depth = i, 0
+    while j >= 0:
+        ch = code[j]
+        if ch == "]":
+            depth += 1
+        elif ch == "[":
+            if depth == 0:
+                break
+            depth -= 1
+        elif not (ch.isalnum() or ch in "_." or depth > 0):
+            break
         j -= 1
     return code[j + 1:i + 1]
 
@@ -250,8 +259,8 @@ def lint_text(text: str, path: str = "<source>") -> list[Finding]:
     for regex, op, what, portable in _LANE_OPS:
         for m in regex.finditer(code):
             operand = " ".join(_left_operand(code, m.start()).split())
-            names = set(re.findall(r"[A-Za-z_]\w*", _SUBSCRIPT.sub("", operand)))
-            if names & tainted or THREAD_INDEX_SEEDS.search(operand):
+            value = _SUBSCRIPT.sub("", operand)  # a[tid] is a value, not an index
+            if set(re.findall(r"[A-Za-z_]\w*", value)) & tainted or THREAD_INDEX_SEEDS.search(value):
                 add(m.start(), "lane-index", f"'{operand} {op} {m.group(1)}' computes {what}",
                     f"{operand} {portable}")
     # shuffles: reductions starting at 16, hard widths of 32
@@ -557,7 +566,17 @@ def compile_hip(source: Path, arch: str, include_files: Sequence[Path] = ()) -> 
         built = HipBuild(**hit)
         built.cached = True
         return built
-    asm = folder / f"{source.stem}-{arch}-{key}.s"
+    with _build._locked(folder / f".{source.stem}-{arch}-{key}.lock"):  # one compile, even from several processes
+        hit = diskcache.read_json(report_path)
+        if hit is not None and (not hit.get("asm_path") or Path(hit["asm_path"]).exists()):
+            hit["kernels"] = [HipKernel(**k) for k in hit["kernels"]]
+            built = HipBuild(**hit)
+            built.cached = True
+            return built
+        return _compile_hip(source, arch, clang, report_path, folder / f"{source.stem}-{arch}-{key}.s")
+
+
+def _compile_hip(source: Path, arch: str, clang: str, report_path: Path, asm: Path) -> HipBuild:
     cmd = hip_command(source, arch, asm)
     start = time.perf_counter()
     if config.get().progress:
