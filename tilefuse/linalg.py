@@ -24,6 +24,7 @@ from typing import Optional, Union
 import torch
 
 from .kernels import gemm as _gemm
+from .kernels import gemm_plan as _plan
 
 Tensor = torch.Tensor
 _TORCH_ACTIVATIONS = {
@@ -67,18 +68,14 @@ def gemm(a: Tensor, b: Tensor, *, bias: Optional[Tensor] = None, activation: Opt
     if activation is not None and activation not in _TORCH_ACTIVATIONS:
         raise ValueError(f"activation={activation!r}: accepted values are None, "
                          + ", ".join(repr(k) for k in _TORCH_ACTIVATIONS))
-    tensors = [t for t in (a, b, bias, residual) if isinstance(t, Tensor)]
-    if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
+    if torch.is_grad_enabled() and any(isinstance(t, Tensor) and t.requires_grad for t in (a, b, bias, residual)):
         _check_differentiable(a, b, quantize, out, scale_a, scale_b, out_dtype)
         return _GemmFunction.apply(a, b, bias, residual, activation, float(alpha), float(beta), out_dtype)
-    res = _gemm.gemm_raw(a, b, out_dtype=out_dtype, bias=bias, activation=activation or "none", residual=residual,
-                         alpha=alpha, beta=beta, scale_a=scale_a, scale_b=scale_b, quantize=quantize, out=out)
-    two_d = a.dim() == 2 and b.dim() == 2
-    value = res.out[0] if two_d else res.out
-    if out is not None:
-        value = out
-    if res.scale is not None:
-        return value, (res.scale[0] if two_d else res.scale)
+    value, scale, _ = _plan.gemm_call(a, b, out_dtype=out_dtype, bias=bias, activation=activation or "none",
+                                      residual=residual, alpha=alpha, beta=beta, scale_a=scale_a, scale_b=scale_b,
+                                      quantize=quantize, out=out)
+    if scale is not None:
+        return value, scale
     return value
 
 
@@ -116,8 +113,8 @@ def _sum_to(grad: Tensor, shape: torch.Size) -> Tensor:
 class _GemmFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, a, b, bias, residual, activation, alpha, beta, out_dtype):
-        res = _gemm.gemm_raw(a, b, out_dtype=out_dtype, bias=bias, activation=activation or "none",
-                             residual=residual, alpha=alpha, beta=beta, store_pre=activation is not None)
+        value, _, pre = _plan.gemm_call(a, b, out_dtype=out_dtype, bias=bias, activation=activation or "none",
+                                        residual=residual, alpha=alpha, beta=beta, store_pre=activation is not None)
         ctx.activation, ctx.alpha, ctx.beta = activation, alpha, beta
         ctx.a_shape, ctx.b_shape = a.shape, b.shape
         ctx.bias_shape = bias.shape if bias is not None else None
@@ -125,8 +122,8 @@ class _GemmFunction(torch.autograd.Function):
         ctx.res_shape = residual.shape if residual is not None else None
         ctx.res_dtype = residual.dtype if residual is not None else None
         ctx.two_d = a.dim() == 2 and b.dim() == 2
-        ctx.save_for_backward(a, b, res.pre)
-        return res.out[0] if ctx.two_d else res.out
+        ctx.save_for_backward(a, b, pre)
+        return value
 
     @staticmethod
     def backward(ctx, grad):

@@ -17,28 +17,23 @@ Both GEMM kernels take the same arguments in the same order and end in
 dequant scales, the ``EPILOGUE`` hook; see that module for the hook's contract), then cast and store, or
 quantise to fp8/int8 with a per-row scale from the row amax.
 
-Host side: :func:`gemm_raw` (check -> allocate -> launch on 3-D operands) and
-:func:`gemm_with_epilogue`, the entry the compiler calls with a generated hook. Configs come from
-:mod:`tilefuse.kernels.gemm_tuning` (disk-cached autotuning on a GPU, the heuristic default otherwise).
+Host side (:mod:`.gemm_plan`, :mod:`.gemm_launch`, reachable from here by name): :func:`gemm_call` /
+:func:`gemm_raw` (check -> allocate -> launch, planned once a call signature and then replayed through the
+compiled launchers) and :func:`gemm_with_epilogue`, the entry the compiler calls with a generated hook.
+Configs come from :mod:`tilefuse.kernels.gemm_tuning` (disk-cached autotuning on a GPU, the heuristic
+default otherwise).
 """
 from __future__ import annotations
 
-import dataclasses
-import math
-import threading
-from typing import Any, Sequence
-
-import torch
 import triton
 import triton.language as tl
 
-from .. import config as tf_config
-from .. import device
 from .gemm_checks import (FLOAT_INPUTS, TMA_ALIGN, Epilogue, GemmOutputs, MNOperand, Operands, fp8_grid,  # noqa: F401
                           prepare, qmax)
-from .gemm_configs import SAFE_CONFIG, GemmConfig
-from .gemm_epilogue import (ACTIVATIONS, BIAS_MODES, NUM_EXTRA_OPERANDS, QUANT_DIRECT, QUANT_EPS, QUANT_NONE,
-                            QUANT_TWO_PASS, SCALE_MODES_A, SCALE_MODES_B, apply_epilogue, quantize_values)
+from .gemm_configs import SAFE_CONFIG, GemmConfig  # noqa: F401
+from .gemm_epilogue import (ACTIVATIONS, BIAS_MODES, NUM_EXTRA_OPERANDS, QUANT_DIRECT, QUANT_EPS,  # noqa: F401
+                            QUANT_NONE, QUANT_TWO_PASS, SCALE_MODES_A, SCALE_MODES_B, apply_epilogue,
+                            quantize_values)
 
 
 # ============================================================================================ kernels
@@ -373,307 +368,26 @@ def quantize_rows_kernel(y_ptr, q_ptr, scale_ptr, amax_ptr, R, N, n_parts,
                  mask=mask)
 
 
-# ----------------------------------------------------------------------------------------- launching
-_state = threading.local()
-_locks: dict[tuple, torch.Tensor] = {}
-_dummies: dict[tuple, torch.Tensor] = {}
-_lock_guard = threading.Lock()
+# ------------------------------------------------------------------------------------------ host side
+# The host functions live in gemm_launch (launch records, compiled replay) and gemm_plan (the call path:
+# check -> allocate -> launch once a signature, then replay). They are reached from here by name, resolved
+# on first use, so that either module may be imported first.
+_HOST_NAMES = {
+    "launch": "gemm_launch", "launches": "gemm_launch", "warmup": "gemm_launch", "bound": "gemm_launch",
+    "gemm_call": "gemm_plan", "gemm_raw": "gemm_plan", "gemm_with_epilogue": "gemm_plan", "supports": "gemm_plan",
+    "scratch_operands": "gemm_plan", "run_with_config": "gemm_plan", "choose_config": "gemm_plan",
+}
 
 
-def _dummy(dev: torch.device) -> torch.Tensor:
-    key = (dev.type, dev.index)
-    t = _dummies.get(key)
-    if t is None:
-        t = _dummies[key] = torch.zeros(16, dtype=torch.float32, device=dev)
-    return t
+def __getattr__(name: str):
+    module = _HOST_NAMES.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    import importlib
 
-
-def _lock_buffer(dev: torch.device, n: int) -> torch.Tensor:
-    """Zeroed split-K counters, one buffer a (device, stream); each launch leaves them zero again."""
-    stream = torch.cuda.current_stream(dev).cuda_stream if dev.type == "cuda" else 0
-    key = (dev.type, dev.index, stream)
-    with _lock_guard:
-        t = _locks.get(key)
-        if t is None or t.numel() < n:
-            t = _locks[key] = torch.zeros(max(n, 2 * (t.numel() if t is not None else 0), 1024), dtype=torch.int32,
-                                          device=dev)
-    return t
-
-
-def _tma_allocator(size: int, alignment: int, stream):
-    return torch.empty(size, dtype=torch.int8, device=device.torch_device())
-
-
-def _ensure_tma_allocator() -> None:
-    """Device-side tensor descriptors live in a global scratch buffer Triton asks the allocator for. The
-    allocator is a context variable (per thread): set ours unless someone else set one."""
-    try:
-        from triton.runtime import _allocation
-
-        current = _allocation._allocator.get()
-        if not isinstance(current, _allocation.NullAllocator):
-            return
-    except (ImportError, AttributeError):
-        pass
-    triton.set_allocator(_tma_allocator)
-
-
-def _num_programs() -> int:
-    dev = device.current()
-    # on the interpreter a handful of programs, so the persistent loop really loops in the tests
-    return 3 if dev.interpreter else dev.multiprocessors
-
-
-def _input_precision(ops: Operands) -> str:
-    if ops.a.dtype != torch.float32:
-        return "ieee"
-    dev = device.current()
-    if dev.vendor == "nvidia" and not dev.interpreter and torch.backends.cuda.matmul.allow_tf32:
-        return "tf32"
-    return "ieee"
-
-
-def _quant_mode(ops: Operands, cfg: GemmConfig) -> int:
-    if ops.q is None:
-        return QUANT_NONE
-    if cfg.kernel == "tiled" and ops.N <= cfg.block_n:
-        return QUANT_DIRECT
-    return QUANT_TWO_PASS
-
-
-def kernel_arguments(ops: Operands, cfg: GemmConfig, *, for_warmup: bool = False) -> tuple[Any, tuple, dict, dict]:
-    """(kernel, grid, arguments by name, launch options) of one launch of ``cfg`` on ``ops``.
-
-    Allocates what the launch needs (split-K workspace and counters, the quantisation temporary)."""
-    dev = ops.a.device
-    dummy = _dummy(dev)
-    epi = ops.epi
-    qmode = _quant_mode(ops, cfg)
-    c = ops.c
-    amax = dummy
-    stride_amax_p = 0
-    sc = ops.sc
-    if qmode == QUANT_TWO_PASS:
-        # bf16 keeps 8 significant bits, 5 more than e4m3: the double rounding moves a code only within
-        # 2^-9 of a tie. int8 (7 bits of magnitude) and fp32 inputs keep fp32; so does the interpreter,
-        # whose fp32 -> bf16 cast truncates.
-        exact = ops.q.dtype == torch.int8 or ops.a.dtype == torch.float32 or device.current().interpreter
-        wide = torch.float32 if exact else torch.bfloat16
-        c = torch.empty((ops.Z, ops.M, ops.N), dtype=wide, device=dev)
-        sc = tuple(c.stride())
-        parts = math.ceil(ops.N / cfg.block_n) * (cfg.epi_subtile if cfg.kernel == "persistent" else 1)
-        amax = torch.empty((parts, ops.Z * ops.M), dtype=torch.float32, device=dev)
-        stride_amax_p = ops.Z * ops.M
-    elif qmode == QUANT_DIRECT:
-        amax = ops.q_scale
-    tiles = math.ceil(ops.M / cfg.block_m) * math.ceil(ops.N / cfg.block_n)
-    acc_int = ops.a.dtype == torch.int8
-    ws = lock = dummy
-    if cfg.kernel == "tiled" and cfg.split_k > 1:
-        ws = torch.empty(ops.Z * tiles * cfg.split_k * cfg.block_m * cfg.block_n,
-                         dtype=torch.int32 if acc_int else torch.float32, device=dev)
-        lock = _lock_buffer(dev, ops.Z * tiles)
-    use_tma = bool(cfg.tma and ops.problem.tma_ok)
-    raw_int = acc_int and c.dtype == torch.int32
-    args: dict[str, Any] = dict(
-        a_ptr=ops.a, b_ptr=ops.b, c_ptr=c, M=ops.M, N=ops.N, K=ops.K, Z=ops.Z,
-        stride_az=ops.sa[0], stride_am=ops.sa[1], stride_ak=ops.sa[2],
-        stride_bz=ops.sb[0], stride_bk=ops.sb[1], stride_bn=ops.sb[2],
-        stride_cz=sc[0], stride_cm=sc[1], stride_cn=sc[2],
-        scale_a_ptr=ops.scale_a if ops.scale_a is not None else dummy,
-        scale_b_ptr=ops.scale_b if ops.scale_b is not None else dummy,
-        bias_ptr=ops.bias.t if ops.bias else dummy,
-        stride_bias_z=ops.bias.sz if ops.bias else 0,
-        stride_bias=(ops.bias.sn if epi.bias == "col" else ops.bias.sm) if ops.bias else 0,
-        res_ptr=ops.residual.t if ops.residual else dummy,
-        stride_rz=ops.residual.sz if ops.residual else 0, stride_rm=ops.residual.sm if ops.residual else 0,
-        stride_rn=ops.residual.sn if ops.residual else 0,
-        pre_ptr=ops.pre.t if ops.pre else dummy, stride_pz=ops.pre.sz if ops.pre else 0,
-        stride_pm=ops.pre.sm if ops.pre else 0, stride_pn=ops.pre.sn if ops.pre else 0,
-        amax_ptr=amax, stride_amax_p=stride_amax_p, ws_ptr=ws, lock_ptr=lock, alpha=ops.alpha, beta=ops.beta)
-    for i in range(NUM_EXTRA_OPERANDS):
-        x = ops.extras[i] if i < len(ops.extras) else None
-        args[f"e{i}_ptr"] = x.t if x else dummy
-        args[f"e{i}_sz"] = x.sz if x else 0
-        args[f"e{i}_sm"] = x.sm if x else 0
-        args[f"e{i}_sn"] = x.sn if x else 0
-    qdtype = ops.q.dtype if ops.q is not None else None
-    args.update(
-        EPILOGUE=epi.hook, ACTIVATION=ACTIVATIONS[epi.activation], BIAS_MODE=BIAS_MODES[epi.bias],
-        HAS_RESIDUAL=epi.residual, SCALE_A_MODE=SCALE_MODES_A[epi.scale_a], SCALE_B_MODE=SCALE_MODES_B[epi.scale_b],
-        HAS_ALPHA=epi.alpha, STORE_PRE=epi.store_pre, QUANT=qmode, QMAX=qmax(qdtype) if qdtype else 1.0,
-        Q_INT=qdtype == torch.int8, Q_GRID_MANT=fp8_grid(qdtype)[0], Q_GRID_EMIN=fp8_grid(qdtype)[1], RAW_INT=raw_int, ACC_INT=acc_int, INPUT_PRECISION=_input_precision(ops),
-        EVEN_K=ops.K % cfg.block_k == 0, USE_TMA=use_tma, A_T=ops.problem.a_t, B_T=ops.problem.b_t,
-        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m)
-    if cfg.kernel == "tiled":
-        kernel = gemm_tiled_kernel
-        args["SPLIT_K"] = cfg.split_k
-        grid = (tiles * cfg.split_k, ops.Z)
-    else:
-        kernel = gemm_persistent_kernel
-        nprog = _num_programs()
-        c_tma = (use_tma and qmode != QUANT_DIRECT and sc[2] == 1 and (sc[1] * c.element_size()) % TMA_ALIGN == 0
-                 and c.data_ptr() % TMA_ALIGN == 0 and ops.Z == 1)
-        args.update(NUM_PROGRAMS=nprog, C_TMA=c_tma, EPI_SUBTILE=cfg.epi_subtile, FLATTEN=cfg.flatten,
-                    WARP_SPECIALIZE=cfg.warp_specialize)
-        grid = (max(1, min(nprog, tiles * ops.Z)),)
-    extra = {"c": c, "amax": amax, "qmode": qmode, "parts": stride_amax_p and amax.shape[0]}
-    return kernel, grid, args, extra
-
-
-def _run_quantize(ops: Operands, extra: dict) -> None:
-    y, amax = extra["c"], extra["amax"]
-    R, N = ops.Z * ops.M, ops.N
-    q2 = ops.q.reshape(R, N) if ops.q.is_contiguous() else None
-    q = ops.q
-    interp = device.current().interpreter
-    block_n = min(64 if interp else 512, triton.next_power_of_2(max(N, 1)))
-    block_p = min(64, triton.next_power_of_2(max(amax.shape[0], 1)))
-    block_r = 16
-    if q2 is not None:
-        sq = (q2.stride(0), q2.stride(1))
-        target = q2
-    else:  # a strided out=: write through a contiguous buffer
-        target = torch.empty((R, N), dtype=q.dtype, device=q.device)
-        sq = target.stride()
-    quantize_rows_kernel[(triton.cdiv(R, block_r),)](
-        y, target, ops.q_scale, amax, R, N, amax.shape[0], y.stride(1), y.stride(2), sq[0], sq[1], amax.stride(0),
-        QMAX=qmax(q.dtype), Q_INT=q.dtype == torch.int8, Q_GRID_MANT=fp8_grid(q.dtype)[0], Q_GRID_EMIN=fp8_grid(q.dtype)[1],
-        BLOCK_R=block_r, BLOCK_N=block_n, BLOCK_P=block_p,
-        num_warps=4)
-    if q2 is None:
-        q.copy_(target.view(q.shape))
-
-
-def launch(ops: Operands, cfg: GemmConfig) -> None:
-    """Run ``cfg`` on ``ops`` (the quantisation pass included)."""
-    if ops.M == 0 or ops.N == 0 or ops.Z == 0:
-        return
-    kernel, grid, args, extra = kernel_arguments(ops, cfg)
-    if args["USE_TMA"] or args.get("C_TMA"):
-        _ensure_tma_allocator()
-    kernel[grid](**args, **cfg.launch_options(device.current().vendor))
-    if extra["qmode"] == QUANT_TWO_PASS:
-        _run_quantize(ops, extra)
-
-
-def warmup(ops: Operands, cfg: GemmConfig) -> None:
-    """Compile ``cfg`` for ``ops`` without running it (the tuner compiles candidates ahead)."""
-    kernel, grid, args, extra = kernel_arguments(ops, cfg)
-    if args["USE_TMA"] or args.get("C_TMA"):
-        _ensure_tma_allocator()
-    kernel.warmup(**args, grid=grid, **cfg.launch_options(device.current().vendor))
-
-
-_bad_configs: set[tuple] = set()
-
-
-def run_with_config(ops: Operands, cfg: GemmConfig) -> GemmConfig:
-    """Launch, falling back to SAFE_CONFIG when the device rejects ``cfg`` (out of shared memory or
-    registers on a part the space did not foresee). Returns the config that ran."""
-    key = (ops.problem, cfg)
-    if key in _bad_configs:
-        cfg = SAFE_CONFIG
-    try:
-        launch(ops, cfg)
-        return cfg
-    except triton.runtime.errors.OutOfResources as exc:
-        if cfg == SAFE_CONFIG:
-            raise
-        tf_config.log(1, f"gemm: {cfg.label()} does not fit ({exc}); falling back to {SAFE_CONFIG.label()}")
-        _bad_configs.add(key)
-        launch(ops, SAFE_CONFIG)
-        return SAFE_CONFIG
-
-
-def choose_config(ops: Operands) -> GemmConfig:
-    from . import gemm_tuning
-
-    return gemm_tuning.choose(ops)
-
-
-def _finish_outputs(ops: Operands, out3: torch.Tensor, pre: MNOperand | None, Z: int, M: int) -> GemmOutputs:
-    scale = ops.q_scale.view(Z, M, 1) if ops.q_scale is not None else None
-    pre_t = pre.t if pre is not None else None
-    return GemmOutputs(out3, scale, pre_t)
-
-
-def gemm_raw(a: torch.Tensor, b: torch.Tensor, *, out_dtype=None, bias=None, activation="none", residual=None,
-             alpha: float = 1.0, beta: float = 1.0, scale_a=None, scale_b=None, quantize=None, epilogue_fn=None,
-             extra_operands: Sequence[torch.Tensor] = (), out=None, store_pre: bool = False,
-             config: GemmConfig | None = None) -> GemmOutputs:
-    """C = epilogue(A @ B) on 2-D or 3-D operands (batch of 1 broadcasts). Check, allocate, launch.
-
-    Returns :class:`GemmOutputs` with 3-D ``out`` (Z, M, N) (a view of ``out=`` when given), the per-row
-    ``scale`` (Z, M, 1) when quantising and the pre-activation values when ``store_pre``.
-    """
-    ops = prepare(a, b, out_dtype=out_dtype, bias=bias, activation=activation, residual=residual, alpha=alpha,
-                  beta=beta, scale_a=scale_a, scale_b=scale_b, quantize=quantize, epilogue_fn=epilogue_fn,
-                  extra_operands=extra_operands, out=out, store_pre=store_pre)
-    a3 = a if a.dim() == 3 else a.unsqueeze(0)
-    b3 = b if b.dim() == 3 else b.unsqueeze(0)
-    Z = max(a3.shape[0], b3.shape[0]) if min(a3.shape[0], b3.shape[0]) > 0 else 0
-    M, N = a3.shape[1], b3.shape[2]
-    out3 = ops.c.view(Z, M, N) if ops.Z != Z else ops.c
-    pre = ops.pre
-    pre_full = None
-    if pre is not None:
-        pre_full = MNOperand(pre.t.reshape(Z, M, N) if ops.Z != Z else pre.t, 0, 0, 0)
-    if ops.M and ops.N and Z:
-        if ops.K == 0 and ops.q is None and not ops.epi.hook and ops.epi.bias == "none" and not ops.epi.residual \
-                and ops.epi.activation in ("none", "relu", "gelu", "gelu_tanh", "silu", "tanh"):
-            ops.c.zero_()  # every activation above maps 0 to 0: nothing to launch
-            if ops.pre is not None:
-                ops.pre.t.zero_()
-        else:
-            cfg = config or choose_config(ops)
-            used = run_with_config(ops, cfg)
-            tf_config.log(2, f"gemm {ops.problem.describe()}: {used.label()}")
-    elif ops.q_scale is not None:
-        ops.q_scale.fill_(QUANT_EPS / qmax(ops.q.dtype))
-    return _finish_outputs(ops, out3, pre_full, Z, M)
-
-
-def gemm_with_epilogue(a: torch.Tensor, b: torch.Tensor, epilogue_fn, extra_operands: Sequence[torch.Tensor] = (),
-                       out_dtype: torch.dtype | None = None, *, bias=None, activation=None, residual=None,
-                       alpha: float = 1.0, beta: float = 1.0, scale_a=None, scale_b=None, quantize=None, out=None,
-                       config: GemmConfig | None = None):
-    """The compiler's entry: ``epilogue_fn`` (a ``@triton.jit`` hook, see :mod:`.gemm_epilogue`) runs on the
-    fp32 tile after the built-in steps, reading up to four ``extra_operands`` broadcast to the output.
-
-    Returns the output with the operands' batch shape (2-D for 2-D operands), or ``(codes, scales)`` when
-    ``quantize`` is given. No autograd: the compiler differentiates its graphs itself.
-    """
-    res = gemm_raw(a, b, out_dtype=out_dtype, bias=bias, activation=activation or "none", residual=residual,
-                   alpha=alpha, beta=beta, scale_a=scale_a, scale_b=scale_b, quantize=quantize,
-                   epilogue_fn=epilogue_fn, extra_operands=extra_operands, out=out, config=config)
-    two_d = a.dim() == 2 and b.dim() == 2
-    value = res.out[0] if two_d else res.out
-    if res.scale is not None:
-        return value, (res.scale[0] if two_d else res.scale)
+    value = getattr(importlib.import_module(f".{module}", __package__), name)
+    globals()[name] = value
     return value
-
-
-def supports(a: torch.Tensor, b: torch.Tensor, **epilogue) -> tuple[bool, str]:
-    """(True, "") when :func:`gemm_raw` accepts these operands and epilogue keywords, else (False, why).
-    Runs the checks only: nothing is allocated or launched."""
-    try:
-        prepare(a, b, allocate=False, **epilogue)
-    except (TypeError, ValueError) as exc:
-        return False, str(exc)
-    return True, ""
-
-
-def scratch_operands(ops: Operands) -> Operands:
-    """The same inputs with fresh output buffers (the tuner times candidates without touching the caller's
-    ``out=``, which may even alias the residual)."""
-    def like(t):
-        return None if t is None else torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=t.device)
-
-    c = like(ops.c)
-    q = c if ops.q is not None else None
-    pre = MNOperand(like(ops.pre.t), ops.pre.sz, ops.pre.sm, ops.pre.sn) if ops.pre is not None else None
-    return dataclasses.replace(ops, c=c, q=q, q_scale=like(ops.q_scale), pre=pre)
 
 
 from . import gemm_targets  # noqa: E402,F401  (registers the kernels with the target matrix)

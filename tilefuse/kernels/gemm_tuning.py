@@ -46,6 +46,7 @@ CACHE_VERSION = 1  # bump when the kernels change in a way that invalidates stor
 
 _memo: dict[str, GemmConfig] = {}
 _memo_lock = threading.Lock()
+generation = 0  # bumped by forget(): the call path's plans (gemm_plan) hold configs chosen here
 
 
 def tuning_enabled() -> bool:
@@ -213,7 +214,7 @@ def _time(fn: Callable[[], None], best_ms: float | None) -> float:
 def compile_all(ops, configs: Sequence[GemmConfig]) -> dict[GemmConfig, str]:
     """Compile every config (threads: Triton's C++ passes and ptxas run without the GIL). Returns the
     configs that failed to compile, with the error."""
-    from . import gemm
+    from . import gemm_launch
 
     failed: dict[GemmConfig, str] = {}
     if device.interpreting():
@@ -221,7 +222,7 @@ def compile_all(ops, configs: Sequence[GemmConfig]) -> dict[GemmConfig, str]:
 
     def one(cfg):
         try:
-            gemm.warmup(ops, cfg)
+            gemm_launch.warmup(ops, cfg)
         except Exception as exc:  # a config the compiler rejects is dropped, with its reason
             failed[cfg] = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:200]
 
@@ -241,7 +242,7 @@ def tune(ops, configs: Sequence[GemmConfig] | None = None, *, store: bool = True
     ``timer(fn, best_ms_so_far) -> ms`` defaults to CUDA-event timing with ``do_bench`` (tests pass a
     wall clock to run the tuner on the interpreter)."""
     timer = timer or _time
-    from . import gemm
+    from . import gemm_launch, gemm_plan
 
     problem = ops.problem
     seeded = False
@@ -266,7 +267,7 @@ def tune(ops, configs: Sequence[GemmConfig] | None = None, *, store: bool = True
         return winner
     progress.update(f"compiling {len(configs)} configs")
     failed = compile_all(ops, configs)
-    scratch = gemm.scratch_operands(ops)
+    scratch = gemm_plan.scratch_operands(ops)
     times: dict[GemmConfig, float] = {}
     best: tuple[float, GemmConfig] | None = None
     for i, cfg in enumerate(configs):
@@ -274,7 +275,8 @@ def tune(ops, configs: Sequence[GemmConfig] | None = None, *, store: bool = True
             times[cfg] = float("inf")
             continue
         try:
-            ms = timer(lambda: gemm.launch(scratch, cfg), best[0] if best else None)
+            # timed through the compiled launcher: host dispatch must not rank small-shape candidates
+            ms = timer(gemm_launch.bound(scratch, cfg), best[0] if best else None)
         except Exception as exc:  # out of resources at launch, an illegal config on this part
             failed[cfg] = f"{type(exc).__name__}: {exc}"[:200]
             times[cfg] = float("inf")
@@ -304,5 +306,7 @@ def tune(ops, configs: Sequence[GemmConfig] | None = None, *, store: bool = True
 
 def forget() -> None:
     """Drop this process's decisions (tests; the disk entries stay)."""
+    global generation
     with _memo_lock:
         _memo.clear()
+        generation += 1

@@ -1,0 +1,416 @@
+"""Launching the GEMM family: what one call launches, and the compiled replay a plan uses.
+
+:func:`launches` turns checked operands (:class:`~tilefuse.kernels.gemm_checks.Operands`) and a config into
+:class:`Launch` records: the kernel, its grid, every argument by name and, for each pointer argument, the
+*role* of its tensor ("a", "out", "bias", "ws", ...). The roles are what lets a plan
+(:mod:`tilefuse.kernels.gemm_plan`) keep a launch and swap in the next call's tensors.
+
+:class:`CompiledLaunch` runs one record. Its first run goes through the JIT (``kernel[grid](...)``), which
+compiles or finds the kernel and returns it; later runs call that compiled kernel's launcher directly with
+the arguments in order and pointers as integers: no argument binding, no specialisation key, no cache key,
+no ``cuPointerGetAttribute`` a pointer. That dispatch is most of the ~20 us a call measured on the H200
+(device run 1: 1024^3 at 0.031 ms against cuBLAS's 0.009).
+
+Scratch memory a launch needs is kept a (device, stream): the split-K counters (zero between launches by
+construction), the split-K workspace and the global scratch of in-kernel TMA descriptors. Reusing one buffer
+on one stream is safe because launches on a stream run one after the other.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+import threading
+from typing import Any, Callable
+
+import torch
+import triton
+
+from .. import device
+from .gemm import gemm_persistent_kernel, gemm_tiled_kernel, quantize_rows_kernel
+from .gemm_checks import TMA_ALIGN, Operands, fp8_grid, qmax
+from .gemm_configs import GemmConfig
+from .gemm_epilogue import (ACTIVATIONS, BIAS_MODES, NUM_EXTRA_OPERANDS, QUANT_DIRECT, QUANT_NONE, QUANT_TWO_PASS,
+                            SCALE_MODES_A, SCALE_MODES_B)
+
+# Roles of pointer arguments. User roles are the call's own tensors; the others are made per call
+# ("out", "q_scale", "pre", "wide", "amax"), kept a stream ("ws", "lock") or kept for good ("dummy").
+USER_ROLES = ("a", "b", "bias", "residual", "scale_a", "scale_b") + tuple(f"e{i}" for i in range(NUM_EXTRA_OPERANDS))
+ROLES = USER_ROLES + ("out", "q_scale", "pre", "wide", "amax", "ws", "lock", "dummy", "wide_q")
+ROLE_INDEX = {r: i for i, r in enumerate(ROLES)}
+VALUE_ROLES = ("alpha", "beta")  # float arguments that change from call to call
+
+
+@dataclasses.dataclass
+class Launch:
+    """One kernel launch: every argument by parameter name (pointers as tensors) and the role of each pointer."""
+    kernel: Any
+    grid: tuple[int, ...]
+    args: dict[str, Any]
+    roles: dict[str, str]  # pointer parameter -> role
+    options: dict[str, Any]
+    values: dict[str, str] = dataclasses.field(default_factory=dict)  # float parameter -> value role
+
+
+# ------------------------------------------------------------------------------------ kept buffers
+_guard = threading.Lock()
+_dummies: dict[tuple, torch.Tensor] = {}
+_kept: dict[tuple, torch.Tensor] = {}
+
+
+def _stream_of(dev: torch.device) -> int:
+    return torch.cuda.current_stream(dev).cuda_stream if dev.type == "cuda" else 0
+
+
+def dummy(dev: torch.device) -> torch.Tensor:
+    key = (dev.type, dev.index)
+    t = _dummies.get(key)
+    if t is None:
+        t = _dummies[key] = torch.zeros(16, dtype=torch.float32, device=dev)
+    return t
+
+
+def stream_buffer(kind: str, dev: torch.device, stream: int, numel: int, dtype: torch.dtype) -> torch.Tensor:
+    """A buffer of at least ``numel`` elements kept for (kind, device, stream). "lock" buffers are zeroed when
+    made (the split-K kernel leaves its counters zero again); the others are uninitialised."""
+    key = (kind, dev.type, dev.index, stream, dtype)
+    t = _kept.get(key)
+    if t is None or t.numel() < numel:
+        with _guard:
+            t = _kept.get(key)
+            if t is None or t.numel() < numel:
+                size = max(numel, 2 * (t.numel() if t is not None else 0), 1024)
+                make = torch.zeros if kind == "lock" else torch.empty
+                t = _kept[key] = make(size, dtype=dtype, device=dev)
+    return t
+
+
+def _scratch_allocator(size: int, alignment: int, stream):
+    """Triton's global scratch (in-kernel TMA descriptors): one kept buffer a (device, stream), never a fresh
+    allocation a launch."""
+    dev = device.torch_device()
+    t = stream_buffer("scratch", dev, int(stream or 0), size + alignment, torch.int8)
+    offset = (-t.data_ptr()) % max(1, alignment)
+    return t[offset:offset + size] if offset else t
+
+
+_allocator_set = False
+
+
+def ensure_scratch_allocator() -> None:
+    """Device-side tensor descriptors live in a global scratch buffer Triton asks the allocator for. The
+    allocator is a context variable (per thread): set ours unless someone else set one."""
+    global _allocator_set
+    try:
+        from triton.runtime import _allocation
+
+        current = _allocation._allocator.get()
+        if not isinstance(current, _allocation.NullAllocator):
+            return
+    except (ImportError, AttributeError):
+        pass
+    triton.set_allocator(_scratch_allocator)
+    _allocator_set = True
+
+
+# --------------------------------------------------------------------------------- what a call runs
+def num_programs() -> int:
+    dev = device.current()
+    # on the interpreter a handful of programs, so the persistent loop really loops in the tests
+    return 3 if dev.interpreter else dev.multiprocessors
+
+
+def _input_precision(ops: Operands) -> str:
+    if ops.a.dtype != torch.float32:
+        return "ieee"
+    dev = device.current()
+    if dev.vendor == "nvidia" and not dev.interpreter and torch.backends.cuda.matmul.allow_tf32:
+        return "tf32"
+    return "ieee"
+
+
+def quant_mode(ops: Operands, cfg: GemmConfig) -> int:
+    if ops.q is None:
+        return QUANT_NONE
+    if cfg.kernel == "tiled" and ops.N <= cfg.block_n:
+        return QUANT_DIRECT
+    return QUANT_TWO_PASS
+
+
+def launches(ops: Operands, cfg: GemmConfig) -> tuple[list[Launch], Callable[[], None] | None]:
+    """The launches of ``cfg`` on ``ops`` (the GEMM, then the quantisation pass when a row spans several
+    tiles) and a step to run after them (None, or the copy into a strided quantised ``out=``).
+
+    Allocates what the launches need (the quantisation temporaries; split-K buffers are kept a stream)."""
+    dev = ops.a.device
+    dz = dummy(dev)
+    epi = ops.epi
+    qmode = quant_mode(ops, cfg)
+    c, c_role = ops.c, "out"
+    amax, amax_role = dz, "dummy"
+    stride_amax_p = 0
+    sc = ops.sc
+    if qmode == QUANT_TWO_PASS:
+        # bf16 keeps 8 significant bits, 5 more than e4m3: the double rounding moves a code only within
+        # 2^-9 of a tie. int8 (7 bits of magnitude) and fp32 inputs keep fp32; so does the interpreter,
+        # whose fp32 -> bf16 cast truncates.
+        exact = ops.q.dtype == torch.int8 or ops.a.dtype == torch.float32 or device.current().interpreter
+        c = torch.empty((ops.Z, ops.M, ops.N), dtype=torch.float32 if exact else torch.bfloat16, device=dev)
+        c_role = "wide"
+        sc = tuple(c.stride())
+        parts = math.ceil(ops.N / cfg.block_n) * (cfg.epi_subtile if cfg.kernel == "persistent" else 1)
+        amax, amax_role = torch.empty((parts, ops.Z * ops.M), dtype=torch.float32, device=dev), "amax"
+        stride_amax_p = ops.Z * ops.M
+    elif qmode == QUANT_DIRECT:
+        amax, amax_role = ops.q_scale, "q_scale"
+    tiles = math.ceil(ops.M / cfg.block_m) * math.ceil(ops.N / cfg.block_n)
+    acc_int = ops.a.dtype == torch.int8
+    ws = lock = dz
+    ws_role = lock_role = "dummy"
+    if cfg.kernel == "tiled" and cfg.split_k > 1:
+        stream = _stream_of(dev)
+        ws = stream_buffer("ws", dev, stream, ops.Z * tiles * cfg.split_k * cfg.block_m * cfg.block_n,
+                           torch.int32 if acc_int else torch.float32)
+        lock = stream_buffer("lock", dev, stream, ops.Z * tiles, torch.int32)
+        ws_role, lock_role = "ws", "lock"
+    use_tma = bool(cfg.tma and ops.problem.tma_ok)
+    raw_int = acc_int and c.dtype == torch.int32
+
+    def opt(mn, role):
+        return (mn.t, role) if mn is not None else (dz, "dummy")
+
+    pointers: dict[str, tuple[torch.Tensor, str]] = {
+        "a_ptr": (ops.a, "a"), "b_ptr": (ops.b, "b"), "c_ptr": (c, c_role),
+        "scale_a_ptr": (ops.scale_a, "scale_a") if ops.scale_a is not None else (dz, "dummy"),
+        "scale_b_ptr": (ops.scale_b, "scale_b") if ops.scale_b is not None else (dz, "dummy"),
+        "bias_ptr": opt(ops.bias, "bias"), "res_ptr": opt(ops.residual, "residual"), "pre_ptr": opt(ops.pre, "pre"),
+        "amax_ptr": (amax, amax_role), "ws_ptr": (ws, ws_role), "lock_ptr": (lock, lock_role)}
+    for i in range(NUM_EXTRA_OPERANDS):
+        pointers[f"e{i}_ptr"] = opt(ops.extras[i] if i < len(ops.extras) else None, f"e{i}")
+    args: dict[str, Any] = dict(
+        M=ops.M, N=ops.N, K=ops.K, Z=ops.Z,
+        stride_az=ops.sa[0], stride_am=ops.sa[1], stride_ak=ops.sa[2],
+        stride_bz=ops.sb[0], stride_bk=ops.sb[1], stride_bn=ops.sb[2],
+        stride_cz=sc[0], stride_cm=sc[1], stride_cn=sc[2],
+        stride_bias_z=ops.bias.sz if ops.bias else 0,
+        stride_bias=(ops.bias.sn if epi.bias == "col" else ops.bias.sm) if ops.bias else 0,
+        stride_rz=ops.residual.sz if ops.residual else 0, stride_rm=ops.residual.sm if ops.residual else 0,
+        stride_rn=ops.residual.sn if ops.residual else 0,
+        stride_pz=ops.pre.sz if ops.pre else 0, stride_pm=ops.pre.sm if ops.pre else 0,
+        stride_pn=ops.pre.sn if ops.pre else 0,
+        stride_amax_p=stride_amax_p, alpha=ops.alpha, beta=ops.beta)
+    for i in range(NUM_EXTRA_OPERANDS):
+        x = ops.extras[i] if i < len(ops.extras) else None
+        args[f"e{i}_sz"] = x.sz if x else 0
+        args[f"e{i}_sm"] = x.sm if x else 0
+        args[f"e{i}_sn"] = x.sn if x else 0
+    qdtype = ops.q.dtype if ops.q is not None else None
+    args.update(
+        EPILOGUE=epi.hook, ACTIVATION=ACTIVATIONS[epi.activation], BIAS_MODE=BIAS_MODES[epi.bias],
+        HAS_RESIDUAL=epi.residual, SCALE_A_MODE=SCALE_MODES_A[epi.scale_a], SCALE_B_MODE=SCALE_MODES_B[epi.scale_b],
+        HAS_ALPHA=epi.alpha, STORE_PRE=epi.store_pre, QUANT=qmode, QMAX=qmax(qdtype) if qdtype else 1.0,
+        Q_INT=qdtype == torch.int8, Q_GRID_MANT=fp8_grid(qdtype)[0], Q_GRID_EMIN=fp8_grid(qdtype)[1],
+        RAW_INT=raw_int, ACC_INT=acc_int, INPUT_PRECISION=_input_precision(ops),
+        EVEN_K=ops.K % cfg.block_k == 0, USE_TMA=use_tma, A_T=ops.problem.a_t, B_T=ops.problem.b_t,
+        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m)
+    if cfg.kernel == "tiled":
+        kernel = gemm_tiled_kernel
+        args["SPLIT_K"] = cfg.split_k
+        grid: tuple[int, ...] = (tiles * cfg.split_k, ops.Z)
+    else:
+        kernel = gemm_persistent_kernel
+        nprog = num_programs()
+        c_tma = (use_tma and qmode != QUANT_DIRECT and sc[2] == 1 and (sc[1] * c.element_size()) % TMA_ALIGN == 0
+                 and c.data_ptr() % TMA_ALIGN == 0 and ops.Z == 1)
+        args.update(NUM_PROGRAMS=nprog, C_TMA=c_tma, EPI_SUBTILE=cfg.epi_subtile, FLATTEN=cfg.flatten,
+                    WARP_SPECIALIZE=cfg.warp_specialize)
+        grid = (max(1, min(nprog, tiles * ops.Z)),)
+    for name, (t, _) in pointers.items():
+        args[name] = t
+    out = [Launch(kernel, grid, args, {n: r for n, (_, r) in pointers.items()},
+                  cfg.launch_options(device.current().vendor), {"alpha": "alpha", "beta": "beta"})]
+    post = None
+    if qmode == QUANT_TWO_PASS:
+        quant, post = _quantize_launch(ops, c, amax)
+        out.append(quant)
+    return out, post
+
+
+def _quantize_launch(ops: Operands, y: torch.Tensor, amax: torch.Tensor) -> tuple[Launch, Callable[[], None] | None]:
+    """The second pass of per-row quantisation: row amax from the tile partials, then the codes."""
+    R, N = ops.Z * ops.M, ops.N
+    q = ops.q
+    post = None
+    if q.is_contiguous():
+        target, role = q.reshape(R, N), "out"
+    else:  # a strided out=: write through a contiguous buffer, then copy
+        target, role = torch.empty((R, N), dtype=q.dtype, device=q.device), "wide_q"
+
+        def post():
+            q.copy_(target.view(q.shape))
+    interp = device.current().interpreter
+    block_n = min(64 if interp else 512, triton.next_power_of_2(max(N, 1)))
+    block_p = min(64, triton.next_power_of_2(max(amax.shape[0], 1)))
+    args = dict(y_ptr=y, q_ptr=target, scale_ptr=ops.q_scale, amax_ptr=amax, R=R, N=N, n_parts=amax.shape[0],
+                stride_yr=y.stride(1), stride_yn=y.stride(2), stride_qr=target.stride(0), stride_qn=target.stride(1),
+                stride_amax_p=amax.stride(0), QMAX=qmax(q.dtype), Q_INT=q.dtype == torch.int8,
+                Q_GRID_MANT=fp8_grid(q.dtype)[0], Q_GRID_EMIN=fp8_grid(q.dtype)[1],
+                BLOCK_R=QUANT_BLOCK_R, BLOCK_N=block_n, BLOCK_P=block_p)
+    roles = {"y_ptr": "wide", "q_ptr": role, "scale_ptr": "q_scale", "amax_ptr": "amax"}
+    return Launch(quantize_rows_kernel, (triton.cdiv(R, QUANT_BLOCK_R),), args, roles, {"num_warps": 4}), post
+
+
+QUANT_BLOCK_R = 16  # rows a program of the quantisation pass
+
+
+def uses_tma(ls: list[Launch]) -> bool:
+    return any(L.args.get("USE_TMA") or L.args.get("C_TMA") for L in ls)
+
+
+# --------------------------------------------------------------------------------- compiled replay
+from triton import knobs as _knobs  # noqa: E402
+
+_RUNTIME = _knobs.runtime
+_DIRECT_TRITON = ("3.6.",)  # launcher argument order read from these versions' nvidia driver.py
+
+
+class CompiledLaunch:
+    """One :class:`Launch` kept for replay with new tensors.
+
+    ``run(values, stream)`` takes the tensors by role index (:data:`ROLE_INDEX`) and the float values
+    (alpha, beta). The first run on a GPU goes through the JIT and keeps the compiled kernel; later runs call
+    its launcher with the recorded arguments, pointers as integers. On the interpreter every run goes
+    through the JIT (there is nothing compiled to keep)."""
+
+    __slots__ = ("kernel", "grid", "options", "jit_args", "direct_args", "ptr_slots", "value_slots", "names",
+                 "compiled", "launch_fn", "function", "packed", "coop", "pdl", "scratch_bytes", "scratch_align",
+                 "via_run", "interpret", "device_index")
+
+    def __init__(self, launch: Launch):
+        self.kernel, self.grid, self.options = launch.kernel, launch.grid, launch.options
+        names = list(launch.kernel.arg_names)
+        self.names = names
+        self.jit_args = [launch.args[n] for n in names]
+        self.direct_args = list(self.jit_args)
+        self.ptr_slots: list[tuple[int, int]] = []
+        for n, role in launch.roles.items():
+            i = names.index(n)
+            if role == "dummy":
+                self.direct_args[i] = launch.args[n].data_ptr()
+            elif role in ROLE_INDEX:
+                self.ptr_slots.append((i, ROLE_INDEX[role]))
+            else:
+                raise ValueError(f"role {role!r} of {n} cannot be replayed")
+        self.value_slots = [(names.index(n), VALUE_ROLES.index(r)) for n, r in launch.values.items()]
+        self.compiled = False
+        self.launch_fn = self.function = self.packed = None
+        self.coop = self.pdl = 0
+        self.scratch_bytes = self.scratch_align = 0
+        self.via_run = False
+        self.interpret = device.current().interpreter
+        self.device_index = launch.args[names[0]].get_device() if hasattr(launch.args[names[0]], "get_device") else -1
+
+    def _jit(self, values, floats) -> None:
+        args = list(self.jit_args)
+        for i, r in self.ptr_slots:
+            args[i] = values[r]
+        for i, r in self.value_slots:
+            args[i] = floats[r]
+        compiled = self.kernel[self.grid](*args, **self.options)
+        if self.interpret or compiled is None:
+            return
+        self._keep(compiled)
+
+    def _keep(self, compiled) -> None:
+        run = compiled.run  # loads the module (and checks resources) once
+        self.function, self.packed = compiled.function, compiled.packed_metadata
+        self.launch_fn = run
+        self.via_run = True
+        if (type(run).__name__ == "CudaLauncher" and triton.__version__.startswith(_DIRECT_TRITON)
+                and not getattr(run, "profile_scratch_size", 0) and hasattr(run, "launch")):
+            self.launch_fn = run.launch
+            self.via_run = False
+            self.coop, self.pdl = int(run.launch_cooperative_grid), int(run.launch_pdl)
+            grid_size = math.prod(self.grid)
+            self.scratch_bytes = run.global_scratch_size * grid_size * run.num_ctas
+            self.scratch_align = run.global_scratch_align
+        self.compiled = True
+
+    def run(self, values: list, floats: tuple, stream: int) -> None:
+        if not self.compiled or _RUNTIME.launch_enter_hook is not None or _RUNTIME.launch_exit_hook is not None:
+            # (a profiler's launch hooks, proton's say, need the JIT's launch path)
+            self._jit(values, floats)
+            return
+        args = list(self.direct_args)
+        for i, r in self.ptr_slots:
+            args[i] = values[r].data_ptr()
+        for i, r in self.value_slots:
+            args[i] = floats[r]
+        g = self.grid
+        g0, g1, g2 = g[0], (g[1] if len(g) > 1 else 1), (g[2] if len(g) > 2 else 1)
+        if self.via_run:
+            self.launch_fn(g0, g1, g2, stream, self.function, self.packed, None, None, None, *args)
+            return
+        scratch = None
+        if self.scratch_bytes:
+            scratch = _scratch_pointer(self.device_index, stream, self.scratch_bytes, self.scratch_align)
+        self.launch_fn(g0, g1, g2, stream, self.function, self.coop, self.pdl, scratch, None, self.packed,
+                       None, None, None, *args)
+
+
+def _scratch_pointer(device_index: int, stream: int, size: int, align: int) -> int:
+    dev = torch.device("cuda", device_index) if device_index >= 0 else device.torch_device()
+    t = stream_buffer("scratch", dev, stream, size + align, torch.int8)
+    p = t.data_ptr()
+    return p + ((-p) % max(1, align))
+
+
+def current_stream(device_index: int) -> int:
+    if device_index < 0:
+        return 0
+    return torch._C._cuda_getCurrentRawStream(device_index)
+
+
+def role_values(ops: Operands, ls: list[Launch]) -> list:
+    """The tensors of ``ops`` (and of the launches' temporaries) by role index."""
+    values: list = [None] * len(ROLES)
+    for L in ls:
+        for n, role in L.roles.items():
+            if role in ROLE_INDEX and values[ROLE_INDEX[role]] is None:
+                values[ROLE_INDEX[role]] = L.args[n]
+    return values
+
+
+def bound(ops: Operands, cfg: GemmConfig) -> Callable[[], None]:
+    """A callable that runs ``cfg`` on ``ops``'s tensors with the least host work: what the tuner and the sweep
+    time (their candidates must not be ranked by launch overhead), and what :func:`launch` runs once."""
+    ls, post = launches(ops, cfg)
+    if uses_tma(ls):
+        ensure_scratch_allocator()
+    compiled = [CompiledLaunch(L) for L in ls]
+    values = role_values(ops, ls)
+    floats = (ops.alpha, ops.beta)
+    index = compiled[0].device_index
+
+    def run() -> None:
+        stream = current_stream(index)
+        for c in compiled:
+            c.run(values, floats, stream)
+        if post is not None:
+            post()
+    return run
+
+
+def launch(ops: Operands, cfg: GemmConfig) -> None:
+    """Run ``cfg`` on ``ops`` once (the quantisation pass included)."""
+    if ops.M == 0 or ops.N == 0 or ops.Z == 0:
+        return
+    bound(ops, cfg)()
+
+
+def warmup(ops: Operands, cfg: GemmConfig) -> None:
+    """Compile ``cfg`` for ``ops`` without running it (the tuner compiles candidates ahead, in threads)."""
+    ls, _ = launches(ops, cfg)
+    if uses_tma(ls):
+        ensure_scratch_allocator()
+    for L in ls:
+        L.kernel.warmup(**L.args, grid=L.grid, **L.options)

@@ -1,0 +1,333 @@
+"""The GEMM call path: check -> allocate -> launch once per call *signature*, then replay.
+
+A call's signature is everything the checks, the config choice and the compiled kernel depend on: each
+tensor's dtype, shape, strides, device and 16-byte alignment, the epilogue's options, ``out_dtype``,
+``quantize``, the hook, an explicit config and (fp32) the tf32 setting. The first call of a signature runs the
+full path (:func:`~tilefuse.kernels.gemm_checks.prepare`, the tuner, :func:`~tilefuse.kernels.gemm_launch.launches`)
+and keeps a :class:`Plan`: the launches with the role of each pointer, and how to allocate the outputs.
+A repeat call builds the signature (a tuple), finds the plan, allocates the outputs, fills the pointer slots
+and calls the compiled launchers: no validation, no torch ops besides the output allocation, no JIT dispatch.
+
+Plans are dropped when the settings (:func:`tilefuse.config.get`) or the tuner's decisions
+(:func:`tilefuse.kernels.gemm_tuning.forget`) change. A call whose kernels would not see its own tensors
+(a scale vector copied to make it contiguous, a strided quantised ``out=``) or that launches nothing (a
+zero-size dimension, K = 0) runs the full path every time.
+"""
+from __future__ import annotations
+
+import threading
+from typing import Sequence
+
+import torch
+import triton
+
+from .. import config as tf_config
+from . import gemm_launch as L
+from . import gemm_tuning
+from .gemm_checks import GemmOutputs, MNOperand, Operands, prepare, qmax
+from .gemm_configs import SAFE_CONFIG, GemmConfig
+from .gemm_epilogue import QUANT_EPS
+
+Tensor = torch.Tensor
+
+
+def _sig(t: Tensor) -> tuple:
+    return (t.dtype, t.shape, t.stride(), t.data_ptr() & 15, t.get_device())
+
+
+class Plan:
+    """How to repeat one signature's call: output recipes and the compiled launches."""
+
+    __slots__ = ("launches", "device", "device_index", "out_shape", "out_dtype", "scale_shape", "pre_shape",
+                 "pre_dtype", "temps", "ws", "lock", "dummy", "config", "hook", "more")
+
+    def __init__(self, ops: Operands, launches: list[L.Launch], cfg: GemmConfig, value_shape, scale_shape, pre_shape,
+                 hook):
+        self.config, self.hook = cfg, hook
+        self.launches = tuple(L.CompiledLaunch(x) for x in launches)
+        self.device = ops.a.device
+        self.device_index = ops.a.get_device()
+        self.out_shape, self.out_dtype = tuple(value_shape), ops.c.dtype if ops.q is None else ops.q.dtype
+        self.scale_shape = tuple(scale_shape) if ops.q_scale is not None else None
+        self.pre_shape = tuple(pre_shape) if ops.pre is not None else None  # (Z, M, N), unfolded
+        self.pre_dtype = ops.pre.t.dtype if ops.pre is not None else None
+        self.temps: list[tuple[int, tuple, torch.dtype]] = []  # (role index, shape, dtype) made a call
+        self.ws = self.lock = None
+        seen = set()
+        for x in launches:
+            for name, role in x.roles.items():
+                t = x.args[name]
+                if role in ("wide", "amax", "wide_q") and role not in seen:
+                    self.temps.append((L.ROLE_INDEX[role], tuple(t.shape), t.dtype))
+                elif role == "ws":  # grid: (tiles x SPLIT_K, Z); a partial tile a program
+                    self.ws = (t.dtype, x.grid[0] * x.grid[1] * x.args["BLOCK_M"] * x.args["BLOCK_N"])
+                elif role == "lock":  # a counter a tile
+                    self.lock = (x.grid[0] // x.args["SPLIT_K"]) * x.grid[1]
+                seen.add(role)
+        self.dummy = L.dummy(self.device)
+        # anything besides the output to make a call (scales, pre-activation, temporaries, split-K buffers)
+        self.more = bool(self.scale_shape or self.pre_shape or self.temps or self.ws)
+
+    def run(self, a, b, bias, residual, scale_a, scale_b, extras, out, alpha, beta):
+        o = out if out is not None else a.new_empty(self.out_shape, dtype=self.out_dtype)
+        values = [a, b, bias, residual, scale_a, scale_b, None, None, None, None, o, None, None, None, None, None,
+                  None, self.dummy, None]
+        if extras:
+            for i, e in enumerate(extras):
+                values[6 + i] = e
+        stream = L.current_stream(self.device_index)
+        scale = pre = None
+        if self.more:
+            scale, pre = self._more(a, values, stream)
+        floats = (alpha, beta)
+        for c in self.launches:
+            c.run(values, floats, stream)
+        return o, scale, pre
+
+    def _more(self, a, values, stream):
+        scale = pre = None
+        if self.scale_shape is not None:
+            scale = values[11] = a.new_empty(self.scale_shape, dtype=torch.float32)
+        if self.pre_shape is not None:
+            pre = values[12] = a.new_empty(self.pre_shape, dtype=self.pre_dtype)
+        for role, shape, dtype in self.temps:
+            values[role] = a.new_empty(shape, dtype=dtype)
+        if self.ws is not None:
+            values[15] = L.stream_buffer("ws", self.device, stream, self.ws[1], self.ws[0])
+            values[16] = L.stream_buffer("lock", self.device, stream, self.lock, torch.int32)
+        return scale, pre
+
+
+# role index -> the user argument it must equal (checked when a plan is made)
+assert L.ROLES[:10] == ("a", "b", "bias", "residual", "scale_a", "scale_b", "e0", "e1", "e2", "e3")
+assert L.ROLES[10:] == ("out", "q_scale", "pre", "wide", "amax", "ws", "lock", "dummy", "wide_q")
+
+_plans: dict[tuple, Plan] = {}
+_plans_lock = threading.Lock()
+_owner: list = [None, None]  # the settings and tuner generation the plans were made under
+MAX_PLANS = 4096  # a process cycling through more signatures than this starts again (memory bound)
+
+
+def forget_plans() -> None:
+    with _plans_lock:
+        _plans.clear()
+
+
+def plan_count() -> int:
+    return len(_plans)
+
+
+def gemm_call(a: Tensor, b: Tensor, *, out_dtype=None, bias=None, activation="none", residual=None,
+              alpha: float = 1.0, beta: float = 1.0, scale_a=None, scale_b=None, quantize=None, epilogue_fn=None,
+              extra_operands: Sequence[Tensor] = (), out=None, store_pre: bool = False,
+              config: GemmConfig | None = None) -> tuple[Tensor, Tensor | None, Tensor | None]:
+    """C = epilogue(A @ B); returns ``(value, scale, pre)``: the result (2-D for 2-D operands, else 3-D;
+    ``out`` itself when given), the per-row scales ((M, 1) or (Z, M, 1)) when quantising, the pre-activation
+    values (Z, M, N) when ``store_pre``. Arguments as :func:`tilefuse.linalg.gemm`."""
+    if _owner[0] is not tf_config.get() or _owner[1] != gemm_tuning.generation:
+        with _plans_lock:
+            _plans.clear()
+            _owner[0], _owner[1] = tf_config.get(), gemm_tuning.generation
+    try:
+        key = (_sig(a), _sig(b), out_dtype, None if bias is None else _sig(bias), activation,
+               None if residual is None else _sig(residual), alpha == 1.0, type(alpha) in _NUMBERS, type(beta) in _NUMBERS,
+               None if scale_a is None else _sig(scale_a), None if scale_b is None else _sig(scale_b), quantize,
+               id(epilogue_fn), tuple(map(_sig, extra_operands)) if extra_operands else (),
+               None if out is None else _sig(out), store_pre, config,
+               torch.backends.cuda.matmul.allow_tf32 if a.dtype is torch.float32 else None)
+        plan = _plans.get(key)
+    except Exception:  # not tensors, an unhashable argument, a tensor without storage: the full path says
+        key, plan = None, None
+    if plan is not None:
+        return plan.run(a, b, bias, residual, scale_a, scale_b, extra_operands, out, alpha, beta)
+    return _first_call(key, a, b, out_dtype=out_dtype, bias=bias, activation=activation, residual=residual,
+                       alpha=alpha, beta=beta, scale_a=scale_a, scale_b=scale_b, quantize=quantize,
+                       epilogue_fn=epilogue_fn, extra_operands=extra_operands, out=out, store_pre=store_pre,
+                       config=config)
+
+
+_NUMBERS = frozenset((float, int))  # alpha/beta types the checks accept as they are (bool is not one)
+_bad_configs: set[tuple] = set()
+
+
+def choose_config(ops: Operands) -> GemmConfig:
+    return gemm_tuning.choose(ops)
+
+
+def _first_call(key, a, b, *, out_dtype, bias, activation, residual, alpha, beta, scale_a, scale_b, quantize,
+                epilogue_fn, extra_operands, out, store_pre, config):
+    ops = prepare(a, b, out_dtype=out_dtype, bias=bias, activation=activation or "none", residual=residual,
+                  alpha=alpha, beta=beta, scale_a=scale_a, scale_b=scale_b, quantize=quantize,
+                  epilogue_fn=epilogue_fn, extra_operands=extra_operands, out=out, store_pre=store_pre)
+    two_d = a.dim() == 2 and b.dim() == 2
+    a3 = a if a.dim() == 3 else a.unsqueeze(0)
+    b3 = b if b.dim() == 3 else b.unsqueeze(0)
+    Z = max(a3.shape[0], b3.shape[0]) if min(a3.shape[0], b3.shape[0]) > 0 else 0
+    M, N = a3.shape[1], b3.shape[2]
+    value_shape = (M, N) if two_d else (Z, M, N)
+    scale_shape = (M, 1) if two_d else (Z, M, 1)
+    stored = ops.q if ops.q is not None else ops.c
+    value = out if out is not None else stored.view(value_shape)
+    scale = ops.q_scale.view(scale_shape) if ops.q_scale is not None else None
+    pre = None
+    if ops.pre is not None:
+        pre = ops.pre.t.reshape(Z, M, N) if ops.Z != Z else ops.pre.t
+    if not (ops.M and ops.N and Z):
+        if ops.q_scale is not None:
+            ops.q_scale.fill_(QUANT_EPS / qmax(ops.q.dtype))
+        return value, scale, pre
+    if ops.K == 0 and ops.q is None and not ops.epi.hook and ops.epi.bias == "none" and not ops.epi.residual \
+            and ops.epi.activation in ("none", "relu", "gelu", "gelu_tanh", "silu", "tanh"):
+        ops.c.zero_()  # every activation above maps 0 to 0: nothing to launch
+        if ops.pre is not None:
+            ops.pre.t.zero_()
+        return value, scale, pre
+    cfg = config or choose_config(ops)
+    if (ops.problem, cfg) in _bad_configs:
+        cfg = SAFE_CONFIG
+    while True:
+        ls, post = L.launches(ops, cfg)
+        try:
+            if post is not None or not _sees_user_tensors(ops, ls, a, b, bias, residual, scale_a, scale_b,
+                                                          extra_operands, out):
+                L.bound(ops, cfg)()  # runs the full path every call (see the module's note)
+                tf_config.log(2, f"gemm {ops.problem.describe()}: {cfg.label()} (unplanned)")
+                break
+            if L.uses_tma(ls):
+                L.ensure_scratch_allocator()
+            plan = Plan(ops, ls, cfg, value_shape, scale_shape, (Z, M, N), epilogue_fn)
+            values = L.role_values(ops, ls)
+            stream = L.current_stream(plan.device_index)
+            for c in plan.launches:
+                c.run(values, (ops.alpha, ops.beta), stream)
+            if key is not None:
+                with _plans_lock:
+                    if len(_plans) >= MAX_PLANS:
+                        _plans.clear()
+                    _plans[key] = plan
+            tf_config.log(2, f"gemm {ops.problem.describe()}: {cfg.label()}")
+            break
+        except triton.runtime.errors.OutOfResources as exc:
+            # a config the device rejects (out of shared memory or registers on a part the space did not foresee)
+            if cfg == SAFE_CONFIG:
+                raise
+            tf_config.log(1, f"gemm: {cfg.label()} does not fit ({exc}); falling back to {SAFE_CONFIG.label()}")
+            _bad_configs.add((ops.problem, cfg))
+            cfg = SAFE_CONFIG
+    return value, scale, pre
+
+
+def _sees_user_tensors(ops: Operands, ls: list[L.Launch], a, b, bias, residual, scale_a, scale_b, extras, out) -> bool:
+    """Every pointer of a user role is that user tensor's own address (a view, not a copy), so a later call
+    with the same signature can pass its tensors straight in; ``out=`` likewise for the store target."""
+    user = {"a": a, "b": b, "bias": bias, "residual": residual, "scale_a": scale_a, "scale_b": scale_b}
+    for i, e in enumerate(extras):
+        user[f"e{i}"] = e
+    for x in ls:
+        for name, role in x.roles.items():
+            t = x.args[name]
+            if role in user and (user[role] is None or t.data_ptr() != user[role].data_ptr()):
+                return False
+            if role == "out" and out is not None and t.data_ptr() != out.data_ptr():
+                return False
+    return True
+
+
+# ------------------------------------------------------------------------------------ entry points
+def gemm_raw(a: Tensor, b: Tensor, *, out_dtype=None, bias=None, activation="none", residual=None,
+             alpha: float = 1.0, beta: float = 1.0, scale_a=None, scale_b=None, quantize=None, epilogue_fn=None,
+             extra_operands: Sequence[Tensor] = (), out=None, store_pre: bool = False,
+             config: GemmConfig | None = None) -> GemmOutputs:
+    """C = epilogue(A @ B) on 2-D or 3-D operands (batch of 1 broadcasts).
+
+    Returns :class:`GemmOutputs` with 3-D ``out`` (Z, M, N) (a view of ``out=`` when given), the per-row
+    ``scale`` (Z, M, 1) when quantising and the pre-activation values when ``store_pre``.
+    """
+    value, scale, pre = gemm_call(a, b, out_dtype=out_dtype, bias=bias, activation=activation, residual=residual,
+                                  alpha=alpha, beta=beta, scale_a=scale_a, scale_b=scale_b, quantize=quantize,
+                                  epilogue_fn=epilogue_fn, extra_operands=extra_operands, out=out,
+                                  store_pre=store_pre, config=config)
+    return GemmOutputs(value if value.dim() == 3 else value.unsqueeze(0),
+                       None if scale is None else (scale if scale.dim() == 3 else scale.unsqueeze(0)), pre)
+
+
+def gemm_with_epilogue(a: Tensor, b: Tensor, epilogue_fn, extra_operands: Sequence[Tensor] = (),
+                       out_dtype: torch.dtype | None = None, *, bias=None, activation=None, residual=None,
+                       alpha: float = 1.0, beta: float = 1.0, scale_a=None, scale_b=None, quantize=None, out=None,
+                       config: GemmConfig | None = None):
+    """The compiler's entry: ``epilogue_fn`` (a ``@triton.jit`` hook, see :mod:`.gemm_epilogue`) runs on the
+    fp32 tile after the built-in steps, reading up to four ``extra_operands`` broadcast to the output.
+
+    Returns the output with the operands' batch shape (2-D for 2-D operands), or ``(codes, scales)`` when
+    ``quantize`` is given. No autograd: the compiler differentiates its graphs itself.
+    """
+    value, scale, _ = gemm_call(a, b, out_dtype=out_dtype, bias=bias, activation=activation or "none",
+                                residual=residual, alpha=alpha, beta=beta, scale_a=scale_a, scale_b=scale_b,
+                                quantize=quantize, epilogue_fn=epilogue_fn, extra_operands=extra_operands, out=out,
+                                config=config)
+    if scale is not None:
+        return value, scale
+    return value
+
+
+def supports(a: Tensor, b: Tensor, **epilogue) -> tuple[bool, str]:
+    """(True, "") when :func:`gemm_raw` accepts these operands and epilogue keywords, else (False, why).
+    Runs the checks only: nothing is allocated or launched."""
+    try:
+        prepare(a, b, allocate=False, **epilogue)
+    except (TypeError, ValueError) as exc:
+        return False, str(exc)
+    return True, ""
+
+
+def scratch_operands(ops: Operands) -> Operands:
+    """The same inputs with fresh output buffers (the tuner times candidates without touching the caller's
+    ``out=``, which may even alias the residual)."""
+    import dataclasses
+
+    def like(t):
+        return None if t is None else torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=t.device)
+
+    c = like(ops.c)
+    q = c if ops.q is not None else None
+    pre = MNOperand(like(ops.pre.t), ops.pre.sz, ops.pre.sm, ops.pre.sn) if ops.pre is not None else None
+    return dataclasses.replace(ops, c=c, q=q, q_scale=like(ops.q_scale), pre=pre)
+
+
+def run_with_config(ops: Operands, cfg: GemmConfig) -> GemmConfig:
+    """Launch, falling back to SAFE_CONFIG when the device rejects ``cfg``. Returns the config that ran."""
+    key = (ops.problem, cfg)
+    if key in _bad_configs:
+        cfg = SAFE_CONFIG
+    try:
+        L.launch(ops, cfg)
+        return cfg
+    except triton.runtime.errors.OutOfResources as exc:
+        if cfg == SAFE_CONFIG:
+            raise
+        tf_config.log(1, f"gemm: {cfg.label()} does not fit ({exc}); falling back to {SAFE_CONFIG.label()}")
+        _bad_configs.add(key)
+        L.launch(ops, SAFE_CONFIG)
+        return SAFE_CONFIG
+
+
+def host_path_us(a: Tensor, b: Tensor, calls: int = 2000, rounds: int = 5, **kw) -> float:
+    """Microseconds a repeat call spends on the host with the kernel launches stubbed out: the plan lookup,
+    output allocation and argument filling between ``tilefuse.gemm`` and the launcher (the best of
+    ``rounds``). Runs on any machine; the launcher's own C cost (argument parsing, cuLaunchKernelEx) is not
+    included."""
+    import time
+
+    gemm_call(a, b, **kw)  # makes the plan
+    saved = L.CompiledLaunch.run
+    L.CompiledLaunch.run = lambda self, values, floats, stream: None
+    try:
+        best = float("inf")
+        for _ in range(rounds):
+            t0 = time.perf_counter()
+            for _ in range(calls):
+                gemm_call(a, b, **kw)
+            best = min(best, (time.perf_counter() - t0) / calls * 1e6)
+        return best
+    finally:
+        L.CompiledLaunch.run = saved
