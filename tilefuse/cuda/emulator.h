@@ -30,6 +30,7 @@
 #include <cstring>
 #include <deque>
 #include <functional>
+#include <memory>
 #include <vector>
 
 #define __global__
@@ -138,7 +139,9 @@ struct Block {
 struct State {
   Block block;
   std::vector<Thread> threads;
-  std::vector<std::vector<char>> stacks;
+  // Thread stacks, allocated uninitialised: the pages a thread never touches are never backed by memory
+  // (a zero-filled vector made rung 3's 1024 x 256 KiB resident).
+  std::vector<std::unique_ptr<char[]>> stacks;
   Thread* cur = nullptr;
   ucontext_t scheduler;
   const std::function<void()>* body = nullptr;
@@ -153,7 +156,9 @@ struct State {
   long long cp_async_ops = 0, bad_addresses = 0, deadlocks = 0;
 };
 
-inline State& state() {
+// static: each rung library keeps its own emulator (a shared one would tie libraries built from different
+// emulator.h versions to one layout).
+static inline State& state() {
   static State s;
   return s;
 }
@@ -259,9 +264,9 @@ inline void run_block(dim3 block_idx) {
     Thread& th = s.threads[t];
     th.linear = t;
     th.thread_idx = dim3(t % b.block_dim.x, (t / b.block_dim.x) % b.block_dim.y, t / (b.block_dim.x * b.block_dim.y));
-    if (s.stacks[t].size() < kStackBytes) s.stacks[t].resize(kStackBytes);
+    if (!s.stacks[t]) s.stacks[t].reset(new char[kStackBytes]);
     getcontext(&th.ctx);
-    th.ctx.uc_stack.ss_sp = s.stacks[t].data();
+    th.ctx.uc_stack.ss_sp = s.stacks[t].get();
     th.ctx.uc_stack.ss_size = kStackBytes;
     th.ctx.uc_link = &s.scheduler;
     makecontext(&th.ctx, entry, 0);
