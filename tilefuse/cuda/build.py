@@ -65,7 +65,8 @@ HOST_FLAGS = ("-x", "c++", "-std=c++17", "-O1", "-shared", "-fPIC", "-DTILEFUSE_
 NVCC_TIMEOUT_S = 900  # rung 9 takes ~14 s on a 2-core machine; a hung compiler must not hang CI
 RUNG_KEYS = {"rung", "arch", "portable", "reason", "claims", "emulate", "dynamic_smem"}
 KNOWN_ARCHES = tuple(GENCODE)
-SASS_LOCAL_MEMORY = ("LDL", "STL")  # local-memory loads/stores: spills or stack arrays
+SASS_LOCAL_MEMORY = ("LDL", "STL")
+EMULATOR_HEADERS = ("emulator.h",)  # included only under TILEFUSE_CPU_EMULATION  # local-memory loads/stores: spills or stack arrays
 
 
 class BuildError(RuntimeError):
@@ -104,7 +105,9 @@ class Rung:
         return local_includes(self.path)
 
     def lines_of_code(self, with_headers: bool = False) -> int:
-        paths = [self.path] + (self.includes() if with_headers else [])
+        """Lines of code of the rung's file (with ``with_headers``, also of the headers it includes for the
+        GPU: the CPU emulator's header is not part of the kernel)."""
+        paths = [self.path] + ([h for h in self.includes() if h.name not in EMULATOR_HEADERS] if with_headers else [])
         return sum(count_code_lines(p.read_text()) for p in paths)
 
 

@@ -1,9 +1,11 @@
 // tilefuse: minimal stand-in for ROCm's <hip/hip_runtime.h>, for compile-only checks of the HIP translation
-// with a bare clang (CI installs clang-19 and no ROCm). tilefuse/cuda/port.py puts this folder on the
-// include path only when no ROCm install is found; with ROCm the real headers are used instead.
-// It declares just what the portable rungs use, implemented on clang's AMDGPU builtins the way ROCm's own
-// headers do: thread/block coordinates, warpSize, __syncthreads, wave shuffles, vector types, the error
-// type and the launch hooks that clang's <<<>>> lowering calls. Nothing here is linked or run.
+// with a bare clang (CI installs clang-19 and no ROCm). tilefuse/cuda/port.py puts this folder on the include
+// path only when no ROCm install is found, together with -nogpuinc -include __clang_hip_runtime_wrapper.h:
+// clang's own wrapper supplies __device__/__global__/__shared__ and the device math declarations (erff ->
+// __ocml_erf_f32, left unresolved: -nogpulib links no device library, and -S stops before linking).
+// This file declares just what the portable rungs use, on clang's AMDGPU builtins: thread/block coordinates,
+// warpSize, __syncthreads, wave shuffles, vector types, the error type and the launch hooks that clang's
+// <<<>>> lowering calls. Nothing here is linked or run.
 #pragma once
 
 #include <stddef.h>
