@@ -12,6 +12,7 @@ NVLink multicast stays off (NCCL_NVLS_ENABLE=0, TORCH_SYMM_MEM_DISABLE_MULTICAST
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
 import os
 import statistics
@@ -76,7 +77,9 @@ def main(argv=None) -> int:
     rank, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
     local = int(os.environ.get("LOCAL_RANK", 0))
     if world > 1 or args.wrap != "none":
-        dist.init_process_group("nccl" if gpu else "gloo")
+        # a hang (a rank that died, an unreachable address) ends in an error after the timeout, not never
+        timeout = datetime.timedelta(seconds=float(os.environ.get("TILEFUSE_DIST_TIMEOUT_S", "300")))
+        dist.init_process_group("nccl" if gpu else "gloo", timeout=timeout)
     dev = torch.device("cuda", local) if gpu else torch.device("cpu")
     if gpu:
         torch.cuda.set_device(dev)

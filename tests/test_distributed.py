@@ -6,6 +6,7 @@ scripts/train_distributed.py is the same program there.
 import json
 import os
 import shutil
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -18,14 +19,28 @@ STEPS = 8  # enough steps for the optimizer to move the weights; each is a few i
 LOSS_RTOL = 1e-4  # fp32 throughout: compiled and eager differ only by summation order
 
 
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 def _torchrun(tmp_path, wrap, backend, cache):
     out = tmp_path / f"{wrap}-{backend}.json"
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["TILEFUSE_CACHE_DIR"] = str(cache)
+    # loopback only: gloo otherwise binds to the address the host name resolves to, which on a CI machine
+    # without a network can be unreachable (the ranks then wait on each other until the timeout)
+    env["GLOO_SOCKET_IFNAME"] = "lo"
+    env["TILEFUSE_DIST_TIMEOUT_S"] = "120"
     torchrun = shutil.which("torchrun", path=str(Path(sys.executable).parent)) or "torchrun"
-    cmd = [torchrun, "--standalone", "--nproc_per_node=2", str(SCRIPT), "--wrap", wrap, "--backend", backend,
-           "--steps", str(STEPS), "--out", str(out)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600, cwd=ROOT)
+    cmd = [torchrun, "--nnodes=1", "--nproc_per_node=2", "--master-addr=127.0.0.1", f"--master-port={_free_port()}",
+           str(SCRIPT), "--wrap", wrap, "--backend", backend, "--steps", str(STEPS), "--out", str(out)]
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300, cwd=ROOT)
+    except subprocess.TimeoutExpired as exc:
+        raise AssertionError(f"torchrun {wrap}/{backend} did not finish in 300 s:\n"
+                             f"{(exc.stdout or b'')[-2000:]!r}\n{(exc.stderr or b'')[-2000:]!r}") from None
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return json.loads(out.read_text())
 

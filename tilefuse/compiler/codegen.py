@@ -118,10 +118,14 @@ class KernelWriter:
         self.buffer_order: list[tuple[str, str]] = []
         self.tmp = 0
         self.uses_seed = False
-        self.float_args: dict[tuple, str] = {}
+        self.named: list[str] = []
+        self.sym_consts: dict[int, str] = {}
 
     # -------------------------------------------------------------------------------- naming
     def size(self, value: int) -> str:
+        """An index constant as a kernel argument (``ks0``...), shared between equal values. Numels are
+        their own arguments (:meth:`named_size`) so that a size equal to another by coincidence for one
+        shape does not change the kernel's text."""
         value = int(value)
         if value in (0, 1):
             return str(value)
@@ -133,11 +137,19 @@ class KernelWriter:
         return name
 
     def named_size(self, name: str, value: int) -> str:
-        if value in self.sizes:
-            return self.sizes[value]
-        self.sizes[value] = name
-        self.size_order.append((name, value))
+        self.size_order.insert(len(self.named), (name, int(value)))
+        self.named.append(name)
         return name
+
+    def symbolic_const(self, c) -> str:
+        """A constant that came from a size (the divisor of a mean over a dynamic dim): its own argument."""
+        key = id(c)
+        if key not in self.sym_consts:
+            is_float = isinstance(c.value, float) or P.compute_dtype(c.dtype).is_floating_point
+            name = f"{'kf' if is_float else 'ki'}{len(self.sym_consts)}"
+            self.sym_consts[key] = name
+            self.size_order.append((name, float(c.value) if is_float else int(c.value)))
+        return self.sym_consts[key]
 
     def pointer(self, kind: str, buffer: str) -> str:
         key = (kind, buffer)
@@ -255,12 +267,7 @@ class KernelWriter:
     def const_text(self, c: ir.Const) -> str:
         dt = P.compute_dtype(c.dtype)
         if c.from_size:
-            if dt.is_floating_point or isinstance(c.value, float):
-                key = ("f", repr(float(c.value)))
-                if key not in self.float_args:
-                    self.float_args[key] = f"kf{len(self.float_args)}"
-                return self.float_args[key]
-            return self.size(int(c.value)) if abs(int(c.value)) > 1 else str(int(c.value))
+            return self.symbolic_const(c)
         v = c.value
         if dt == torch.bool:
             return f"tl.full([], {1 if v else 0}, tl.int1)"
@@ -278,8 +285,18 @@ class KernelWriter:
             return str(v) if v >= 0 else f"({v})"
         return f"tl.full([], {v}, {TL_DTYPE[dt]})"
 
+    def tensor_text(self, text: str, reg: torch.dtype, scope: _Scope) -> str:
+        """``text`` as something ``.to()`` can be called on: a Python literal (``0.0``) becomes a 0-d tensor."""
+        if re.fullmatch(r"[A-Za-z_]\w*", text) and not text.startswith(("ks", "kf", "ki")) and \
+                text not in ("xnumel", "rnumel", "ynumel"):
+            return text
+        if text.startswith("tl.") or text.startswith("("):
+            return f"({text})" if not text.startswith("(") else text
+        return self.emit(scope, f"tl.full([], {text}, {TL_DTYPE[reg]})", reg)[0]
+
     def cast(self, e: ir.Cast, scope, key):
         text, src_reg = self.expr(e.arg, scope)
+        text = self.tensor_text(text, src_reg, scope)
         dst, src = e.dtype, e.arg.dtype
         reg = P.compute_dtype(dst)
         if dst in P.HALF:
@@ -573,6 +590,8 @@ class KernelWriter:
             offtext = f"{offtext} + 0 * {self.pvars[0]}"
         dtype = node.dtype
         cast = f".to({TL_DTYPE[dtype]})" if dtype != torch.bool and dtype != self.value_dtype(r) else ""
+        if cast:
+            value = self.tensor_text(value, self.value_dtype(r), scope)
         scope.lines.append(f"{scope.indent}tl.store({ptr} + ({offtext}), {value}{cast}, {level_mask})")
 
     def value_dtype(self, r: str) -> torch.dtype:
@@ -683,9 +702,11 @@ class KernelWriter:
                     if node.kind in ("argmax", "argmin"):
                         top.lines.append(f"    {a}_idx = tl.full([XBLOCK, RBLOCK], 2147483647, tl.int32)")
                     accs[r] = (a, reg)
-                top.lines.append("    for roffset in range(0, rnumel, RBLOCK):")
                 loop = _Scope(top, "        ", False)
-                loop.lines += ["        rindex = roffset + rbase",
+                # the loop header goes with the loop's lines: row-level values its body needs are hoisted into
+                # ``top`` while the body is written, and must come before the loop
+                loop.lines += ["    for roffset in range(0, rnumel, RBLOCK):",
+                               "        rindex = roffset + rbase",
                                "        rmask = rindex < rnumel",
                                "        mask = xmask & rmask"]
                 for r in fulls:
@@ -751,10 +772,7 @@ class KernelWriter:
             args.append(("seed",))
         for name, value in self.size_order:
             params.append(name)
-            args.append(("int", value))
-        for (_, rep), name in self.float_args.items():
-            params.append(name)
-            args.append(("float", float(rep)))
+            args.append(("float" if isinstance(value, float) else "int", value))
         params += [f"{c}: tl.constexpr" for c, _ in constexprs]
         tag = {"pointwise": "pw", "tiled": "pwt", "persistent": "red", "looped": "redl"}[self.form]
         ops = []

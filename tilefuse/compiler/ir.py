@@ -364,8 +364,9 @@ def unravel(linear: Index, shape: Sequence[int]) -> tuple[Index, ...]:
     out = []
     stride = 1
     for size in reversed(shape):
-        out.append(divmod_index(linear, stride, size) if size != 1 else const_index(0))
-        stride *= size
+        # a zero-size dim: nothing is ever computed there (the runtime launches nothing), any index will do
+        out.append(divmod_index(linear, stride, size) if size > 1 else const_index(0))
+        stride *= max(size, 1)
     return tuple(reversed(out))
 
 

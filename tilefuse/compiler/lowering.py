@@ -126,6 +126,17 @@ def is_dense(shape: Sequence[int], stride: Sequence[int]) -> bool:
     return True
 
 
+def is_non_overlapping(shape: Sequence[int], stride: Sequence[int]) -> bool:
+    """No two elements share memory (dense or with gaps, e.g. every other column)."""
+    dims = sorted((abs(st), sz) for st, sz in zip(stride, shape) if sz != 1)
+    reach = 0  # the largest offset the smaller-stride dims reach
+    for st, sz in dims:
+        if st <= reach:
+            return False
+        reach += (sz - 1) * st
+    return True
+
+
 def _tensor_meta(value) -> Optional[ir.TensorMeta]:
     if not isinstance(value, torch.Tensor):
         return None
@@ -320,7 +331,6 @@ class Lowerer:
             self._note_device(value)
             meta = _tensor_meta(value)
             self.fake[node.name] = value
-            self._check_dtype(meta.dtype, f"input {node.name}", whole_graph=True)
             return self.add(ir.InputNode(node.name, meta.shape, meta.stride, meta.dtype, position))
         if isinstance(value, (int, float, bool)) or value is None:
             return Sym(value) if value is not None else None
@@ -369,7 +379,7 @@ class Lowerer:
             return Sym(value)  # aten.sym_size and friends
         args = self._map(node.args)
         kwargs = self._map(node.kwargs)
-        if target in EXTERN_OPS:
+        if target in EXTERN_OPS or getattr(target, "overloadpacket", None) in EXTERN_OPS:
             return self.extern(node, args, kwargs, reason=None)
         try:
             for v in (value if isinstance(value, (tuple, list)) else (value,)):
@@ -471,7 +481,7 @@ def index_cond(ix: ir.Index, op: str, bound: int) -> ir.Expr:
     if decided[1]:
         return P.const(False, torch.bool)
     dtype = torch.int64 if max(abs(lo), abs(hi), abs(bound)) >= 2**31 else torch.int32
-    return P.build(op, index_value(ix, dtype), P.const(bound, dtype))
+    return P.build(op, index_value(ix, dtype), P.const(bound, dtype, from_size=True))
 
 
 def and_(a: ir.Expr | None, b: ir.Expr | None) -> ir.Expr | None:

@@ -324,6 +324,16 @@ for _op, _name in UNARY_FLOAT.items():
     register(_op)(_unary_float(_name))
 
 
+@register(aten.polygamma.default)
+def _polygamma(low, n, a):
+    """polygamma(0) = digamma, polygamma(1) = trigamma (digamma's derivative); higher orders run in ATen."""
+    order = int(plain(n))
+    if order not in (0, 1):
+        raise LoweringError(f"polygamma of order {order}: only orders 0 and 1 have a kernel")
+    dt = _args_dtype(low)
+    return low.pointwise(lambda x: P.build("digamma" if order == 0 else "trigamma", P.cast(x, dt)), a)
+
+
 @register(aten.log10.default)
 def _log10(low, a):
     dt = _args_dtype(low)
@@ -500,9 +510,9 @@ def _copy_(low, dst, src, non_blocking=False):
     if not isinstance(target, _ir.InputNode):
         raise LoweringError("copy_ into a tensor that is not a graph input")
     meta = low.tensor_meta[dst.name]
-    from .lowering import is_dense
-    if not is_dense(meta.shape, meta.stride):
-        raise LoweringError("copy_ into an input with an overlapping or non-dense layout")
+    from .lowering import is_non_overlapping
+    if not is_non_overlapping(meta.shape, meta.stride):
+        raise LoweringError("copy_ into an input whose elements overlap in memory (an expanded tensor)")
     if isinstance(src, TV) and low.fake.get(src.name) is not None and low.fake.get(dst.name) is not None and \
             low.fake[src.name].device != low.fake[dst.name].device:
         raise LoweringError("copy_ between devices")
@@ -534,7 +544,7 @@ def _scalar_tensor(low, value, **kwargs):
 
 @register(aten.zeros.default, aten.zeros_like.default, aten.new_zeros.default, aten.empty.memory_format,
           aten.empty_like.default, aten.new_empty.default, aten.empty_strided.default, aten.new_empty_strided.default,
-          aten.empty_permuted.default)
+          aten.empty_permuted.default, getattr(aten, "_efficientzerotensor", None))
 def _zeros(low, *args, **kwargs):
     return _fill(low, 0)
 

@@ -157,7 +157,8 @@ def _mean(low, a, dims=None, keepdim=False, dtype=None):
     space = low.shape_of(a)
     n = math.prod(space[d] for d in dims) if space else 1
     total = reduce(low, a, dims, "sum", meta=meta, name=low.new_name("sum"))
-    return low.pointwise(lambda s: P.build("truediv", s, P.const(float(n), meta.dtype)), total)
+    # the count is a size: a kernel argument, so a dynamic reduced dim does not change the kernel's text
+    return low.pointwise(lambda s: P.build("truediv", s, P.const(float(n), meta.dtype, from_size=True)), total)
 
 
 def _var(low, a, dims, correction, keepdim, var_meta, mean_meta=None):
@@ -169,7 +170,8 @@ def _var(low, a, dims, correction, keepdim, var_meta, mean_meta=None):
     kd_shape = tuple(1 if d in dims else s for d, s in enumerate(space))
     mean_internal = ir.TensorMeta(kd_shape, _contig(kd_shape), dtype)
     total = reduce(low, a, dims, "sum", meta=mean_internal, name=low.new_name("sum"))
-    mean = low.pointwise(lambda s: P.build("truediv", s, P.const(float(n), dtype)), total, meta=mean_internal,
+    mean = low.pointwise(lambda s: P.build("truediv", s, P.const(float(n), dtype, from_size=True)), total,
+                         meta=mean_internal,
                          name=low.new_name("mean"))
     corr = float(plain(correction)) if correction is not None else 1.0
     denom = max(n - corr, 0.0)
@@ -180,7 +182,7 @@ def _var(low, a, dims, correction, keepdim, var_meta, mean_meta=None):
         return P.build("mul", d, d)
     ss = reduce(low, a, dims, "sum", meta=ir.TensorMeta(var_meta.shape, var_meta.stride, acc),
                 body_fn=sq_dev, name=low.new_name("sumsq"), acc_dtype=acc)
-    var = low.pointwise(lambda s: P.build("truediv", s, P.const(denom, acc)), ss, meta=var_meta,
+    var = low.pointwise(lambda s: P.build("truediv", s, P.const(denom, acc, from_size=True)), ss, meta=var_meta,
                         name=low.current.name if mean_meta is None else low.new_name("var"))
     if mean_meta is None:
         return var, None
@@ -222,3 +224,42 @@ def _var_rule(low, a, dims=None, correction=None, keepdim=False, **kwargs):
 @register(aten.var_mean.correction)
 def _var_mean(low, a, dims=None, correction=None, keepdim=False):
     return _var(low, a, _dims(low, a, dims), correction, keepdim, low.out_meta(k=0), low.out_meta(k=1))
+
+
+# Scans as a reduction over a triangle: out[..., i, ...] = reduce_{j <= i} x[..., j, ...]. Quadratic in the
+# scanned length, so only short scans (prod's backward uses cumprod over the reduced dim) get a kernel.
+SCAN_MAX_LENGTH = 2048
+
+
+def _scan(low, a, dim, kind: str):
+    space_in = low.shape_of(a)
+    meta = low.out_meta()
+    rank = len(space_in)
+    if rank == 0:
+        return low.pointwise(lambda x: x, a)
+    d = norm_dim(plain(dim), rank)
+    n = space_in[d]
+    if n > SCAN_MAX_LENGTH:
+        raise LoweringError(f"a scan over {n} elements (the quadratic form stops at {SCAN_MAX_LENGTH})")
+    space = tuple(space_in[:d + 1]) + (n,) + tuple(space_in[d + 1:])
+    vars_ = ir.loop_vars(space)
+    src = [vars_[k] if k < d else vars_[k + 1] for k in range(rank)]
+    acc = P.compute_dtype(meta.dtype)
+    x = P.cast(low.load(a, src), meta.dtype)
+    x = P.cast(x, acc) if acc != meta.dtype else x
+    keep = P.build("le", ir.IndexValue.make(vars_[d + 1], torch.int64), ir.IndexValue.make(vars_[d], torch.int64))
+    ident = P.const(0 if kind == "sum" else 1, x.dtype)
+    body = P.where(keep, x, ident)
+    out_dims = tuple(k if k <= d else k + 1 for k in range(rank))
+    return low.add(ir.Reduction(low.current.name, meta.shape, low.buffer_stride(meta), meta.dtype, kind, space,
+                                (d + 1,), out_dims, body, low.origin()))
+
+
+@register(aten.cumsum.default)
+def _cumsum(low, a, dim, dtype=None):
+    return _scan(low, a, dim, "sum")
+
+
+@register(aten.cumprod.default)
+def _cumprod(low, a, dim, dtype=None):
+    return _scan(low, a, dim, "prod")

@@ -87,6 +87,7 @@ PRIMITIVES: dict[str, Primitive] = {
     "erfinv": P(1, "_tf_erfinv({0})", ("_tf_erfinv",), floats_only=True),
     "lgamma": P(1, "_tf_lgamma({0})", ("_tf_lgamma",), floats_only=True),
     "digamma": P(1, "_tf_digamma({0})", ("_tf_digamma",), floats_only=True),
+    "trigamma": P(1, "_tf_trigamma({0})", ("_tf_trigamma",), floats_only=True),
     "i0": P(1, "_tf_bessel_i({0}, 0, False)", ("_tf_bessel_i",), floats_only=True),
     "i0e": P(1, "_tf_bessel_i({0}, 0, True)", ("_tf_bessel_i",), floats_only=True),
     "i1": P(1, "_tf_bessel_i({0}, 1, False)", ("_tf_bessel_i",), floats_only=True),
@@ -118,6 +119,8 @@ PRIMITIVES: dict[str, Primitive] = {
     "or": P(2, "({0} | {1})"),
     "xor": P(2, "({0} ^ {1})"),
     "not": P(1, "({0} == 0)"),
+    # the value a float16 intermediate has in eager (float16's range ends at 65504: eager gives inf above)
+    "round_fp16": P(1, "{0}.to(tl.float16).to(tl.float32)", floats_only=True),
     "bitwise_not": P(1, "(~{0})"),
     "lshift": P(2, "_tf_lshift({0}, {1})", ("_tf_lshift",)),
     "rshift": P(2, "_tf_rshift({0}, {1})", ("_tf_rshift",)),
@@ -186,7 +189,8 @@ HELPER_DEPS: dict[str, tuple[str, ...]] = {
     "_tf_asin": ("_tf_atan2",), "_tf_acos": ("_tf_atan2",), "_tf_atan2": ("_tf_atan", "_tf_signbit"),
     "_tf_sinh": ("_tf_expm1",), "_tf_asinh": ("_tf_log1p",), "_tf_acosh": ("_tf_log1p",),
     "_tf_atanh": ("_tf_log1p",), "_tf_erfc": ("_tf_erfc_cf",), "_tf_erfcx": ("_tf_erfc_cf",),
-    "_tf_lgamma": ("_tf_lgamma_pos",), "_tf_digamma": ("_tf_digamma_pos",), "_tf_ndtri": ("_tf_erfinv",),
+    "_tf_lgamma": ("_tf_lgamma_pos",), "_tf_digamma": ("_tf_digamma_pos",),
+    "_tf_trigamma": ("_tf_trigamma_pos",), "_tf_ndtri": ("_tf_erfinv",),
     "_tf_log_ndtr": ("_tf_erfcx", "_tf_erfc", "_tf_log1p"), "_tf_copysign": ("_tf_signbit",),
     "_tf_logaddexp": ("_tf_log1p",), "_tf_logaddexp2": ("_tf_log1p",), "_tf_floordiv": ("_tf_signbit",),
     "_tf_round": ("_tf_trunc",),
@@ -465,6 +469,34 @@ def _tf_digamma(x0):
     out = tl.where(x == 0.0, -float("inf"), out)
     out = tl.where(neg & (r == 0.0) & (x != 0.0), float("nan"), out)
     out = tl.where(x == float("inf"), x, out)
+    out = tl.where(x == -float("inf"), float("nan"), out)
+    return out.to(x0.dtype)
+''')
+_helper("_tf_trigamma_pos", '''
+def _tf_trigamma_pos(x):
+    # x > 0 (float64): psi1(x) = sum_{k<6} 1/(x+k)^2 + psi1(x + 6), then the asymptotic series to 1/z^11
+    # (the next term, 691/(2730 z^13), is below 2e-11 at z >= 6)
+    shift = x < 6.0
+    acc = 1.0 / (x * x) + 1.0 / ((x + 1.0) * (x + 1.0)) + 1.0 / ((x + 2.0) * (x + 2.0)) + \
+        1.0 / ((x + 3.0) * (x + 3.0)) + 1.0 / ((x + 4.0) * (x + 4.0)) + 1.0 / ((x + 5.0) * (x + 5.0))
+    z = tl.where(shift, x + 6.0, x)
+    iz = 1.0 / z
+    iz2 = iz * iz
+    s = iz + 0.5 * iz2 + iz * iz2 * (0.16666666666666666 - iz2 * (0.03333333333333333 - iz2 * (
+        0.023809523809523808 - iz2 * (0.03333333333333333 - iz2 * 0.07575757575757576))))
+    return tl.where(shift, s + acc, s)
+''')
+_helper("_tf_trigamma", '''
+def _tf_trigamma(x0):
+    # x <= 0 by reflection: psi1(x) = pi^2 / sin^2(pi x) - psi1(1 - x); a pole at each non-positive integer
+    x = x0.to(tl.float64)
+    neg = x <= 0.0
+    ps = _tf_trigamma_pos(tl.where(neg, 1.0 - x, x))
+    r = x - tl.floor(x + 0.5)
+    sn = tl.sin(3.141592653589793 * r)
+    out = tl.where(neg, 9.869604401089358 / (sn * sn) - ps, ps)
+    out = tl.where(neg & (r == 0.0), float("inf"), out)
+    out = tl.where(x == float("inf"), 0.0, out)
     out = tl.where(x == -float("inf"), float("nan"), out)
     return out.to(x0.dtype)
 ''')

@@ -279,6 +279,10 @@ def build_plan(gm: torch.fx.GraphModule, meta: Callable, kind: str, graph_id: in
     if graph.device.type == "cpu" and not tf_device.interpreting():
         raise lowering.GraphFallback("CPU tensors need Triton's interpreter (this process compiles for a GPU)")
     groups = [st for st in sched.steps if isinstance(st, scheduler.KernelGroup)]
+    if tf_device.interpreting():
+        from . import interpreter_fast
+
+        interpreter_fast.install()
     target = codegen.LaunchTarget.current()
     kernels = [codegen.generate(g, sched, target) for g in groups]
     t3 = time.perf_counter()

@@ -169,7 +169,7 @@ class Scheduler:
         if mask is not None:
             value = ir.replace_loads(value, lambda ld: ir.Load.make(ld.buffer, ld.index, ld.dtype,
                                                                      _and(ld.mask, mask)))
-        return P.cast(value, node.dtype) if value.dtype != node.dtype else value
+        return _as_stored(value, node.dtype)
 
     def root_body(self, name: str, position) -> ir.Expr:
         """A root's inlined body over kernel variables."""
@@ -439,7 +439,20 @@ def _recompute(s: Scheduler, ld: ir.Load) -> ir.Expr:
     value = ir.substitute_expr(body, {f"i{d}": ld.index[d] for d in range(len(node.shape))})
     if ld.mask is not None:
         value = ir.replace_loads(value, lambda x: ir.Load.make(x.buffer, x.index, x.dtype, _and(x.mask, ld.mask)))
-    return P.cast(value, node.dtype)
+    return _as_stored(value, node.dtype)
+
+
+def _as_stored(value: ir.Expr, dtype: torch.dtype) -> ir.Expr:
+    """An inlined producer's value as its consumer would have read it from memory. Half types compute in
+    float32 registers; a float16 value is rounded to float16 (its range ends at 65504, where eager's
+    intermediate is inf); a bfloat16 one stays in float32 (bfloat16 has float32's range, so only precision
+    differs, and the two conversions would cost on a memory-bound kernel)."""
+    if value.dtype != dtype:
+        return P.cast(value, dtype)
+    if dtype == torch.float16 and not isinstance(value, (ir.Load, ir.Const, ir.Cast)) and \
+            not (isinstance(value, ir.Op) and value.name == "round_fp16"):
+        return P.build("round_fp16", value)
+    return value
 
 
 def _covers_reduced(pos, space, reduced) -> bool:

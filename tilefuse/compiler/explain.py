@@ -1,0 +1,134 @@
+"""``tilefuse.explain(fn, *args)`` and ``tilefuse explain SCRIPT``: what the compiler made of a program.
+
+For every graph: graph breaks and their reasons (from ``torch._dynamo.explain``), the fusion groups (which
+ATen nodes each generated kernel fuses, what it writes), extern calls into ATen, and fallbacks with their
+reasons. ``explain`` resets Dynamo (as ``torch._dynamo.explain`` does) and runs ``fn`` once compiled with the
+tilefuse backend; backward graphs appear when the program runs a backward pass itself.
+"""
+from __future__ import annotations
+
+import dataclasses
+import io
+import runpy
+import sys
+from contextlib import contextmanager, redirect_stdout
+from typing import Any
+
+import torch
+
+from . import records
+
+
+@dataclasses.dataclass
+class Explanation:
+    graph_count: int
+    graph_break_count: int
+    break_reasons: list  # str
+    graphs: list  # records.GraphReport
+    result: Any = None
+
+    @property
+    def kernels(self) -> list:
+        return [k for g in self.graphs for k in g.kernels]
+
+    @property
+    def fallbacks(self) -> list:
+        out = []
+        for g in self.graphs:
+            out.extend(g.fallbacks)
+            if g.whole_graph_fallback:
+                out.append((f"{g.kind} graph", g.whole_graph_fallback))
+        return out
+
+    def __str__(self) -> str:
+        lines = [f"Dynamo: {self.graph_count} graphs, {self.graph_break_count} graph breaks"]
+        for k, reason in enumerate(self.break_reasons):
+            lines.append(f"  graph break {k + 1}: {reason}")
+        lines.append(f"tilefuse: {len(self.graphs)} compiled graphs, {len(self.kernels)} kernels "
+                     f"(one per fusion group), {sum(len(g.externs) for g in self.graphs)} extern calls, "
+                     f"{len(self.fallbacks)} fallbacks")
+        for g in self.graphs:
+            lines.append("")
+            lines.append(_format_graph(g))
+        if not self.fallbacks:
+            lines.append("\nno fallback to ATen")
+        return "\n".join(lines)
+
+    __repr__ = __str__
+
+
+def _format_graph(g: records.GraphReport) -> str:
+    head = f"graph {g.graph_id} ({g.kind}): {g.aten_nodes} ATen nodes -> {len(g.kernels)} fusion groups"
+    lines = [head]
+    if g.whole_graph_fallback:
+        lines.append(f"  fallback: the whole graph runs in ATen: {g.whole_graph_fallback}")
+    for k, kern in enumerate(g.kernels):
+        nodes = [o.split(":", 1)[0] for o in kern.fuses]
+        lines.append(f"  group {k}: kernel {kern.name} [{kern.form}]")
+        lines.append(f"    fuses {len(kern.fuses)} ATen nodes: {', '.join(kern.fuses)}")
+        lines.append(f"    writes {', '.join(kern.stores) if kern.stores else 'nothing (values stay in registers)'}")
+        if kern.path:
+            lines.append(f"    source {kern.path}")
+        del nodes
+    for node, op, reason in g.externs:
+        lines.append(f"  extern {node}: {op} " + (f"(fallback: {reason})" if reason else "(ATen by design)"))
+    for where, reason in g.fallbacks:
+        lines.append(f"  fallback {where}: {reason}")
+    if g.seconds:
+        lines.append("  compile times: " + ", ".join(f"{k} {v * 1e3:.1f} ms" for k, v in g.seconds.items()))
+    return "\n".join(lines)
+
+
+@contextmanager
+def collecting():
+    sink: list = []
+    records._listeners.append(sink)
+    try:
+        yield sink
+    finally:
+        records._listeners.remove(sink)
+
+
+def _break_reasons(dyn) -> list[str]:
+    out = []
+    for r in getattr(dyn, "break_reasons", []) or []:
+        text = getattr(r, "reason", str(r))
+        stack = getattr(r, "user_stack", None)
+        if stack:
+            frame = stack[-1]
+            text += f" (at {getattr(frame, 'filename', '?')}:{getattr(frame, 'lineno', '?')})"
+        out.append(text)
+    return out
+
+
+def explain(fn, *args, **kwargs) -> Explanation:
+    """Compile ``fn`` with the tilefuse backend, run it on ``args``, and report what became of it."""
+    dyn = torch._dynamo.explain(fn)(*args, **kwargs)
+    torch._dynamo.reset()
+    with collecting() as sink:
+        result = torch.compile(fn, backend="tilefuse")(*args, **kwargs)
+    return Explanation(int(dyn.graph_count), int(dyn.graph_break_count), _break_reasons(dyn), list(sink), result)
+
+
+def explain_script(path: str, script_args: list[str] | None = None) -> str:
+    """Run a script with the backend active (``backend="tilefuse"`` in its torch.compile calls, or a
+    ``main()`` it defines) and report every graph compiled while it ran."""
+    from torch._dynamo.utils import counters
+
+    before = dict(counters.get("graph_break", {}))
+    argv = sys.argv
+    sys.argv = [path] + list(script_args or [])
+    out = io.StringIO()
+    try:
+        with collecting() as sink, redirect_stdout(out):
+            namespace = runpy.run_path(path, run_name="__main__")
+            if not sink and callable(namespace.get("main")):
+                namespace["main"]()
+    finally:
+        sys.argv = argv
+    after = counters.get("graph_break", {})
+    breaks = [f"{reason} (x{n - before.get(reason, 0)})" for reason, n in after.items() if n > before.get(reason, 0)]
+    exp = Explanation(len(sink), sum(int(n) for n in (after[r] - before.get(r, 0) for r in after)), breaks, list(sink))
+    text = str(exp)
+    printed = out.getvalue()
+    return (f"script output:\n{printed.rstrip()}\n\n" if printed.strip() else "") + text
