@@ -44,11 +44,100 @@ def row_index(vars_, out_dims) -> tuple[ir.Index, ...]:
     return tuple(ir.const_index(0) if d is None else vars_[d] for d in out_dims)
 
 
+# Split reductions. A reduction with few outputs and long rows leaves most of the GPU idle: the column sums of a
+# layer norm's backward (4096 outputs over 32768 rows) are 64 programs of 64 columns, each looping over every
+# row. Such a reduction is written as two: stage 1 reduces ``S`` chunks of the rows into an fp32 [S, outputs]
+# buffer (S x more programs), stage 2 reduces the S partials (and takes the epilogue). "Programs" counts what
+# the code generator launches: one a row for an innermost reduction, one per 64 outputs for an outer one.
+SPLIT_MIN_R = 8192  # rows shorter than this are not split
+SPLIT_MAX_PROGRAMS = 256  # a reduction with at least this many programs (about 2 per SM) is not split
+SPLIT_TARGET_PROGRAMS = 1024  # stage 1 aims at this many programs
+SPLIT_MIN_CHUNK = 256  # each stage-1 program reduces at least this many elements
+SPLIT_KINDS = ("sum", "prod", "max", "min", "any", "all")
+OUTER_OUTPUTS_PER_PROGRAM = 64  # codegen.OUTER_XBLOCK
+
+
+def split_factor(space, reduced, kind: str) -> int:
+    """How many chunks stage 1 cuts the reduced elements into (1: no split). A pure function of the shape, so
+    the kernels' text (and the cache) does not depend on the GPU."""
+    if kind not in SPLIT_KINDS or not reduced:
+        return 1
+    rsize = math.prod(space[d] for d in reduced)
+    xnumel = math.prod(space[d] for d in range(len(space)) if d not in reduced)
+    if rsize < SPLIT_MIN_R:
+        return 1
+    inner = (len(space) - 1) in reduced
+    programs = xnumel if inner else -(-xnumel // OUTER_OUTPUTS_PER_PROGRAM)
+    if programs >= SPLIT_MAX_PROGRAMS:
+        return 1
+    limit = min(SPLIT_TARGET_PROGRAMS // max(programs, 1), rsize // SPLIT_MIN_CHUNK)
+    factor = 1
+    while factor * 2 <= limit:
+        factor *= 2
+    return factor if factor >= 2 else 1
+
+
+_IDENTITY = {"sum": 0, "prod": 1, "max": float("-inf"), "min": float("inf"), "any": False, "all": True}
+
+
+def _split_reduce(low, a: TV, reduced, kind: str, meta, body_fn, name, acc_dtype, factor: int) -> TV:
+    """``reduce`` as two stages (see SPLIT_MIN_R). Stage 1 runs over ``(S, C, kept...)`` and reduces C; the
+    reduced elements are taken in row-major order of the reduced dims, element ``s * C + c``."""
+    space = low.shape_of(a)
+    kept = [d for d in range(len(space)) if d not in reduced]
+    rshape = [space[d] for d in reduced]
+    rsize = math.prod(rshape)
+    chunk = -(-rsize // factor)
+    space1 = (factor, chunk) + tuple(space[d] for d in kept)
+    v1 = ir.loop_vars(space1)
+    linear = ir.add(ir.scale(v1[0], chunk), v1[1])
+    parts = ir.unravel(linear, rshape)
+    pos = [None] * len(space)
+    for k, d in enumerate(reduced):
+        pos[d] = parts[k]
+    for k, d in enumerate(kept):
+        pos[d] = v1[2 + k]
+    inside = None
+    if factor * chunk != rsize:  # the last chunk runs past the end: those elements are the identity
+        inside = P.build("lt", ir.IndexValue.make(linear, torch.int64), P.const(rsize, torch.int64, from_size=True))
+    value = low.load(a, pos, mask=inside)
+    if body_fn is not None:
+        value = body_fn(value, tuple(pos))
+    if kind in ("any", "all"):
+        part_dtype = torch.bool
+        value = value if value.dtype == torch.bool else P.build("ne", value, P.const(0, value.dtype))
+    else:
+        part_dtype = acc_dtype or P.compute_dtype(meta.dtype)
+        value = P.cast(value, part_dtype)
+    if inside is not None:
+        value = P.where(inside, value, P.const(_IDENTITY[kind], part_dtype))
+    shape1 = (factor,) + tuple(space[d] for d in kept)
+    meta1 = ir.TensorMeta(shape1, _contig(shape1), part_dtype)
+    out1 = (0,) + tuple(range(2, len(space1)))
+    partial = low.add(ir.Reduction(low.new_name(f"{kind}_split"), shape1, meta1.stride, part_dtype, kind, space1,
+                                   (1,), out1, value, low.origin()))
+    # stage 2 over (S, kept...): the output dims map back through the kept dims
+    v2 = ir.loop_vars(shape1)
+    second = low.load(partial, v2)
+    if kind not in ("any", "all"):
+        second = P.cast(second, acc_dtype or meta.dtype)
+    if len(meta.shape) == len(space):  # keepdim
+        out2 = tuple(None if d in reduced else 1 + kept.index(d) for d in range(len(space)))
+    else:
+        out2 = tuple(1 + k for k in range(len(kept)))
+    return low.add(ir.Reduction(name, meta.shape, low.buffer_stride(meta),
+                                meta.dtype if kind not in ("any", "all") else torch.bool, kind, shape1, (0,), out2,
+                                second, low.origin()))
+
+
 def reduce(low, a: TV, dims, kind: str, meta=None, body_fn=None, name=None, acc_dtype=None) -> TV:
     """A Reduction of ``a`` (or of ``body_fn(load of a)``) over ``dims`` with the output ``meta``."""
     meta = meta or low.out_meta()
     space = low.shape_of(a)
     reduced = tuple(d for d in dims if d < len(space))
+    factor = split_factor(space, reduced, kind)
+    if factor > 1:
+        return _split_reduce(low, a, reduced, kind, meta, body_fn, name or low.current.name, acc_dtype, factor)
     vars_ = ir.loop_vars(space)
     value = low.load(a, vars_)
     if body_fn is not None:
