@@ -137,6 +137,9 @@ def main(argv=None) -> int:
         else:
             print(text)
     if dist.is_initialized():
+        # every rank reaches here before any tears its group down: gloo's teardown on a rank whose peer has
+        # already exited can wait forever (seen on the 2-core CI machine)
+        dist.barrier()
         dist.destroy_process_group()
     return 0
 
