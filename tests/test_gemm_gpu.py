@@ -210,3 +210,71 @@ def test_tuner_end_to_end(tmp_cache):
     got = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True)
     assert got.stdout.strip().splitlines()[-1] == winner.label()
     T.forget()
+
+
+REPLAY_CONFIGS = [
+    C.GemmConfig("tiled", 128, 128, 64, num_warps=8, num_stages=4),
+    C.GemmConfig("tiled", 64, 128, 128, num_warps=4, num_stages=4, split_k=4, tma=True),
+    C.GemmConfig("persistent", 128, 256, 64, num_warps=8, num_stages=3, tma=True),
+    C.GemmConfig("persistent", 128, 256, 64, num_warps=4, num_stages=3, tma=True, warp_specialize=True),
+]
+
+
+@pytest.mark.parametrize("cfg", REPLAY_CONFIGS, ids=lambda c: c.label())
+def test_plan_replays_through_the_compiled_launcher(cfg):
+    from tilefuse.kernels import gemm_plan as P
+
+    P.forget_plans()
+    m, n, k = 384, 1024, 1024
+    for i in range(3):  # the first call plans, the others replay with new tensors
+        a, b, bias = rand(m, k), rand(k, n), rand(n)
+        got = G.gemm_raw(a, b, bias=bias, activation="gelu", config=cfg).out[0]
+        assert_close(got, F.gelu(ref_mm(a, b) + bias.float()), torch.bfloat16, what=f"call {i}")
+    plans = list(P._plans.values())
+    assert len(plans) == 1 and all(c.compiled for c in plans[0].launches)
+    import triton
+    if triton.__version__.startswith("3.6."):
+        assert not any(c.via_run for c in plans[0].launches), "expected the direct launcher path on triton 3.6"
+    side = torch.cuda.Stream()
+    a, b, bias = rand(m, k), rand(k, n), rand(n)
+    with torch.cuda.stream(side):
+        out = G.gemm_raw(a, b, bias=bias, activation="gelu", config=cfg).out[0]
+    side.synchronize()
+    assert_close(out, F.gelu(ref_mm(a, b) + bias.float()), torch.bfloat16, what="side stream")
+
+
+def test_plan_replays_quantised_and_strided_outputs():
+    from tilefuse.kernels import gemm_plan as P
+
+    P.forget_plans()
+    m, n, k = 256, 4096, 512
+    for _ in range(2):
+        a, b, bias = rand(m, k), rand(k, n), rand(n)
+        q, s = tilefuse.gemm(a, b, bias=bias, activation="gelu", quantize="fp8_e4m3")
+        y = F.gelu(ref_mm(a, b) + bias.float())
+        assert_close(q.float() * s, y, torch.float8_e4m3fn)
+    for _ in range(2):
+        a, b = rand(m, k), rand(k, n)
+        out = poisoned_empty(n, m, dtype=torch.bfloat16, device="cuda").t()  # column-major out=
+        assert tilefuse.gemm(a, b, out=out) is out
+        assert_close(out, ref_mm(a, b), torch.bfloat16)
+
+
+def test_host_overhead_a_call():
+    """Wall time a call of a tiny GEMM (host-bound): tilefuse against torch.matmul, printed for the notes."""
+    import time
+
+    a, b = rand(64, 64), rand(64, 64)
+    for fn in (torch.matmul, tilefuse.gemm):
+        for _ in range(200):
+            fn(a, b)
+    torch.cuda.synchronize()
+    per_call = {}
+    for name, fn in (("torch.matmul", torch.matmul), ("tilefuse.gemm", tilefuse.gemm)):
+        t0 = time.perf_counter()
+        for _ in range(3000):
+            fn(a, b)
+        torch.cuda.synchronize()
+        per_call[name] = (time.perf_counter() - t0) / 3000 * 1e6
+    print(f"\nhost time a call (64^3 bf16): {per_call}")
+    assert per_call["tilefuse.gemm"] < max(3 * per_call["torch.matmul"], 25.0), per_call

@@ -48,15 +48,31 @@ def test_shape_classes_and_split_k():
     assert problem(128, 8192, 8192).shape_class() == "skinny"
     assert problem(1024, 1024, 1024).shape_class() == "small"
     assert problem(8192, 8192, 8192).shape_class() == "large"
-    # M = 128, N = 8192 with 128x128 tiles: 64 tiles on 132 SMs -> split-K 2 fills the machine
+    # M = 128, N = 8192 with 64x128 tiles: 128 tiles on 132 SMs, no split needed
     first = C.candidates(problem(128, 8192, 8192), H200)[0]
-    assert (first.block_m, first.block_n, first.split_k) == (128, 128, 2)
+    assert (first.block_m, first.block_n, first.split_k) == (64, 128, 1)
+    # with 128x128 tiles: 64 tiles on 132 SMs -> split-K 2 fills the machine
+    split = [c for c in C.candidates(problem(128, 8192, 8192), H200) if (c.block_m, c.block_n, c.block_k) == (128, 128, 128)]
+    assert split and split[0].split_k == 2
     # decode: BLOCK_M follows M (16 rows is the smallest MMA)
     assert {c.block_m for c in C.candidates(problem(1, 8192, 8192), H200)} == {16}
     assert {c.block_m for c in C.candidates(problem(64, 8192, 8192), H200)} == {64}
     # large: the persistent TMA kernel leads on Hopper, but not where TMA is impossible
     assert C.default_config(problem(8192, 8192, 8192), H200).kernel == "persistent"
     assert not any(c.tma for c in C.candidates(problem(8192, 8192, 8192, tma=False), H200))
+
+
+def test_warp_specialised_candidates_only_where_they_compile():
+    for shape in ((8192, 8192, 8192), (256, 8192, 8192), (1024, 1024, 1024)):
+        cands = C.candidates(problem(*shape), H200)
+        ws = [c for c in cands if c.warp_specialize]
+        assert ws, shape
+        for c in ws:  # the combinations triton 3.6 compiles (see gemm_configs.ws_possible)
+            assert c.tma and c.num_warps == 4 and c.epi_subtile == 1 and c.split_k == 1
+    assert not any(c.warp_specialize for c in C.candidates(problem(8192, 8192, 8192), C.PART_BY_TARGET["sm_100a"]))
+    assert not any(c.warp_specialize for c in C.candidates(problem(8192, 8192, 8192, tma=False), H200))
+    hooked = dataclasses.replace(problem(8192, 8192, 8192), epilogue="hook=silu:abc")
+    assert not any(c.warp_specialize for c in C.candidates(hooked, H200))
 
 
 def test_smem_pruning():

@@ -113,13 +113,16 @@ def make_ab_descriptors(a_ptr, b_ptr, M, N, K, stride_am, stride_ak, stride_bk, 
 @triton.jit
 def mainloop_tma(a_desc, b_desc, m0, n0, kt0, kt1,
                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                 A_T: tl.constexpr, B_T: tl.constexpr, ACC_INT: tl.constexpr, INPUT_PRECISION: tl.constexpr):
-    """K steps kt0 .. kt1-1 through TMA descriptors: no masks, out-of-bounds reads are zero."""
+                 A_T: tl.constexpr, B_T: tl.constexpr, ACC_INT: tl.constexpr, INPUT_PRECISION: tl.constexpr,
+                 WARP_SPECIALIZE: tl.constexpr = False):
+    """K steps kt0 .. kt1-1 through TMA descriptors: no masks, out-of-bounds reads are zero.
+    WARP_SPECIALIZE: a producer warp group issues the TMA loads, two consumer groups the wgmma (Hopper, at
+    num_warps=4: triton 3.6's automatic warp specialisation, 12 warps in all)."""
     if ACC_INT:
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.int32)
     else:
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for kt in range(kt0, kt1):
+    for kt in tl.range(kt0, kt1, warp_specialize=WARP_SPECIALIZE):
         a = load_a_tile(a_desc, m0, kt * BLOCK_K, A_T)
         b = load_b_tile(b_desc, kt * BLOCK_K, n0, B_T)
         acc = tl.dot(a, b, acc, input_precision=INPUT_PRECISION, out_dtype=acc.dtype)
@@ -189,8 +192,10 @@ def gemm_tiled_kernel(
         Q_GRID_MANT: tl.constexpr, Q_GRID_EMIN: tl.constexpr, RAW_INT: tl.constexpr, ACC_INT: tl.constexpr, INPUT_PRECISION: tl.constexpr, EVEN_K: tl.constexpr,
         USE_TMA: tl.constexpr, A_T: tl.constexpr, B_T: tl.constexpr,
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
-        SPLIT_K: tl.constexpr):
-    """One tile a program (grid: tiles x SPLIT_K, Z); SPLIT_K > 1 is the split-K variant."""
+        SPLIT_K: tl.constexpr, WARP_SPECIALIZE: tl.constexpr):
+    """One tile a program (grid: tiles x SPLIT_K, Z); SPLIT_K > 1 is the split-K variant.
+    WARP_SPECIALIZE (TMA, SPLIT_K == 1 only: the split-K atomics abort triton 3.6's data partitioning)
+    specialises the K loop's warps."""
     pid = tl.program_id(0)
     z = tl.program_id(1)
     num_pid_m = tl.cdiv(M, BLOCK_M)
@@ -211,7 +216,7 @@ def gemm_tiled_kernel(
         a_desc, b_desc = make_ab_descriptors(a_ptr, b_ptr, M, N, K, stride_am, stride_ak, stride_bk, stride_bn,
                                              A_T, B_T, BLOCK_M, BLOCK_N, BLOCK_K)
         acc = mainloop_tma(a_desc, b_desc, m0, n0, kt0, kt1, BLOCK_M, BLOCK_N, BLOCK_K,
-                           A_T, B_T, ACC_INT, INPUT_PRECISION)
+                           A_T, B_T, ACC_INT, INPUT_PRECISION, WARP_SPECIALIZE)
     else:
         z64 = z.to(tl.int64)
         acc = mainloop_pointers(a_ptr + z64 * stride_az, b_ptr + z64 * stride_bz, offs_m, offs_n,

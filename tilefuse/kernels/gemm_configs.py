@@ -41,7 +41,7 @@ class GemmConfig:
     tma: bool = False  # loads (and the persistent kernel's store) through TMA tensor descriptors
     flatten: bool = False  # persistent: flatten the tile and K loops into one pipelined loop
     epi_subtile: int = 1  # persistent: the epilogue runs on this many column slices of the tile
-    warp_specialize: bool = False  # persistent, Blackwell only (a no-op on Hopper in triton 3.6)
+    warp_specialize: bool = False  # Hopper, TMA, num_warps=4: a producer warp group + two consumers (see WS_*)
     waves_per_eu: int = 0  # AMD only
     matrix_instr_nonkdim: int = 0  # AMD only (16: 16x16 MFMA)
     kpack: int = 0  # AMD only
@@ -214,44 +214,56 @@ def C(kernel, bm, bn, bk, w, s, **kw) -> GemmConfig:
 AUTO_SPLIT = -1  # split_k filled in from the SM count (see fill_split_k)
 DECODE_M = -1  # block_m filled in from M (16, 32 or 64)
 
-# NVIDIA, in order of preference within a class (the first that survives pruning is the default).
+# NVIDIA, in order of preference within a class (the first that survives pruning is the default; the tuner
+# times the first TUNE_MAX_CANDIDATES of the class). Device run 1 (H200, bf16, vs cuBLAS) is quoted as "r1".
 # Hopper numbers: 227 KB smem; a 128x256x64 bf16 stage is 48 KB, so 3 stages + a 64 KB TMA store buffer
 # fit (211 KB), 4 stages fit only with the store split in two 32 KB column halves (epi_subtile=2).
+# ws=True (Hopper): triton 3.6's automatic warp specialisation at num_warps=4 gives one producer warp group
+# (TMA loads, 40 registers) and two consumer groups (wgmma + epilogue, 232 registers) splitting BLOCK_M:
+# the recipe that closes the gap to cuBLAS on large shapes (r1's best non-specialised kernel: 0.944x at 4096^3).
 NVIDIA_SPACE: dict[str, tuple[GemmConfig, ...]] = {
     "decode": (
         # B dominates: BLOCK_N x BLOCK_K x 2 bytes a stage; 3-4 stages in flight keep ~100 KB a SM moving.
-        C("tiled", DECODE_M, 64, 256, 4, 4, group_m=1, split_k=AUTO_SPLIT),
-        C("tiled", DECODE_M, 128, 128, 4, 4, group_m=1, split_k=AUTO_SPLIT),
-        C("tiled", DECODE_M, 64, 256, 4, 4, group_m=1, split_k=AUTO_SPLIT, tma=True),
-        C("tiled", DECODE_M, 128, 128, 4, 5, group_m=1, split_k=AUTO_SPLIT, tma=True),
-        C("tiled", DECODE_M, 64, 128, 4, 6, group_m=1, split_k=AUTO_SPLIT),
-        C("tiled", DECODE_M, 128, 256, 8, 3, group_m=1, split_k=AUTO_SPLIT),
+        C("tiled", DECODE_M, 64, 256, 4, 4, group_m=1, split_k=AUTO_SPLIT),  # r1 M=1: 1.018x
+        C("tiled", DECODE_M, 64, 128, 4, 6, group_m=1, split_k=AUTO_SPLIT),  # r1 M=16: 0.961x
+        C("tiled", DECODE_M, 128, 256, 8, 3, group_m=1, split_k=AUTO_SPLIT),  # r1 M=16: 0.947x
+        C("tiled", DECODE_M, 128, 128, 8, 5, group_m=1, split_k=AUTO_SPLIT),
+        C("tiled", DECODE_M, 32, 256, 4, 4, group_m=1, split_k=AUTO_SPLIT),  # 2 CTAs a SM, 256 tiles
+        C("tiled", DECODE_M, 64, 128, 4, 8, group_m=1, split_k=AUTO_SPLIT),
+        C("tiled", DECODE_M, 64, 256, 8, 4, group_m=1, split_k=AUTO_SPLIT),
+        C("tiled", DECODE_M, 128, 128, 4, 4, group_m=1, split_k=AUTO_SPLIT),  # r1 M=1: 0.981x, M=16: 0.411x
     ),
     "skinny": (
-        C("tiled", 128, 128, 64, 4, 4, group_m=8, split_k=AUTO_SPLIT, tma=True),
-        C("tiled", 128, 128, 64, 8, 4, group_m=8, split_k=AUTO_SPLIT),
-        C("tiled", 128, 256, 64, 8, 3, group_m=8, split_k=AUTO_SPLIT, tma=True),
-        C("tiled", 64, 128, 128, 4, 4, group_m=8, split_k=AUTO_SPLIT, tma=True),
-        C("tiled", 128, 64, 128, 4, 4, group_m=8, split_k=AUTO_SPLIT),
-        C("tiled", 128, 128, 128, 8, 3, group_m=8, split_k=AUTO_SPLIT),
+        C("tiled", 64, 128, 128, 4, 4, group_m=8, split_k=AUTO_SPLIT, tma=True),  # r1 M=128: 0.951x
+        C("tiled", 64, 128, 128, 4, 4, group_m=8, tma=True, warp_specialize=True),  # M=128: 128 tiles, no split
+        C("persistent", 128, 128, 64, 4, 4, group_m=8, tma=True, warp_specialize=True),  # M=256: 128 tiles
+        C("tiled", 128, 128, 128, 8, 3, group_m=8, split_k=AUTO_SPLIT),  # r1 M=256: 0.772x
+        C("tiled", 64, 256, 64, 4, 4, group_m=8, split_k=AUTO_SPLIT, tma=True),  # M=256: 128 tiles
+        C("tiled", 128, 128, 64, 4, 4, group_m=8, tma=True, warp_specialize=True),
+        C("tiled", 128, 64, 128, 4, 4, group_m=8, split_k=AUTO_SPLIT),  # r1 M=128: 0.909x
+        C("tiled", 128, 128, 64, 8, 4, group_m=8, split_k=AUTO_SPLIT),  # r1 M=256: 0.757x
     ),
     "small": (
-        C("tiled", 128, 128, 64, 4, 4, group_m=8, split_k=AUTO_SPLIT, tma=True),
-        C("persistent", 128, 128, 64, 4, 4, group_m=8, tma=True),
-        C("tiled", 128, 128, 64, 8, 4, group_m=8, split_k=AUTO_SPLIT),
-        C("tiled", 128, 256, 64, 8, 3, group_m=8, split_k=AUTO_SPLIT, tma=True),
+        # 128x128 at num_warps=8 (64 accumulator registers a thread): at 4 warps bias+GeLU needs 255 + 64 B
+        # of stack on sm_90a.
+        C("tiled", 128, 128, 64, 8, 4, group_m=8, split_k=AUTO_SPLIT, tma=True),
+        C("persistent", 128, 128, 64, 4, 4, group_m=8, tma=True, warp_specialize=True),
+        C("tiled", 128, 128, 64, 4, 4, group_m=8, tma=True, warp_specialize=True),
         C("tiled", 64, 128, 64, 4, 4, group_m=8, split_k=AUTO_SPLIT),
-        C("persistent", 128, 256, 64, 8, 3, group_m=8, tma=True),
+        C("persistent", 128, 256, 64, 4, 3, group_m=8, tma=True, warp_specialize=True),
+        C("tiled", 128, 256, 64, 8, 3, group_m=8, split_k=AUTO_SPLIT, tma=True),
+        C("persistent", 128, 128, 64, 8, 4, group_m=8, tma=True),
     ),
     "large": (
-        C("persistent", 128, 256, 64, 8, 3, group_m=8, tma=True),
-        C("persistent", 128, 256, 64, 8, 4, group_m=8, tma=True, epi_subtile=2),
-        C("tiled", 128, 256, 64, 8, 3, group_m=8, tma=True),
-        C("tiled", 128, 256, 64, 8, 3, group_m=8),
+        C("persistent", 128, 256, 64, 8, 3, group_m=8, tma=True),  # r1 4096^3: 0.944x
+        C("persistent", 128, 256, 64, 4, 3, group_m=8, tma=True, warp_specialize=True),
+        C("persistent", 128, 256, 64, 8, 4, group_m=8, tma=True, epi_subtile=2),  # r1 8192^3: 0.979x
+        C("persistent", 128, 128, 64, 4, 4, group_m=8, tma=True, warp_specialize=True),
+        C("tiled", 128, 256, 64, 4, 3, group_m=8, tma=True, warp_specialize=True),
+        C("tiled", 128, 256, 64, 8, 3, group_m=8, tma=True),  # r1 8192^3: 0.961x
         C("persistent", 128, 128, 64, 4, 5, group_m=8, tma=True),
-        C("persistent", 128, 256, 64, 8, 3, group_m=8, tma=True, flatten=True),
+        C("tiled", 128, 256, 64, 8, 3, group_m=8),
         C("tiled", 256, 128, 64, 8, 3, group_m=8),
-        C("tiled", 128, 128, 64, 4, 4, group_m=8),
     ),
 }
 
@@ -342,6 +354,21 @@ def fits_shape(cfg: GemmConfig, problem: GemmProblem) -> bool:
     return True
 
 
+WS_CAPABILITY = 90  # triton 3.6's Hopper warp specialisation; on sm_100a its persistent + epilogue fails to compile
+WS_NUM_WARPS = 4  # at num_warps=8 the Hopper pass leaves the kernel as it is (no setmaxnreg in the PTX)
+
+
+def ws_possible(cfg: GemmConfig, part: Part, hooked: bool) -> bool:
+    """Whether ``cfg`` may run warp-specialised on ``part``. Every exclusion is a compile failure seen with
+    triton 3.6 on sm_90a, two of them aborts (UNREACHABLE in WSDataPartition.cpp, which kills the process):
+    the epilogue's column halves (reshape/permute/split), and the split-K atomics after the loop. Pointer
+    loads fail (the pass wants TMA). A generated hook could hold any op, so hooked epilogues stay
+    unspecialised."""
+    return (part.vendor == "nvidia" and part.capability == WS_CAPABILITY and cfg.tma and tma_allowed(part)
+            and cfg.num_warps == WS_NUM_WARPS and cfg.epi_subtile == 1 and not hooked
+            and not (cfg.kernel == "tiled" and cfg.split_k not in (1, AUTO_SPLIT)))
+
+
 def tma_allowed(part: Part) -> bool:
     return part.has_tma and tma_supported()
 
@@ -364,10 +391,11 @@ def candidates(problem: GemmProblem, part: Part | None = None, limit: int | None
     space = SPACES[part.vendor][problem.shape_class(part.multiprocessors)]
     out: list[GemmConfig] = []
     one_byte = problem.a_dtype.startswith("float8") or problem.a_dtype == "int8"
+    hooked = "hook=" in problem.epilogue
     for cfg in space:
         if cfg.tma and not tma_allowed(part):
             cfg = dataclasses.replace(cfg, tma=False)
-        if cfg.warp_specialize and part.capability < 100:
+        if cfg.warp_specialize and not ws_possible(cfg, part, hooked):
             continue
         if cfg.kpack > 1 and part.arch == "gfx950":
             cfg = dataclasses.replace(cfg, kpack=1)  # deprecated from gfx950 on (the compiler forces 1)
@@ -378,6 +406,8 @@ def candidates(problem: GemmProblem, part: Part | None = None, limit: int | None
             if smem_estimate(wide, problem) <= part.smem_bytes and fits_shape(wide, problem):
                 cfg = wide
         cfg = fill_split_k(cfg, problem, part)
+        if cfg.warp_specialize and cfg.split_k > 1:
+            continue
         if not fits_shape(cfg, problem) or smem_estimate(cfg, problem) > part.smem_bytes:
             continue
         if cfg not in out:

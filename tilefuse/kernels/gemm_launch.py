@@ -28,7 +28,7 @@ import triton
 from .. import device
 from .gemm import gemm_persistent_kernel, gemm_tiled_kernel, quantize_rows_kernel
 from .gemm_checks import TMA_ALIGN, Operands, fp8_grid, qmax
-from .gemm_configs import GemmConfig
+from .gemm_configs import GemmConfig, current_part, ws_possible
 from .gemm_epilogue import (ACTIVATIONS, BIAS_MODES, NUM_EXTRA_OPERANDS, QUANT_DIRECT, QUANT_NONE, QUANT_TWO_PASS,
                             SCALE_MODES_A, SCALE_MODES_B)
 
@@ -174,6 +174,8 @@ def launches(ops: Operands, cfg: GemmConfig) -> tuple[list[Launch], Callable[[],
         ws_role, lock_role = "ws", "lock"
     use_tma = bool(cfg.tma and ops.problem.tma_ok)
     raw_int = acc_int and c.dtype == torch.int32
+    # a config asking for warp specialisation where it cannot compile (see ws_possible) runs without it
+    specialise = bool(cfg.warp_specialize and use_tma and ws_possible(cfg, current_part(), epi.hook is not None))
 
     def opt(mn, role):
         return (mn.t, role) if mn is not None else (dz, "dummy")
@@ -215,6 +217,7 @@ def launches(ops: Operands, cfg: GemmConfig) -> tuple[list[Launch], Callable[[],
     if cfg.kernel == "tiled":
         kernel = gemm_tiled_kernel
         args["SPLIT_K"] = cfg.split_k
+        args["WARP_SPECIALIZE"] = specialise and cfg.split_k == 1
         grid: tuple[int, ...] = (tiles * cfg.split_k, ops.Z)
     else:
         kernel = gemm_persistent_kernel
@@ -222,7 +225,7 @@ def launches(ops: Operands, cfg: GemmConfig) -> tuple[list[Launch], Callable[[],
         c_tma = (use_tma and qmode != QUANT_DIRECT and sc[2] == 1 and (sc[1] * c.element_size()) % TMA_ALIGN == 0
                  and c.data_ptr() % TMA_ALIGN == 0 and ops.Z == 1)
         args.update(NUM_PROGRAMS=nprog, C_TMA=c_tma, EPI_SUBTILE=cfg.epi_subtile, FLATTEN=cfg.flatten,
-                    WARP_SPECIALIZE=cfg.warp_specialize)
+                    WARP_SPECIALIZE=specialise)
         grid = (max(1, min(nprog, tiles * ops.Z)),)
     for name, (t, _) in pointers.items():
         args[name] = t

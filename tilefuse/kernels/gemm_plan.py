@@ -79,7 +79,7 @@ class Plan:
         scale = pre = None
         if self.more:
             scale, pre = self._more(a, values, stream)
-        floats = (alpha, beta)
+        floats = (float(alpha), float(beta))  # an int alpha would re-specialise a JIT launch
         for c in self.launches:
             c.run(values, floats, stream)
         return o, scale, pre

@@ -12,7 +12,7 @@ from typing import Any
 
 from .. import targets
 from .gemm import gemm_persistent_kernel, gemm_tiled_kernel, quantize_rows_kernel
-from .gemm_configs import PART_BY_TARGET, GemmConfig
+from .gemm_configs import PART_BY_TARGET, WS_CAPABILITY, GemmConfig, ws_possible
 from .gemm_epilogue import ACTIVATIONS, QUANT_DIRECT, QUANT_TWO_PASS, example_silu_plus_e0
 
 # The target matrix (``tilefuse targets``) compiles these examples for every target and checks the MMA
@@ -35,13 +35,15 @@ def _example(fn, label: str, target: str, cfg: GemmConfig, *, a="bf16", out="bf1
                RAW_INT=out == "i32", ACC_INT=a == "i8", INPUT_PRECISION="ieee", EVEN_K=True,
                USE_TMA=use_tma, A_T=False, B_T=b_t)
     epi.update(epilogue or {})
+    ws = bool(cfg.warp_specialize and use_tma and ws_possible(cfg, part, epi["EPILOGUE"] is not None))
     constexprs: dict[str, Any] = dict(epi, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
                                       GROUP_M=cfg.group_m)
     if fn is gemm_tiled_kernel:
         constexprs["SPLIT_K"] = split_k
+        constexprs["WARP_SPECIALIZE"] = ws and split_k == 1
     else:
         constexprs.update(NUM_PROGRAMS=part.multiprocessors, C_TMA=use_tma and out != "i32",
-                          EPI_SUBTILE=cfg.epi_subtile, FLATTEN=cfg.flatten, WARP_SPECIALIZE=cfg.warp_specialize)
+                          EPI_SUBTILE=cfg.epi_subtile, FLATTEN=cfg.flatten, WARP_SPECIALIZE=ws)
     signature: dict[str, str] = {}
     for name in fn.arg_names:
         if name in constexprs:
@@ -82,6 +84,10 @@ def _tiled_examples(target: str) -> list[targets.Example]:
     if tma:
         out.append(_example(gemm_tiled_kernel, "bf16 tma quant->fp8 2-pass", target, big, use_tma=True,
                             epilogue={"QUANT": QUANT_TWO_PASS, **gelu}))
+    if PART_BY_TARGET[target].capability == WS_CAPABILITY:
+        ws = GemmConfig("tiled", 128, 256, 64, 8, num_warps=4, num_stages=3, tma=True, warp_specialize=True)
+        out.append(_example(gemm_tiled_kernel, "bf16 warp-specialised bias+gelu", target, ws, use_tma=True,
+                            epilogue=gelu))
     int8_cfg = dataclasses.replace(big, block_k=128 if not amd else 64)
     fp8 = _fp8_name(target)
     if fp8:
@@ -137,6 +143,10 @@ def _persistent_examples(target: str) -> list[targets.Example]:
            _example(gemm_persistent_kernel, "fp16 sub2 silu", target, dataclasses.replace(cfg, epi_subtile=2),
                     a="fp16", out="fp16", use_tma=part.has_tma,
                     epilogue={"ACTIVATION": ACTIVATIONS["silu"]})]
+    if part.capability == WS_CAPABILITY:
+        ws = GemmConfig("persistent", 128, 256, 64, 8, num_warps=4, num_stages=3, tma=True, warp_specialize=True)
+        out.append(_example(gemm_persistent_kernel, "bf16 warp-specialised bias+gelu", target, ws, use_tma=True,
+                            epilogue={"ACTIVATION": ACTIVATIONS["gelu"], "BIAS_MODE": 1}))
     fp8 = _fp8_name(target)
     if fp8:
         wide = dataclasses.replace(cfg, block_k=128 if part.vendor == "nvidia" else 64)
