@@ -94,6 +94,13 @@ def upcast(tree: Any, dtype: torch.dtype | None = None, *, keep_grad: bool = Tru
     return pytree.tree_map(up, tree)
 
 
+def upcast_dtype_args(tree: Any, dtype: torch.dtype) -> Any:
+    """``tree`` with every ``torch.dtype`` argument equal to ``dtype`` replaced by its reference precision."""
+    if not dtype.is_floating_point:
+        return tree
+    return pytree.tree_map(lambda v: upcast_dtype(dtype) if isinstance(v, torch.dtype) and v == dtype else v, tree)
+
+
 def tensors(tree: Any) -> list[torch.Tensor]:
     return [t for t in pytree.tree_leaves(tree) if isinstance(t, torch.Tensor)]
 

@@ -253,10 +253,13 @@ class KernelWriter:
         if isinstance(e, ir.Op):
             prim = P.PRIMITIVES[e.name]
             self.helpers.update(prim.helpers)
+            # a helper (or a template calling a method) may call ``.to()`` or read ``.dtype`` of an operand:
+            # a Python literal there (``_tf_pow(2.0, x)``) has neither, so it goes in as a typed 0-d tensor
+            typed = bool(prim.helpers) or ".to(" in prim.template or e.name == "nextafter"
             args = []
             for a in e.args:
                 text, dt = self.expr(a, target)
-                args.append(text)
+                args.append(self.tensor_text(text, dt, target) if typed else text)
             if e.name == "nextafter" and e.args[0].dtype in P.HALF:
                 half = TL_DTYPE[e.args[0].dtype]
                 args = [f"{a}.to({half})" for a in args]
@@ -286,12 +289,13 @@ class KernelWriter:
         return f"tl.full([], {v}, {TL_DTYPE[dt]})"
 
     def tensor_text(self, text: str, reg: torch.dtype, scope: _Scope) -> str:
-        """``text`` as something ``.to()`` can be called on: a Python literal (``0.0``) becomes a 0-d tensor."""
-        if re.fullmatch(r"[A-Za-z_]\w*", text) and not text.startswith(("ks", "kf", "ki")) and \
+        """``text`` as something ``.to()`` can be called on: a Python literal (``0.0``, ``(-3)``,
+        ``float("inf")``) or a scalar kernel argument (``ks0``, ``kf0``) becomes a typed 0-d tensor."""
+        if re.fullmatch(r"[A-Za-z_]\w*", text) and not re.fullmatch(r"k[sfi]\d+", text) and \
                 text not in ("xnumel", "rnumel", "ynumel"):
             return text
-        if text.startswith("tl.") or text.startswith("("):
-            return f"({text})" if not text.startswith("(") else text
+        if text.startswith("tl."):  # tl.full(...) and other tl calls are tensors already
+            return f"({text})"
         return self.emit(scope, f"tl.full([], {text}, {TL_DTYPE[reg]})", reg)[0]
 
     def cast(self, e: ir.Cast, scope, key):

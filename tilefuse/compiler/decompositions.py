@@ -60,6 +60,29 @@ def _fused_rms_norm(input, normalized_shape, weight, eps):
     return out.to(input.dtype), rstd
 
 
+def _has_complex(tree) -> bool:
+    from torch.utils import _pytree as pytree
+
+    return any(isinstance(v, torch.Tensor) and v.dtype.is_complex for v in pytree.tree_leaves(tree))
+
+
+def _real_only(decomposition):
+    """``decomposition``, declined (``NotImplemented``: the op stays in the graph as itself) for complex operands.
+
+    Complex tensors are out of scope: their ops run in ATen as externs, and an extern must give eager's
+    answer, which is the answer of eager's own kernel for the op. A decomposition computes something else
+    (complex silu decomposes to ``x * sigmoid(x)``, eager's kernel computes ``x / (1 + exp(-x))``: 14 of 20
+    elements differ), so complex calls are never decomposed.
+    """
+    @functools.wraps(decomposition)
+    def decompose(*args, **kwargs):
+        if _has_complex((args, kwargs)):
+            return NotImplemented
+        return decomposition(*args, **kwargs)
+
+    return decompose
+
+
 @functools.lru_cache(maxsize=1)
 def decomposition_table() -> dict:
     """The table handed to AOTAutograd (built once a process)."""
@@ -70,4 +93,4 @@ def decomposition_table() -> dict:
     fused = getattr(aten, "_fused_rms_norm", None)
     if fused is not None and fused.default not in table:
         table[fused.default] = _fused_rms_norm
-    return table
+    return {op: _real_only(fn) for op, fn in table.items()}

@@ -13,6 +13,12 @@ name; each kernel file carries its own copy), computing what the combine functio
   the largest, and for argmin as the smallest, as torch does) and the lowest index among the positions that
   hold it.
 
+It gives comparison results the type ``int1``: the interpreter builds them with ``binary_op``, which types the
+result as the *operand's* dtype (``float32`` for ``x != 0.0``). Blocks keep numpy's bool data, but a 0-d
+comparison (of a scalar load) is splatted to a block by that recorded dtype and becomes float32 0.0/1.0, so
+``block_bool ^ (scalar != 0)`` fails in numpy ("ufunc 'bitwise_xor' not supported") where the GPU, whose
+comparisons are ``i1``, is fine.
+
 It also makes conversions to bfloat16 round to nearest even, as the GPU's ``cvt.rn.bf16.f32`` and eager do:
 the interpreter truncates (``_convert_float`` with no rounding mode), so a tensor cast to bfloat16 would
 differ from eager in the last bit, and a float64 source would be converted as an integer.
@@ -75,6 +81,7 @@ def install() -> None:
 
     ops.apply_impl = apply_impl
     _patch_bf16_casts(interpreter)
+    _patch_comparisons(interpreter)
     _installed = True
 
 
@@ -105,3 +112,19 @@ def _patch_bf16_casts(interpreter) -> None:
     builder.cast_impl = cast_impl
     for name in ("create_fp_ext", "create_fp_trunc", "create_si_to_fp", "create_ui_to_fp"):
         setattr(builder, name, lambda self, src, dst_type: self.cast_impl(src, dst_type))
+
+
+def _patch_comparisons(interpreter) -> None:
+    import triton.language as tl
+
+    builder = interpreter.InterpreterBuilder
+    for name in list(vars(builder)):
+        if not name.startswith(("create_icmp", "create_fcmp")):
+            continue
+        original = getattr(builder, name)
+
+        def compare(self, lhs, rhs, _original=original):
+            out = _original(self, lhs, rhs)
+            return interpreter.TensorHandle(np.asarray(out.data).astype(np.bool_), tl.int1)
+
+        setattr(builder, name, compare)

@@ -365,17 +365,67 @@ def _is_symbolic(value) -> bool:
     return False
 
 
-def concrete_metas(gm: torch.fx.GraphModule, args) -> dict:
-    """Every node's value with concrete sizes, by running ``gm`` on fake copies of ``args``."""
+# Ops whose value is read from a tensor's data (``t.item()``, a tensor ``start`` of narrow): the graph's sizes
+# or offsets then depend on data (unbacked symbols), which fake tensors cannot know.
+DATA_DEPENDENT_OPS = frozenset({torch.ops.aten._local_scalar_dense.default})
+
+
+def data_dependent_nodes(gm: torch.fx.GraphModule) -> tuple[list, list]:
+    """(the nodes reading a scalar from data, every node they depend on in graph order). Raises PlanError where
+    computing them ahead of the plan would change what the graph does (a mutation or a random op among them)."""
+    scalars = [n for n in gm.graph.nodes if n.op == "call_function" and n.target in DATA_DEPENDENT_OPS]
+    if not scalars:
+        return [], []
+    needed: set = set()
+    stack = list(scalars)
+    while stack:
+        n = stack.pop()
+        if n in needed:
+            continue
+        needed.add(n)
+        stack.extend(n.all_input_nodes)
+    for n in needed:
+        if n.op == "call_function" and isinstance(n.target, torch._ops.OpOverload):
+            schema, tags = n.target._schema, getattr(n.target, "tags", ())
+            if schema.is_mutable or torch.Tag.nondeterministic_seeded in tags:
+                raise PlanError(f"{n.name} ({n.target}) feeds a value read from tensor data ({scalars[0].name}) "
+                                "and cannot be run ahead of the plan")
+        elif n.op not in ("placeholder", "get_attr", "call_function"):
+            raise PlanError(f"{n.name} ({n.op}) feeds a value read from tensor data")
+    return scalars, [n for n in gm.graph.nodes if n in needed]
+
+
+def data_dependent_values(gm: torch.fx.GraphModule, needed: list, args) -> dict:
+    """The real values of the data-read scalars for these ``args``: the nodes they need, run in ATen."""
+    env: dict = {}
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    for n, a in zip(placeholders, args):
+        env[n] = a
+    for n in needed:
+        if n.op == "placeholder":
+            continue
+        if n.op == "get_attr":
+            env[n] = getattr(gm, n.target)
+            continue
+        a = torch.fx.node.map_arg(n.args, env.__getitem__)
+        kw = torch.fx.node.map_arg(n.kwargs, env.__getitem__)
+        env[n] = n.target(*a, **kw)
+    return {n: env[n] for n in needed if n.op == "call_function" and n.target in DATA_DEPENDENT_OPS}
+
+
+def concrete_metas(gm: torch.fx.GraphModule, args, known: dict | None = None) -> dict:
+    """Every node's value with concrete sizes, by running ``gm`` on fake copies of ``args``; ``known`` gives
+    the values of nodes fake tensors cannot compute (scalars read from data)."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     mode = FakeTensorMode(allow_non_fake_inputs=True)
     values: dict = {}
+    known = known or {}
     fakes = [mode.from_tensor(a, static_shapes=True) if isinstance(a, torch.Tensor) else a for a in args]
 
     class Prop(torch.fx.Interpreter):
         def run_node(self, n):
-            r = super().run_node(n)
+            r = known[n] if n in known else super().run_node(n)
             values[n] = r
             return r
 
@@ -394,6 +444,7 @@ class CompiledGraph:
         self.graph_id = next(_ids)
         self.strict = strict
         self.dynamic = any(_is_symbolic(n.meta.get("val")) for n in gm.graph.nodes)
+        self.scalar_nodes, self.scalar_inputs = data_dependent_nodes(gm)
         self.plans: dict = {}
         self.plan: Plan | None = None
         self.fallback_reason: str | None = None
@@ -409,14 +460,41 @@ class CompiledGraph:
         if plan is None:
             key = tuple((tuple(a.shape), tuple(a.stride()), a.dtype) if isinstance(a, torch.Tensor) else a
                         for a in args)
+            known = data_dependent_values(self.gm, self.scalar_inputs, args) if self.scalar_nodes else {}
+            if known:  # a plan holds for these values read from data too (they set sizes and offsets)
+                key = key + tuple(known.values())
             plan = self.plans.get(key)
             if plan is None:
-                values = concrete_metas(self.gm, args)
-                plan = build_plan(self.gm, values.__getitem__, self.kind, self.graph_id, self.strict)
+                plan = self.plan_for(args, known, key)
                 self.plans[key] = plan
-                records.bump("replans")
-                if self.on_plan is not None:
-                    self.on_plan(plan.report)
-                config.log(1, f"graph {self.graph_id} ({self.kind}): planned for shapes "
-                              f"{[k[0] for k in key if isinstance(k, tuple)]}, kernels reused from the cache")
+            if plan is _ATEN:
+                return self.gm(*args)
         return plan.call(args)
+
+    def plan_for(self, args, known: dict, key):
+        """The plan for one concrete shape (and data-read values); where none can be built, the ATen graph
+        for this key, with the reason recorded (strict mode raises): a model never fails because of tilefuse."""
+        try:
+            values = concrete_metas(self.gm, args, known)
+            plan = build_plan(self.gm, values.__getitem__, self.kind, self.graph_id, self.strict)
+        except lowering.FallbackError:
+            raise
+        except Exception as exc:
+            reason = f"{type(exc).__name__}: {exc}".splitlines()[0][:500]
+            where = f"{self.kind} graph {self.graph_id} at shapes {[k[0] for k in key if isinstance(k, tuple)]}"
+            if self.strict:
+                raise lowering.FallbackError(f"tilefuse strict mode: {where} would fall back to ATen: "
+                                             f"{reason}") from exc
+            records.add_fallback(where, reason)
+            records.bump("graph_fallbacks")
+            config.log(1, f"fallback: {where} runs in ATen: {reason}")
+            return _ATEN
+        records.bump("replans")
+        if self.on_plan is not None:
+            self.on_plan(plan.report)
+        config.log(1, f"graph {self.graph_id} ({self.kind}): planned for shapes "
+                      f"{[k[0] for k in key if isinstance(k, tuple)]}, kernels reused from the cache")
+        return plan
+
+
+_ATEN = object()  # a plans entry: this key runs the ATen graph (its fallback was recorded when it was planned)
