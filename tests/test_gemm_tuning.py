@@ -203,6 +203,58 @@ def test_choose_tunes_once_then_memo_then_disk(tmp_cache, monkeypatch):
     T.forget()
 
 
+def test_under_torchrun_only_local_rank_0_tunes(tmp_cache, monkeypatch):
+    """Local rank 1 waits for local rank 0's decision on disk (here written by a thread standing in for rank
+    0, half a second later) and runs it; it never tunes itself."""
+    import threading
+
+    monkeypatch.setattr(T, "tuning_enabled", lambda: True)
+    real_tune = T.tune
+    monkeypatch.setattr(T, "tune", lambda *a, **k: pytest.fail("a rank other than local rank 0 tuned"))
+    a, b = torch.randn(21, 18), torch.randn(18, 26)
+    ops = G.prepare(a, b, activation="silu")
+    chosen = C.GemmConfig("tiled", 16, 32, 16, split_k=2)
+
+    def rank0():
+        import time as _t
+        _t.sleep(0.5)
+        real_tune(ops, [chosen], timer=lambda fn, best: 1.0)  # what rank 0's tuner stores
+
+    T.forget()
+    with config.override(local_rank=1, local_world_size=2, tune_wait_s=30.0):
+        assert T.tuning_role() == "waiter"
+        writer = threading.Thread(target=rank0)
+        writer.start()
+        got = T.choose(ops)
+        writer.join()
+    assert got == chosen
+    with config.override(local_rank=0, local_world_size=2):
+        assert T.tuning_role() == "tuner"
+    with config.override(local_rank=None, local_world_size=1):
+        assert T.tuning_role() == "tuner"
+    T.forget()
+
+
+def test_waiting_rank_runs_the_default_when_rank_0_never_decides(tmp_cache, monkeypatch, capsys):
+    monkeypatch.setattr(T, "tuning_enabled", lambda: True)
+    monkeypatch.setattr(T, "tune", lambda *a, **k: pytest.fail("a rank other than local rank 0 tuned"))
+    ops = G.prepare(torch.randn(9, 8), torch.randn(8, 7), activation="relu")
+    T.forget()
+    with config.override(local_rank=3, local_world_size=4, tune_wait_s=0.3):
+        assert T.choose(ops) == C.default_config(ops.problem)
+    assert T.stored(ops.problem) is None  # nothing stored: a later rank 0 still tunes the key
+    assert "no tuning decision from local rank 0" in capsys.readouterr().err
+    T.forget()
+
+
+def test_rank_settings_read_from_torchrun_variables():
+    cfg = config.load({"LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2", "TILEFUSE_TUNE_WAIT_S": "12.5"})
+    assert (cfg.local_rank, cfg.local_world_size, cfg.tune_wait_s) == (1, 2, 12.5)
+    assert config.load({}).local_rank is None
+    with pytest.raises(ValueError, match="TILEFUSE_TUNE_WAIT_S"):
+        config.load({"TILEFUSE_TUNE_WAIT_S": "-1"})
+
+
 def test_progress_respects_setting(capsys, monkeypatch):
     monkeypatch.setattr(T, "PROGRESS_AFTER_S", 0.0)
     with config.override(progress=True):

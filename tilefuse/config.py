@@ -24,6 +24,11 @@ variable                   meaning
                            the checkout on a device machine); default: asked of git.
 ``TILEFUSE_PROGRESS``      1 (default): show progress while tuning or building takes more than a moment;
                            0: never.
+``TILEFUSE_TUNE_WAIT_S``   under torchrun, how long a rank other than local rank 0 waits for local rank
+                           0's tuning decision to reach the disk cache (default 300); past it, that
+                           rank runs the heuristic default for the key, untuned and not stored.
+``LOCAL_RANK``,            set by torchrun (read, never set, by tilefuse): only local rank 0 of a host
+``LOCAL_WORLD_SIZE``       tunes GEMM configs; the others read its decisions from the shared disk cache.
 =========================  =========================================================================
 """
 from __future__ import annotations
@@ -50,6 +55,9 @@ class Config:
     hip_clang: str
     progress: bool
     git_sha: str = ""
+    tune_wait_s: float = 300.0
+    local_rank: int | None = None  # torchrun's LOCAL_RANK; None outside a distributed launch
+    local_world_size: int = 1  # torchrun's LOCAL_WORLD_SIZE
 
 
 def _int_var(env: Mapping[str, str], name: str, default: int, allowed: range) -> int:
@@ -62,6 +70,19 @@ def _int_var(env: Mapping[str, str], name: str, default: int, allowed: range) ->
         raise ValueError(f"{name}={raw!r}: expected an integer in {allowed.start}..{allowed.stop - 1}") from None
     if value not in allowed:
         raise ValueError(f"{name}={raw!r}: expected an integer in {allowed.start}..{allowed.stop - 1}")
+    return value
+
+
+def _float_var(env: Mapping[str, str], name: str, default: float) -> float:
+    raw = env.get(name, "").strip()
+    if not raw:
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ValueError(f"{name}={raw!r}: expected a number of seconds >= 0") from None
+    if not value >= 0:
+        raise ValueError(f"{name}={raw!r}: expected a number of seconds >= 0")
     return value
 
 
@@ -98,6 +119,9 @@ def load(env: Mapping[str, str] | None = None) -> Config:
         hip_clang=env.get("TILEFUSE_HIP_CLANG", "").strip() or "clang-19",
         progress=bool(_bool_var(env, "TILEFUSE_PROGRESS", True)),
         git_sha=env.get("TILEFUSE_GIT_SHA", "").strip(),
+        tune_wait_s=_float_var(env, "TILEFUSE_TUNE_WAIT_S", 300.0),
+        local_rank=_int_var(env, "LOCAL_RANK", None, range(0, 1 << 20)),
+        local_world_size=_int_var(env, "LOCAL_WORLD_SIZE", 1, range(1, 1 << 20)),
     )
 
 

@@ -9,6 +9,8 @@ Decision order for a problem (see :class:`~tilefuse.kernels.gemm_configs.GemmPro
    process does not tune again);
 4. otherwise tune: compile the candidates (concurrently), time each on the call's own inputs with
    ``triton.testing.do_bench`` (median, L2 cleared), store the winner with every candidate's time, use it.
+   Under torchrun only local rank 0 tunes; the other ranks wait for its decision on disk
+   (:func:`tuning_role`, :func:`wait_for_decision`).
 
 Candidates: the space of the problem's shape class (:func:`~tilefuse.kernels.gemm_configs.candidates`,
 at most :data:`TUNE_MAX_CANDIDATES`). When a *related* key was tuned already (the same bucket and layout
@@ -164,7 +166,9 @@ def choose(ops) -> GemmConfig:
             return hit
         cfg = stored(problem)
         if cfg is None:
-            if budget_left():
+            if budget_left() and tuning_role() == "waiter":
+                cfg = wait_for_decision(problem)
+            elif budget_left():
                 cfg = tune(ops)
             else:
                 related = related_candidates(problem)
@@ -172,6 +176,46 @@ def choose(ops) -> GemmConfig:
                 tf_config.log(1, f"gemm tuning budget spent: {problem.describe()} runs {cfg.label()} untuned")
         _memo[key] = cfg
         return cfg
+
+
+WAIT_POLL_S = 0.1
+
+
+def tuning_role() -> str:
+    """``"tuner"``, or ``"waiter"`` for a torchrun rank other than local rank 0: tuning the same key on every
+    GPU of a host would cost each rank the same minutes and could pick different winners on different ranks
+    (timing noise), so local rank 0 tunes and the others take its decision from the shared disk cache. (One
+    decision per host: a node-local cache dir is what each node's local rank 0 fills; a restart finds it.)"""
+    cfg = tf_config.get()
+    if cfg.local_world_size > 1 and cfg.local_rank not in (None, 0):
+        return "waiter"
+    return "tuner"
+
+
+def wait_for_decision(problem: GemmProblem) -> GemmConfig:
+    """Poll the disk cache for local rank 0's decision on ``problem`` for up to ``TILEFUSE_TUNE_WAIT_S``.
+    If none arrives (rank 0 never met this shape), the related winner or the heuristic default runs,
+    untuned and not stored, and the rank says so."""
+    limit = tf_config.get().tune_wait_s
+    rank = tf_config.get().local_rank
+    progress = Progress(problem.describe())
+    t0 = time.perf_counter()
+    while True:
+        cfg = stored(problem)
+        if cfg is not None:
+            progress.done(f"local rank {rank} took local rank 0's decision {cfg.label()} after "
+                          f"{time.perf_counter() - t0:.1f} s")
+            return cfg
+        waited = time.perf_counter() - t0
+        if waited >= limit:
+            break
+        progress.update(f"local rank {rank} waiting for local rank 0's decision ({waited:.0f} s of {limit:.0f})")
+        time.sleep(min(WAIT_POLL_S, max(limit - waited, 0.0)))
+    related = related_candidates(problem)
+    cfg = related[0] if related else default_config(problem)
+    print(f"[tilefuse] local rank {rank}: no tuning decision from local rank 0 for {problem.describe()} within "
+          f"TILEFUSE_TUNE_WAIT_S={limit:g} s; running {cfg.label()} untuned", file=sys.stderr, flush=True)
+    return cfg
 
 
 class Progress:
