@@ -35,22 +35,35 @@ WRAPS = ("ddp", "fsdp", "none")
 BACKENDS = ("eager", "inductor", "tilefuse")
 
 
+LINEARS = ("torch", "tilefuse")
+
+
+def linear_class(kind: str):
+    """torch.nn.Linear, or tilefuse.nn.Linear (its GEMMs run on the library's kernels; on a GPU they are
+    tuned, by local rank 0 only, the other ranks reading its decisions from the disk cache)."""
+    if kind == "tilefuse":
+        import tilefuse.nn
+
+        return tilefuse.nn.Linear
+    return torch.nn.Linear
+
+
 class Block(torch.nn.Module):
-    def __init__(self, width: int):
+    def __init__(self, width: int, linear=torch.nn.Linear):
         super().__init__()
         self.norm = torch.nn.LayerNorm(width)
-        self.up = torch.nn.Linear(width, 4 * width)
-        self.down = torch.nn.Linear(4 * width, width)
+        self.up = linear(width, 4 * width)
+        self.down = linear(4 * width, width)
 
     def forward(self, x):
         return x + self.down(torch.nn.functional.gelu(self.up(self.norm(x))))
 
 
 class Model(torch.nn.Module):
-    def __init__(self, width: int, depth: int, classes: int):
+    def __init__(self, width: int, depth: int, classes: int, linear=torch.nn.Linear):
         super().__init__()
-        self.blocks = torch.nn.ModuleList(Block(width) for _ in range(depth))
-        self.head = torch.nn.Linear(width, classes)
+        self.blocks = torch.nn.ModuleList(Block(width, linear) for _ in range(depth))
+        self.head = linear(width, classes)
 
     def forward(self, x, target):
         for block in self.blocks:
@@ -63,6 +76,7 @@ def parse(argv=None):
     p.add_argument("--wrap", choices=WRAPS, default="ddp")
     p.add_argument("--backend", choices=BACKENDS, default="tilefuse")
     p.add_argument("--steps", type=int, default=50)
+    p.add_argument("--linear", choices=LINEARS, default="torch", help="the model's Linear layers (default torch)")
     p.add_argument("--width", type=int, default=None, help="default 1024 on GPU, 32 on CPU")
     p.add_argument("--depth", type=int, default=2)
     p.add_argument("--batch", type=int, default=None, help="rows per rank per step (default 8192 on GPU, 16 on CPU)")
@@ -88,7 +102,7 @@ def main(argv=None) -> int:
     dtype = getattr(torch, args.dtype or ("bfloat16" if gpu else "float32"))
 
     torch.manual_seed(0)  # the same initial weights on every rank and for every backend
-    model = Model(width, args.depth, classes=64).to(dev, dtype)
+    model = Model(width, args.depth, classes=64, linear=linear_class(args.linear)).to(dev, dtype)
     if args.wrap == "ddp":
         model = torch.nn.parallel.DistributedDataParallel(model, device_ids=[local] if gpu else None)
     elif args.wrap == "fsdp":
@@ -130,6 +144,17 @@ def main(argv=None) -> int:
 
         stats = tilefuse.compiler.stats()
         result["tilefuse"] = {k: (len(v) if isinstance(v, list) else v) for k, v in stats.items()}
+    result["linear"] = args.linear
+    if args.linear == "tilefuse":
+        from tilefuse.kernels import gemm_tuning
+
+        mine = dict(gemm_tuning.counters)
+        every = [None] * world
+        if dist.is_initialized():
+            dist.all_gather_object(every, mine)
+        else:
+            every = [mine]
+        result["gemm_tuning_by_rank"] = every  # keys tuned / taken from rank 0's decision / defaulted, a rank
     if rank == 0:
         text = json.dumps(result, indent=1)
         if args.out:

@@ -25,7 +25,7 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _torchrun(tmp_path, wrap, backend, cache):
+def _torchrun(tmp_path, wrap, backend, cache, *extra):
     out = tmp_path / f"{wrap}-{backend}.json"
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["TILEFUSE_CACHE_DIR"] = str(cache)
@@ -35,7 +35,7 @@ def _torchrun(tmp_path, wrap, backend, cache):
     env["TILEFUSE_DIST_TIMEOUT_S"] = "120"
     torchrun = shutil.which("torchrun", path=str(Path(sys.executable).parent)) or "torchrun"
     cmd = [torchrun, "--nnodes=1", "--nproc_per_node=2", "--master-addr=127.0.0.1", f"--master-port={_free_port()}",
-           str(SCRIPT), "--wrap", wrap, "--backend", backend, "--steps", str(STEPS), "--out", str(out)]
+           str(SCRIPT), "--wrap", wrap, "--backend", backend, "--steps", str(STEPS), "--out", str(out), *extra]
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300, cwd=ROOT)
     except subprocess.TimeoutExpired as exc:
@@ -50,10 +50,16 @@ def _torchrun(tmp_path, wrap, backend, cache):
 def test_compiled_training_matches_eager_across_two_processes(tmp_path, wrap):
     cache = tmp_path / "cache"
     eager = _torchrun(tmp_path, wrap, "eager", cache)
-    ours = _torchrun(tmp_path, wrap, "tilefuse", cache)
+    # DDP: the model's Linear layers on the tilefuse GEMM too (graph breaks around each GEMM, the bucket hooks
+    # in between); FSDP: torch's Linear, so the compiled graphs hold the sharded parameters' all-gathers
+    extra = ("--linear", "tilefuse") if wrap == "ddp" else ()
+    ours = _torchrun(tmp_path, wrap, "tilefuse", cache, *extra)
     assert eager["world"] == ours["world"] == 2
     assert len(ours["losses"]) == STEPS
     assert eager["losses"][-1] < eager["losses"][0]  # it trains
     for step, (a, b) in enumerate(zip(eager["losses"], ours["losses"])):
         assert abs(a - b) <= LOSS_RTOL * abs(a), f"step {step}: eager loss {a} vs tilefuse {b}"
     assert ours["tilefuse"]["kernels"] > 0  # the backend really compiled kernels
+    if extra:
+        # every rank reports where its GEMM configs came from (on the interpreter nothing is tuned)
+        assert len(ours["gemm_tuning_by_rank"]) == 2

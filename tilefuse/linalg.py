@@ -38,6 +38,10 @@ _TORCH_ACTIVATIONS = {
 ACTIVATIONS = (None,) + tuple(_TORCH_ACTIVATIONS)
 
 
+# Under torch.compile, Dynamo would trace into the launch path (Triton's launcher, and on the CPU its
+# interpreter, which it cannot trace): the call is a graph break instead and runs as it does in eager, with
+# its own autograd.Function. The compiled graph around it is unaffected.
+@torch.compiler.disable
 def gemm(a: Tensor, b: Tensor, *, bias: Optional[Tensor] = None, activation: Optional[str] = None,
          residual: Optional[Tensor] = None, alpha: float = 1.0, beta: float = 1.0,
          out_dtype: Optional[torch.dtype] = None, quantize: Union[None, str, torch.dtype] = None,

@@ -47,6 +47,8 @@ COMPILE_THREADS = min(16, max(2, (os.cpu_count() or 2)))
 CACHE_VERSION = 1  # bump when the kernels change in a way that invalidates stored decisions
 
 _memo: dict[str, GemmConfig] = {}
+# what this process's decisions came from (train_distributed.py reports them per rank)
+counters = {"tuned": 0, "from_disk": 0, "from_rank0": 0, "untuned": 0}
 _memo_lock = threading.Lock()
 generation = 0  # bumped by forget(): the call path's plans (gemm_plan) hold configs chosen here
 
@@ -165,14 +167,18 @@ def choose(ops) -> GemmConfig:
         if hit is not None:
             return hit
         cfg = stored(problem)
-        if cfg is None:
+        if cfg is not None:
+            counters["from_disk"] += 1
+        else:
             if budget_left() and tuning_role() == "waiter":
                 cfg = wait_for_decision(problem)
             elif budget_left():
                 cfg = tune(ops)
+                counters["tuned"] += 1
             else:
                 related = related_candidates(problem)
                 cfg = related[0] if related else default_config(problem)
+                counters["untuned"] += 1
                 tf_config.log(1, f"gemm tuning budget spent: {problem.describe()} runs {cfg.label()} untuned")
         _memo[key] = cfg
         return cfg
@@ -205,6 +211,7 @@ def wait_for_decision(problem: GemmProblem) -> GemmConfig:
         if cfg is not None:
             progress.done(f"local rank {rank} took local rank 0's decision {cfg.label()} after "
                           f"{time.perf_counter() - t0:.1f} s")
+            counters["from_rank0"] += 1
             return cfg
         waited = time.perf_counter() - t0
         if waited >= limit:
@@ -213,6 +220,7 @@ def wait_for_decision(problem: GemmProblem) -> GemmConfig:
         time.sleep(min(WAIT_POLL_S, max(limit - waited, 0.0)))
     related = related_candidates(problem)
     cfg = related[0] if related else default_config(problem)
+    counters["untuned"] += 1
     print(f"[tilefuse] local rank {rank}: no tuning decision from local rank 0 for {problem.describe()} within "
           f"TILEFUSE_TUNE_WAIT_S={limit:g} s; running {cfg.label()} untuned", file=sys.stderr, flush=True)
     return cfg
