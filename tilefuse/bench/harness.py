@@ -114,6 +114,12 @@ class Rotating:
         return self.fn(*inputs)
 
 
+# When set (``tilefuse bench`` sets ``<out>/<suite>.partial.csv``), every row is also appended here as it is
+# recorded, so a suite cut off by a time limit still leaves what it measured (without the vs_baseline column,
+# which is filled in at the end).
+PARTIAL_PATH: Path | None = None
+
+
 class Recorder:
     """Collects the rows of one suite; computes ``vs_baseline`` against the baseline impl of each case."""
 
@@ -129,6 +135,8 @@ class Recorder:
             kw["note"] = ("interpreter smoke run, times mean nothing; " + kw.get("note", "")).rstrip("; ")
         row = Row(self.suite, case, impl, str(dtype).replace("torch.", ""), str(shape), **kw, **environment())
         self.rows.append(row)
+        if PARTIAL_PATH is not None:
+            write_csv([row], PARTIAL_PATH, append=True)
         return row
 
     def time(self, case: str, impl: str, fn: Callable[[], Any], *, dtype: Any, shape: Any,

@@ -80,8 +80,16 @@ def main(args) -> int:
     for name in args.suites:
         print(f"== bench {name}: {SUITES[name]} on {dev.describe()}", flush=True)
         start = time.perf_counter()
-        rows = run_suite(name, opts)
-        path = harness.write_csv(rows, Path(args.out) / f"{name}{'-smoke' if args.smoke else ''}.csv")
+        stem = f"{name}{'-smoke' if args.smoke else ''}"
+        partial = Path(args.out) / f"{stem}.partial.csv"
+        partial.unlink(missing_ok=True)
+        harness.PARTIAL_PATH = partial
+        try:
+            rows = run_suite(name, opts)
+        finally:
+            harness.PARTIAL_PATH = None
+        path = harness.write_csv(rows, Path(args.out) / f"{stem}.csv")
+        partial.unlink(missing_ok=True)  # the whole suite ran: its CSV replaces the partial one
         bad = [r for r in rows if r.status.startswith(("error", "wrong"))]
         print(f"== {name}: {len(rows)} rows ({len(bad)} error/wrong) in {time.perf_counter() - start:.0f} s -> {path}",
               flush=True)
