@@ -337,6 +337,11 @@ class KernelWriter:
 
     def load(self, e: ir.Load, scope: _Scope):
         key = id(e)
+        if math.prod(ir.node_meta(self.table[e.buffer], e.buffer).shape) == 0:
+            # a buffer with no elements (a reduction over an empty dim: prod of a (0,) tensor is 1) is never
+            # read: every position that would use the value is masked off, and its index need not be in bounds
+            reg = P.compute_dtype(e.dtype)
+            return self.emit(scope, f"tl.full([], 0, {TL_DTYPE[reg]})", reg, key)
         off = self.physical(e.buffer, e.index)
         ptr = self.pointer("load", e.buffer)
         offtext = self.index_text(off, scope)

@@ -161,7 +161,7 @@ def _squeeze(low, a, dims=None):
         drop = {d for d, s in enumerate(src) if s == 1}
     else:
         drop = {norm_dim(d, len(src)) for d in ints(dims)}
-        drop = {d for d in drop if src[d] == 1}
+        drop = {d for d in drop if d < len(src) and src[d] == 1}  # a 0-d tensor takes dim 0 or -1: nothing to drop
 
     def index_fn(v):
         out, k = [], 0
@@ -282,6 +282,8 @@ def _cat(low, tensors, dim=0):
         mask = and_(index_cond(v, "ge", lo), index_cond(v, "lt", hi))
         value = P.cast(low.load(t, idx, mask), meta.dtype)
         body = value if body is None else P.where(mask, value, body)
+    if body is None:  # every part is empty along ``dim``: so is the output (stack of (0, 1, 0) tensors)
+        body = P.const(0, meta.dtype)
     return low.pointwise_from(meta, body)
 
 

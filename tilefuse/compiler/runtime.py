@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import math
 import time
 from typing import Any, Callable
 
@@ -192,10 +193,8 @@ class WrapperWriter:
                 args.append(repr(a[1]))
         for name in ks.stores:
             used.add(self.var(name))
-        total = 1
-        for s in ks_space(self.sched, step.name):
-            total *= s
-        if total == 0:
+        # nothing to write: no launch (a reduction over an empty dim still writes its identity)
+        if all(math.prod(ir.node_meta(self.table[n], n).shape) == 0 for n in ks.stores):
             return lines, used
         launcher = f"launch_{step.name}"
         constexprs = dict(ks.constexprs)
@@ -215,13 +214,6 @@ def _bind_launch(fn, grid, constexprs, num_warps, num_stages):
     def call(*args):
         return launch(*args, num_warps=num_warps, num_stages=num_stages, **constexprs)
     return call
-
-
-def ks_space(sched, group_name):
-    for st in sched.steps:
-        if isinstance(st, scheduler.KernelGroup) and st.name == group_name:
-            return st.space
-    return ()
 
 
 def _flatten(value):
