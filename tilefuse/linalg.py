@@ -38,10 +38,6 @@ _TORCH_ACTIVATIONS = {
 ACTIVATIONS = (None,) + tuple(_TORCH_ACTIVATIONS)
 
 
-# Under torch.compile, Dynamo would trace into the launch path (Triton's launcher, and on the CPU its
-# interpreter, which it cannot trace): the call is a graph break instead and runs as it does in eager, with
-# its own autograd.Function. The compiled graph around it is unaffected.
-@torch.compiler.disable
 def gemm(a: Tensor, b: Tensor, *, bias: Optional[Tensor] = None, activation: Optional[str] = None,
          residual: Optional[Tensor] = None, alpha: float = 1.0, beta: float = 1.0,
          out_dtype: Optional[torch.dtype] = None, quantize: Union[None, str, torch.dtype] = None,
@@ -69,6 +65,13 @@ def gemm(a: Tensor, b: Tensor, *, bias: Optional[Tensor] = None, activation: Opt
     Returns the result, of shape (M, N), or (Z, M, N) if either operand is 3-D; ``(codes, scales)`` with
     ``quantize``. Raises TypeError/ValueError naming the argument before anything runs.
     """
+    if torch.compiler.is_compiling():
+        # Under torch.compile, Dynamo would trace into the launch path (Triton's launcher, and on the CPU its
+        # interpreter, which it cannot trace): the call is a graph break instead and runs as it does in eager,
+        # with its own autograd.Function; the compiled graph around it is unaffected. (Eager calls skip the
+        # disable wrapper: it costs host time on every call.)
+        return _gemm_eager(a, b, bias=bias, activation=activation, residual=residual, alpha=alpha, beta=beta,
+                           out_dtype=out_dtype, quantize=quantize, out=out, scale_a=scale_a, scale_b=scale_b)
     if activation is not None and activation not in _TORCH_ACTIVATIONS:
         raise ValueError(f"activation={activation!r}: accepted values are None, "
                          + ", ".join(repr(k) for k in _TORCH_ACTIVATIONS))
@@ -81,6 +84,11 @@ def gemm(a: Tensor, b: Tensor, *, bias: Optional[Tensor] = None, activation: Opt
     if scale is not None:
         return value, scale
     return value
+
+
+@torch.compiler.disable
+def _gemm_eager(a, b, **kwargs):
+    return gemm(a, b, **kwargs)
 
 
 def _check_differentiable(a, b, quantize, out, scale_a, scale_b, out_dtype) -> None:
