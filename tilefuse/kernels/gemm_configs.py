@@ -364,9 +364,12 @@ def ws_possible(cfg: GemmConfig, part: Part, hooked: bool) -> bool:
     the epilogue's column halves (reshape/permute/split), and the split-K atomics after the loop. Pointer
     loads fail (the pass wants TMA). A generated hook could hold any op, so hooked epilogues stay
     unspecialised."""
+    # The tiled kernel is never specialised: device run 3 (H200) found its warp-specialised form compiles
+    # and runs but returns wrong results (inf/garbage at 128x4096, 1024^2 and 4096^2, every such candidate);
+    # the persistent kernel's specialised form passed the same checks.
     return (part.vendor == "nvidia" and part.capability == WS_CAPABILITY and cfg.tma and tma_allowed(part)
             and cfg.num_warps == WS_NUM_WARPS and cfg.epi_subtile == 1 and not hooked
-            and not (cfg.kernel == "tiled" and cfg.split_k not in (1, AUTO_SPLIT)))
+            and cfg.kernel == "persistent")
 
 
 def tma_allowed(part: Part) -> bool:

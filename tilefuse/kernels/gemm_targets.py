@@ -84,10 +84,6 @@ def _tiled_examples(target: str) -> list[targets.Example]:
     if tma:
         out.append(_example(gemm_tiled_kernel, "bf16 tma quant->fp8 2-pass", target, big, use_tma=True,
                             epilogue={"QUANT": QUANT_TWO_PASS, **gelu}))
-    if PART_BY_TARGET[target].capability == WS_CAPABILITY:
-        ws = GemmConfig("tiled", 128, 256, 64, 8, num_warps=4, num_stages=3, tma=True, warp_specialize=True)
-        out.append(_example(gemm_tiled_kernel, "bf16 warp-specialised bias+gelu", target, ws, use_tma=True,
-                            epilogue=gelu))
     int8_cfg = dataclasses.replace(big, block_k=128 if not amd else 64)
     fp8 = _fp8_name(target)
     if fp8:
