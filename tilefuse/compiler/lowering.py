@@ -162,6 +162,7 @@ class Lowerer:
         self.constants: list[torch.Tensor] = []
         self.seeds = 0
         self.device: Optional[torch.device] = None
+        self._device_from_scalar = False
         self.current: Optional[torch.fx.Node] = None
         self.num_args = 0
 
@@ -318,11 +319,15 @@ class Lowerer:
         return ir.Graph(nodes, tuple(outputs or ()), position, self.device or torch.device("cpu"), self.seeds)
 
     def _note_device(self, value) -> None:
+        """The graph's device is that of its tensors with dims; a 0-d CPU tensor (a scalar constant, which eager
+        lets take part in GPU ops) decides it only when nothing else does."""
         if isinstance(value, torch.Tensor):
             dev = value.device
-            if self.device is None:
+            scalar = value.dim() == 0 and dev.type == "cpu"
+            if self.device is None or (self._device_from_scalar and not scalar):
                 self.device = dev
-            elif dev != self.device and value.dim() > 0:
+                self._device_from_scalar = scalar
+            elif dev != self.device and not scalar:
                 raise GraphFallback(f"tensors on several devices ({self.device}, {dev})")
 
     def _placeholder(self, node, position):

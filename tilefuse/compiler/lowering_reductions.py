@@ -45,7 +45,7 @@ def row_index(vars_, out_dims) -> tuple[ir.Index, ...]:
 
 
 # Split reductions. A reduction with few outputs and long rows leaves most of the GPU idle: the column sums of a
-# layer norm's backward (4096 outputs over 32768 rows) are 64 programs of 64 columns, each looping over every
+# layer norm's backward (4096 outputs over 32768 rows) are 16 programs of 256 columns, each looping over every
 # row. Such a reduction is written as two: stage 1 reduces ``S`` chunks of the rows into an fp32 [S, outputs]
 # buffer (S x more programs), stage 2 reduces the S partials (and takes the epilogue). "Programs" counts what
 # the code generator launches: one a row for an innermost reduction, one per 64 outputs for an outer one.
@@ -54,7 +54,7 @@ SPLIT_MAX_PROGRAMS = 256  # a reduction with at least this many programs (about 
 SPLIT_TARGET_PROGRAMS = 1024  # stage 1 aims at this many programs
 SPLIT_MIN_CHUNK = 256  # each stage-1 program reduces at least this many elements
 SPLIT_KINDS = ("sum", "prod", "max", "min", "any", "all")
-OUTER_OUTPUTS_PER_PROGRAM = 64  # codegen.OUTER_XBLOCK
+OUTER_OUTPUTS_PER_PROGRAM = 256  # codegen.OUTER_XBLOCK
 
 
 def split_factor(space, reduced, kind: str) -> int:
