@@ -18,7 +18,9 @@
 //     with cp.async.bulk.tensor; two chunks a consumer are double-buffered, so stores overlap the next
 //     chunk's math, and full 128-byte rows reach global memory instead of rung 8's 4-byte scatter.
 //
-// Measured: not measured yet (the lead's H200 run). Predicted: see benchmarks/notes/hopper_rungs.md.
+// Measured (H200, bf16, device run 3, benchmarks/results/run3/ladder.csv): 4096x4096x4096 367.8 TFLOP/s (0.52x
+//   cuBLAS); 8192x8192x8192 659.6 TFLOP/s (0.95x cuBLAS); 16384x4096x4096 642.7 TFLOP/s (1.04x cuBLAS);
+//   16x8192x8192 5.7 TFLOP/s (0.12x cuBLAS).
 //
 // Layouts: A is [M,K] row-major (lda >= K), B is given as [N,K] row-major (K-major B: tilefuse_rung9_b_layout()
 // returns 1; ldb >= K), C is [M,N] row-major (ldc >= N). bf16 (dtype 0) or fp16 (dtype 1) in and out, fp32
