@@ -413,6 +413,10 @@ def _scatter(low, a, dim, index, value):
     meta = low.out_meta()
     dim = norm_dim(plain(dim), len(meta.shape))
     ishape = low.shape_of(index)
+    if not meta.shape and not ishape and not (isinstance(value, TV) and low.shape_of(value)):
+        # 0-d (max(x0d, 0)'s backward): the one index is 0, the result is value
+        return low.pointwise_from(meta, P.cast(low.load(value, []) if isinstance(value, TV) else
+                                               low.scalar(value, meta.dtype), meta.dtype))
     if len(ishape) != len(meta.shape) or ishape[dim] != 1 or \
             any(ishape[k] != meta.shape[k] for k in range(len(ishape)) if k != dim):
         raise LoweringError("scatter other than one index per row")
