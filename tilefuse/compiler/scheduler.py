@@ -405,7 +405,8 @@ def fusion_legality(s: Scheduler, g: dict, node) -> tuple[bool, Optional[dict]]:
     except _Illegal:
         return False, None
     # a row-level node cannot read a full-row value of the group (it has no reduced position)
-    if kind == "reduction" and not _covers_reduced(pos, space, reduced):
+    # (a reduction's body runs over the whole space, so it may: a norm of a sum that is also an output)
+    if kind == "reduction" and not isinstance(node, ir.Reduction) and not _covers_reduced(pos, space, reduced):
         for loc in _locals(new_body):
             lpos = positions[loc.name]
             if _covers_reduced(lpos, space, reduced) and not isinstance(s.table[loc.name], ir.Reduction):
