@@ -85,3 +85,28 @@ def test_layer_norm_gelu_backward_with_split_column_sums(small_split):
     assert_close(out, ref, torch.float32)
     for name, got, want in zip(("x", "weight", "bias"), grads, ref_grads):
         assert_close(got, want, torch.float32, what=f"grad {name}")
+
+
+@pytest.mark.parametrize("looped", [False, True], ids=["persistent", "looped"])
+def test_residual_sum_output_and_its_norm_in_one_kernel(monkeypatch, looped):
+    """h = x + r is an output and the layer norm's input: one kernel writes both (Inductor's fusion)."""
+    from tilefuse.compiler import codegen
+
+    if looped:
+        monkeypatch.setattr(codegen, "INTERP_PERSISTENT_MAX_R", 64)
+    reset()
+    g = torch.Generator().manual_seed(5)
+    x, r = torch.randn(33, 257, generator=g), noncontiguous(torch.randn(33, 257, generator=g))
+    w, b = torch.randn(257, generator=g), torch.randn(257, generator=g)
+
+    def f(x, r, w, b):
+        h = x + r
+        return h, F.layer_norm(h, (257,), w, b, 1e-5)
+
+    with strict():
+        h, y = torch.compile(f, backend="tilefuse")(x, r, w, b)
+    h64, y64 = f(x.double(), r.double(), w.double(), b.double())
+    assert_close(h, h64, torch.float32, what="h")
+    assert_close(y, y64, torch.float32, what="norm")
+    assert int(stats()["kernels"]) == 1
+    reset()
