@@ -6,6 +6,7 @@ scripts/train_distributed.py is the same program there.
 import json
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -16,6 +17,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "scripts" / "train_distributed.py"
 STEPS = 8  # enough steps for the optimizer to move the weights; each is a few interpreter launches
+TORCHRUN_TIMEOUT_S = 240
 LOSS_RTOL = 1e-4  # fp32 throughout: compiled and eager differ only by summation order
 
 
@@ -36,12 +38,18 @@ def _torchrun(tmp_path, wrap, backend, cache, *extra):
     torchrun = shutil.which("torchrun", path=str(Path(sys.executable).parent)) or "torchrun"
     cmd = [torchrun, "--nnodes=1", "--nproc_per_node=2", "--master-addr=127.0.0.1", f"--master-port={_free_port()}",
            str(SCRIPT), "--wrap", wrap, "--backend", backend, "--steps", str(STEPS), "--out", str(out), *extra]
+    # its own session, so that on a timeout the ranks die with torchrun: killing torchrun alone leaves a rank
+    # holding the output pipes, and the wait for them never ends
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT,
+                            start_new_session=True)
     try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300, cwd=ROOT)
-    except subprocess.TimeoutExpired as exc:
-        raise AssertionError(f"torchrun {wrap}/{backend} did not finish in 300 s:\n"
-                             f"{(exc.stdout or b'')[-2000:]!r}\n{(exc.stderr or b'')[-2000:]!r}") from None
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+        stdout, stderr = proc.communicate(timeout=TORCHRUN_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        stdout, stderr = proc.communicate()
+        raise AssertionError(f"torchrun {wrap}/{backend} did not finish in {TORCHRUN_TIMEOUT_S} s:\n"
+                             f"{stdout[-2000:]}\n{stderr[-2000:]}") from None
+    assert proc.returncode == 0, stdout[-3000:] + stderr[-3000:]
     return json.loads(out.read_text())
 
 
