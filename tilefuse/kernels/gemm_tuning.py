@@ -185,6 +185,7 @@ def choose(ops) -> GemmConfig:
 
 
 WAIT_POLL_S = 0.1
+WAIT_SAY_EVERY_S = 10.0
 
 
 def tuning_role() -> str:
@@ -206,6 +207,7 @@ def wait_for_decision(problem: GemmProblem) -> GemmConfig:
     rank = tf_config.get().local_rank
     progress = Progress(problem.describe())
     t0 = time.perf_counter()
+    said = -WAIT_SAY_EVERY_S
     while True:
         cfg = stored(problem)
         if cfg is not None:
@@ -216,7 +218,9 @@ def wait_for_decision(problem: GemmProblem) -> GemmConfig:
         waited = time.perf_counter() - t0
         if waited >= limit:
             break
-        progress.update(f"local rank {rank} waiting for local rank 0's decision ({waited:.0f} s of {limit:.0f})")
+        if waited - said >= WAIT_SAY_EVERY_S:  # a line every few seconds, not every poll
+            progress.update(f"local rank {rank} waiting for local rank 0's decision ({waited:.0f} s of {limit:.0f})")
+            said = waited
         time.sleep(min(WAIT_POLL_S, max(limit - waited, 0.0)))
     related = related_candidates(problem)
     cfg = related[0] if related else default_config(problem)
