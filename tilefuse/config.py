@@ -73,6 +73,16 @@ def _int_var(env: Mapping[str, str], name: str, default: int, allowed: range) ->
     return value
 
 
+def _launcher_int(env: Mapping[str, str], name: str, default: int | None, minimum: int) -> int | None:
+    """A variable a launcher (torchrun) sets, not tilefuse's: a value tilefuse cannot use is ignored rather than
+    refused, so an odd launcher never stops ``import tilefuse``."""
+    try:
+        value = int(env.get(name, "").strip())
+    except ValueError:
+        return default
+    return value if value >= minimum else default
+
+
 def _float_var(env: Mapping[str, str], name: str, default: float) -> float:
     raw = env.get(name, "").strip()
     if not raw:
@@ -120,8 +130,8 @@ def load(env: Mapping[str, str] | None = None) -> Config:
         progress=bool(_bool_var(env, "TILEFUSE_PROGRESS", True)),
         git_sha=env.get("TILEFUSE_GIT_SHA", "").strip(),
         tune_wait_s=_float_var(env, "TILEFUSE_TUNE_WAIT_S", 300.0),
-        local_rank=_int_var(env, "LOCAL_RANK", None, range(0, 1 << 20)),
-        local_world_size=_int_var(env, "LOCAL_WORLD_SIZE", 1, range(1, 1 << 20)),
+        local_rank=_launcher_int(env, "LOCAL_RANK", None, minimum=0),
+        local_world_size=_launcher_int(env, "LOCAL_WORLD_SIZE", 1, minimum=1) or 1,
     )
 
 
