@@ -63,13 +63,11 @@ def _format_graph(g: records.GraphReport) -> str:
     if g.whole_graph_fallback:
         lines.append(f"  fallback: the whole graph runs in ATen: {g.whole_graph_fallback}")
     for k, kern in enumerate(g.kernels):
-        nodes = [o.split(":", 1)[0] for o in kern.fuses]
         lines.append(f"  group {k}: kernel {kern.name} [{kern.form}]")
         lines.append(f"    fuses {len(kern.fuses)} ATen nodes: {', '.join(kern.fuses)}")
         lines.append(f"    writes {', '.join(kern.stores) if kern.stores else 'nothing (values stay in registers)'}")
         if kern.path:
             lines.append(f"    source {kern.path}")
-        del nodes
     for node, op, reason in g.externs:
         lines.append(f"  extern {node}: {op} " + (f"(fallback: {reason})" if reason else "(ATen by design)"))
     for where, reason in g.fallbacks:

@@ -69,23 +69,6 @@ class GraphReport:
     whole_graph_fallback: str | None = None
     seconds: dict = dataclasses.field(default_factory=dict)
 
-    def format(self) -> str:
-        lines = [f"graph {self.graph_id} ({self.kind}): {self.aten_nodes} ATen nodes -> {len(self.kernels)} kernels, "
-                 f"{len(self.externs)} extern calls"]
-        if self.whole_graph_fallback:
-            lines.append(f"  whole graph runs in ATen: {self.whole_graph_fallback}")
-        for k in self.kernels:
-            lines.append(f"  kernel {k.name} [{k.form}] fuses {len(k.fuses)} nodes: {', '.join(k.fuses)}")
-            if k.stores:
-                lines.append(f"      writes {', '.join(k.stores)}")
-        for node, op, reason in self.externs:
-            lines.append(f"  extern {node}: {op}" + (f"  (fallback: {reason})" if reason else "  (by design)"))
-        for where, reason in self.fallbacks:
-            lines.append(f"  fallback {where}: {reason}")
-        if self.seconds:
-            lines.append("  compile " + ", ".join(f"{k} {v * 1e3:.1f} ms" for k, v in self.seconds.items()))
-        return "\n".join(lines)
-
 
 def record(report: GraphReport) -> None:
     with _lock:
