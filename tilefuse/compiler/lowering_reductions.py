@@ -13,6 +13,7 @@ import math
 import torch
 
 from . import ir
+from .codegen import OUTER_XBLOCK  # the columns a program of an outer (column) reduction covers
 from . import primitives as P
 from .lowering import TV, LoweringError, aten, ints, norm_dim, plain, register
 
@@ -54,7 +55,6 @@ SPLIT_MAX_PROGRAMS = 256  # a reduction with at least this many programs (about 
 SPLIT_TARGET_PROGRAMS = 1024  # stage 1 aims at this many programs
 SPLIT_MIN_CHUNK = 256  # each stage-1 program reduces at least this many elements
 SPLIT_KINDS = ("sum", "prod", "max", "min", "any", "all")
-OUTER_OUTPUTS_PER_PROGRAM = 256  # codegen.OUTER_XBLOCK
 
 
 def split_factor(space, reduced, kind: str) -> int:
@@ -67,7 +67,7 @@ def split_factor(space, reduced, kind: str) -> int:
     if rsize < SPLIT_MIN_R:
         return 1
     inner = (len(space) - 1) in reduced
-    programs = xnumel if inner else -(-xnumel // OUTER_OUTPUTS_PER_PROGRAM)
+    programs = xnumel if inner else -(-xnumel // OUTER_XBLOCK)
     if programs >= SPLIT_MAX_PROGRAMS:
         return 1
     limit = min(SPLIT_TARGET_PROGRAMS // max(programs, 1), rsize // SPLIT_MIN_CHUNK)
