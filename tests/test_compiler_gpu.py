@@ -103,3 +103,30 @@ def test_encoder_layer_bf16():
     problems = [p for n, g, e, r in zip(names, grads, eager_grads, ref_grads)
                 if (p := cc.tensor_problem(f"grad {n}", g, e, r))]
     assert not problems, "; ".join(problems)
+
+
+def test_launches_take_the_direct_path_and_stay_right():
+    """After its first call a compiled graph's launch site calls the kept kernel's launcher (no JIT dispatch);
+    new inputs of the same kinds give eager's result through it, and an input at an unaligned address (which
+    the kept kernel was not specialised for) goes back to the JIT and is still right."""
+    import gc
+
+    from tilefuse.kernels.launcher import SiteLauncher
+
+    def fn(x, w):
+        return torch.softmax(x * w, dim=-1) + 1.0
+
+    f = torch.compile(fn, backend="tilefuse")
+    w = torch.randn(1000, device="cuda")
+    with cc.strict():
+        for _ in range(3):
+            x = torch.randn(37, 1000, device="cuda")
+            out = torch.full_like(x, float("nan"))
+            out.copy_(f(x, w))
+            torch.testing.assert_close(out, fn(x, w))
+        sites = [o for o in gc.get_objects() if isinstance(o, SiteLauncher) and o.direct is not None]
+        assert sites, "no launch site kept its compiled kernel"
+        storage = torch.randn(37 * 1000 + 1, device="cuda")
+        x_odd = storage[1:].view(37, 1000)  # 4 bytes past a 16-byte boundary
+        assert x_odd.data_ptr() % 16 != 0
+        torch.testing.assert_close(f(x_odd, w), fn(x_odd, w))

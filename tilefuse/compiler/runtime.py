@@ -29,6 +29,7 @@ from typing import Any, Callable
 import torch
 
 from .. import config, device as tf_device
+from ..kernels.launcher import SiteLauncher
 from . import cache, codegen, ir, lowering, records, scheduler
 
 _ids = itertools.count()
@@ -205,15 +206,11 @@ class WrapperWriter:
 
 
 def _bind_launch(fn, grid, constexprs, num_warps, num_stages):
-    launch = fn[tuple(grid)]
-    if tf_device.interpreting():
-        def call(*args):
-            return launch(*args, **constexprs)
-        return call
-
-    def call(*args):
-        return launch(*args, num_warps=num_warps, num_stages=num_stages, **constexprs)
-    return call
+    """The launch closure of one kernel call site: the JIT's dispatch on the first call, then the compiled
+    kernel's own launcher (:class:`tilefuse.kernels.launcher.SiteLauncher`: ~20-40 us less host time a launch
+    on Triton 3.6; it returns to the JIT whenever an argument would need another specialisation)."""
+    options = {} if tf_device.interpreting() else {"num_warps": num_warps, "num_stages": num_stages}
+    return SiteLauncher(fn, tuple(grid), options, constexprs)
 
 
 def _flatten(value):

@@ -19,13 +19,13 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import threading
 from typing import Any, Callable
 
 import torch
 import triton
 
 from .. import device
+from .launcher import Direct, current_stream, hooks_installed, scratch_pointer, stream_buffer  # noqa: F401
 from .gemm import gemm_persistent_kernel, gemm_tiled_kernel, quantize_rows_kernel
 from .gemm_checks import TMA_ALIGN, Operands, fp8_grid, qmax
 from .gemm_configs import GemmConfig, current_part, ws_possible
@@ -52,9 +52,7 @@ class Launch:
 
 
 # ------------------------------------------------------------------------------------ kept buffers
-_guard = threading.Lock()
 _dummies: dict[tuple, torch.Tensor] = {}
-_kept: dict[tuple, torch.Tensor] = {}
 
 
 def _stream_of(dev: torch.device) -> int:
@@ -66,21 +64,6 @@ def dummy(dev: torch.device) -> torch.Tensor:
     t = _dummies.get(key)
     if t is None:
         t = _dummies[key] = torch.zeros(16, dtype=torch.float32, device=dev)
-    return t
-
-
-def stream_buffer(kind: str, dev: torch.device, stream: int, numel: int, dtype: torch.dtype) -> torch.Tensor:
-    """A buffer of at least ``numel`` elements kept for (kind, device, stream). "lock" buffers are zeroed when
-    made (the split-K kernel leaves its counters zero again); the others are uninitialised."""
-    key = (kind, dev.type, dev.index, stream, dtype)
-    t = _kept.get(key)
-    if t is None or t.numel() < numel:
-        with _guard:
-            t = _kept.get(key)
-            if t is None or t.numel() < numel:
-                size = max(numel, 2 * (t.numel() if t is not None else 0), 1024)
-                make = torch.zeros if kind == "lock" else torch.empty
-                t = _kept[key] = make(size, dtype=dtype, device=dev)
     return t
 
 
@@ -270,23 +253,17 @@ def uses_tma(ls: list[Launch]) -> bool:
 
 
 # --------------------------------------------------------------------------------- compiled replay
-from triton import knobs as _knobs  # noqa: E402
-
-_RUNTIME = _knobs.runtime
-_DIRECT_TRITON = ("3.6.",)  # launcher argument order read from these versions' nvidia driver.py
-
-
 class CompiledLaunch:
     """One :class:`Launch` kept for replay with new tensors.
 
     ``run(values, stream)`` takes the tensors by role index (:data:`ROLE_INDEX`) and the float values
-    (alpha, beta). The first run on a GPU goes through the JIT and keeps the compiled kernel; later runs call
-    its launcher with the recorded arguments, pointers as integers. On the interpreter every run goes
-    through the JIT (there is nothing compiled to keep)."""
+    (alpha, beta). The first run on a GPU goes through the JIT and keeps the compiled kernel's launcher
+    (:class:`~tilefuse.kernels.launcher.Direct`); later runs call it with the recorded arguments, pointers as
+    integers (the plan's signature fixed every tensor's dtype and alignment). On the interpreter every run
+    goes through the JIT (there is nothing compiled to keep)."""
 
     __slots__ = ("kernel", "grid", "options", "jit_args", "direct_args", "ptr_slots", "value_slots", "names",
-                 "compiled", "launch_fn", "function", "packed", "coop", "pdl", "scratch_bytes", "scratch_align",
-                 "via_run", "interpret", "device_index")
+                 "direct", "interpret", "device_index")
 
     def __init__(self, launch: Launch):
         self.kernel, self.grid, self.options = launch.kernel, launch.grid, launch.options
@@ -304,11 +281,7 @@ class CompiledLaunch:
             else:
                 raise ValueError(f"role {role!r} of {n} cannot be replayed")
         self.value_slots = [(names.index(n), VALUE_ROLES.index(r)) for n, r in launch.values.items()]
-        self.compiled = False
-        self.launch_fn = self.function = self.packed = None
-        self.coop = self.pdl = 0
-        self.scratch_bytes = self.scratch_align = 0
-        self.via_run = False
+        self.direct: Direct | None = None
         self.interpret = device.current().interpreter
         self.device_index = launch.args[names[0]].get_device() if hasattr(launch.args[names[0]], "get_device") else -1
 
@@ -321,26 +294,10 @@ class CompiledLaunch:
         compiled = self.kernel[self.grid](*args, **self.options)
         if self.interpret or compiled is None:
             return
-        self._keep(compiled)
-
-    def _keep(self, compiled) -> None:
-        run = compiled.run  # loads the module (and checks resources) once
-        self.function, self.packed = compiled.function, compiled.packed_metadata
-        self.launch_fn = run
-        self.via_run = True
-        if (type(run).__name__ == "CudaLauncher" and triton.__version__.startswith(_DIRECT_TRITON)
-                and not getattr(run, "profile_scratch_size", 0) and hasattr(run, "launch")):
-            self.launch_fn = run.launch
-            self.via_run = False
-            self.coop, self.pdl = int(run.launch_cooperative_grid), int(run.launch_pdl)
-            grid_size = math.prod(self.grid)
-            self.scratch_bytes = run.global_scratch_size * grid_size * run.num_ctas
-            self.scratch_align = run.global_scratch_align
-        self.compiled = True
+        self.direct = Direct(compiled, self.grid, self.device_index)
 
     def run(self, values: list, floats: tuple, stream: int) -> None:
-        if not self.compiled or _RUNTIME.launch_enter_hook is not None or _RUNTIME.launch_exit_hook is not None:
-            # (a profiler's launch hooks, proton's say, need the JIT's launch path)
+        if self.direct is None or hooks_installed():
             self._jit(values, floats)
             return
         args = list(self.direct_args)
@@ -348,29 +305,7 @@ class CompiledLaunch:
             args[i] = values[r].data_ptr()
         for i, r in self.value_slots:
             args[i] = floats[r]
-        g = self.grid
-        g0, g1, g2 = g[0], (g[1] if len(g) > 1 else 1), (g[2] if len(g) > 2 else 1)
-        if self.via_run:
-            self.launch_fn(g0, g1, g2, stream, self.function, self.packed, None, None, None, *args)
-            return
-        scratch = None
-        if self.scratch_bytes:
-            scratch = _scratch_pointer(self.device_index, stream, self.scratch_bytes, self.scratch_align)
-        self.launch_fn(g0, g1, g2, stream, self.function, self.coop, self.pdl, scratch, None, self.packed,
-                       None, None, None, *args)
-
-
-def _scratch_pointer(device_index: int, stream: int, size: int, align: int) -> int:
-    dev = torch.device("cuda", device_index) if device_index >= 0 else device.torch_device()
-    t = stream_buffer("scratch", dev, stream, size + align, torch.int8)
-    p = t.data_ptr()
-    return p + ((-p) % max(1, align))
-
-
-def current_stream(device_index: int) -> int:
-    if device_index < 0:
-        return 0
-    return torch._C._cuda_getCurrentRawStream(device_index)
+        self.direct.launch(stream, args)
 
 
 def role_values(ops: Operands, ls: list[Launch]) -> list:

@@ -1,0 +1,76 @@
+"""The direct launcher (tilefuse.kernels.launcher): what runs on the CPU. The GPU path (a kept kernel called
+through its C launcher) is tested on the H200 by tests/test_compiler_gpu.py and the GEMM plan tests."""
+from __future__ import annotations
+
+import pytest
+import torch
+import triton
+import triton.language as tl
+
+from tilefuse.kernels import launcher
+
+
+@triton.jit
+def _axpy(x_ptr, y_ptr, out_ptr, n, alpha, BLOCK: tl.constexpr):
+    i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    m = i < n
+    tl.store(out_ptr + i, alpha * tl.load(x_ptr + i, m) + tl.load(y_ptr + i, m), m)
+
+
+def test_site_launcher_runs_through_the_jit_on_the_interpreter():
+    n = 1000
+    site = launcher.SiteLauncher(_axpy, (triton.cdiv(n, 256),), {}, {"BLOCK": 256})
+    for _ in range(2):
+        x, y = torch.randn(n), torch.randn(n)
+        out = torch.full((n,), float("nan"))
+        site(x, y, out, n, 2.5)
+        torch.testing.assert_close(out, 2.5 * x + y)
+    assert site.direct is None  # nothing compiled to keep on the interpreter
+
+
+def test_site_launcher_rejects_constexprs_that_are_not_trailing():
+    with pytest.raises(ValueError, match="trailing"):
+        launcher.SiteLauncher(_axpy, (1,), {}, {"n": 4})
+
+
+def test_int_class_is_what_triton_specialises_on():
+    assert launcher._int_class(1) == (True, False, True)
+    assert launcher._int_class(4096) == (False, True, True)
+    assert launcher._int_class(4097) == (False, False, True)
+    assert launcher._int_class(2 ** 31) == (False, True, False)
+    assert launcher._int_class(16) != launcher._int_class(17)
+
+
+class CudaLauncher:  # the name the direct form is chosen by
+    def __init__(self):
+        self.calls = []
+        self.launch_cooperative_grid, self.launch_pdl = False, True
+        self.global_scratch_size, self.global_scratch_align = 0, 1
+        self.profile_scratch_size, self.num_ctas = 0, 1
+
+    def launch(self, *args):
+        self.calls.append(args)
+
+
+class _Compiled:
+    def __init__(self):
+        self.run, self.function, self.packed_metadata = CudaLauncher(), 1234, ("meta",)
+
+
+def test_direct_passes_grid_stream_function_and_arguments_in_the_launcher_order(monkeypatch):
+    monkeypatch.setattr(triton, "__version__", "3.6.0")
+    compiled = _Compiled()
+    d = launcher.Direct(compiled, (7, 2), -1)
+    assert not d.via_run
+    d.launch(99, [111, 222, 5, 256])
+    (call,) = compiled.run.calls
+    assert call[:5] == (7, 2, 1, 99, 1234)
+    assert call[5:10] == (0, 1, None, None, ("meta",))  # cooperative, pdl, scratch, profile scratch, metadata
+    assert call[10:13] == (None, None, None)
+    assert call[13:] == (111, 222, 5, 256)
+
+
+def test_direct_uses_the_launchers_own_call_on_other_triton_versions(monkeypatch):
+    monkeypatch.setattr(triton, "__version__", "3.7.0")
+    d = launcher.Direct(_Compiled(), (3,), -1)
+    assert d.via_run

@@ -1,0 +1,172 @@
+"""Launching a compiled Triton kernel without the JIT's per-call dispatch.
+
+``kernel[grid](*args)`` costs ~20-40 us of host time a launch in Triton 3.6 (binding the arguments,
+computing the specialisation key of every argument, looking up the cache, ``cuPointerGetAttribute`` a
+pointer). A caller that launches the same kernel with arguments of the same kinds again and again (a GEMM
+plan, a compiled graph's wrapper) can instead keep what the first JIT launch returned and call its C
+launcher directly: :class:`Direct` does that, :class:`SiteLauncher` wraps it for one launch site whose
+non-tensor arguments never change, and falls back to the JIT whenever a call would need another
+specialisation (a tensor that is not 16-byte aligned where the first one was, an integer of another
+specialisation class) or a profiler has launch hooks installed.
+
+Also here: buffers kept a (device, stream) (split-K workspaces, Triton's global scratch) and the raw
+current stream. The direct launch order is read from Triton 3.6's NVIDIA driver; other versions and other
+vendors take the launcher's own ``__call__`` (which still skips the JIT's dispatch).
+"""
+from __future__ import annotations
+
+import math
+import threading
+
+import torch
+import triton
+from triton import knobs as _knobs
+
+from .. import device
+
+RUNTIME = _knobs.runtime
+DIRECT_TRITON = ("3.6.",)  # launcher argument order read from these versions' nvidia driver.py
+
+# ------------------------------------------------------------------------------------ kept buffers
+_guard = threading.Lock()
+_kept: dict[tuple, torch.Tensor] = {}
+
+
+def stream_buffer(kind: str, dev: torch.device, stream: int, numel: int, dtype: torch.dtype) -> torch.Tensor:
+    """A buffer of at least ``numel`` elements kept for (kind, device, stream). "lock" buffers are zeroed when
+    made (the split-K kernel leaves its counters zero again); the others are uninitialised. Reusing one buffer
+    on one stream is safe because launches on a stream run one after the other."""
+    key = (kind, dev.type, dev.index, stream, dtype)
+    t = _kept.get(key)
+    if t is None or t.numel() < numel:
+        with _guard:
+            t = _kept.get(key)
+            if t is None or t.numel() < numel:
+                size = max(numel, 2 * (t.numel() if t is not None else 0), 1024)
+                make = torch.zeros if kind == "lock" else torch.empty
+                t = _kept[key] = make(size, dtype=dtype, device=dev)
+    return t
+
+
+def scratch_pointer(device_index: int, stream: int, size: int, align: int) -> int:
+    """An address of ``size`` bytes of Triton global scratch, aligned to ``align``, kept a (device, stream)."""
+    dev = torch.device("cuda", device_index) if device_index >= 0 else device.torch_device()
+    t = stream_buffer("scratch", dev, stream, size + align, torch.int8)
+    p = t.data_ptr()
+    return p + ((-p) % max(1, align))
+
+
+def current_stream(device_index: int) -> int:
+    """The raw current CUDA/HIP stream of a device index (0 for the CPU)."""
+    if device_index < 0:
+        return 0
+    return torch._C._cuda_getCurrentRawStream(device_index)
+
+
+def hooks_installed() -> bool:
+    """A profiler's launch hooks (proton's, say) need the JIT's launch path."""
+    return RUNTIME.launch_enter_hook is not None or RUNTIME.launch_exit_hook is not None
+
+
+# ------------------------------------------------------------------------------------ direct launch
+class Direct:
+    """The C launcher of one compiled kernel, for a fixed grid. ``launch(stream, args)`` takes every kernel
+    argument in signature order (constexprs included, as the JIT passes them; the launcher skips them) with
+    pointers as integers."""
+
+    __slots__ = ("function", "packed", "fn", "via_run", "coop", "pdl", "scratch_bytes", "scratch_align",
+                 "g0", "g1", "g2", "device_index")
+
+    def __init__(self, compiled, grid: tuple, device_index: int):
+        run = compiled.run  # loads the module (and checks resources) once
+        self.function, self.packed = compiled.function, compiled.packed_metadata
+        self.fn, self.via_run = run, True
+        self.coop = self.pdl = 0
+        self.scratch_bytes = self.scratch_align = 0
+        self.g0, self.g1, self.g2 = grid[0], (grid[1] if len(grid) > 1 else 1), (grid[2] if len(grid) > 2 else 1)
+        self.device_index = device_index
+        if (type(run).__name__ == "CudaLauncher" and triton.__version__.startswith(DIRECT_TRITON)
+                and not getattr(run, "profile_scratch_size", 0) and hasattr(run, "launch")):
+            self.fn, self.via_run = run.launch, False
+            self.coop, self.pdl = int(run.launch_cooperative_grid), int(run.launch_pdl)
+            self.scratch_bytes = run.global_scratch_size * math.prod(grid) * run.num_ctas
+            self.scratch_align = run.global_scratch_align
+
+    def launch(self, stream: int, args) -> None:
+        if self.via_run:
+            self.fn(self.g0, self.g1, self.g2, stream, self.function, self.packed, None, None, None, *args)
+            return
+        scratch = None
+        if self.scratch_bytes:
+            scratch = scratch_pointer(self.device_index, stream, self.scratch_bytes, self.scratch_align)
+        self.fn(self.g0, self.g1, self.g2, stream, self.function, self.coop, self.pdl, scratch, None, self.packed,
+                None, None, None, *args)
+
+
+def _int_class(v: int) -> tuple:
+    """What Triton specialises an integer argument on: 1, divisibility by 16, and 32- vs 64-bit."""
+    return (v == 1, v % 16 == 0, -2 ** 31 <= v < 2 ** 31)
+
+
+class SiteLauncher:
+    """``launch(*args)`` for one launch site: a JIT function, its grid, warps/stages and constexprs fixed.
+
+    The first call goes through the JIT and keeps the compiled kernel (:class:`Direct`). Later calls pass the
+    tensors' addresses straight to the C launcher, after checking that each argument still matches what the
+    kept kernel was specialised for: every tensor 16-byte aligned (a site whose first call had an unaligned
+    tensor keeps the JIT path), every integer of the same specialisation class (:func:`_int_class`). Any
+    mismatch, a profiler hook, or the interpreter: the JIT path, which is always right.
+    """
+
+    __slots__ = ("jit", "grid", "options", "tail", "direct", "aligned", "ints", "device_index", "interpret")
+
+    def __init__(self, fn, grid: tuple, options: dict, constexprs: dict):
+        self.grid = tuple(grid)
+        self.jit = fn[self.grid]
+        self.options = dict(options, **constexprs)
+        names = list(fn.arg_names)
+        n_runtime = len(names) - len(constexprs)
+        if set(names[n_runtime:]) != set(constexprs):
+            raise ValueError(f"{fn.__name__}: constexprs {sorted(constexprs)} are not its trailing parameters "
+                             f"{names[n_runtime:]}")
+        self.tail = tuple(constexprs[n] for n in names[n_runtime:])
+        self.direct: Direct | None = None
+        self.aligned: tuple = ()
+        self.ints: tuple = ()
+        self.device_index = -1
+        self.interpret = device.interpreting()
+
+    def __call__(self, *args) -> None:
+        d = self.direct
+        if d is None or RUNTIME.launch_enter_hook is not None or RUNTIME.launch_exit_hook is not None:
+            self._jit(args)
+            return
+        direct = list(args)
+        for i in self.aligned:
+            p = args[i].data_ptr()
+            if p & 15:
+                self._jit(args)
+                return
+            direct[i] = p
+        for i, cls in self.ints:
+            if _int_class(args[i]) != cls:
+                self._jit(args)
+                return
+        d.launch(torch._C._cuda_getCurrentRawStream(self.device_index), direct + list(self.tail))
+
+    def _jit(self, args) -> None:
+        compiled = self.jit(*args, **self.options)
+        if self.interpret or compiled is None or self.direct is not None:
+            return  # the kept kernel stays the one of the first call's specialisation
+        tensors = [i for i, a in enumerate(args) if isinstance(a, torch.Tensor)]
+        if not tensors or any(args[i].device.type != "cuda" for i in tensors):
+            return
+        if any(a is None or not isinstance(a, (torch.Tensor, int, float)) for a in args):
+            return  # (an argument of another kind: keep the JIT path rather than guess its launch form)
+        if any(args[i].data_ptr() & 15 for i in tensors):
+            return  # rare (a view at an odd offset): the JIT path, with its own checks, every call
+        self.device_index = args[tensors[0]].get_device()
+        self.aligned = tuple(tensors)
+        self.ints = tuple((i, _int_class(a)) for i, a in enumerate(args)
+                          if isinstance(a, int) and not isinstance(a, bool))
+        self.direct = Direct(compiled, self.grid, self.device_index)
