@@ -132,7 +132,7 @@ def compiler_section() -> None:
                 row.append(f"{backend} failed ({type(exc).__name__}: {str(exc)[:80]})")
         print(f"  {name}: " + "  ".join(row))
     # how the tilefuse launches went
-    sites = [o for o in __import__("gc").get_objects() if isinstance(o, launcher.SiteLauncher)]
+    sites = [o for o in __import__("gc").get_objects() if type(o) is launcher.SiteLauncher]
     print(f"  tilefuse launch sites: {len(sites)}, direct: {sum(s.direct is not None for s in sites)}")
 
 

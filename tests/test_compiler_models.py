@@ -49,7 +49,7 @@ def forward_backward(fn, params, inputs, cotangent_seed: int):
     out = fn(*inputs)
     outs = out if isinstance(out, (tuple, list)) else (out,)
     gen = torch.Generator().manual_seed(cotangent_seed)
-    cots = [torch.randn(o.shape, generator=gen, dtype=torch.float64).to(o.dtype) for o in outs]
+    cots = [torch.randn(o.shape, generator=gen, dtype=torch.float64).to(device=o.device, dtype=o.dtype) for o in outs]
     wrt = list(params) + _leaves(inputs)
     grads = torch.autograd.grad(outs, wrt, cots, allow_unused=True)
     return out, grads

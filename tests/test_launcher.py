@@ -74,3 +74,20 @@ def test_direct_uses_the_launchers_own_call_on_other_triton_versions(monkeypatch
     monkeypatch.setattr(triton, "__version__", "3.7.0")
     d = launcher.Direct(_Compiled(), (3,), -1)
     assert d.via_run
+
+
+def test_no_launch_hook_is_installed_until_a_profiler_adds_one():
+    """Triton 3.6 keeps an (empty) HookChain in each launch-hook knob: an empty chain is no hook. (Reading
+    "not None" as "installed" sent every launch through the JIT: device run 6 measured 35 us a GEMM launch.)"""
+    assert not launcher.hooks_installed()
+
+    def hook(metadata):
+        pass
+
+    chain = launcher.RUNTIME.launch_enter_hook
+    chain.add(hook)
+    try:
+        assert launcher.hooks_installed()
+    finally:
+        chain.remove(hook)
+    assert not launcher.hooks_installed()

@@ -21,6 +21,7 @@ import threading
 import torch
 import triton
 from triton import knobs as _knobs
+from triton.knobs import HookChain
 
 from .. import device
 
@@ -63,9 +64,14 @@ def current_stream(device_index: int) -> int:
     return torch._C._cuda_getCurrentRawStream(device_index)
 
 
+def _hook_on(hook) -> bool:
+    # Triton 3.6 keeps a HookChain in each knob, empty unless a profiler added to it; older ones kept None
+    return hook is not None and (bool(hook.calls) if isinstance(hook, HookChain) else True)
+
+
 def hooks_installed() -> bool:
     """A profiler's launch hooks (proton's, say) need the JIT's launch path."""
-    return RUNTIME.launch_enter_hook is not None or RUNTIME.launch_exit_hook is not None
+    return _hook_on(RUNTIME.launch_enter_hook) or _hook_on(RUNTIME.launch_exit_hook)
 
 
 # ------------------------------------------------------------------------------------ direct launch
@@ -138,7 +144,7 @@ class SiteLauncher:
 
     def __call__(self, *args) -> None:
         d = self.direct
-        if d is None or RUNTIME.launch_enter_hook is not None or RUNTIME.launch_exit_hook is not None:
+        if d is None or hooks_installed():
             self._jit(args)
             return
         direct = list(args)
