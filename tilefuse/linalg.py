@@ -75,7 +75,9 @@ def gemm(a: Tensor, b: Tensor, *, bias: Optional[Tensor] = None, activation: Opt
     if activation is not None and activation not in _TORCH_ACTIVATIONS:
         raise ValueError(f"activation={activation!r}: accepted values are None, "
                          + ", ".join(repr(k) for k in _TORCH_ACTIVATIONS))
-    if torch.is_grad_enabled() and any(isinstance(t, Tensor) and t.requires_grad for t in (a, b, bias, residual)):
+    if torch.is_grad_enabled() and (getattr(a, "requires_grad", False) or getattr(b, "requires_grad", False)
+                                    or getattr(bias, "requires_grad", False)
+                                    or getattr(residual, "requires_grad", False)):
         _check_differentiable(a, b, quantize, out, scale_a, scale_b, out_dtype)
         return _GemmFunction.apply(a, b, bias, residual, activation, float(alpha), float(beta), out_dtype)
     value, scale, _ = _plan.gemm_call(a, b, out_dtype=out_dtype, bias=bias, activation=activation or "none",
