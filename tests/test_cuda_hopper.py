@@ -245,6 +245,35 @@ def test_abi_rejects_bad_arguments_before_touching_the_gpu(rung):
         assert call(ldc=260) == CUDA_ERROR_INVALID_VALUE  # C is stored by TMA too
 
 
+def _schedule_abi(lib):
+    lib.tilefuse_rung9_set_schedule.restype = ctypes.c_int
+    lib.tilefuse_rung9_set_schedule.argtypes = [ctypes.c_int] * 4
+    lib.tilefuse_rung9_get_schedule.restype = ctypes.c_int
+    lib.tilefuse_rung9_get_schedule.argtypes = [ctypes.POINTER(ctypes.c_int)]
+    return lib
+
+
+def _get_schedule(lib) -> list[int]:
+    out = (ctypes.c_int * 7)()
+    assert lib.tilefuse_rung9_get_schedule(out) == 0
+    return list(out)
+
+
+@needs_nvcc
+def test_rung9_schedule_abi_checks_its_arguments():
+    """The run-time schedule (host code only): bad values are refused and change nothing; 0 means default."""
+    lib = _schedule_abi(_load(9))
+    assert _get_schedule(lib) == [0, 0, 0, 0, 8, 0, 2]  # defaults: GROUP_M 8, row groups, clusters of 2
+    for bad in ((-1, 0, 0, 0), (0, -1, 0, 0), (0, 1 << 17, 0, 0), (0, 0, 2, 0), (0, 0, 0, 3), (0, 0, 0, -1)):
+        assert lib.tilefuse_rung9_set_schedule(*bad) == CUDA_ERROR_INVALID_VALUE, bad
+        assert _get_schedule(lib)[:4] == [0, 0, 0, 0]
+    try:
+        assert lib.tilefuse_rung9_set_schedule(60, 4, 1, 1) == 0
+        assert _get_schedule(lib)[:4] == [60, 4, 1, 1]
+    finally:
+        assert lib.tilefuse_rung9_set_schedule(0, 0, 0, 0) == 0
+
+
 # ------------------------------------------------------------------------------- layout models (CPU)
 # These restate, in Python, the hardware behaviour the kernels rely on (PTX ISA: tensor-map swizzle modes,
 # the wgmma matrix descriptor and canonical K-major layouts, the m64nNk16 accumulator fragment) and the
@@ -384,6 +413,34 @@ def test_grouped_tile_values_match_the_source():
     for expr in ("grouped_tile(1, 16, 16).row == 1", "grouped_tile(8, 16, 16).col == 1",
                  "grouped_tile(128, 16, 16).row == 8", "grouped_tile(5, 3, 4).col == 1"):
         assert expr in text  # the same values are static_asserted in the kernel source
+
+
+def tile_at(t: int, tiles_m: int, tiles_n: int, group_m: int, order: int) -> tuple[int, int]:  # restated
+    if order == 1:  # the transpose: groups of group_m tile-columns, row-major inside a group
+        col, row = grouped_tile(t, tiles_n, tiles_m, group_m)
+        return row, col
+    return grouped_tile(t, tiles_m, tiles_n, group_m)
+
+
+@pytest.mark.parametrize("tiles_m,tiles_n", [(1, 1), (1, 32), (16, 16), (32, 16), (3, 4), (13, 7), (9, 1)])
+@pytest.mark.parametrize("group_m", [1, 2, 5, 8, 16, 64])
+@pytest.mark.parametrize("order", [0, 1])
+def test_run_time_tile_orders_are_permutations(tiles_m, tiles_n, group_m, order):
+    """tilefuse_rung9_set_schedule's group_m and order: every tile exactly once, whatever the values."""
+    got = [tile_at(t, tiles_m, tiles_n, group_m, order) for t in range(tiles_m * tiles_n)]
+    assert sorted(got) == [(m, n) for m in range(tiles_m) for n in range(tiles_n)]
+    if group_m == 1:  # plain row-major (order 0) and column-major (order 1)
+        row_major = [(m, n) for m in range(tiles_m) for n in range(tiles_n)]
+        assert got == (row_major if order == 0 else sorted(row_major, key=lambda mn: (mn[1], mn[0])))
+
+
+def test_tile_at_values_match_the_source():
+    text = (CUDA_DIR / RUNGS[9]).read_text()
+    assert tile_at(1, 16, 16, 8, 1) == (0, 1) and tile_at(8, 16, 16, 8, 1) == (1, 0)
+    assert tile_at(3, 16, 16, 1, 0) == (0, 3) and tile_at(3, 16, 16, 1, 1) == (3, 0)
+    for expr in ("tile_at(1, 16, 16, 8, ORDER_COLUMN_GROUPS).col == 1", "tile_at(8, 16, 16, 8, ORDER_COLUMN_GROUPS).row == 1",
+                 "tile_at(3, 16, 16, 1, ORDER_ROW_GROUPS).col == 3", "tile_at(3, 16, 16, 1, ORDER_COLUMN_GROUPS).row == 3"):
+        assert expr in text
 
 
 def test_shared_memory_budgets():
@@ -685,6 +742,14 @@ def test_rung9_protocol(k_tiles, tiles, clusters, multicast):
                                   persistent=True, multicast=multicast)
 
 
+@pytest.mark.parametrize("k_tiles,tiles,clusters", [(1, 5, 2), (4, 7, 3), (9, 4, 1)])
+def test_rung9_protocol_cluster_of_one(k_tiles, tiles, clusters):
+    """tilefuse_rung9_set_schedule(cluster_size=1): persistent CTAs without a peer (8 arrivals a stage)."""
+    for seed in range(SIM_SEEDS):
+        simulate_warp_specialised(seed=seed, stages=4, k_tiles=k_tiles, tiles=tiles, clusters=clusters, cluster=1,
+                                  persistent=True, multicast=False)
+
+
 @pytest.mark.parametrize("bug,match", [
     (dict(release_last=False), "deadlock"),             # persistent: the last stage of a tile never released
     (dict(remote_release=False), "holds"),              # multicast: only the local consumers counted
@@ -845,6 +910,41 @@ def test_rung9_debug_variants(flags):
         lib.tilefuse_rung9_set_debug(old)
 
 
+SCHEDULES = {  # tilefuse_rung9_set_schedule(clusters, group_m, order, cluster_size), as the sweep tries them
+    "7-clusters": (7, 0, 0, 0), "more-clusters-than-resident": (500, 0, 0, 0), "group-1": (0, 1, 0, 0),
+    "group-3": (0, 3, 0, 0), "column-groups": (0, 8, 1, 0), "cluster-1": (0, 0, 0, 1),
+    "cluster-1-13-ctas-column-major": (13, 1, 1, 1),
+}
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", sorted(SCHEDULES))
+def test_rung9_schedules(name):
+    """Rung 9 under each run-time schedule: the same result as the float32 reference (ragged edges, several
+    tiles a cluster), for both epilogue paths."""
+    _in_child(9)
+    torch = _torch()
+    lib = _schedule_abi(_load(9))
+    lib.tilefuse_rung9_set_debug.restype = ctypes.c_int
+    lib.tilefuse_rung9_set_debug.argtypes = [ctypes.c_int]
+    M, N, K = 1800, 2312, 328  # 8 x 10 cluster tiles (15 x 10 with clusters of one), ragged in M, N and K
+    dt = torch.bfloat16
+    a = torch.randn(M, K, device="cuda", dtype=dt)
+    b_nk = torch.randn(N, K, device="cuda", dtype=dt)
+    assert lib.tilefuse_rung9_set_schedule(*SCHEDULES[name]) == 0
+    try:
+        for debug in (0, 4):
+            old = lib.tilefuse_rung9_set_debug(debug)
+            try:
+                c = poisoned_empty(M, N, dtype=dt, device="cuda")
+                _run(9, a, b_nk, c)
+            finally:
+                lib.tilefuse_rung9_set_debug(old)
+            assert_close(c, _reference(a, b_nk), dtype=dt, what=f"rung 9 schedule {name} debug {debug}")
+    finally:
+        lib.tilefuse_rung9_set_schedule(0, 0, 0, 0)
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("rung", sorted(RUNGS))
 def test_repeated_calls_are_deterministic(rung):
@@ -860,3 +960,67 @@ def test_repeated_calls_are_deterministic(rung):
         _run(rung, a, b_nk, c)
         outs.append(c)
     assert torch.equal(outs[0], outs[1]) and torch.equal(outs[0], outs[2])
+
+
+# ------------------------------------------------------------------------ scripts/ladder_sweep.py (CPU)
+SWEEP = ROOT / "scripts" / "ladder_sweep.py"
+
+
+def _sweep_module():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("ladder_sweep", SWEEP)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod  # dataclasses look their module up there
+    spec.loader.exec_module(mod)  # imports nothing heavy: torch only inside main() / the probe
+    return mod
+
+
+def test_ladder_sweep_arguments():
+    sweep = _sweep_module()
+    args = sweep.parse_args([])
+    assert args.shape_list == [(4096, 4096, 4096), (8192, 8192, 8192), (16384, 4096, 4096)]
+    assert [s.name for s in args.setting_list] == [s.name for s in sweep.SETTINGS] and args.graphs and args.probe
+    args = sweep.parse_args(["--shapes", "4096,1000x1024x512", "--settings", "cluster-1,group-1", "--no-graphs"])
+    assert args.shape_list == [(4096, 4096, 4096), (1000, 1024, 512)] and not args.graphs
+    assert [s.name for s in args.setting_list] == ["default", "cluster-1", "group-1"]
+    for bad in (["--shapes", "4096x4096"], ["--shapes", "100x100x100"], ["--settings", "nope"]):
+        with pytest.raises(SystemExit):
+            sweep.parse_args(bad)
+    names = [s.name for s in sweep.SETTINGS]
+    assert len(set(names)) == len(names) and sweep.SETTINGS[0].is_default
+    assert sum(s.is_default for s in sweep.SETTINGS) == 1  # every other setting changes something
+
+
+@needs_nvcc
+def test_ladder_sweep_settings_are_accepted_by_rung9():
+    """Every schedule the sweep sets is one the library takes (host code: no GPU needed)."""
+    sweep = _sweep_module()
+    lib = _schedule_abi(_load(9))
+    try:
+        for s in sweep.SETTINGS:
+            assert lib.tilefuse_rung9_set_schedule(*s.schedule) == 0, s
+            assert _get_schedule(lib)[:4] == list(s.schedule)
+    finally:
+        lib.tilefuse_rung9_set_schedule(0, 0, 0, 0)
+
+
+@needs_nvcc
+def test_ladder_sweep_runs_without_a_gpu():
+    """--list, and --build-only (rungs 7-9 for sm_90a through the package's build cache); the full run on a
+    machine without a GPU stops after the builds with exit 2 and says why."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run([sys.executable, str(SWEEP), "--list"], capture_output=True, text=True, timeout=120, env=env)
+    assert proc.returncode == 0 and "cluster-1" in proc.stdout, proc.stdout + proc.stderr
+    proc = subprocess.run([sys.executable, str(SWEEP), "--build-only"], capture_output=True, text=True, timeout=900,
+                          env=env)
+    assert proc.returncode == 0 and "BUILD FAILED" not in proc.stdout, proc.stdout + proc.stderr
+    try:
+        import torch
+        has_gpu = torch.cuda.is_available()
+    except ImportError:
+        has_gpu = False
+    if not has_gpu:
+        proc = subprocess.run([sys.executable, str(SWEEP), "--budget-s", "600"], capture_output=True, text=True,
+                              timeout=900, env=env)
+        assert proc.returncode == 2 and "no CUDA GPU" in proc.stdout, proc.stdout + proc.stderr

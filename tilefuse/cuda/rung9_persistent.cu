@@ -32,6 +32,14 @@
 // Debug: tilefuse_rung9_set_debug(flags) (not part of the ladder ABI) switches single features off, to find
 // which one a wrong result comes from: 1 = no multicast (each CTA loads its whole B tile itself), 2 = not
 // persistent (one tile a cluster), 4 = direct register stores instead of the TMA-store epilogue.
+//
+// Schedule: tilefuse_rung9_set_schedule(clusters, group_m, order, cluster_size) (not part of the ladder ABI
+// either; 0 = the default for each) picks, at run time, how many clusters the persistent grid has (default:
+// as many as cudaOccupancyMaxActiveClusters says can be resident), the group depth of the L2-aware order
+// (default GROUP_M), the order (0: groups of cluster-rows walked column-major, the default; 1: the transpose,
+// groups of tile-columns walked row-major) and the cluster size (2, the default, with B multicast; or 1, no
+// cluster: each CTA loads its whole B tile). tilefuse_rung9_occupancy reports the resident-cluster count.
+// scripts/ladder_sweep.py times each setting on the GPU.
 #include <cuda.h>
 #include <cudaTypedefs.h>
 #include <cuda_bf16.h>
@@ -48,7 +56,7 @@ constexpr int BN = 256;            // m64n256k16: 128 fp32 accumulators a consum
 constexpr int BK = 64;             // 64 bf16 = 128 bytes = exactly one 128B swizzle row
 constexpr int WGMMA_K = 16;
 constexpr int STAGES = 4;          // 4 x 48 KB + 32 KB of C staging = 224 KB of the 227 KB a block may have
-constexpr int CLUSTER = 2;         // CTAs a cluster; they share (multicast) the B tile
+constexpr int CLUSTER = 2;         // CTAs a cluster (the default; 1 at run time: see Schedule); they share B
 constexpr int CONSUMERS = 2;
 constexpr int THREADS = 128 * (1 + CONSUMERS);
 constexpr int CONSUMER_WARPS = CONSUMERS * 4;
@@ -112,17 +120,40 @@ static_assert(swizzle128_offset(0, 0) == 0 && swizzle128_offset(1, 0) == 128 + 1
 struct TileRC {
     int row, col;
 };
-__host__ __device__ constexpr TileRC grouped_tile(int t, int tiles_m, int tiles_n) {
-    const int per_group = GROUP_M * tiles_n;
+__host__ __device__ constexpr TileRC grouped_tile(int t, int tiles_m, int tiles_n, int group_m) {
+    const int per_group = group_m * tiles_n;
     const int group = t / per_group;
-    const int first = group * GROUP_M;
-    const int rows = (tiles_m - first) < GROUP_M ? (tiles_m - first) : GROUP_M;  // the last group may be short
+    const int first = group * group_m;
+    const int rows = (tiles_m - first) < group_m ? (tiles_m - first) : group_m;  // the last group may be short
     const int r = t - group * per_group;
     return TileRC{first + r % rows, r / rows};
+}
+__host__ __device__ constexpr TileRC grouped_tile(int t, int tiles_m, int tiles_n) {
+    return grouped_tile(t, tiles_m, tiles_n, GROUP_M);
+}
+// The run-time choice (Schedule::order): 0 = grouped_tile; 1 = its transpose (groups of group_m tile-columns,
+// row-major inside a group). group_m = 1 makes them plain row-major (0) and column-major (1) orders.
+constexpr int ORDER_ROW_GROUPS = 0;
+constexpr int ORDER_COLUMN_GROUPS = 1;
+__host__ __device__ constexpr TileRC tile_at(int t, int tiles_m, int tiles_n, int group_m, int order) {
+    return order == ORDER_COLUMN_GROUPS
+               ? TileRC{grouped_tile(t, tiles_n, tiles_m, group_m).col, grouped_tile(t, tiles_n, tiles_m, group_m).row}
+               : grouped_tile(t, tiles_m, tiles_n, group_m);
 }
 static_assert(grouped_tile(1, 16, 16).row == 1 && grouped_tile(8, 16, 16).row == 0 && grouped_tile(8, 16, 16).col == 1 &&
                   grouped_tile(128, 16, 16).row == 8 && grouped_tile(5, 3, 4).row == 2 && grouped_tile(5, 3, 4).col == 1,
               "grouped tile order");
+static_assert(tile_at(1, 16, 16, 8, ORDER_COLUMN_GROUPS).col == 1 && tile_at(1, 16, 16, 8, ORDER_COLUMN_GROUPS).row == 0 &&
+                  tile_at(8, 16, 16, 8, ORDER_COLUMN_GROUPS).row == 1 && tile_at(3, 16, 16, 1, ORDER_ROW_GROUPS).col == 3 &&
+                  tile_at(3, 16, 16, 1, ORDER_COLUMN_GROUPS).row == 3,
+              "transposed tile order");
+
+// What the host picks at run time (tilefuse_rung9_set_schedule), passed to the kernel by value.
+struct Schedule {
+    int cluster;  // CTAs a cluster: 2 (B multicast) or 1
+    int group_m;  // group depth of the tile order
+    int order;    // ORDER_ROW_GROUPS or ORDER_COLUMN_GROUPS
+};
 
 // ---------------------------------------------------------------------------------------------------------
 // PTX wrappers.
@@ -366,7 +397,7 @@ template <int DT>
 __global__ void __launch_bounds__(THREADS, 1)
 rung9_kernel(const __grid_constant__ CUtensorMap tm_a, const __grid_constant__ CUtensorMap tm_b,
              const __grid_constant__ CUtensorMap tm_c, void* C, const void* bias, int M, int N, int K, long long ldc,
-             int epilogue, int debug) {
+             int epilogue, int debug, Schedule sched) {
     extern __shared__ __align__(16) uint8_t smem_raw[];
     const uint32_t base = (smem_u32(smem_raw) + SWIZZLE_ATOM_BYTES - 1) & ~uint32_t(SWIZZLE_ATOM_BYTES - 1);
     const uint32_t s_a = base;                                // STAGES x [128 rows][128 B], swizzled
@@ -379,14 +410,15 @@ rung9_kernel(const __grid_constant__ CUtensorMap tm_a, const __grid_constant__ C
     const uint32_t rank = cluster_ctarank();
     const int first_tile = (int)cluster_index(), tile_step = (int)cluster_count();
     const int k_tiles = (K + BK - 1) / BK;
-    const int tiles_m = (M + BM * CLUSTER - 1) / (BM * CLUSTER);  // cluster-rows of 256
+    const int csize = sched.cluster;                              // 2, or 1 without a cluster
+    const int tiles_m = (M + BM * csize - 1) / (BM * csize);      // cluster-rows of 256 (128 when csize is 1)
     const int tiles_n = (N + BN - 1) / BN;
     const int tiles = tiles_m * tiles_n;
 
     if (threadIdx.x == 0) {
         for (int s = 0; s < STAGES; ++s) {
             mbar_init(full + 8 * s, 1);                          // one arrive.expect_tx by the local producer
-            mbar_init(empty + 8 * s, CLUSTER * CONSUMER_WARPS);  // every consumer warp of both CTAs
+            mbar_init(empty + 8 * s, csize * CONSUMER_WARPS);    // every consumer warp of both CTAs
         }
         fence_mbarrier_init();  // visible to the copy engine and to the peer CTA
         prefetch_tensormap(&tm_a);
@@ -400,12 +432,12 @@ rung9_kernel(const __grid_constant__ CUtensorMap tm_a, const __grid_constant__ C
         // Producer: one thread walks this cluster's tiles and their k-tiles, STAGES ahead at most.
         regs_release<PRODUCER_REGS>();
         if (threadIdx.x == 0) {
-            const bool multicast = (debug & DEBUG_NO_MULTICAST) == 0;
+            const bool multicast = (debug & DEBUG_NO_MULTICAST) == 0 && csize == CLUSTER;
             int s = 0;
             uint32_t phase = 0;
             for (int t = first_tile; t < tiles; t += tile_step) {
-                const TileRC tile = grouped_tile(t, tiles_m, tiles_n);
-                const int m0 = tile.row * (BM * CLUSTER) + (int)rank * BM;
+                const TileRC tile = tile_at(t, tiles_m, tiles_n, sched.group_m, sched.order);
+                const int m0 = tile.row * (BM * csize) + (int)rank * BM;
                 const int n0 = tile.col * BN;
                 for (int kt = 0; kt < k_tiles; ++kt) {
                     // Both CTAs' consumers released this stage (first lap: parity 1 of a fresh barrier passes).
@@ -418,6 +450,7 @@ rung9_kernel(const __grid_constant__ CUtensorMap tm_a, const __grid_constant__ C
                         tma_load_2d_multicast(b_dst + rank * B_PART_BYTES, &tm_b, kt * BK, n0 + (int)rank * B_PART_ROWS,
                                               full + 8 * s, (uint16_t)((1u << CLUSTER) - 1));
                     } else {
+                        // Both 128-row parts of the B tile myself (no multicast, or a cluster of one).
                         for (int part = 0; part < CLUSTER; ++part)
                             tma_load_2d(b_dst + part * B_PART_BYTES, &tm_b, kt * BK, n0 + part * B_PART_ROWS,
                                         full + 8 * s);
@@ -441,8 +474,8 @@ rung9_kernel(const __grid_constant__ CUtensorMap tm_a, const __grid_constant__ C
         uint32_t phase = 0;
         uint32_t chunk = 0;  // C chunks this consumer has stored: chunk & 1 picks the staging buffer
         for (int t = first_tile; t < tiles; t += tile_step) {
-            const TileRC tile = grouped_tile(t, tiles_m, tiles_n);
-            const int m0 = tile.row * (BM * CLUSTER) + (int)rank * BM + consumer * 64;  // this warpgroup's rows
+            const TileRC tile = tile_at(t, tiles_m, tiles_n, sched.group_m, sched.order);
+            const int m0 = tile.row * (BM * csize) + (int)rank * BM + consumer * 64;  // this warpgroup's rows
             const int n0 = tile.col * BN;
 
             int prev = 0;
@@ -463,7 +496,7 @@ rung9_kernel(const __grid_constant__ CUtensorMap tm_a, const __grid_constant__ C
                 wgmma_wait<1>();
                 fence_accumulators(acc);
                 if (kt > 0 && lane == 0) {
-                    for (uint32_t r = 0; r < CLUSTER; ++r) mbar_arrive_cluster(map_to_rank(empty + 8 * prev, r));
+                    for (uint32_t r = 0; r < (uint32_t)csize; ++r) mbar_arrive_cluster(map_to_rank(empty + 8 * prev, r));
                 }
                 __syncwarp();  // the warp whole again before the next .sync.aligned wgmma instructions
                 prev = s;
@@ -472,7 +505,7 @@ rung9_kernel(const __grid_constant__ CUtensorMap tm_a, const __grid_constant__ C
             wgmma_wait<0>();
             fence_accumulators(acc);
             if (lane == 0) {  // the producer goes on into the next tile: the last stage must be released too
-                for (uint32_t r = 0; r < CLUSTER; ++r) mbar_arrive_cluster(map_to_rank(empty + 8 * prev, r));
+                for (uint32_t r = 0; r < (uint32_t)csize; ++r) mbar_arrive_cluster(map_to_rank(empty + 8 * prev, r));
             }
             __syncwarp();
 
@@ -557,8 +590,74 @@ cudaError_t encode_2d(CUtensorMap* map, int dtype, const void* ptr, long long ro
 bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; }
 
 int g_debug_flags = 0;
+// The schedule set by tilefuse_rung9_set_schedule; 0 in a field means the default.
+int g_clusters = 0;      // clusters in the persistent grid (0: as many as can be resident)
+int g_group_m = 0;       // 0: GROUP_M
+int g_order = 0;         // ORDER_ROW_GROUPS
+int g_cluster_size = 0;  // 0: CLUSTER
+constexpr int MAX_GROUP_M = 1 << 16;
 constexpr int MAX_DEVICES = 64;
-int g_resident_clusters[MAX_DEVICES] = {};  // per device: clusters of this kernel resident at once (0: not asked)
+// Per device and cluster size (index csize - 1): clusters of this kernel resident at once (0: not asked yet).
+int g_resident_clusters[MAX_DEVICES][CLUSTER] = {};
+// Per device and dtype: the dynamic shared-memory attribute was set (a driver call worth skipping per launch).
+bool g_smem_set[MAX_DEVICES][2] = {};
+
+using KernelFn = void (*)(const CUtensorMap, const CUtensorMap, const CUtensorMap, void*, const void*, int, int, int,
+                          long long, int, int, Schedule);
+
+KernelFn kernel_for(int dtype) { return dtype == 0 ? rung9_kernel<0> : rung9_kernel<1>; }
+
+cudaError_t allow_smem(KernelFn kernel, int device, int dtype) {
+    const bool cached = device >= 0 && device < MAX_DEVICES;
+    if (cached && g_smem_set[device][dtype]) return cudaSuccess;
+    cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM_BYTES);
+    if (e == cudaSuccess && cached) g_smem_set[device][dtype] = true;
+    return e;
+}
+
+void cluster_launch_config(cudaLaunchConfig_t* cfg, cudaLaunchAttribute* attr, int csize, void* stream) {
+    attr[0].id = cudaLaunchAttributeClusterDimension;
+    attr[0].val.clusterDim.x = (unsigned)csize;  // 1 too: an explicit cluster of one CTA, the same code path
+    attr[0].val.clusterDim.y = 1;
+    attr[0].val.clusterDim.z = 1;
+    *cfg = cudaLaunchConfig_t{};
+    cfg->blockDim = dim3(THREADS);
+    cfg->dynamicSmemBytes = SMEM_BYTES;
+    cfg->stream = reinterpret_cast<cudaStream_t>(stream);
+    cfg->attrs = attr;
+    cfg->numAttrs = 1;
+}
+
+// Clusters of `csize` CTAs that can be resident at once (asked once a device and size: the occupancy query
+// costs more than the rest of the host work together). *queried = the occupancy API's answer (0 if it failed:
+// then the SM count / csize is used).
+cudaError_t resident_clusters(int device, int dtype, int csize, int* resident, int* queried, int* sms_out) {
+    int sms = 0;
+    cudaError_t e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+    if (e != cudaSuccess) return e;
+    if (sms_out) *sms_out = sms;
+    const bool cached = device >= 0 && device < MAX_DEVICES;
+    if (cached && g_resident_clusters[device][csize - 1] > 0 && queried == nullptr) {
+        *resident = g_resident_clusters[device][csize - 1];
+        return cudaSuccess;
+    }
+    KernelFn kernel = kernel_for(dtype);
+    e = allow_smem(kernel, device, dtype);
+    if (e != cudaSuccess) return e;
+    cudaLaunchAttribute attr[1];
+    cudaLaunchConfig_t cfg;
+    cluster_launch_config(&cfg, attr, csize, nullptr);
+    cfg.gridDim = dim3((sms / csize) * csize);
+    int n = 0;
+    if (cudaOccupancyMaxActiveClusters(&n, kernel, &cfg) != cudaSuccess || n <= 0) {
+        (void)cudaGetLastError();  // a failed query is not the launch's error: fall back to the SM count
+        n = 0;
+    }
+    if (queried) *queried = n;
+    *resident = n > 0 ? n : sms / csize;
+    if (cached) g_resident_clusters[device][csize - 1] = *resident;
+    return cudaSuccess;
+}
 
 }  // namespace
 
@@ -576,6 +675,53 @@ extern "C" int tilefuse_rung9_set_debug(int flags) {
     const int old = g_debug_flags;
     g_debug_flags = flags;
     return old;
+}
+
+// Not part of the ladder ABI: the schedule of later launches (see the header); 0 keeps a field's default.
+// clusters >= 0 (more than can be resident is allowed: the extra ones wait for a free SM), 0 <= group_m <=
+// 65536, order 0 or 1, cluster_size 0, 1 or 2. Returns cudaErrorInvalidValue (and changes nothing) otherwise.
+extern "C" int tilefuse_rung9_set_schedule(int clusters, int group_m, int order, int cluster_size) {
+    if (clusters < 0 || group_m < 0 || group_m > MAX_GROUP_M || (order != ORDER_ROW_GROUPS && order != ORDER_COLUMN_GROUPS) ||
+        cluster_size < 0 || cluster_size > CLUSTER)
+        return cudaErrorInvalidValue;
+    g_clusters = clusters;
+    g_group_m = group_m;
+    g_order = order;
+    g_cluster_size = cluster_size;
+    return cudaSuccess;
+}
+
+// Not part of the ladder ABI: the current schedule as set (out[0..3] = clusters, group_m, order, cluster_size,
+// 0 meaning the default) and the defaults they stand for (out[4..6] = GROUP_M, ORDER_ROW_GROUPS, CLUSTER).
+extern "C" int tilefuse_rung9_get_schedule(int* out) {
+    if (out == nullptr) return cudaErrorInvalidValue;
+    out[0] = g_clusters;
+    out[1] = g_group_m;
+    out[2] = g_order;
+    out[3] = g_cluster_size;
+    out[4] = GROUP_M;
+    out[5] = ORDER_ROW_GROUPS;
+    out[6] = CLUSTER;
+    return cudaSuccess;
+}
+
+// Not part of the ladder ABI: occupancy facts of the current device for clusters of cluster_size CTAs
+// (0: CLUSTER): what cudaOccupancyMaxActiveClusters answers (0 when the query failed), the SM count, the
+// dynamic shared memory a CTA asks for, and the threads a CTA has.
+extern "C" int tilefuse_rung9_occupancy(int cluster_size, int* max_active_clusters, int* sms, int* smem_bytes,
+                                        int* threads) {
+    const int csize = cluster_size == 0 ? CLUSTER : cluster_size;
+    if (csize < 1 || csize > CLUSTER) return cudaErrorInvalidValue;
+    int device = 0;
+    cudaError_t e = cudaGetDevice(&device);
+    if (e != cudaSuccess) return e;
+    int resident = 0, queried = 0;
+    e = resident_clusters(device, 0, csize, &resident, &queried, sms);
+    if (e != cudaSuccess) return e;
+    if (max_active_clusters) *max_active_clusters = queried;
+    if (smem_bytes) *smem_bytes = SMEM_BYTES;
+    if (threads) *threads = THREADS;
+    return cudaSuccess;
 }
 
 extern "C" int tilefuse_rung9(const void* A, const void* B, void* C, const void* bias, int M, int N, int K,
@@ -596,49 +742,39 @@ extern "C" int tilefuse_rung9(const void* A, const void* B, void* C, const void*
     e = encode_2d(&tm_c, dtype, C, M, N, ldc, C_CHUNK_ROWS, C_CHUNK_COLS);
     if (e != cudaSuccess) return e;
 
-    void (*kernel)(const CUtensorMap, const CUtensorMap, const CUtensorMap, void*, const void*, int, int, int,
-                   long long, int, int) = dtype == 0 ? rung9_kernel<0> : rung9_kernel<1>;
+    KernelFn kernel = kernel_for(dtype);
     int device = 0;
     e = cudaGetDevice(&device);
     if (e != cudaSuccess) return e;
-    e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM_BYTES);
+    e = allow_smem(kernel, device, dtype);
     if (e != cudaSuccess) return e;
 
-    const long long tiles = (long long)((M + BM * CLUSTER - 1) / (BM * CLUSTER)) * ((N + BN - 1) / BN);
+    const Schedule sched{g_cluster_size == 0 ? CLUSTER : g_cluster_size, g_group_m == 0 ? GROUP_M : g_group_m,
+                         g_order};
+    const int csize = sched.cluster;
+    const long long tiles = (long long)((M + BM * csize - 1) / (BM * csize)) * ((N + BN - 1) / BN);
     const int debug = g_debug_flags;
 
     cudaLaunchAttribute attr[1];
-    attr[0].id = cudaLaunchAttributeClusterDimension;
-    attr[0].val.clusterDim.x = CLUSTER;
-    attr[0].val.clusterDim.y = 1;
-    attr[0].val.clusterDim.z = 1;
-    cudaLaunchConfig_t cfg = {};
-    cfg.blockDim = dim3(THREADS);
-    cfg.dynamicSmemBytes = SMEM_BYTES;
-    cfg.stream = reinterpret_cast<cudaStream_t>(stream);
-    cfg.attrs = attr;
-    cfg.numAttrs = 1;
+    cudaLaunchConfig_t cfg;
+    cluster_launch_config(&cfg, attr, csize, stream);
 
-    // Persistent: as many clusters as can be resident at once (one CTA an SM), never more than the tiles.
-    // The occupancy query costs more than the rest of the host work together, so it is asked once a device.
-    int resident = (device >= 0 && device < MAX_DEVICES) ? g_resident_clusters[device] : 0;
-    if (resident <= 0) {
-        int sms = 0;
-        e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
-        if (e != cudaSuccess) return e;
-        cfg.gridDim = dim3((sms / CLUSTER) * CLUSTER);
-        if (cudaOccupancyMaxActiveClusters(&resident, kernel, &cfg) != cudaSuccess || resident <= 0) {
-            (void)cudaGetLastError();  // a failed query is not the launch's error: fall back to the SM count
-            resident = sms / CLUSTER;
+    // Persistent: as many clusters as can be resident at once (one CTA an SM) unless the schedule says how
+    // many, never more than the tiles.
+    long long clusters = tiles;
+    if ((debug & DEBUG_NOT_PERSISTENT) == 0) {
+        int resident = g_clusters;
+        if (resident <= 0) {
+            e = resident_clusters(device, dtype, csize, &resident, nullptr, nullptr);
+            if (e != cudaSuccess) return e;
         }
-        if (device >= 0 && device < MAX_DEVICES) g_resident_clusters[device] = resident;
+        if (resident < clusters) clusters = resident;
     }
-    long long clusters = (debug & DEBUG_NOT_PERSISTENT) ? tiles : (tiles < resident ? tiles : resident);
     if (clusters < 1) clusters = 1;
-    if (clusters * CLUSTER > 0x7fffffffLL) return cudaErrorInvalidValue;
-    cfg.gridDim = dim3((unsigned)(clusters * CLUSTER));
+    if (clusters * csize > 0x7fffffffLL) return cudaErrorInvalidValue;
+    cfg.gridDim = dim3((unsigned)(clusters * csize));
 
-    e = cudaLaunchKernelEx(&cfg, kernel, tm_a, tm_b, tm_c, C, bias, M, N, K, ldc, epilogue, debug);
+    e = cudaLaunchKernelEx(&cfg, kernel, tm_a, tm_b, tm_c, C, bias, M, N, K, ldc, epilogue, debug, sched);
     if (e != cudaSuccess) return e;
     return (int)cudaGetLastError();
 }
