@@ -11,6 +11,15 @@ Kernel shapes:
   (layer norm's rstd) are computed from registers. Used up to :data:`PERSISTENT_MAX_R` elements a row.
 * **reduction, looped**: longer rows loop over ``RBLOCK`` chunks, one loop per dependent reduction stage
   (e.g. max, then sum of exp(x - max), then the output), recomputing cheap pointwise values per loop.
+  A reduction over a non-contiguous dim (column sums, a split's first stage) steps over
+  ``outer_xblock`` contiguous columns x ``outer_rblock`` rows; a short one (up to ``outer_persistent_max_r``
+  rows: a split's second stage) is persistent with at least ``outer_run_bytes`` of each row a program.
+* **reduction, row loop**: a row reduction group that also computes column roots (a split column
+  reduction's first stage, scheduler ``columns_into_rows``: a norm backward's weight and bias gradients):
+  one program a chunk of rows, the persistent form in a loop over the chunk, column partials accumulated
+  in registers and written once per program.
+
+Performance choices of these forms are in :data:`TUNING` (overridable with :func:`tuning`).
 
 Sizes and strides are kernel arguments (``xnumel``, ``rnumel``, ``ks0``...), never literals, so one kernel
 serves every size with the same structure (Dynamo's dynamic shapes do not recompile it; Triton specialises
@@ -20,6 +29,7 @@ kernel asks which vendor it runs on. Indices are int64 where any offset reaches 
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import math
@@ -50,6 +60,53 @@ MAX_WARPS = 16
 # The interpreter runs each program in Python over numpy blocks: fewer, larger programs run faster.
 INTERP_BLOCK = 16384
 INTERP_PERSISTENT_MAX_R = 65536
+
+# Performance choices of the GPU forms, overridable for a sweep (scripts/sweep_reductions.py) with
+# :func:`tuning`; the scheduler's fusion switches live in ``scheduler.TUNING`` and are set by the same call.
+# Block sizes and warps are launch parameters, not kernel text: a setting changes no cache key, but
+# split_outer_* change the IR (the partial buffer's shape), so the kernels' text too.
+TUNING = {
+    # column (outer) reductions: columns x rows a step (contiguous columns: 256 bf16 = 512 bytes a row)
+    "outer_xblock": OUTER_XBLOCK,
+    "outer_rblock": OUTER_RBLOCK,
+    # fewer column programs than SMs: halve the columns a program (down to this) for more programs
+    "outer_min_xblock": 32,
+    # an outer reduction up to this many rows keeps the whole column chunk in registers (persistent form,
+    # every load issued at once: a split's second stage over 256 partials); longer ones loop. Run 5: a
+    # split's stage 1 over 512 rows ran persistent as 8 columns x 512 rows (16 contiguous bytes a row), 457
+    # us for 512 MB where Inductor's looped form moved 256 MB in 64 us.
+    "outer_persistent_max_r": 256,
+    # a persistent column reduction covers at least this many contiguous bytes of each row
+    "outer_run_bytes": 128,
+    "outer_warps": 0,  # 0: from the step's elements (warps())
+    # rows x columns kernels that also reduce columns (a norm's backward with its weight/bias partial sums):
+    # rows a step of the loop over a program's row chunk, and warps (0: from the step's elements)
+    "rowloop_rows": 1,
+    "rowloop_warps": 0,
+    "num_stages": 1,  # Triton software pipelining of the looped forms' loads
+}
+
+
+@contextlib.contextmanager
+def tuning(**overrides):
+    """Override entries of :data:`TUNING` (and ``scheduler.TUNING``, lowering's split sizes in
+    ``lowering_reductions.TUNING``) inside the ``with`` block: ``with codegen.tuning(outer_xblock=64): ...``.
+    Only plans built inside the block see the values (a compiled graph keeps the kernels it planned)."""
+    from . import lowering_reductions, scheduler
+    tables = (TUNING, scheduler.TUNING, lowering_reductions.TUNING)
+    saved = []
+    try:
+        for key, value in overrides.items():
+            table = next((t for t in tables if key in t), None)
+            if table is None:
+                known = sorted(k for t in tables for k in t)
+                raise ValueError(f"tuning: unknown setting {key!r}; the settings are {known}")
+            saved.append((table, key, table[key]))
+            table[key] = value
+        yield
+    finally:
+        for table, key, value in reversed(saved):
+            table[key] = value
 
 TL_DTYPE = {
     torch.float16: "tl.float16", torch.bfloat16: "tl.bfloat16", torch.float32: "tl.float32",
@@ -86,7 +143,7 @@ class KernelSource:
     grid: tuple
     num_warps: int
     num_stages: int
-    form: str  # "pointwise" | "tiled" | "persistent" | "looped"
+    form: str  # "pointwise" | "tiled" | "persistent" | "looped" | "rowloop"
     group: str
     stores: tuple  # names of buffers written
 
@@ -232,6 +289,8 @@ class KernelWriter:
         if isinstance(e, ir.Const):
             return self.const_text(e), P.compute_dtype(e.dtype)
         target = self.scope_for(self.uses_r(e), scope)
+        if self.form == "rowloop" and not self.expr_uses(e)[0] and not isinstance(e, ir.Local):
+            target = self.rowloop_top  # the same for every row (a norm's weight): loaded once, before the loop
         found = target.lookup(key)
         if found:
             return found
@@ -410,7 +469,7 @@ class KernelWriter:
         return r
 
     def uses_r(self, e: ir.Expr) -> bool:
-        return self.expr_uses(e)[1] if self.form in ("persistent", "looped") else False
+        return self.expr_uses(e)[1] if self.form in ("persistent", "looped", "rowloop") else False
 
     def local(self, e: ir.Local, scope: _Scope):
         if e.name in self.local_values:
@@ -448,6 +507,12 @@ class KernelWriter:
                 self.kmap[f"k{d}"] = rs[k]
             persistent_max = INTERP_PERSISTENT_MAX_R if self.target.interpreter else PERSISTENT_MAX_R
             self.form = "persistent" if rnumel <= persistent_max else "looped"
+            if g.columns:
+                self.form = "rowloop"
+            elif self.form == "persistent" and not self.target.interpreter and \
+                    next_pow2(rnumel) > TUNING["outer_persistent_max_r"] and self.r_is_outer():
+                # a persistent column reduction holds few columns of many rows: short runs of memory
+                self.form = "looped"
         else:
             self.form = "pointwise"
             self.pvars, self.masks = ("xindex", None), ("xmask", None)
@@ -472,7 +537,7 @@ class KernelWriter:
     def root_uses(self, r) -> tuple[bool, bool]:
         """(row level, element level) of a root's value: in a reduction kernel a root whose position runs
         over the reduced dims is per element, a reduction's or a row root's value is per row."""
-        if self.form in ("persistent", "looped") and not isinstance(self.table[r], ir.Reduction):
+        if self.form in ("persistent", "looped", "rowloop") and not isinstance(self.table[r], ir.Reduction):
             return (True, _covers(self.positions[r], self.g.reduced))
         return (True, False)
 
@@ -548,6 +613,9 @@ class KernelWriter:
             rb = next_pow2(rnumel)
             per_prog = INTERP_BLOCK * 4 if t.interpreter else PERSISTENT_ELEMS
             xb = max(1, min(next_pow2(xnumel), per_prog // rb))
+            if not t.interpreter and self.r_is_outer():
+                # columns are the contiguous dim: at least outer_run_bytes of each row a program
+                xb = max(1, min(next_pow2(xnumel), max(xb, TUNING["outer_run_bytes"] // self.biggest_itemsize())))
             top.lines += ["    xoffset = tl.program_id(0)" + cast64 + " * XBLOCK",
                           "    xindex = xoffset + tl.arange(0, XBLOCK)[:, None]",
                           "    xmask = xindex < xnumel",
@@ -556,10 +624,20 @@ class KernelWriter:
                           "    mask = xmask & rmask"]
             self.emit_reduction_persistent(top)
             return top.lines, (("XBLOCK", xb), ("RBLOCK", rb)), (-(-xnumel // xb),), self.warps(xb * rb)
+        if self.form == "rowloop":
+            return self.body_rowloop(top, xnumel, rnumel, itype)
         outer = self.r_is_outer()
-        if outer:
-            rb = min(next_pow2(rnumel), INTERP_BLOCK // OUTER_XBLOCK if t.interpreter else OUTER_RBLOCK)
+        warps = 0
+        if outer and t.interpreter:
+            rb = min(next_pow2(rnumel), INTERP_BLOCK // OUTER_XBLOCK)
             xb = min(next_pow2(xnumel), OUTER_XBLOCK)
+        elif outer:
+            rb = min(next_pow2(rnumel), TUNING["outer_rblock"])
+            xb = min(next_pow2(xnumel), TUNING["outer_xblock"])
+            # a split's second stage (4096 columns of 256 partials) would be 16 programs on 132 SMs
+            while xb > TUNING["outer_min_xblock"] and -(-xnumel // xb) < t.multiprocessors:
+                xb //= 2
+            warps = TUNING["outer_warps"]
         else:
             rb = min(next_pow2(rnumel), INTERP_BLOCK if t.interpreter else LOOPED_RBLOCK)
             xb = 1
@@ -568,13 +646,69 @@ class KernelWriter:
                       "    xmask = xindex < xnumel",
                       "    rbase = tl.arange(0, RBLOCK)[None, :]"]
         self.emit_reduction_looped(top, itype)
-        return top.lines, (("XBLOCK", xb), ("RBLOCK", rb)), (-(-xnumel // xb),), self.warps(xb * rb)
+        warps = self.warps(xb * rb) if not warps or t.interpreter else int(warps)
+        return top.lines, (("XBLOCK", xb), ("RBLOCK", rb)), (-(-xnumel // xb),), warps
+
+    def body_rowloop(self, top: _Scope, xnumel: int, rnumel: int, itype: str):
+        """Rows x whole reduced rows (the persistent form) in a loop over a program's chunk of rows, with the
+        group's column roots (a split column reduction's first stage: a norm backward's weight and bias
+        gradients) accumulated over the chunk and written as one partial row per program. The row kernel
+        already reads every operand the column sums need: one pass over memory instead of two."""
+        t = self.target
+        chunk = self.g.columns[0][1]
+        programs = -(-xnumel // chunk)
+        self.named_size("xchunk", chunk)
+        rb = next_pow2(rnumel)
+        if t.interpreter:
+            xb = max(1, min(next_pow2(chunk), INTERP_BLOCK * 4 // rb))
+        else:
+            xb = max(1, min(next_pow2(chunk), int(TUNING["rowloop_rows"])))
+        cast64 = ".to(tl.int64)" if itype == "tl.int64" else ""
+        top.lines += ["    pid = tl.program_id(0)" + cast64,
+                      "    xstart = pid * xchunk",
+                      "    rindex = tl.arange(0, RBLOCK)[None, :]",
+                      "    rmask = rindex < rnumel"]
+        columns = {r: self.accumulator(top, self.table[r]) for r, _ in self.g.columns}
+        self.rowloop_top = top
+        # the loop is the row level (row values are per step); a value the same for every row (a norm's
+        # weight) goes before the loop (expr())
+        loop = _Scope(top, "        ", True)
+        loop.lines += ["    for xoffset in range(0, xchunk, XBLOCK):",
+                       "        xindex = xstart + xoffset + tl.arange(0, XBLOCK)[:, None]",
+                       "        xmask = (xindex < xnumel) & (xindex < xstart + xchunk)",
+                       "        mask = xmask & rmask"]
+        self.emit_reduction_persistent(loop, columns)
+        top.lines.extend(loop.lines)
+        for r, _ in self.g.columns:
+            node = self.table[r]
+            a, reg = columns[r]
+            red = self.emit(top, self.reduce_block(node.kind, a, reg, top, axis=0), reg, prefix="red")[0]
+            self.local_values[r] = (red, P.compute_dtype(node.dtype))
+            if r not in self.g.stores:
+                continue
+            meta = ir.node_meta(node, r)
+            off = ir.strided_offset((ir.var_index("pid", programs), ir.var_index("rindex", rnumel)), meta.stride)
+            cast = f".to({TL_DTYPE[node.dtype]})" if node.dtype != torch.bool and node.dtype != reg else ""
+            top.lines.append(f"    tl.store({self.pointer('store', r)} + ({self.index_text(off, top)}), "
+                             f"{red}{cast}, rmask)")
+        warps = TUNING["rowloop_warps"] if TUNING["rowloop_warps"] and not t.interpreter else self.warps(xb * rb)
+        return top.lines, (("XBLOCK", xb), ("RBLOCK", rb)), (programs,), int(warps)
 
     def warps(self, elems: int) -> int:
         if self.target.interpreter:
             return 1
         w = elems // (self.target.warp_size * ELEMS_PER_THREAD)
         return int(min(max(next_pow2(max(w, 1)), 1), MAX_WARPS if self.target.warp_size == 32 else MAX_WARPS // 2))
+
+    def biggest_itemsize(self) -> int:
+        best, size = -1, 4
+        for _, body in self.g.bodies:
+            for ld in ir.loads(body):
+                meta = ir.node_meta(self.table[ld.buffer], ld.buffer)
+                b = math.prod(meta.shape) * meta.dtype.itemsize if meta.shape else 0
+                if b > best:
+                    best, size = b, meta.dtype.itemsize
+        return size
 
     def r_is_outer(self) -> bool:
         """True when the reduced dims are not the contiguous ones of the biggest input (column sums)."""
@@ -589,7 +723,13 @@ class KernelWriter:
             return False
         off = self.physical(best.buffer, best.index)
         for atom, coef in off.terms:
-            if isinstance(atom, ir.Var) and atom.name == "xindex" and abs(coef) == 1:
+            if abs(coef) != 1:
+                continue
+            if isinstance(atom, ir.Var) and atom.name == "xindex":
+                return True
+            # the last kept dim of several (a split's first stage over (chunks, columns)): xindex % columns
+            if isinstance(atom, ir.DivMod) and atom.div == 1 and atom.inner.free_vars() == {"xindex"} and \
+                    len(atom.inner.terms) == 1 and atom.inner.terms[0][1] == 1:
                 return True
         return False
 
@@ -634,23 +774,52 @@ class KernelWriter:
         info = torch.iinfo(reg)
         return str(info.max if big else info.min)
 
-    def reduce_block(self, kind, value, vdtype, scope, acc=None):
-        """tl.* reduction of a [XBLOCK, RBLOCK] block over axis 1, kept as [XBLOCK, 1]."""
+    def reduce_block(self, kind, value, vdtype, scope, acc=None, axis: int = 1):
+        """tl.* reduction of a [XBLOCK, RBLOCK] block over ``axis`` (1: kept as [XBLOCK, 1]; 0: [1, RBLOCK])."""
         fl = vdtype.is_floating_point
         if kind == "sum":
-            return f"tl.sum({value}, 1, keep_dims=True)"
+            return f"tl.sum({value}, {axis}, keep_dims=True)"
         if kind in ("any", "all"):
             fn = "tl.max" if kind == "any" else "tl.min"
-            return f"({fn}({value}.to(tl.int32), 1, keep_dims=True) != 0)"
+            return f"({fn}({value}.to(tl.int32), {axis}, keep_dims=True) != 0)"
         if kind in ("max", "min"):
             if fl:
                 self.helpers.add(f"_tf_{kind}_combine")
-                return f"tl.reduce({value}, 1, _tf_{kind}_combine, keep_dims=True)"
-            return f"tl.{kind}({value}, 1, keep_dims=True)"
+                return f"tl.reduce({value}, {axis}, _tf_{kind}_combine, keep_dims=True)"
+            return f"tl.{kind}({value}, {axis}, keep_dims=True)"
         if kind == "prod":
             self.helpers.add("_tf_prod_combine")
-            return f"tl.reduce({value}, 1, _tf_prod_combine, keep_dims=True)"
+            return f"tl.reduce({value}, {axis}, _tf_prod_combine, keep_dims=True)"
         raise ValueError(kind)
+
+    def accumulate(self, k: str, a: str, v: str, reg: torch.dtype) -> str:
+        """The statement folding block ``v`` into the elementwise accumulator ``a`` (a loop's step)."""
+        if k == "sum":
+            return f"{a} = {a} + {v}"
+        if k == "prod":
+            return f"{a} = {a} * {v}"
+        if k == "any":
+            return f"{a} = {a} | {v}"
+        if k == "all":
+            return f"{a} = {a} & {v}"
+        if k in ("max", "min"):
+            if reg.is_floating_point:
+                self.helpers.add(f"_tf_{k}_combine")
+                return f"{a} = _tf_{k}_combine({a}, {v})"
+            return f"{a} = tl.{'maximum' if k == 'max' else 'minimum'}({a}, {v})"
+        self.helpers.add(f"_tf_{k}_combine")
+        return f"{a}, {a}_idx = _tf_{k}_combine({a}, {a}_idx, {v}, tl.broadcast_to(rindex, [XBLOCK, RBLOCK]))"
+
+    def accumulator(self, scope: _Scope, node) -> tuple[str, torch.dtype]:
+        """A [XBLOCK, RBLOCK] accumulator of reduction ``node``, initialised to its identity in ``scope``."""
+        reg = P.compute_dtype(node.body.dtype) if node.kind not in ("any", "all") else torch.bool
+        init_dt = TL_DTYPE[reg] if reg != torch.bool else "tl.int1"
+        a = self.fresh("acc")
+        ident = self.identity(node.kind, node.body.dtype)
+        scope.lines.append(f"{scope.indent}{a} = tl.full([XBLOCK, RBLOCK], {ident}, {init_dt})")
+        if node.kind in ("argmax", "argmin"):
+            scope.lines.append(f"{scope.indent}{a}_idx = tl.full([XBLOCK, RBLOCK], 2147483647, tl.int32)")
+        return a, reg
 
     def reduction_input(self, r: str, scope: _Scope) -> tuple[str, torch.dtype]:
         node = self.table[r]
@@ -661,16 +830,23 @@ class KernelWriter:
         ident = self.identity(node.kind, node.body.dtype)
         return self.emit(scope, f"tl.where(mask, {text}, {ident})", reg, prefix="rv")
 
-    def emit_reduction_persistent(self, top: _Scope):
+    def emit_reduction_persistent(self, top: _Scope, columns: Optional[dict] = None):
+        """Whole rows in registers; ``columns`` (row-loop form): column roots' accumulators, added to here."""
         for r in self.g.roots:
             node = self.table[r]
+            if columns and r in columns:
+                v, _ = self.reduction_input(r, top)
+                a, reg = columns[r]
+                top.lines.append(top.indent + self.accumulate(node.kind, a, v, reg))
+                continue
             if isinstance(node, ir.Reduction):
                 (v, reg) = self.reduction_input(r, top)
                 if node.kind in ("argmax", "argmin"):
                     self.helpers.add(f"_tf_{node.kind}_combine")
                     idx = self.emit(top, "tl.broadcast_to(rindex, [XBLOCK, RBLOCK])", torch.int32, prefix="ri")[0]
                     pair = self.fresh("am")
-                    top.lines.append(f"    _, {pair} = tl.reduce(({v}, {idx}), 1, _tf_{node.kind}_combine, keep_dims=True)")
+                    top.lines.append(f"{top.indent}_, {pair} = tl.reduce(({v}, {idx}), 1, _tf_{node.kind}_combine, "
+                                     "keep_dims=True)")
                     text = pair
                 else:
                     text = self.emit(top, self.reduce_block(node.kind, v, reg, top), reg, prefix="red")[0]
@@ -705,16 +881,7 @@ class KernelWriter:
             reds = [r for r in self.g.roots if isinstance(self.table[r], ir.Reduction) and stage[r] == s]
             fulls = [r for r in self.g.roots if r in full and stage[r] == s]
             if reds or fulls:
-                accs = {}
-                for r in reds:
-                    node = self.table[r]
-                    reg = P.compute_dtype(node.body.dtype) if node.kind not in ("any", "all") else torch.bool
-                    init_dt = TL_DTYPE[reg] if reg != torch.bool else "tl.int1"
-                    a = self.fresh("acc")
-                    top.lines.append(f"    {a} = tl.full([XBLOCK, RBLOCK], {self.identity(node.kind, node.body.dtype)}, {init_dt})")
-                    if node.kind in ("argmax", "argmin"):
-                        top.lines.append(f"    {a}_idx = tl.full([XBLOCK, RBLOCK], 2147483647, tl.int32)")
-                    accs[r] = (a, reg)
+                accs = {r: self.accumulator(top, self.table[r]) for r in reds}
                 loop = _Scope(top, "        ", False)
                 # the loop header goes with the loop's lines: row-level values its body needs are hoisted into
                 # ``top`` while the body is written, and must come before the loop
@@ -730,25 +897,7 @@ class KernelWriter:
                     node = self.table[r]
                     a, reg = accs[r]
                     v, vreg = self.reduction_input(r, loop)
-                    k = node.kind
-                    if k == "sum":
-                        loop.lines.append(f"        {a} = {a} + {v}")
-                    elif k == "prod":
-                        loop.lines.append(f"        {a} = {a} * {v}")
-                    elif k in ("any",):
-                        loop.lines.append(f"        {a} = {a} | {v}")
-                    elif k in ("all",):
-                        loop.lines.append(f"        {a} = {a} & {v}")
-                    elif k in ("max", "min"):
-                        if reg.is_floating_point:
-                            self.helpers.add(f"_tf_{k}_combine")
-                            loop.lines.append(f"        {a} = _tf_{k}_combine({a}, {v})")
-                        else:
-                            loop.lines.append(f"        {a} = tl.{'maximum' if k == 'max' else 'minimum'}({a}, {v})")
-                    else:
-                        self.helpers.add(f"_tf_{k}_combine")
-                        loop.lines.append(f"        {a}, {a}_idx = _tf_{k}_combine({a}, {a}_idx, {v}, "
-                                          f"tl.broadcast_to(rindex, [XBLOCK, RBLOCK]))")
+                    loop.lines.append("        " + self.accumulate(node.kind, a, v, reg))
                 top.lines.extend(loop.lines)
                 for r in reds:
                     node = self.table[r]
@@ -787,7 +936,7 @@ class KernelWriter:
             params.append(name)
             args.append(("float" if isinstance(value, float) else "int", value))
         params += [f"{c}: tl.constexpr" for c, _ in constexprs]
-        tag = {"pointwise": "pw", "tiled": "pwt", "persistent": "red", "looped": "redl"}[self.form]
+        tag = {"pointwise": "pw", "tiled": "pwt", "persistent": "red", "looped": "redl", "rowloop": "redc"}[self.form]
         ops = []
         for o in g.origins:
             short = o.split(":", 1)[1].split(".")[1] if ":" in o and "." in o.split(":", 1)[1] else o
@@ -798,7 +947,8 @@ class KernelWriter:
         helper_text = "\n\n".join(P.HELPERS[h] for h in P.helpers_closure(self.helpers))
         describe = {"pointwise": "pointwise, blocked over elements", "tiled": "pointwise, rows x last-dim tiles",
                     "persistent": "reduction, persistent (whole rows in registers)",
-                    "looped": "reduction, looped over row chunks"}[self.form]
+                    "looped": "reduction, looped over row chunks",
+                    "rowloop": "reduction, whole rows looped over a chunk of rows, column partial sums"}[self.form]
         targets = [o.split(":", 1)[1] if ":" in o else o for o in g.origins]
         header = [f"# {describe}", f"# iteration space {len(g.space)}-d, reduced dims {list(g.reduced)}",
                   f"# fuses {len(targets)} ATen nodes:"]
@@ -812,7 +962,9 @@ class KernelWriter:
                   "import triton\nimport triton.language as tl\n\n\n" + (helper_text + "\n\n" if helper_text else "")
                   + f"@triton.jit\ndef {name}({sig}):\n{body}\n")
         stores = tuple(a[1] for a, (k, _) in zip(args, self.buffer_order) if k == "store")
-        return KernelSource(name, source, tuple(args), tuple(constexprs), tuple(int(x) for x in grid), warps, 1,
+        stages = 1 if self.form in ("pointwise", "tiled", "persistent") or self.target.interpreter \
+            else int(TUNING["num_stages"])
+        return KernelSource(name, source, tuple(args), tuple(constexprs), tuple(int(x) for x in grid), warps, stages,
                             self.form, g.name, stores)
 
 

@@ -13,7 +13,7 @@ import math
 import torch
 
 from . import ir
-from .codegen import OUTER_XBLOCK  # the columns a program of an outer (column) reduction covers
+from . import codegen  # TUNING["outer_xblock"]: the columns a program of an outer (column) reduction covers
 from . import primitives as P
 from .lowering import TV, LoweringError, aten, ints, norm_dim, plain, register
 
@@ -49,12 +49,19 @@ def row_index(vars_, out_dims) -> tuple[ir.Index, ...]:
 # layer norm's backward (4096 outputs over 32768 rows) are 16 programs of 256 columns, each looping over every
 # row. Such a reduction is written as two: stage 1 reduces ``S`` chunks of the rows into an fp32 [S, outputs]
 # buffer (S x more programs), stage 2 reduces the S partials (and takes the epilogue). "Programs" counts what
-# the code generator launches: one a row for an innermost reduction, one per 64 outputs for an outer one.
+# the code generator launches: one a row for an innermost reduction, one per codegen.TUNING["outer_xblock"]
+# outputs for an outer one.
 SPLIT_MIN_R = 8192  # rows shorter than this are not split
 SPLIT_MAX_PROGRAMS = 256  # a reduction with at least this many programs (about 2 per SM) is not split
 SPLIT_TARGET_PROGRAMS = 1024  # stage 1 aims at this many programs
 SPLIT_MIN_CHUNK = 256  # each stage-1 program reduces at least this many elements
 SPLIT_KINDS = ("sum", "prod", "max", "min", "any", "all")
+# An outer (column) split cuts the rows into at least this many chunks (of at least that many rows): the
+# first stage can then run inside the row kernel that reads the same rows (scheduler's columns_into_rows),
+# one program per chunk, and 256 chunks are about two programs per SM of a 132-SM H200. 64 chunks (run 5)
+# were enough for the 16 x 64 column programs of a separate kernel, not for a program per chunk.
+# Overridable for a sweep (codegen.tuning).
+TUNING = {"split_outer_chunks": 256, "split_outer_min_rows": 32}
 
 
 def split_factor(space, reduced, kind: str) -> int:
@@ -67,10 +74,12 @@ def split_factor(space, reduced, kind: str) -> int:
     if rsize < SPLIT_MIN_R:
         return 1
     inner = (len(space) - 1) in reduced
-    programs = xnumel if inner else -(-xnumel // OUTER_XBLOCK)
+    programs = xnumel if inner else -(-xnumel // codegen.TUNING["outer_xblock"])
     if programs >= SPLIT_MAX_PROGRAMS:
         return 1
     limit = min(SPLIT_TARGET_PROGRAMS // max(programs, 1), rsize // SPLIT_MIN_CHUNK)
+    if not inner:
+        limit = min(max(limit, TUNING["split_outer_chunks"]), rsize // TUNING["split_outer_min_rows"])
     factor = 1
     while factor * 2 <= limit:
         factor *= 2

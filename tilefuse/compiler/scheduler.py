@@ -11,6 +11,12 @@
    traffic it saves, net of what recomputation re-reads). Shapes of groups: a pointwise space, or a
    reduction space (rows x reduced dims) that also carries the reduction's pointwise prologue, full-row
    epilogues (softmax's output) and row epilogues (layer norm's rstd): several outputs from one kernel.
+   Two joins cross spaces (:func:`_column_join`, ``TUNING``): a split column reduction's first stage over
+   (S, C, cols) joins the row reduction group over the same S*C rows (it becomes a *column root*, computed
+   by codegen's row-loop form from the registers the row kernel already holds), and a pointwise root over
+   (S*C, cols) joins a first stage's group at (C*s + c, cols) (gelu's input gradient with its bias
+   gradient's partials). Both need S*C to be exactly the rows (no masked tail); the row loop also needs
+   ``rowloop_min_programs`` chunks (profitability).
 3. **Materialize what is shared.** A non-root pointwise node inlined into several groups is recomputed in
    each; when that re-reads more bytes than writing it once and reading it back, it becomes a root and the
    grouping is redone.
@@ -35,6 +41,22 @@ from . import primitives as P
 MAX_GROUP_ROOTS = 48  # beyond this a kernel's compile time and register pressure grow faster than it saves
 MAX_INLINE_OPS = 400  # a recomputed body larger than this is materialized instead
 REUSE_FACTOR = 1.0  # materialize a shared node when recomputing it re-reads more than (n+1) x its own bytes
+# A row kernel that also computes a split column reduction's first stage (codegen's row-loop form) holds whole
+# rows in registers: rows up to this long (codegen.PERSISTENT_MAX_R, the smallest persistent limit of any target).
+ROWLOOP_MAX_R = 8192
+COLUMN_KINDS = ("sum", "prod", "max", "min", "any", "all")
+
+# Fusion switches and thresholds a sweep may override (codegen.tuning sets these too).
+TUNING = {
+    # a pointwise root over (S*C, ...) joins a split reduction's first stage over (S, C, ...) (the gelu
+    # backward: the input gradient and the bias gradient's partials in one pass over dy and x)
+    "split_siblings": True,
+    # a split column reduction's first stage joins the row kernel over the same rows (a norm backward)
+    "columns_into_rows": True,
+    # ... when the row-loop kernel then has at least this many programs (one per chunk of rows): about two
+    # per SM on a 132-SM H200; fewer leaves SMs idle for the whole (memory-bound) kernel
+    "rowloop_min_programs": 256,
+}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -52,6 +74,10 @@ class KernelGroup:
     bodies: tuple  # tuple[(name, Expr)]
     positions: tuple  # tuple[(name, tuple[Index])]
     origins: tuple[str, ...]
+    # (name, rows a chunk) of column roots: a split column reduction's first stage computed by this row
+    # reduction group, one partial row per chunk of its rows (codegen's row-loop form); bodies over the
+    # group's variables
+    columns: tuple = ()
 
     def body(self, name):
         return dict(self.bodies)[name]
@@ -100,7 +126,17 @@ def align(node, space, reduced) -> Optional[tuple[ir.Index, ...]]:
     kept = [d for d in range(len(space)) if d not in reduced]
     if shape == tuple(space[d] for d in kept):
         return tuple(kv[d] for d in kept)
+    if _split_space(space, reduced) and len(shape) == len(space) - 1 and shape[0] == space[0] * space[1] \
+            and shape[1:] == tuple(space[2:]) and TUNING["split_siblings"]:
+        # a split first stage's space (S, C, ...) runs over the rows S*C of the tensor it reduces: element
+        # (C*s + c, ...) of a pointwise node over those rows is computed once, at (s, c, ...)
+        return (ir.add(ir.scale(kv[0], space[1]), kv[1]),) + kv[2:]
     return None
+
+
+def _split_space(space, reduced) -> bool:
+    """The space of a split reduction's first stage: (chunks S, rows a chunk C, kept...), reducing C."""
+    return tuple(reduced) == (1,) and len(space) >= 3
 
 
 def own_mapping(node, position) -> dict:
@@ -340,10 +376,11 @@ class Scheduler:
                         if o not in origins:
                             origins.append(o)
             roots = tuple(sorted(g["roots"], key=self.order.get))
+            cols = g.get("columns", {})
             out_steps.append(KernelGroup(
                 f"g{k}", g["kind"], g["space"], g["reduced"], roots, stores,
                 tuple((r, g["bodies"][r]) for r in roots), tuple((r, g["positions"][r]) for r in roots),
-                tuple(origins)))
+                tuple(origins), tuple((r, cols[r]) for r in roots if r in cols)))
         return Schedule(self.graph, tuple(out_steps), frozenset(materialized))
 
 
@@ -374,24 +411,43 @@ def fusion_legality(s: Scheduler, g: dict, node) -> tuple[bool, Optional[dict]]:
     position; and the group stays under MAX_GROUP_ROOTS."""
     if len(g["roots"]) >= MAX_GROUP_ROOTS:
         return False, None
+    columns = dict(g.get("columns", {}))
+    column = _column_join(s, g, node)
+    if column is not None:
+        g, chunk = column
+        columns = dict(g["columns"])
+        if isinstance(node, ir.Reduction) and tuple(node.space) != tuple(g["space"]):
+            columns[node.name] = chunk
+    elif isinstance(node, ir.Reduction) and g["kind"] == "pointwise" and _split_space(node.space, node.reduced) \
+            and TUNING["split_siblings"] and len(g["space"]) == len(node.space) - 1 and \
+            g["space"][0] == node.space[0] * node.space[1] and tuple(g["space"][1:]) == tuple(node.space[2:]):
+        g = _respace(g, tuple(node.space), tuple(node.reduced), "reduction",
+                     _split_rows(tuple(node.space)))
     space, reduced, kind = g["space"], g["reduced"], g["kind"]
-    if isinstance(node, ir.Reduction):
+    if isinstance(node, ir.Reduction) and node.name in columns:
+        pass  # a column root: its space is the split's, its body is mapped onto the group's (below)
+    elif isinstance(node, ir.Reduction):
         if kind == "pointwise":
             if tuple(node.space) != space:
                 return False, None
             reduced, kind = tuple(node.reduced), "reduction"
         elif tuple(node.space) != space or tuple(node.reduced) != reduced:
             return False, None
-    pos = align(node, space, reduced)
-    if pos is None:
-        return False, None
+    if node.name in columns:
+        pos, body = _as_column(s, node, space)
+    else:
+        pos = align(node, space, reduced)
+        if pos is None:
+            return False, None
+        body = s.root_body(node.name, pos)
     members = set(g["roots"])
-    body = s.root_body(node.name, pos)
     positions = g["positions"]
 
     def resolve(ld: ir.Load):
         if ld.buffer not in members:
             return ld
+        if ld.buffer in columns:
+            raise _Illegal()  # a column partial is complete only after the loop over the chunk
         root = s.table[ld.buffer]
         if tuple(ld.index) == tuple(positions[ld.buffer]):
             return Local.make(ld.buffer, ld.dtype)
@@ -425,8 +481,105 @@ def fusion_legality(s: Scheduler, g: dict, node) -> tuple[bool, Optional[dict]]:
     bodies[node.name] = new_body
     new_positions = dict(positions)
     new_positions[node.name] = pos
-    return True, {"kind": kind, "space": space, "reduced": reduced, "roots": g["roots"] + [node.name],
-                  "bodies": bodies, "positions": new_positions}
+    out = {"kind": kind, "space": space, "reduced": reduced, "roots": g["roots"] + [node.name],
+           "bodies": bodies, "positions": new_positions}
+    if columns:
+        out["columns"] = columns
+    return True, out
+
+
+def _split_rows(split_space) -> dict:
+    """Mapping from the variables of a space over (S*C, rest...) to a split space's (S, C, rest...): row
+    ``k0 = C*s + c``."""
+    chunk = split_space[1]
+    kv = kernel_vars(split_space)
+    m = {"k0": ir.add(ir.scale(kv[0], chunk), kv[1])}
+    for d in range(1, len(split_space) - 1):
+        m[f"k{d}"] = kv[d + 1]
+    return m
+
+
+def _rows_split(row_space, chunk: int, split_rank: int) -> dict:
+    """Mapping from a split space's variables (s, c, rest...) to a row space's (rows..., rest): the linear
+    row ``l`` of the row variables is at chunk ``l // C``, offset ``l % C``."""
+    kv = kernel_vars(row_space)
+    nrows = len(row_space) - (split_rank - 2)
+    linear = ir.linearize(kv[:nrows], row_space[:nrows])
+    m = {"k0": ir.divmod_index(linear, chunk, None), "k1": ir.mod_index(linear, chunk)}
+    for d in range(2, split_rank):
+        m[f"k{d}"] = kv[nrows + d - 2]
+    return m
+
+
+def _respace(g: dict, space, reduced, kind, mapping) -> dict:
+    """Group ``g`` with its bodies and positions re-expressed over ``space`` (old variable -> new index)."""
+    # (substitution is simultaneous: the old and the new spaces' variables may share names)
+    bodies = {r: ir.substitute_expr(b, mapping) for r, b in g["bodies"].items()}
+    positions = {r: tuple(ir.substitute(ix, mapping) for ix in p) for r, p in g["positions"].items()}
+    out = {"kind": kind, "space": tuple(space), "reduced": tuple(reduced), "roots": list(g["roots"]),
+           "bodies": bodies, "positions": positions}
+    if g.get("columns"):
+        out["columns"] = dict(g["columns"])
+    return out
+
+
+def _is_column_stage(node, C: int) -> bool:
+    """A reduction over (S, chunk, C) reducing the chunk, one output per (s, column): a split first stage."""
+    return isinstance(node, ir.Reduction) and len(node.space) == 3 and tuple(node.reduced) == (1,) and \
+        tuple(node.out_dims) == (0, 2) and node.space[2] == C and node.kind in COLUMN_KINDS
+
+
+def _row_group(g: dict) -> bool:
+    space, reduced = g["space"], g["reduced"]
+    return g["kind"] == "reduction" and len(space) == 2 and tuple(reduced) == (1,) and space[1] <= ROWLOOP_MAX_R
+
+
+def _column_join(s: Scheduler, g: dict, node):
+    """When ``node`` joins ``g`` as (or next to) a column root of a row-loop kernel: (the group over the
+    row space, rows a chunk); else None. Either ``g`` is a row reduction group over (R, C) and ``node`` a
+    split first stage over (S, R/S, C), or ``g`` holds only such first stages (and pointwise roots over
+    their rows) and ``node`` is a row reduction over (R, C): then ``g`` is re-expressed over (R, C)."""
+    if not TUNING["columns_into_rows"]:
+        return None
+    if _row_group(g) and _is_column_stage(node, g["space"][1]):
+        R, C = g["space"]
+        chunk = node.space[1]
+        if node.space[0] * chunk != R or any(c != chunk for c in g.get("columns", {}).values()):
+            return None
+        if not g.get("columns"):
+            g = dict(g)
+            g["columns"] = {}
+        return g, chunk
+    if isinstance(node, ir.Reduction) and len(node.space) == 2 and tuple(node.reduced) == (1,) and \
+            node.space[1] <= ROWLOOP_MAX_R and g["kind"] == "reduction" and len(g["space"]) == 3 and \
+            tuple(g["reduced"]) == (1,) and not g.get("columns"):
+        R, C = node.space
+        S, chunk, C2 = g["space"]
+        if C2 != C or S * chunk != R:
+            return None
+        kv = kernel_vars(g["space"])
+        row_pos = (ir.add(ir.scale(kv[0], chunk), kv[1]), kv[2])
+        for r in g["roots"]:
+            rn = s.table[r]
+            if isinstance(rn, ir.Reduction):
+                if not _is_column_stage(rn, C):
+                    return None
+            elif tuple(g["positions"][r]) != row_pos:
+                return None
+        mapping = _rows_split((R, C), chunk, 3)
+        new = _respace(g, (R, C), (1,), "reduction", mapping)
+        new["columns"] = {r: chunk for r in g["roots"] if isinstance(s.table[r], ir.Reduction)}
+        for r in new["columns"]:  # a column root's position: its partial's element (never read in the group)
+            new["positions"][r] = (mapping["k0"], kernel_vars((R, C))[1])
+        return new, chunk
+    return None
+
+
+def _as_column(s: Scheduler, node, row_space) -> tuple:
+    """(position, body) of first stage ``node`` as a column root of a row group over ``row_space``."""
+    mapping = _rows_split(row_space, node.space[1], len(node.space))
+    body = ir.substitute_expr(s.root_body(node.name, None), mapping)
+    return (mapping["k0"], kernel_vars(row_space)[1]), body
 
 
 class _Illegal(Exception):
@@ -477,6 +630,9 @@ def fusion_benefit(s: Scheduler, g: dict, draft: dict, node) -> int:
     group_reads = set()
     for r in g["roots"]:
         group_reads |= {ld.buffer for ld in ir.loads(g["bodies"][r])}
+    cols = draft.get("columns")
+    if cols and draft["space"][0] // next(iter(cols.values())) < TUNING["rowloop_min_programs"]:
+        return 0  # a row-loop kernel with a program per chunk of rows: too few programs to fill the GPU
     saved = 0
     for b in alone:
         if b in g["roots"] or b in group_reads:

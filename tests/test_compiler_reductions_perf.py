@@ -1,0 +1,198 @@
+"""Column reductions in the GPU's kernel forms, run on Triton's interpreter against float64.
+
+The code generator picks block sizes and forms from the launch target; on the interpreter it picks large
+blocks (fewer Python-level programs). These tests make it plan for an H200-like target while the kernels
+still run on the interpreter, so the forms the GPU runs are the ones checked:
+
+* the row-loop form (codegen ``rowloop``): a norm backward's row kernel computing its weight/bias column
+  partial sums over a chunk of rows (scheduler ``columns_into_rows``), in either order of the graph;
+* a pointwise gradient in a split column reduction's first stage (scheduler ``split_siblings``: gelu's
+  backward), in the persistent and the looped column forms;
+* row counts that the split does not divide (no fusion, still right), several rows a step, odd sizes.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from tilefuse.compiler import codegen
+from tilefuse.compiler import lowering_reductions as LR
+
+from .compiler_checks import reset, strict
+from .support import assert_close, noncontiguous
+
+GPU = codegen.LaunchTarget(warp_size=32, interpreter=False, multiprocessors=132)
+
+
+@pytest.fixture
+def gpu_forms(monkeypatch):
+    """Plan for the GPU target with split thresholds for interpreter-sized shapes (rows of 64 and more
+    split into 8 chunks); returns the list of generated kernels' forms, filled as graphs compile."""
+    forms: list[str] = []
+    real = codegen.generate
+
+    def generate(group, sched, target=None):
+        ks = real(group, sched, GPU)
+        forms.append(ks.form)
+        return ks
+
+    monkeypatch.setattr(codegen, "generate", generate)
+    monkeypatch.setattr(LR, "SPLIT_MIN_R", 64)
+    monkeypatch.setattr(LR, "SPLIT_MIN_CHUNK", 8)
+    monkeypatch.setattr(LR, "SPLIT_TARGET_PROGRAMS", 8)
+    reset()
+    with codegen.tuning(split_outer_chunks=8, split_outer_min_rows=8, rowloop_min_programs=1):
+        yield forms
+    torch._dynamo.reset()
+
+
+def _grads(fn, inputs, cotangents):
+    out = fn(*inputs)
+    outs = list(out) if isinstance(out, tuple) else [out]
+    grads = torch.autograd.grad(outs, [t for t in inputs if t.requires_grad], cotangents)
+    return outs, list(grads)
+
+
+def _check(fn, inputs, dtype=torch.float32):
+    """fn's outputs and input gradients, compiled, against float64 eager."""
+    g = torch.Generator().manual_seed(3)
+    with torch.no_grad():
+        outs = fn(*inputs)
+    outs = list(outs) if isinstance(outs, tuple) else [outs]
+    cots = [torch.randn(o.shape, generator=g).to(o.dtype) for o in outs]
+    with strict():
+        got, got_grads = _grads(torch.compile(fn, backend="tilefuse"), inputs, cots)
+    ref_in = [t.detach().double().requires_grad_(t.requires_grad) for t in inputs]
+    want, want_grads = _grads(fn, ref_in, [c.double() for c in cots])
+    for k, (a, b) in enumerate(zip(got, want)):
+        assert_close(a, b, dtype, what=f"output {k}")
+    for k, (a, b) in enumerate(zip(got_grads, want_grads)):
+        assert_close(a, b, dtype, what=f"grad {k}")
+
+
+def _mats(rows, cols, n_mat, n_vec, dtype=torch.float32, transposed=False):
+    g = torch.Generator().manual_seed(rows * 7 + cols)
+    mats = [torch.randn(rows, cols, generator=g).to(dtype) for _ in range(n_mat)]
+    if transposed:
+        mats[0] = noncontiguous(mats[0])
+    vecs = [(torch.randn(cols, generator=g) * 0.1 + (1.0 if i == 0 else 0.0)).to(dtype) for i in range(n_vec)]
+    return [t.requires_grad_() for t in mats + vecs]
+
+
+def layer_norm(x, w, b):
+    return F.layer_norm(x, x.shape[-1:], w, b, 1e-5)
+
+
+def rms_norm(x, w):
+    return F.rms_norm(x, x.shape[-1:], w, 1e-6)
+
+
+def residual_layer_norm(x, r, w, b):
+    h = x + r
+    return h, F.layer_norm(h, h.shape[-1:], w, b, 1e-5)
+
+
+def gelu_chain(x, b, s):
+    return F.gelu(x + b) * s
+
+
+@pytest.mark.parametrize("rows,cols", [(200, 67), (200, 257), (136, 129)])
+@pytest.mark.parametrize("fn,mats,vecs", [(layer_norm, 1, 2), (rms_norm, 1, 1), (residual_layer_norm, 2, 2)],
+                         ids=["layer_norm", "rms_norm", "residual_layer_norm"])
+def test_norm_backward_column_sums_in_the_row_kernel(gpu_forms, fn, mats, vecs, rows, cols):
+    _check(fn, _mats(rows, cols, mats, vecs))
+    assert "rowloop" in gpu_forms, f"the column partial sums did not join the row kernel: {gpu_forms}"
+
+
+@pytest.mark.parametrize("rows_a_step", [1, 4])
+def test_row_loop_with_several_rows_a_step_and_a_transposed_input(gpu_forms, rows_a_step):
+    with codegen.tuning(rowloop_rows=rows_a_step):
+        _check(layer_norm, _mats(200, 67, 1, 2, transposed=True))  # 200 rows: 8 chunks of 25
+    assert "rowloop" in gpu_forms
+
+
+def test_rows_the_split_does_not_divide_are_not_fused_and_stay_right(gpu_forms):
+    _check(layer_norm, _mats(201, 67, 1, 2))  # 8 chunks of 26 rows run past the end
+    assert "rowloop" not in gpu_forms
+
+
+def test_row_loop_needs_enough_programs(gpu_forms):
+    with codegen.tuning(rowloop_min_programs=9):  # 8 chunks: fewer programs than asked for
+        _check(layer_norm, _mats(200, 67, 1, 2))
+    assert "rowloop" not in gpu_forms
+
+
+def test_row_loop_off(gpu_forms):
+    with codegen.tuning(columns_into_rows=False):
+        _check(layer_norm, _mats(200, 67, 1, 2))
+    assert "rowloop" not in gpu_forms
+
+
+def test_mixed_row_and_column_reductions(gpu_forms):
+    """Row reductions with a full-row epilogue (softmax), and column max / any / prod / sum over the same
+    rows: every kind a column root can have, in one row-loop kernel."""
+    def f(x):
+        return x.softmax(1), x.amax(0), (x > 1.5).any(0), (1 + x * 1e-2).prod(0), x.sum(1), (x * x).sum(0)
+
+    x = _mats(200, 67, 1, 0)[0].detach()
+    with strict():
+        got = torch.compile(f, backend="tilefuse")(x)
+    want = f(x.double())
+    for k, (a, b) in enumerate(zip(got, want)):
+        if a.dtype == torch.bool:
+            assert torch.equal(a, b), f"output {k}"
+        else:
+            assert_close(a, b, torch.float32, what=f"output {k}")
+    assert "rowloop" in gpu_forms
+
+
+@pytest.mark.parametrize("persistent_rows", [16, 1 << 20], ids=["looped", "persistent"])
+@pytest.mark.parametrize("rows,cols", [(200, 67), (1000, 300)])
+def test_gelu_backward_gradient_and_column_sums_in_one_kernel(gpu_forms, persistent_rows, rows, cols):
+    """dx = dy * s * gelu'(x + b) and the partials of b's and s's gradients (column sums of dx and of
+    dy * gelu(x + b)) from one pass over dy and x."""
+    with codegen.tuning(outer_persistent_max_r=persistent_rows):
+        _check(gelu_chain, _mats(rows, cols, 1, 2))
+    backward = gpu_forms[1:]
+    big = [f for f in backward if f in ("looped", "persistent")]
+    assert len(backward) == 3, f"expected the fused first stage and two second stages, got {backward}"
+    assert big and big[0] == ("looped" if persistent_rows == 16 else "persistent"), backward
+
+
+def test_gelu_backward_split_siblings_off(gpu_forms):
+    with codegen.tuning(split_siblings=False):
+        _check(gelu_chain, _mats(200, 67, 1, 2))
+    assert len(gpu_forms) > 4
+
+
+def test_half_precision_row_loop(gpu_forms):
+    _check(layer_norm, _mats(200, 67, 1, 2, dtype=torch.float16), dtype=torch.float16)
+    assert "rowloop" in gpu_forms
+
+
+def test_outer_reduction_forms_on_the_gpu_target(gpu_forms):
+    """Column sums of many rows loop over wide column steps; a short one (a second stage) is persistent
+    with at least outer_run_bytes of each row."""
+    x = torch.randn(3000, 300)
+    with strict(), codegen.tuning(split_outer_chunks=1):
+        monkey_min_r = LR.SPLIT_MIN_R
+        LR.SPLIT_MIN_R = 1 << 30  # no split: one column reduction over 3000 rows
+        try:
+            out = torch.compile(lambda t: t.sum(0), backend="tilefuse")(x)
+        finally:
+            LR.SPLIT_MIN_R = monkey_min_r
+    assert_close(out, x.double().sum(0), torch.float32)
+    assert gpu_forms == ["looped"], gpu_forms
+
+
+def test_tuning_rejects_unknown_settings_and_restores():
+    before = dict(codegen.TUNING)
+    with pytest.raises(ValueError, match="outer_xblock"):
+        with codegen.tuning(outer_xblock=64, no_such_setting=1):
+            pass
+    assert codegen.TUNING == before
+    with codegen.tuning(outer_xblock=64):
+        assert codegen.TUNING["outer_xblock"] == 64
+        assert LR.split_factor((32768, 4096), (0,), "sum") == 256
+    assert codegen.TUNING == before
