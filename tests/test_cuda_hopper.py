@@ -253,6 +253,14 @@ def _schedule_abi(lib):
     return lib
 
 
+def _pingpong_abi(lib):
+    lib.tilefuse_rung9_set_pingpong.restype = ctypes.c_int
+    lib.tilefuse_rung9_set_pingpong.argtypes = [ctypes.c_int]
+    lib.tilefuse_rung9_get_pingpong.restype = ctypes.c_int
+    lib.tilefuse_rung9_get_pingpong.argtypes = []
+    return lib
+
+
 def _get_schedule(lib) -> list[int]:
     out = (ctypes.c_int * 7)()
     assert lib.tilefuse_rung9_get_schedule(out) == 0
@@ -272,6 +280,20 @@ def test_rung9_schedule_abi_checks_its_arguments():
         assert _get_schedule(lib)[:4] == [60, 4, 1, 1]
     finally:
         assert lib.tilefuse_rung9_set_schedule(0, 0, 0, 0) == 0
+
+
+@needs_nvcc
+def test_rung9_pingpong_abi():
+    """tilefuse_rung9_set_pingpong: off by default (cooperative consumers until measured), 0 or 1 only."""
+    lib = _pingpong_abi(_load(9))
+    assert lib.tilefuse_rung9_get_pingpong() == 0
+    for bad in (-1, 2, 7):
+        assert lib.tilefuse_rung9_set_pingpong(bad) == CUDA_ERROR_INVALID_VALUE
+        assert lib.tilefuse_rung9_get_pingpong() == 0
+    try:
+        assert lib.tilefuse_rung9_set_pingpong(1) == 0 and lib.tilefuse_rung9_get_pingpong() == 1
+    finally:
+        assert lib.tilefuse_rung9_set_pingpong(0) == 0
 
 
 # ------------------------------------------------------------------------------- layout models (CPU)
@@ -448,9 +470,13 @@ def test_shared_memory_budgets():
     limit = 227 * 1024
     rung7 = 1024 + 3 * (16384 + 16384) + 2 * 3 * 8
     rung8 = 1024 + 4 * (16384 + 32768) + 2 * 4 * 8
-    rung9 = 1024 + 4 * (16384 + 32768) + 2 * 2 * 8192 + 2 * 4 * 8
-    assert 2 * (rung7 + 1024) <= 228 * 1024 and rung8 <= limit and rung9 <= limit
-    for rung, text in ((8, "constexpr int STAGES = 4;"), (9, "constexpr int STAGES = 4;"), (7, "constexpr int STAGES = 3;")):
+    ring = 4 * (16384 + 32768) + 2 * 2 * 8192           # rung 9 cooperative: 4 stages + 2 C chunks a consumer
+    pingpong = 5 * (8192 + 32768) + 2 * 1 * 8192        # rung 9 ping-pong: 5 stages of 64 rows + 1 chunk each
+    rung9 = 1024 + ring + (2 * 5 + 2) * 8               # + full/empty for 5 stages, 2 turn barriers
+    assert 2 * (rung7 + 1024) <= 228 * 1024 and rung8 <= limit and rung9 <= limit and pingpong <= ring
+    for rung, text in ((8, "constexpr int STAGES = 4;"), (9, "constexpr int STAGES = 4;"), (7, "constexpr int STAGES = 3;"),
+                       (9, "constexpr int PP_STAGES = 5;"), (9, "constexpr int PP_BM = 64;"),
+                       (9, "constexpr int PP_C_BUFFERS = 1;")):
         assert text in (CUDA_DIR / RUNGS[rung]).read_text()
 
 
@@ -558,20 +584,30 @@ def run(actors, world: World, max_steps: int = 2_000_000) -> None:
 # ------------------------------------------------------------------------------------------------ rung 8/9
 def simulate_warp_specialised(*, seed: int, stages: int, k_tiles: int, tiles: int, clusters: int, cluster: int,
                               persistent: bool, multicast: bool, c_chunks: int = 4, c_buffers: int = 2,
-                              release_last: bool = True, remote_release: bool = True) -> World:
-    """Rung 9 (cluster=2, persistent) or rung 8 (cluster=1, one tile a CTA, release_last irrelevant)."""
+                              release_last: bool = True, remote_release: bool = True, pingpong: bool = False,
+                              hand_over: bool = True) -> World:
+    """Rung 9 (cluster=2, persistent) or rung 8 (cluster=1, one tile a CTA, release_last irrelevant).
+    pingpong: rung 9's tilefuse_rung9_set_pingpong(1): consumer c takes the CTA's tiles j = c, c+2, ... (each a
+    whole 64-row tile: 8 KB of A a stage), a stage is released by one consumer's 4 warps of each CTA, and a
+    consumer waits on turn[c] (the other consumer's arrivals after its last stage) before each tile's mainloop;
+    hand_over=False leaves that wait out."""
     rng = random.Random(seed)
     consumers, warps = 2, 4
     world = World(rng=rng)
     ctas = clusters * cluster
     world.smem = [dict() for _ in range(ctas)]
     full = [[Mbarrier(1) for _ in range(stages)] for _ in range(ctas)]
-    arrivals = (cluster if remote_release else 1) * consumers * warps
+    arrivals = (cluster if remote_release else 1) * (1 if pingpong else consumers) * warps
     empty = [[Mbarrier(arrivals) for _ in range(stages)] for _ in range(ctas)]
-    a_bytes, b_part_bytes = 16384, 32768 // cluster
+    turn = [[Mbarrier(warps) for _ in range(consumers)] for _ in range(ctas)]
+    a_bytes, b_part_bytes = (8192 if pingpong else 16384), 32768 // cluster
 
     def my_tiles(cl):
         return list(range(cl, tiles, clusters)) if persistent else [cl]
+
+    def consumer_tiles(cl, c):  # (j, tile): the CTA's j-th tile, for consumer c
+        mine = list(enumerate(my_tiles(cl)))
+        return mine[c::2] if pingpong else mine
 
     def producer(cta):
         cl, rank = divmod(cta, cluster)
@@ -623,7 +659,11 @@ def simulate_warp_specialised(*, seed: int, stages: int, k_tiles: int, tiles: in
                 st, t0, k0 = reading.pop(0)
                 check_stage(cta, st, t0, k0, rank)                  # nobody overwrote it while it was read
 
-        for t in my_tiles(cl):
+        for j, t in consumer_tiles(cl, c):
+            if pingpong:                                            # the ring position of tile j's k-tile 0
+                s, phase = (j * k_tiles) % stages, ((j * k_tiles) // stages) & 1
+                if j > 0 and hand_over:                             # mbar_wait(turn[c], ((j-1)>>1) & 1)
+                    yield (lambda b=turn[cta][c], p=((j - 1) >> 1) & 1: b.passed(p))
             prev = None
             for kt in range(k_tiles):
                 bar_f = full[cta][s]
@@ -631,6 +671,9 @@ def simulate_warp_specialised(*, seed: int, stages: int, k_tiles: int, tiles: in
                 check_stage(cta, s, t, kt, rank)
                 reading.append((s, t, kt))                          # 4 x wgmma, commit
                 world.consumed.append((cta, c, t, kt))
+                if pingpong and kt == k_tiles - 1:
+                    for _ in range(warps):                          # lane 0 of each warp: the other's turn
+                        turn[cta][1 - c].arrive()
                 yield None
                 let_go(1)                                           # wgmma_wait<1>
                 if kt > 0:
@@ -669,7 +712,7 @@ def simulate_warp_specialised(*, seed: int, stages: int, k_tiles: int, tiles: in
         cl = cta // cluster
         for c in range(consumers):
             seen = [(t, kt) for (x, y, t, kt) in world.consumed if x == cta and y == c]
-            want = [(t, kt) for t in my_tiles(cl) for kt in range(k_tiles)]
+            want = [(t, kt) for _, t in consumer_tiles(cl, c) for kt in range(k_tiles)]
             if seen != want:
                 raise ProtocolError(f"CTA {cta} consumer {c} consumed {seen[:8]}... instead of {want[:8]}...")
     return world
@@ -748,6 +791,26 @@ def test_rung9_protocol_cluster_of_one(k_tiles, tiles, clusters):
     for seed in range(SIM_SEEDS):
         simulate_warp_specialised(seed=seed, stages=4, k_tiles=k_tiles, tiles=tiles, clusters=clusters, cluster=1,
                                   persistent=True, multicast=False)
+
+
+@pytest.mark.parametrize("k_tiles,tiles,clusters", [(1, 5, 2), (2, 3, 3), (4, 7, 2), (5, 6, 3), (9, 4, 1), (3, 1, 1),
+                                                    (6, 9, 2), (11, 5, 1)])
+@pytest.mark.parametrize("cluster,multicast", [(2, True), (2, False), (1, False)])
+def test_rung9_pingpong_protocol(k_tiles, tiles, clusters, cluster, multicast):
+    """tilefuse_rung9_set_pingpong(1): 5 stages, one staging chunk a consumer, consumers alternating tiles."""
+    for seed in range(SIM_SEEDS):
+        simulate_warp_specialised(seed=seed, stages=5, k_tiles=k_tiles, tiles=tiles, clusters=clusters,
+                                  cluster=cluster, persistent=True, multicast=multicast, c_buffers=1, pingpong=True)
+
+
+@pytest.mark.parametrize("bug,match", [
+    (dict(hand_over=False), "holds"),                   # ping-pong without the turn barrier: parity aliasing
+])
+def test_the_pingpong_model_catches_a_missing_hand_over(bug, match):
+    with pytest.raises(ProtocolError, match=match):
+        for seed in range(SIM_SEEDS):
+            simulate_warp_specialised(seed=seed, stages=5, k_tiles=9, tiles=7, clusters=2, cluster=2,
+                                      persistent=True, multicast=True, c_buffers=1, pingpong=True, **bug)
 
 
 @pytest.mark.parametrize("bug,match", [
@@ -945,6 +1008,49 @@ def test_rung9_schedules(name):
         lib.tilefuse_rung9_set_schedule(0, 0, 0, 0)
 
 
+PINGPONG_VARIANTS = {  # name: (debug flags, tilefuse_rung9_set_schedule arguments), each with ping-pong on
+    "default": (0, (0, 0, 0, 0)), "no-multicast": (1, (0, 0, 0, 0)), "not-persistent": (2, (0, 0, 0, 0)),
+    "cluster-1": (0, (0, 0, 0, 1)), "7-clusters": (0, (7, 0, 0, 0)), "column-groups-16": (0, (0, 16, 1, 0)),
+    "direct-store-flag-ignored": (4, (0, 0, 0, 0)),
+}
+PINGPONG_SHAPES = [(1800, 2312, 328), (1, 8, 8), (129, 136, 8), (200, 264, 136), (640, 2048, 4096),
+                   (4096, 4096, 4096)]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", sorted(PINGPONG_VARIANTS))
+def test_rung9_pingpong(name):
+    """tilefuse_rung9_set_pingpong(1) under the debug flags and schedules: the float32 reference's result at
+    ragged, tiny, K-below-a-k-tile and the bar's shapes, all three epilogues, bf16 and fp16, C poisoned; the
+    same bits on a second call (a consumer reading a stage of the other's tile would show up as noise)."""
+    _in_child(9)
+    torch = _torch()
+    lib = _pingpong_abi(_schedule_abi(_load(9)))
+    lib.tilefuse_rung9_set_debug.restype = ctypes.c_int
+    lib.tilefuse_rung9_set_debug.argtypes = [ctypes.c_int]
+    debug, schedule = PINGPONG_VARIANTS[name]
+    assert lib.tilefuse_rung9_set_schedule(*schedule) == 0 and lib.tilefuse_rung9_set_pingpong(1) == 0
+    old = lib.tilefuse_rung9_set_debug(debug)
+    try:
+        for M, N, K in PINGPONG_SHAPES:
+            for dt, epilogue in ((torch.bfloat16, 0), (torch.float16, 1), (torch.bfloat16, 2)):
+                a = torch.randn(M, K, device="cuda", dtype=dt)
+                b_nk = torch.randn(N, K, device="cuda", dtype=dt) / K ** 0.5
+                bias = torch.randn(N, device="cuda", dtype=dt)
+                c = poisoned_empty(M, N, dtype=dt, device="cuda")
+                _run(9, a, b_nk, c, bias if epilogue else None, epilogue)
+                assert_close(c, _reference(a, b_nk, bias, epilogue), dtype=dt,
+                             what=f"rung 9 ping-pong {name} {M}x{N}x{K} epilogue {epilogue}")
+                if epilogue == 0 and M * N >= 1 << 20:
+                    again = torch.empty_like(c)
+                    _run(9, a, b_nk, again)
+                    assert torch.equal(c, again), f"rung 9 ping-pong {name} {M}x{N}x{K}: not deterministic"
+    finally:
+        lib.tilefuse_rung9_set_debug(old)
+        lib.tilefuse_rung9_set_pingpong(0)
+        lib.tilefuse_rung9_set_schedule(0, 0, 0, 0)
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("rung", sorted(RUNGS))
 def test_repeated_calls_are_deterministic(rung):
@@ -996,13 +1102,17 @@ def test_ladder_sweep_arguments():
 def test_ladder_sweep_settings_are_accepted_by_rung9():
     """Every schedule the sweep sets is one the library takes (host code: no GPU needed)."""
     sweep = _sweep_module()
-    lib = _schedule_abi(_load(9))
+    lib = _pingpong_abi(_schedule_abi(_load(9)))
     try:
         for s in sweep.SETTINGS:
             assert lib.tilefuse_rung9_set_schedule(*s.schedule) == 0, s
             assert _get_schedule(lib)[:4] == list(s.schedule)
+            assert lib.tilefuse_rung9_set_pingpong(s.pingpong) == 0, s
+            assert lib.tilefuse_rung9_get_pingpong() == s.pingpong
     finally:
         lib.tilefuse_rung9_set_schedule(0, 0, 0, 0)
+        lib.tilefuse_rung9_set_pingpong(0)
+    assert {"pingpong", "direct-store", "default"} <= {s.name for s in sweep.SETTINGS}
 
 
 @needs_nvcc

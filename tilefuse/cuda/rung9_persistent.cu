@@ -18,9 +18,11 @@
 //     with cp.async.bulk.tensor; two chunks a consumer are double-buffered, so stores overlap the next
 //     chunk's math, and full 128-byte rows reach global memory instead of rung 8's 4-byte scatter.
 //
-// Measured (H200, bf16, device run 3, benchmarks/results/run3/ladder.csv): 4096x4096x4096 367.8 TFLOP/s (0.52x
-//   cuBLAS); 8192x8192x8192 659.6 TFLOP/s (0.95x cuBLAS); 16384x4096x4096 642.7 TFLOP/s (1.04x cuBLAS);
-//   16x8192x8192 5.7 TFLOP/s (0.12x cuBLAS).
+// Measured (H200, bf16, device run 7, benchmarks/results/run7/ladder.csv, through tilefuse.cuda.gemm): 4096^3
+//   637.1 TFLOP/s (0.81x cuBLAS, 0.89x the K-major-B cublas_nt); 8192^3 680.6 TFLOP/s (0.99x cuBLAS, 1.00x
+//   cublas_nt); 16384x4096x4096 634.0 TFLOP/s (0.91x cuBLAS, 1.00x cublas_nt). The schedule sweep of the same run
+//   (benchmarks/results/run7/ladder_sweep.csv, the launcher called directly): 4096^3 648.5 TFLOP/s, 8192^3 671.1,
+//   16384x4096x4096 630.2; no setting beat the defaults at every shape (benchmarks/notes/hopper_rungs.md).
 //
 // Layouts: A is [M,K] row-major (lda >= K), B is given as [N,K] row-major (K-major B: tilefuse_rung9_b_layout()
 // returns 1; ldb >= K), C is [M,N] row-major (ldc >= N). bf16 (dtype 0) or fp16 (dtype 1) in and out, fp32
@@ -40,6 +42,15 @@
 // groups of tile-columns walked row-major) and the cluster size (2, the default, with B multicast; or 1, no
 // cluster: each CTA loads its whole B tile). tilefuse_rung9_occupancy reports the resident-cluster count.
 // scripts/ladder_sweep.py times each setting on the GPU.
+//
+// Ping-pong: tilefuse_rung9_set_pingpong(1) (not part of the ladder ABI; default 0, cooperative, until measured)
+// gives each consumer warpgroup a whole 64x256 tile of its own instead of half of a 128x256 one: the CTA's tiles
+// alternate between the two consumers and their mainloops take turns (an mbarrier hand-over after the last
+// stage of a tile), so one consumer's epilogue (~3-5 % of a tile at K = 4096 in the cooperative schedule, where
+// the tensor cores wait for it) runs under the other one's mainloop. Cost: a 64-row tile reads a 40 KB stage
+// (8 KB A + 32 KB B) for half the math of a 48 KB one, L2->SM traffic 47 instead of 31 B/clk/SM with multicast;
+// 5 stages instead of 4 in the same shared memory; one C staging chunk a consumer; always the TMA-store epilogue
+// (debug flag 4 is ignored: a direct-store copy of the ping-pong path made the kernel spill).
 #include <cuda.h>
 #include <cudaTypedefs.h>
 #include <cuda_bf16.h>
@@ -75,10 +86,23 @@ constexpr int C_CHUNK_ROWS = 64;                          // one consumer's rows
 constexpr int C_CHUNK_BYTES = C_CHUNK_ROWS * C_CHUNK_COLS * 2;  // 8 KB
 constexpr int C_BUFFERS = 2;                              // per consumer: store one chunk while filling the next
 constexpr int SWIZZLE_ATOM_BYTES = 1024;                  // 8 rows x 128 B: the 128B swizzle repeats every 1 KB
-constexpr int SMEM_BYTES = SWIZZLE_ATOM_BYTES /* alignment slack */ + STAGES * STAGE_BYTES +
-                           CONSUMERS * C_BUFFERS * C_CHUNK_BYTES + 2 * STAGES * 8;
+// Ping-pong (tilefuse_rung9_set_pingpong(1), see the header): each consumer warpgroup owns a whole 64x256 tile,
+// so a stage holds 64 rows of A (8 KB) + the 256x64 B tile: 40 KB, 5 of them in the space of the default's 4,
+// and one staging chunk a consumer (its epilogue runs under the other consumer's mainloop, so it may wait).
+constexpr int PP_BM = 64;
+constexpr int PP_STAGES = 5;
+constexpr int PP_A_TILE_BYTES = PP_BM * BK * 2;                 // 8 KB
+constexpr int PP_STAGE_BYTES = PP_A_TILE_BYTES + B_TILE_BYTES;  // 40 KB
+constexpr int PP_C_BUFFERS = 1;
+constexpr int MAX_STAGES = PP_STAGES > STAGES ? PP_STAGES : STAGES;
+// Stages + staging of either layout; the barriers follow at a fixed offset: full[MAX_STAGES], empty[MAX_STAGES],
+// turn[CONSUMERS] (ping-pong's mainloop hand-over).
+constexpr int RING_BYTES = STAGES * STAGE_BYTES + CONSUMERS * C_BUFFERS * C_CHUNK_BYTES;  // 224 KB
+constexpr int SMEM_BYTES = SWIZZLE_ATOM_BYTES /* alignment slack */ + RING_BYTES + (2 * MAX_STAGES + CONSUMERS) * 8;
+static_assert(PP_STAGES * PP_STAGE_BYTES + CONSUMERS * PP_C_BUFFERS * C_CHUNK_BYTES <= RING_BYTES,
+              "the ping-pong layout fits in the default's stages + staging");
 static_assert(A_TILE_BYTES % SWIZZLE_ATOM_BYTES == 0 && B_PART_BYTES % SWIZZLE_ATOM_BYTES == 0 &&
-                  C_CHUNK_BYTES % SWIZZLE_ATOM_BYTES == 0,
+                  C_CHUNK_BYTES % SWIZZLE_ATOM_BYTES == 0 && PP_A_TILE_BYTES % SWIZZLE_ATOM_BYTES == 0,
               "every tile must start on a 1 KB swizzle atom so TMA's and wgmma's swizzle phases agree");
 static_assert(SMEM_BYTES <= 227 * 1024, "the per-block shared-memory limit of sm_90");
 
@@ -153,6 +177,7 @@ struct Schedule {
     int cluster;  // CTAs a cluster: 2 (B multicast) or 1
     int group_m;  // group depth of the tile order
     int order;    // ORDER_ROW_GROUPS or ORDER_COLUMN_GROUPS
+    int pingpong; // 0: both consumers on one 128x256 tile (cooperative); 1: each on its own 64x256 tile
 };
 
 // ---------------------------------------------------------------------------------------------------------
@@ -164,6 +189,9 @@ __device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t count) {
 }
 __device__ __forceinline__ void fence_mbarrier_init() {
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+}
+__device__ __forceinline__ void mbar_arrive(uint32_t bar) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(bar) : "memory");
 }
 __device__ __forceinline__ void mbar_arrive_expect_tx(uint32_t bar, uint32_t bytes) {
     asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes) : "memory");
@@ -393,33 +421,179 @@ __device__ __forceinline__ void store_fragment(const float (&d)[NREG], void* C, 
 }
 
 // ---------------------------------------------------------------------------------------------------------
+// Shared memory: stages x [rows][128 B] of A, stages x [256 rows][128 B] of B (part 0, part 1), CONSUMERS x
+// C buffers x [64 rows][128 B] of C staging, all 128B-swizzled; then the barriers at a fixed offset:
+// full[MAX_STAGES] (bytes landed), empty[MAX_STAGES] (the stage's consumer warps of both CTAs are done),
+// turn[CONSUMERS] (ping-pong: your mainloop may start).
+__device__ __forceinline__ uint32_t smem_base(const void* smem_raw) {
+    return (smem_u32(smem_raw) + SWIZZLE_ATOM_BYTES - 1) & ~uint32_t(SWIZZLE_ATOM_BYTES - 1);
+}
+constexpr uint32_t FULL_OFFSET = RING_BYTES;
+constexpr uint32_t EMPTY_OFFSET = FULL_OFFSET + MAX_STAGES * 8;
+constexpr uint32_t TURN_OFFSET = EMPTY_OFFSET + MAX_STAGES * 8;
+
+// Where a CTA's tiles are, for the producer and the consumers; each computes its own copy from the kernel's
+// arguments (values carried from before the role branch into the consumers cost registers they don't have).
+struct Walk {
+    uint32_t rank;  // this CTA in its cluster
+    int first_tile, tile_step, tiles, tiles_m, tiles_n, k_tiles, csize;
+};
+__device__ __forceinline__ Walk make_walk(int M, int N, int K, int rows, int csize) {
+    Walk w;
+    w.rank = cluster_ctarank();
+    w.first_tile = (int)cluster_index();
+    w.tile_step = (int)cluster_count();
+    w.k_tiles = (K + BK - 1) / BK;
+    w.csize = csize;                                      // 2, or 1 without a cluster
+    w.tiles_m = (M + rows * csize - 1) / (rows * csize);  // cluster-rows of 256 (128 / 64 otherwise)
+    w.tiles_n = (N + BN - 1) / BN;
+    w.tiles = w.tiles_m * w.tiles_n;
+    return w;
+}
+
+// Consumers. Cooperative (PP = false): every tile of the CTA, warpgroup 1 its rows 0..63, warpgroup 2 rows
+// 64..127. Ping-pong (PP = true): the CTA's tiles j = 0, 1, 2, ... alternate, warpgroup 1 the even ones, 2 the
+// odd ones, each a whole 64x256 tile; a consumer starts tile j's mainloop only once the other one has waited
+// for the last stage of tile j-1 (the turn barrier), so the two mainloops take turns on the tensor cores while
+// each one's epilogue runs under the other's mainloop. The hand-over also keeps the parity waits exact: no
+// consumer waits on a stage more than one phase ahead of it. Compile-time PP keeps each path's registers as
+// they were (a run-time switch cost a spill in the GeLU epilogue).
+template <int DT, bool PP>
+__device__ __forceinline__ void consume(const void* smem_raw, const CUtensorMap* tm_c, void* C, const void* bias,
+                                        int M, int N, int K, long long ldc, int epilogue, int debug,
+                                        const Schedule& sched) {
+    constexpr int stages = PP ? PP_STAGES : STAGES;
+    constexpr int rows = PP ? PP_BM : BM;  // rows of C a CTA's tile has
+    constexpr uint32_t a_bytes = PP ? PP_A_TILE_BYTES : A_TILE_BYTES;
+    constexpr int c_buffers = PP ? PP_C_BUFFERS : C_BUFFERS;
+    const Walk w = make_walk(M, N, K, rows, sched.cluster);
+    const uint32_t s_a = smem_base(smem_raw), s_b = s_a + stages * a_bytes, s_c = s_b + stages * B_TILE_BYTES;
+    const uint32_t full = s_a + FULL_OFFSET, empty = s_a + EMPTY_OFFSET, turn = s_a + TURN_OFFSET;
+    const int consumer = (int)(threadIdx.x / 128) - 1;
+    const int tid = threadIdx.x % 128, warp = tid / 32, lane = tid % 32;
+    const int g = lane / 4, q = lane % 4;  // fragment coordinates: row g (+8), columns 2q, 2q+1 of each n8
+    // Ping-pong always stores through TMA (its epilogue is off the critical path; the direct-store copy of it
+    // made the kernel spill).
+    const bool tma_store = PP || (debug & DEBUG_DIRECT_STORE) == 0;
+    const uint32_t a_off = PP ? 0u : (uint32_t)(consumer * CONSUMER_A_BYTES);  // my rows of the stage's A
+    const int csize = w.csize, k_tiles = w.k_tiles;
+    float acc[128];
+#pragma unroll
+    for (int i = 0; i < 128; ++i) acc[i] = 0.f;
+
+    int s = 0;
+    uint32_t phase = 0;
+    uint32_t chunk = 0;  // C chunks this consumer has stored: chunk % c_buffers picks the staging buffer
+    for (int j = PP ? consumer : 0;; j += PP ? 2 : 1) {  // j: the CTA's j-th tile
+        const int t = w.first_tile + j * w.tile_step;
+        if (t >= w.tiles) break;
+        const TileRC tile = tile_at(t, w.tiles_m, w.tiles_n, sched.group_m, sched.order);
+        const int m0 = tile.row * (rows * csize) + (int)w.rank * rows + (PP ? 0 : consumer * 64);  // my rows
+        const int n0 = tile.col * BN;
+        if (PP) {
+            // The producer's ring position at this tile's first k-tile (it walks every tile of the CTA), and
+            // the other consumer's ((j-1)/2)-th turn arrival: the end of tile j-1's mainloop.
+            const uint32_t first_it = (uint32_t)j * (uint32_t)k_tiles;
+            s = (int)(first_it % stages);
+            phase = (first_it / stages) & 1u;
+            if (j > 0) mbar_wait(turn + 8 * consumer, (uint32_t)((j - 1) >> 1) & 1u);
+        }
+
+        int prev = 0;
+        for (int kt = 0; kt < k_tiles; ++kt) {
+            mbar_wait(full + 8 * s, phase);
+            const uint64_t da = make_desc_sw128(s_a + s * a_bytes + a_off);
+            const uint64_t db = make_desc_sw128(s_b + s * B_TILE_BYTES);
+            fence_accumulators(acc);
+            wgmma_fence();
+#pragma unroll
+            for (int kk = 0; kk < BK / WGMMA_K; ++kk) {
+                wgmma_m64n256k16<DT>(acc, da + kk * DESC_K_STEP, db + kk * DESC_K_STEP, (kt > 0 || kk > 0) ? 1u : 0u);
+            }
+            wgmma_commit();
+            if (PP && kt == k_tiles - 1) {  // my last stage has landed: the other consumer's turn
+                if (lane == 0) mbar_arrive(turn + 8 * (1 - consumer));
+                __syncwarp();
+            }
+            // Keep this k-tile's wgmma in flight; the previous one has finished, so release its stage
+            // to the producers of both CTAs (each of them writes into this CTA's copy of it).
+            wgmma_wait<1>();
+            fence_accumulators(acc);
+            if (kt > 0 && lane == 0) {
+                for (uint32_t r = 0; r < (uint32_t)csize; ++r) mbar_arrive_cluster(map_to_rank(empty + 8 * prev, r));
+            }
+            __syncwarp();  // the warp whole again before the next .sync.aligned wgmma instructions
+            prev = s;
+            if (++s == stages) { s = 0; phase ^= 1u; }
+        }
+        wgmma_wait<0>();
+        fence_accumulators(acc);
+        if (lane == 0) {  // the producer goes on into the next tile: the last stage must be released too
+            for (uint32_t r = 0; r < (uint32_t)csize; ++r) mbar_arrive_cluster(map_to_rank(empty + 8 * prev, r));
+        }
+        __syncwarp();
+
+        if (!tma_store) {
+            store_fragment<DT>(acc, C, bias, M, N, ldc, m0, n0, epilogue, true);
+            continue;
+        }
+        // Epilogue: four 64x64 chunks, each rounded into a swizzled staging buffer and stored by TMA.
+#pragma unroll
+        for (int jc = 0; jc < BN / C_CHUNK_COLS; ++jc, ++chunk) {
+            const uint32_t buf = s_c + (consumer * c_buffers + chunk % c_buffers) * C_CHUNK_BYTES;
+            if (tid == 0) bulk_wait_read<c_buffers - 1>();  // the store that last used `buf` has read it
+            __syncwarp();
+            named_barrier_sync(1 + consumer, 128);
+#pragma unroll
+            for (int jj = 0; jj < C_CHUNK_COLS / 8; ++jj) {
+                const int col = 8 * jj + 2 * q;  // column inside the chunk
+                const int gcol = n0 + jc * C_CHUNK_COLS + col;
+                float b0 = 0.f, b1 = 0.f;
+                if (epilogue != 0) {
+                    if (gcol < N) b0 = load_scalar<DT>(bias, gcol);
+                    if (gcol + 1 < N) b1 = load_scalar<DT>(bias, gcol + 1);
+                }
+#pragma unroll
+                for (int h = 0; h < 2; ++h) {
+                    const int i = 4 * (jc * (C_CHUNK_COLS / 8) + jj) + 2 * h;
+                    float v0 = acc[i] + b0, v1 = acc[i + 1] + b1;
+                    if (epilogue == 2) { v0 = gelu_erf(v0); v1 = gelu_erf(v1); }
+                    const int row = 16 * warp + g + 8 * h;
+                    st_shared_u32(buf + swizzle128_offset(row, col), pack2<DT>(v0, v1));
+                }
+            }
+            fence_proxy_async_smem();
+            named_barrier_sync(1 + consumer, 128);
+            if (tid == 0) {
+                tma_store_2d(tm_c, buf, n0 + jc * C_CHUNK_COLS, m0);  // TMA clips rows >= M, cols >= N
+                bulk_commit();
+            }
+            __syncwarp();
+        }
+    }
+    if (tid == 0) bulk_wait<0>();  // the stores have landed before this CTA's shared memory goes away
+}
+
 template <int DT>
 __global__ void __launch_bounds__(THREADS, 1)
 rung9_kernel(const __grid_constant__ CUtensorMap tm_a, const __grid_constant__ CUtensorMap tm_b,
              const __grid_constant__ CUtensorMap tm_c, void* C, const void* bias, int M, int N, int K, long long ldc,
              int epilogue, int debug, Schedule sched) {
     extern __shared__ __align__(16) uint8_t smem_raw[];
-    const uint32_t base = (smem_u32(smem_raw) + SWIZZLE_ATOM_BYTES - 1) & ~uint32_t(SWIZZLE_ATOM_BYTES - 1);
-    const uint32_t s_a = base;                                // STAGES x [128 rows][128 B], swizzled
-    const uint32_t s_b = s_a + STAGES * A_TILE_BYTES;         // STAGES x [256 rows][128 B]: part 0, part 1
-    const uint32_t s_c = s_b + STAGES * B_TILE_BYTES;         // CONSUMERS x C_BUFFERS x [64 rows][128 B]
-    const uint32_t full = s_c + CONSUMERS * C_BUFFERS * C_CHUNK_BYTES;  // STAGES mbarriers: bytes landed
-    const uint32_t empty = full + STAGES * 8;  // STAGES mbarriers: both CTAs' 8 consumer warps are done
-
+    // Cooperative or ping-pong (see the header): the layout is chosen once at entry.
+    const bool pp = sched.pingpong != 0;
+    const int stages = pp ? PP_STAGES : STAGES;
     const int warpgroup = threadIdx.x / 128;
-    const uint32_t rank = cluster_ctarank();
-    const int first_tile = (int)cluster_index(), tile_step = (int)cluster_count();
-    const int k_tiles = (K + BK - 1) / BK;
-    const int csize = sched.cluster;                              // 2, or 1 without a cluster
-    const int tiles_m = (M + BM * csize - 1) / (BM * csize);      // cluster-rows of 256 (128 when csize is 1)
-    const int tiles_n = (N + BN - 1) / BN;
-    const int tiles = tiles_m * tiles_n;
 
     if (threadIdx.x == 0) {
-        for (int s = 0; s < STAGES; ++s) {
-            mbar_init(full + 8 * s, 1);                          // one arrive.expect_tx by the local producer
-            mbar_init(empty + 8 * s, csize * CONSUMER_WARPS);    // every consumer warp of both CTAs
+        const uint32_t base = smem_base(smem_raw);
+        for (int s = 0; s < stages; ++s) {
+            mbar_init(base + FULL_OFFSET + 8 * s, 1);  // one arrive.expect_tx by the local producer
+            // Every consumer warp of both CTAs that reads the stage: both warpgroups, or (ping-pong) the one
+            // whose tile it belongs to.
+            mbar_init(base + EMPTY_OFFSET + 8 * s, sched.cluster * (pp ? 4 : CONSUMER_WARPS));
         }
+        for (int c = 0; c < CONSUMERS; ++c) mbar_init(base + TURN_OFFSET + 8 * c, 4);  // the other consumer's warps
         fence_mbarrier_init();  // visible to the copy engine and to the peer CTA
         prefetch_tensormap(&tm_a);
         prefetch_tensormap(&tm_b);
@@ -429,125 +603,47 @@ rung9_kernel(const __grid_constant__ CUtensorMap tm_a, const __grid_constant__ C
     cluster_sync();
 
     if (warpgroup == 0) {
-        // Producer: one thread walks this cluster's tiles and their k-tiles, STAGES ahead at most.
+        // Producer: one thread walks this cluster's tiles and their k-tiles, `stages` ahead at most.
         regs_release<PRODUCER_REGS>();
         if (threadIdx.x == 0) {
-            const bool multicast = (debug & DEBUG_NO_MULTICAST) == 0 && csize == CLUSTER;
+            const int rows = pp ? PP_BM : BM;  // rows of C a CTA's tile has
+            const uint32_t a_bytes = pp ? PP_A_TILE_BYTES : A_TILE_BYTES;
+            const Walk w = make_walk(M, N, K, rows, sched.cluster);
+            const bool multicast = (debug & DEBUG_NO_MULTICAST) == 0 && w.csize == CLUSTER;
+            const uint32_t s_a = smem_base(smem_raw), s_b = s_a + stages * a_bytes;
+            const uint32_t full = s_a + FULL_OFFSET, empty = s_a + EMPTY_OFFSET;
+            const uint32_t stage_tx = a_bytes + B_TILE_BYTES;  // own A, both B parts
             int s = 0;
             uint32_t phase = 0;
-            for (int t = first_tile; t < tiles; t += tile_step) {
-                const TileRC tile = tile_at(t, tiles_m, tiles_n, sched.group_m, sched.order);
-                const int m0 = tile.row * (BM * csize) + (int)rank * BM;
+            for (int t = w.first_tile; t < w.tiles; t += w.tile_step) {
+                const TileRC tile = tile_at(t, w.tiles_m, w.tiles_n, sched.group_m, sched.order);
+                const int m0 = tile.row * (rows * w.csize) + (int)w.rank * rows;
                 const int n0 = tile.col * BN;
-                for (int kt = 0; kt < k_tiles; ++kt) {
+                for (int kt = 0; kt < w.k_tiles; ++kt) {
                     // Both CTAs' consumers released this stage (first lap: parity 1 of a fresh barrier passes).
                     mbar_wait(empty + 8 * s, phase ^ 1u);
-                    mbar_arrive_expect_tx(full + 8 * s, STAGE_BYTES);
-                    const uint32_t a_dst = s_a + s * A_TILE_BYTES, b_dst = s_b + s * B_TILE_BYTES;
+                    mbar_arrive_expect_tx(full + 8 * s, stage_tx);
+                    const uint32_t a_dst = s_a + s * a_bytes, b_dst = s_b + s * B_TILE_BYTES;
                     tma_load_2d(a_dst, &tm_a, kt * BK, m0, full + 8 * s);
                     if (multicast) {
                         // My part of the shared B tile, into both CTAs (the peer sends the other part).
-                        tma_load_2d_multicast(b_dst + rank * B_PART_BYTES, &tm_b, kt * BK, n0 + (int)rank * B_PART_ROWS,
-                                              full + 8 * s, (uint16_t)((1u << CLUSTER) - 1));
+                        tma_load_2d_multicast(b_dst + w.rank * B_PART_BYTES, &tm_b, kt * BK,
+                                              n0 + (int)w.rank * B_PART_ROWS, full + 8 * s,
+                                              (uint16_t)((1u << CLUSTER) - 1));
                     } else {
                         // Both 128-row parts of the B tile myself (no multicast, or a cluster of one).
                         for (int part = 0; part < CLUSTER; ++part)
                             tma_load_2d(b_dst + part * B_PART_BYTES, &tm_b, kt * BK, n0 + part * B_PART_ROWS,
                                         full + 8 * s);
                     }
-                    if (++s == STAGES) { s = 0; phase ^= 1u; }
+                    if (++s == stages) { s = 0; phase ^= 1u; }
                 }
             }
         }
     } else {
-        // Consumers: warpgroup 1 computes rows 0..63 of the CTA's tile, warpgroup 2 rows 64..127.
         regs_claim<CONSUMER_REGS>();
-        const int consumer = warpgroup - 1;
-        const int tid = threadIdx.x % 128, warp = tid / 32, lane = tid % 32;
-        const int g = lane / 4, q = lane % 4;  // fragment coordinates: row g (+8), columns 2q, 2q+1 of each n8
-        const bool tma_store = (debug & DEBUG_DIRECT_STORE) == 0;
-        float acc[128];
-#pragma unroll
-        for (int i = 0; i < 128; ++i) acc[i] = 0.f;
-
-        int s = 0;
-        uint32_t phase = 0;
-        uint32_t chunk = 0;  // C chunks this consumer has stored: chunk & 1 picks the staging buffer
-        for (int t = first_tile; t < tiles; t += tile_step) {
-            const TileRC tile = tile_at(t, tiles_m, tiles_n, sched.group_m, sched.order);
-            const int m0 = tile.row * (BM * csize) + (int)rank * BM + consumer * 64;  // this warpgroup's rows
-            const int n0 = tile.col * BN;
-
-            int prev = 0;
-            for (int kt = 0; kt < k_tiles; ++kt) {
-                mbar_wait(full + 8 * s, phase);
-                const uint64_t da = make_desc_sw128(s_a + s * A_TILE_BYTES + consumer * CONSUMER_A_BYTES);
-                const uint64_t db = make_desc_sw128(s_b + s * B_TILE_BYTES);
-                fence_accumulators(acc);
-                wgmma_fence();
-#pragma unroll
-                for (int kk = 0; kk < BK / WGMMA_K; ++kk) {
-                    wgmma_m64n256k16<DT>(acc, da + kk * DESC_K_STEP, db + kk * DESC_K_STEP,
-                                         (kt > 0 || kk > 0) ? 1u : 0u);
-                }
-                wgmma_commit();
-                // Keep this k-tile's wgmma in flight; the previous one has finished, so release its stage
-                // to the producers of both CTAs (each of them writes into this CTA's copy of it).
-                wgmma_wait<1>();
-                fence_accumulators(acc);
-                if (kt > 0 && lane == 0) {
-                    for (uint32_t r = 0; r < (uint32_t)csize; ++r) mbar_arrive_cluster(map_to_rank(empty + 8 * prev, r));
-                }
-                __syncwarp();  // the warp whole again before the next .sync.aligned wgmma instructions
-                prev = s;
-                if (++s == STAGES) { s = 0; phase ^= 1u; }
-            }
-            wgmma_wait<0>();
-            fence_accumulators(acc);
-            if (lane == 0) {  // the producer goes on into the next tile: the last stage must be released too
-                for (uint32_t r = 0; r < (uint32_t)csize; ++r) mbar_arrive_cluster(map_to_rank(empty + 8 * prev, r));
-            }
-            __syncwarp();
-
-            if (!tma_store) {
-                store_fragment<DT>(acc, C, bias, M, N, ldc, m0, n0, epilogue, true);
-                continue;
-            }
-            // Epilogue: four 64x64 chunks, each rounded into a swizzled staging buffer and stored by TMA.
-#pragma unroll
-            for (int j = 0; j < BN / C_CHUNK_COLS; ++j, ++chunk) {
-                const uint32_t buf = s_c + (consumer * C_BUFFERS + (chunk & 1)) * C_CHUNK_BYTES;
-                if (tid == 0) bulk_wait_read<C_BUFFERS - 1>();  // the store that last used `buf` has read it
-                __syncwarp();
-                named_barrier_sync(1 + consumer, 128);
-#pragma unroll
-                for (int jj = 0; jj < C_CHUNK_COLS / 8; ++jj) {
-                    const int col = 8 * jj + 2 * q;  // column inside the chunk
-                    const int gcol = n0 + j * C_CHUNK_COLS + col;
-                    float b0 = 0.f, b1 = 0.f;
-                    if (epilogue != 0) {
-                        if (gcol < N) b0 = load_scalar<DT>(bias, gcol);
-                        if (gcol + 1 < N) b1 = load_scalar<DT>(bias, gcol + 1);
-                    }
-#pragma unroll
-                    for (int h = 0; h < 2; ++h) {
-                        const int i = 4 * (j * (C_CHUNK_COLS / 8) + jj) + 2 * h;
-                        float v0 = acc[i] + b0, v1 = acc[i + 1] + b1;
-                        if (epilogue == 2) { v0 = gelu_erf(v0); v1 = gelu_erf(v1); }
-                        const int row = 16 * warp + g + 8 * h;
-                        st_shared_u32(buf + swizzle128_offset(row, col), pack2<DT>(v0, v1));
-                    }
-                }
-                fence_proxy_async_smem();
-                named_barrier_sync(1 + consumer, 128);
-                if (tid == 0) {
-                    tma_store_2d(&tm_c, buf, n0 + j * C_CHUNK_COLS, m0);  // TMA clips rows >= M, cols >= N
-                    bulk_commit();
-                }
-                __syncwarp();
-            }
-        }
-        if (tid == 0) bulk_wait<0>();  // the stores have landed before this CTA's shared memory goes away
+        if (pp) consume<DT, true>(smem_raw, &tm_c, C, bias, M, N, K, ldc, epilogue, debug, sched);
+        else consume<DT, false>(smem_raw, &tm_c, C, bias, M, N, K, ldc, epilogue, debug, sched);
     }
     // No CTA may exit while its peer can still arrive on its barriers.
     __syncwarp();
@@ -595,6 +691,7 @@ int g_clusters = 0;      // clusters in the persistent grid (0: as many as can b
 int g_group_m = 0;       // 0: GROUP_M
 int g_order = 0;         // ORDER_ROW_GROUPS
 int g_cluster_size = 0;  // 0: CLUSTER
+int g_pingpong = 0;      // tilefuse_rung9_set_pingpong: 0 cooperative consumers (the default), 1 ping-pong
 constexpr int MAX_GROUP_M = 1 << 16;
 constexpr int MAX_DEVICES = 64;
 // Per device and cluster size (index csize - 1): clusters of this kernel resident at once (0: not asked yet).
@@ -691,6 +788,15 @@ extern "C" int tilefuse_rung9_set_schedule(int clusters, int group_m, int order,
     return cudaSuccess;
 }
 
+// Not part of the ladder ABI: the consumer schedule of later launches (see the header): 0 cooperative (the
+// default), 1 ping-pong. Returns cudaErrorInvalidValue (and changes nothing) for anything else.
+extern "C" int tilefuse_rung9_set_pingpong(int on) {
+    if (on != 0 && on != 1) return cudaErrorInvalidValue;
+    g_pingpong = on;
+    return cudaSuccess;
+}
+extern "C" int tilefuse_rung9_get_pingpong(void) { return g_pingpong; }
+
 // Not part of the ladder ABI: the current schedule as set (out[0..3] = clusters, group_m, order, cluster_size,
 // 0 meaning the default) and the defaults they stand for (out[4..6] = GROUP_M, ORDER_ROW_GROUPS, CLUSTER).
 extern "C" int tilefuse_rung9_get_schedule(int* out) {
@@ -735,7 +841,9 @@ extern "C" int tilefuse_rung9(const void* A, const void* B, void* C, const void*
     if (!aligned16(A) || !aligned16(B) || !aligned16(C)) return cudaErrorInvalidValue;
 
     CUtensorMap tm_a, tm_b, tm_c;
-    cudaError_t e = encode_2d(&tm_a, dtype, A, M, K, lda, BM, BK);
+    const int pingpong = g_pingpong;
+    const int rows = pingpong ? PP_BM : BM;  // rows of a CTA's tile: one A box a stage
+    cudaError_t e = encode_2d(&tm_a, dtype, A, M, K, lda, rows, BK);
     if (e != cudaSuccess) return e;
     e = encode_2d(&tm_b, dtype, B, N, K, ldb, B_PART_ROWS, BK);
     if (e != cudaSuccess) return e;
@@ -750,9 +858,9 @@ extern "C" int tilefuse_rung9(const void* A, const void* B, void* C, const void*
     if (e != cudaSuccess) return e;
 
     const Schedule sched{g_cluster_size == 0 ? CLUSTER : g_cluster_size, g_group_m == 0 ? GROUP_M : g_group_m,
-                         g_order};
+                         g_order, pingpong};
     const int csize = sched.cluster;
-    const long long tiles = (long long)((M + BM * csize - 1) / (BM * csize)) * ((N + BN - 1) / BN);
+    const long long tiles = (long long)((M + rows * csize - 1) / (rows * csize)) * ((N + BN - 1) / BN);
     const int debug = g_debug_flags;
 
     cudaLaunchAttribute attr[1];
