@@ -141,7 +141,7 @@ def test_related_key_seeds_candidates(tmp_cache):
     plain = G.prepare(a, b)
     cfgs = [C.GemmConfig("tiled", 32, 32, 16), C.GemmConfig("tiled", 16, 32, 16, split_k=2),
             C.GemmConfig("persistent", 32, 32, 16)]
-    T.tune(plain, cfgs, timer=_fake_timer([3.0, 1.0, 1.05]))
+    T.tune(plain, cfgs, timer=_fake_timer([3.0, 1.0, 1.08]))  # 1.08: close for RELATED_TOP, not for a final
     fused = G.prepare(a, b, activation="gelu", quantize="fp8_e4m3")
     assert T.related_candidates(fused.problem) == [cfgs[1], cfgs[2]]
     bf16_like = dataclasses.replace(plain.problem, a_dtype="bfloat16", b_dtype="bfloat16", c_dtype="bfloat16")
@@ -162,6 +162,121 @@ def test_related_key_seeds_candidates(tmp_cache):
     assert T.related_candidates(silu_q.problem) == [cfgs[0]]  # a clear winner: inherited, not timed
     assert T.tune(silu_q, timer=lambda fn, best: pytest.fail("timed an inherited winner")) == cfgs[0]
     assert T.stored(silu_q.problem) == cfgs[0]
+
+
+def _tagged_bound(monkeypatch):
+    """gemm_launch.bound returning callables that say which config they run (the timer sees only them)."""
+    from tilefuse.kernels import gemm_launch
+
+    real = gemm_launch.bound
+
+    def bound(ops, cfg):
+        fn = real(ops, cfg)
+
+        def run():
+            fn()
+        run.cfg = cfg
+        return run
+    monkeypatch.setattr(gemm_launch, "bound", bound)
+
+
+def test_finalists_are_the_close_ones():
+    c = [C.GemmConfig("tiled", 16 * (i + 1), 32, 16) for i in range(5)]
+    inf = float("inf")
+    assert T.finalists({c[0]: 1.0, c[1]: 1.5, c[2]: inf}) == []  # a clear best: no final
+    assert T.finalists({c[0]: 1.0}) == []
+    got = T.finalists({c[0]: 1.04, c[1]: 1.0, c[2]: 1.02, c[3]: 1.05, c[4]: inf})
+    assert got == [c[1], c[2], c[0]]  # fastest first, at most TUNE_FINAL_MAX
+    assert T.finalists({c[0]: 1.0, c[1]: 1.0 * T.TUNE_CLOSE + 1e-6}) == []
+    assert T.median([3.0, 1.0, 2.0]) == 2.0 and T.median([1.0, 2.0, 4.0, 3.0]) == 2.5
+    assert T.early_stop(1.6, 1.0) and not T.early_stop(1.4, 1.0) and not T.early_stop(9.0, None)
+
+
+def test_final_rounds_overturn_a_noisy_first_pass(tmp_cache, monkeypatch):
+    """First pass: c0 looks best by 1 %, c2 is clearly slower (early-stopped), c1 and c3 are close. The final
+    times c0, c3, c1 again in rotated order with full measurements (best_ms=None), and c1's median wins."""
+    _tagged_bound(monkeypatch)
+    a, b = torch.randn(40, 32), torch.randn(32, 48)
+    ops = G.prepare(a, b, activation="relu")
+    c = [C.GemmConfig("tiled", 32, 32, 16), C.GemmConfig("tiled", 16, 32, 16, split_k=2),
+         C.GemmConfig("persistent", 32, 32, 16), C.GemmConfig("tiled", 16, 16, 16)]
+    first = {c[0]: 1.00, c[1]: 1.01, c[2]: 2.0, c[3]: 1.05}
+    final = {c[0]: [1.06, 1.07], c[1]: [0.97, 0.98], c[3]: [1.04, 1.05]}
+    calls = []
+
+    def timer(fn, best):
+        fn()
+        cfg = fn.cfg
+        calls.append((cfg, best))
+        if len([x for x in calls if x[0] == cfg]) == 1:
+            return first[cfg]
+        assert best is None, "a final round is a full measurement"
+        return final[cfg].pop(0)
+    winner = T.tune(ops, c, timer=timer)
+    assert winner == c[1]
+    # first pass in the given order (the best so far passed on), then two rounds, rotated
+    assert [x[0] for x in calls] == c + [c[0], c[1], c[3]] + [c[1], c[3], c[0]]
+    assert [x[1] for x in calls[:4]] == [None, 1.0, 1.0, 1.0]
+    entry = json.loads(T._path(T.key_of(ops.problem)).read_text())
+    assert entry["winner_label"] == c[1].label() and entry["winner_ms"] == 0.98
+    assert entry["final"] == {c[0].label(): [1.0, 1.06, 1.07], c[1].label(): [1.01, 0.97, 0.98],
+                              c[3].label(): [1.05, 1.04, 1.05]}
+    assert [r["label"] for r in entry["ranking"]] == [c[1].label(), c[3].label(), c[0].label(), c[2].label()]
+
+
+def test_no_final_for_a_clear_winner_and_a_failing_finalist_drops_out(tmp_cache, monkeypatch):
+    _tagged_bound(monkeypatch)
+    ops = G.prepare(torch.randn(24, 16), torch.randn(16, 40), activation="relu")
+    c = [C.GemmConfig("tiled", 32, 32, 16), C.GemmConfig("tiled", 16, 32, 16)]
+    seen = []
+
+    def clear(fn, best):
+        fn()
+        seen.append(fn.cfg)
+        return {c[0]: 1.0, c[1]: 2.0}[fn.cfg]
+    assert T.tune(ops, c, timer=clear) == c[0]
+    assert seen == c  # one measurement each
+
+    T.forget()
+    ops = G.prepare(torch.randn(24, 16), torch.randn(16, 40), activation="sigmoid")
+    n = {c[0]: 0, c[1]: 0}
+
+    def flaky(fn, best):
+        fn()
+        n[fn.cfg] += 1
+        if fn.cfg == c[0] and n[c[0]] > 1:
+            raise RuntimeError("launch failed")
+        return {c[0]: 1.0, c[1]: 1.03}[fn.cfg]
+    assert T.tune(ops, c, timer=flaky) == c[1]
+    assert n[c[1]] == 1 + T.TUNE_FINAL_ROUNDS
+
+
+def test_fp32_keys_say_tf32_or_ieee(monkeypatch):
+    """tf32 and exact fp32 are different kernels: separate decisions; other dtypes' keys are unchanged."""
+    from tilefuse import device
+
+    fake = dataclasses.replace(device.current(), interpreter=False, vendor="nvidia")
+    monkeypatch.setattr(T.device, "current", lambda: fake)
+    prob = problem(4096, 4096, 4096, dtype="float32")
+    saved = torch.backends.cuda.matmul.allow_tf32
+    try:
+        torch.backends.cuda.matmul.allow_tf32 = True
+        tf32 = T.key_of(prob)
+        torch.backends.cuda.matmul.allow_tf32 = False
+        ieee = T.key_of(prob)
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = saved
+    assert tf32 != ieee and ":tf32|" in tf32 and ":ieee|" in ieee
+    assert "float32xfloat32->float32:" not in T.key_of(problem(4096, 4096, 4096))
+    assert "bfloat16xbfloat16->bfloat16|" in T.key_of(problem(4096, 4096, 4096))
+
+
+def test_fp32_keys_time_more_candidates(tmp_cache, monkeypatch):
+    seen = []
+    monkeypatch.setattr(T, "candidates", lambda p, part, limit=None: seen.append(limit) or [C.GemmConfig()])
+    T.tune(G.prepare(torch.randn(8, 8), torch.randn(8, 8)), timer=lambda fn, best: 1.0, store=False)
+    T.tune(G.prepare(torch.randn(8, 8).half(), torch.randn(8, 8).half()), timer=lambda fn, best: 1.0, store=False)
+    assert seen == [T.TUNE_MAX_CANDIDATES_4B, T.TUNE_MAX_CANDIDATES]
 
 
 def test_budget_stops_tuning(tmp_cache, monkeypatch):

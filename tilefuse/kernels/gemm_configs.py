@@ -300,6 +300,140 @@ AMD_SPACE: dict[str, tuple[GemmConfig, ...]] = {
 
 SPACES = {"nvidia": NVIDIA_SPACE, "amd": AMD_SPACE}
 
+# 4-byte inputs (fp32: tf32 tensor cores when torch.backends.cuda.matmul.allow_tf32, exact fp32 otherwise;
+# gemm_launch._input_precision decides, the space serves both). The 2-byte spaces pruned to one config here
+# (T64x64x32, the SAFE_CONFIG: 0.14x cuBLAS tf32 at 4096^3 in runs 3, 5 and 7): their BLOCK_K=64 stages
+# double in bytes. Sized for 4 bytes: BLOCK_K 32 keeps a 128x256 stage at 48 KB (the bf16 128x256x64
+# stage), so 3 stages fit in 227 KB, 4 with the persistent kernel's fp32 TMA store buffer halved (sub2).
+# Cross-compiled for sm_90a (tf32, NN and NT, plain and bias+gelu): no spills, wgmma m64nNk8 tf32;
+# tests/test_gemm_configs.py keeps that true. Layout matters more than for 2-byte types: tf32 wgmma reads
+# B K-major only, so with an N-major B (the plain NN case) the pointer kernels' cp.async writes B
+# transposed into shared memory (4-byte copies) while a TMA-loaded B tile goes through registers to be
+# transposed each K step and the wgmma waits for it (ttgir: local_load + local_alloc, pendings=0);
+# :func:`candidates` puts the pointer configs first there and the TMA ones first for a K-major B (TMA
+# configs not sized for tf32 by a device run yet: the order is a prior, the tuner times 10 of them). The
+# warp-specialised persistent kernel fails to compile for an N-major tf32 B (PassManager, ConvertNVGPUToLLVM)
+# and is offered for a K-major B only.
+NVIDIA_SPACE_4B: dict[str, tuple[GemmConfig, ...]] = {
+    "decode": (
+        # B is the cost (N=K=8192 fp32: 256 MiB, 63 us at 4.23 TB/s); mma.sync at BLOCK_M 16-64
+        C("tiled", DECODE_M, 64, 64, 4, 6, group_m=1, split_k=AUTO_SPLIT),  # 20 KB a stage at M=1
+        C("tiled", DECODE_M, 64, 128, 4, 4, group_m=1, split_k=AUTO_SPLIT),  # 40 KB (64 at M=64: pruned)
+        C("tiled", DECODE_M, 128, 64, 4, 4, group_m=1, split_k=AUTO_SPLIT),
+        C("tiled", DECODE_M, 32, 128, 4, 4, group_m=1, split_k=AUTO_SPLIT),
+        C("tiled", DECODE_M, 64, 128, 4, 3, group_m=1, split_k=AUTO_SPLIT),  # what fits at M=64
+        C("tiled", DECODE_M, 128, 128, 8, 3, group_m=1, split_k=AUTO_SPLIT),
+        # what M=64 keeps on 163 KB parts (sm_80) and with exact fp32 (see fma_fits)
+        C("tiled", DECODE_M, 64, 64, 4, 4, group_m=1, split_k=AUTO_SPLIT),
+        C("tiled", DECODE_M, 64, 32, 4, 6, group_m=1, split_k=AUTO_SPLIT),
+        C("tiled", DECODE_M, 128, 32, 4, 4, group_m=1, split_k=AUTO_SPLIT),
+    ),
+    "skinny": (
+        C("tiled", 64, 128, 32, 4, 4, group_m=8, split_k=AUTO_SPLIT),
+        C("tiled", 128, 128, 32, 8, 4, group_m=8, split_k=AUTO_SPLIT),
+        C("tiled", 64, 256, 32, 4, 4, group_m=8, split_k=AUTO_SPLIT),
+        C("tiled", 64, 128, 64, 4, 3, group_m=8, split_k=AUTO_SPLIT),
+        C("tiled", 64, 128, 32, 4, 4, group_m=8, split_k=AUTO_SPLIT, tma=True),
+        C("persistent", 128, 128, 32, 8, 4, group_m=8, tma=True),
+    ),
+    "small": (
+        C("tiled", 128, 128, 32, 8, 4, group_m=8, split_k=AUTO_SPLIT),
+        C("tiled", 64, 128, 32, 4, 4, group_m=8, split_k=AUTO_SPLIT),
+        C("tiled", 128, 256, 32, 8, 3, group_m=8, split_k=AUTO_SPLIT),
+        C("tiled", 128, 64, 32, 4, 4, group_m=8, split_k=AUTO_SPLIT),
+        C("tiled", 128, 128, 32, 8, 4, group_m=8, split_k=AUTO_SPLIT, tma=True),
+        C("persistent", 128, 128, 32, 8, 4, group_m=8, tma=True),
+    ),
+    "large": (
+        C("tiled", 128, 256, 32, 8, 3, group_m=8),  # 144 KB
+        C("tiled", 128, 128, 32, 8, 4, group_m=8),  # 128 KB
+        C("persistent", 128, 256, 32, 8, 3, group_m=8),
+        C("tiled", 128, 256, 32, 8, 4, group_m=8),  # 192 KB
+        C("tiled", 256, 128, 32, 8, 3, group_m=8),
+        C("persistent", 128, 256, 32, 8, 3, group_m=8, tma=True, epi_subtile=2),  # 144 + 64 KB store buffer
+        C("persistent", 128, 128, 32, 8, 4, group_m=8, tma=True),  # 128 + 64 KB
+        C("tiled", 128, 256, 32, 8, 3, group_m=8, tma=True),
+        C("persistent", 128, 128, 32, 4, 4, group_m=8, tma=True, warp_specialize=True),  # K-major B only
+        # FMA-sized (exact fp32 with a transposed operand keeps no TMA config)
+        C("persistent", 128, 128, 32, 8, 4, group_m=8),
+        C("tiled", 128, 64, 32, 4, 4, group_m=8),
+    ),
+}
+
+
+# AMD CDNA, 4-byte inputs: exact fp32 MFMA (v_mfma_f32_*_f32; Triton asks for no xf32 here). 64 KB LDS
+# holds one stage (num_stages=2): BLOCK_K 32 keeps 256x128 at 48 KB, 128x128 at 32 KB. kpack=1: packing
+# two K steps a lane is for 16-bit inputs. Cross-compiled for gfx90a/gfx942/gfx950: v_mfma, no spills
+# except the split-K 128x128 tile's bias+gelu epilogue on gfx950 (35).
+def A4(kernel, bm, bn, bk, w, **kw) -> GemmConfig:
+    kw.setdefault("waves_per_eu", 2)
+    return GemmConfig(kernel, bm, bn, bk, num_warps=w, num_stages=2, matrix_instr_nonkdim=16, kpack=1, **kw)
+
+
+AMD_SPACE_4B: dict[str, tuple[GemmConfig, ...]] = {
+    "decode": (
+        A4("tiled", DECODE_M, 64, 128, 4, group_m=1, split_k=AUTO_SPLIT, waves_per_eu=0),
+        A4("tiled", DECODE_M, 128, 64, 4, group_m=1, split_k=AUTO_SPLIT, waves_per_eu=0),
+        A4("tiled", DECODE_M, 64, 64, 4, group_m=1, split_k=AUTO_SPLIT),
+    ),
+    "skinny": (
+        A4("tiled", 128, 128, 32, 4, group_m=8, split_k=AUTO_SPLIT),
+        A4("tiled", 64, 128, 32, 4, group_m=8, split_k=AUTO_SPLIT),
+        A4("tiled", 128, 64, 32, 4, group_m=8, split_k=AUTO_SPLIT),
+    ),
+    "small": (
+        A4("tiled", 128, 128, 32, 4, group_m=8, split_k=AUTO_SPLIT),
+        A4("tiled", 64, 128, 32, 4, group_m=8, split_k=AUTO_SPLIT),
+        A4("persistent", 128, 128, 32, 4, group_m=8),
+    ),
+    "large": (
+        A4("tiled", 256, 128, 32, 8, group_m=8),
+        A4("tiled", 128, 128, 32, 4, group_m=8),
+        A4("tiled", 128, 256, 32, 8, group_m=8),  # (256x256x16 spilled ~236 VGPRs with bias+gelu on gfx942)
+        A4("persistent", 256, 128, 32, 8, group_m=8),
+    ),
+}
+
+SPACES_4B = {"nvidia": NVIDIA_SPACE_4B, "amd": AMD_SPACE_4B}
+
+
+def space_of(problem: "GemmProblem", part: "Part") -> tuple[GemmConfig, ...]:
+    """The configs of ``problem``'s shape class for ``part``'s vendor, sized for its input element size."""
+    spaces = SPACES_4B if problem.in_bytes == 4 else SPACES
+    return spaces[part.vendor][problem.shape_class(part.multiprocessors)]
+
+
+def k_major_operands(problem: "GemmProblem") -> bool:
+    """A row-major and B K-contiguous: what tf32 (and 8-bit) wgmma reads from shared memory untransposed."""
+    return not problem.a_t and problem.b_t
+
+
+def fp32_precision(part: "Part") -> str:
+    """How fp32 inputs run on ``part``: "tf32" on NVIDIA when torch allows it
+    (``torch.backends.cuda.matmul.allow_tf32``, the rule of gemm_launch._input_precision), else "ieee"."""
+    if part.vendor != "nvidia":
+        return "ieee"
+    import torch
+
+    return "tf32" if torch.backends.cuda.matmul.allow_tf32 else "ieee"
+
+
+# Exact fp32 on NVIDIA is not a tensor-core dot: Triton lowers an ieee tl.dot to FMAs on operand slices held
+# in registers, so the tile must leave room for them. Cross-compiled for sm_90a (NN/NT/TN, plain and
+# bias+gelu): (BLOCK_M + BLOCK_N) x BLOCK_K / threads <= 48 and an accumulator of <= 64 registers a thread
+# compile without spills (T128x128x32-w8: 186-254 registers, T64x128x32-w4: 166); 128x256 tiles spill
+# 120-600 B, T64x64x128-w4 with bias+gelu 7.6 KB, and TMA tiles of a transposed operand 5-12 KB.
+FMA_MAX_OPERAND_REGS = 48
+FMA_MAX_ACC_REGS = 64
+
+
+def fma_fits(cfg: GemmConfig, problem: "GemmProblem") -> bool:
+    threads = 32 * cfg.num_warps
+    if cfg.tma and (problem.a_t or problem.b_t):
+        return False
+    return ((cfg.block_m + cfg.block_n) * cfg.block_k <= FMA_MAX_OPERAND_REGS * threads
+            and cfg.block_m * cfg.block_n <= FMA_MAX_ACC_REGS * threads)
+
 MAX_SPLIT_K = 16
 MIN_K_TILES_PER_SPLIT = 4  # fewer K steps a split than this and the pipeline never fills
 SPLIT_TARGET_WAVES = 1.0  # aim at about one wave of programs: more waves add tail, fewer leave SMs idle
@@ -388,18 +522,24 @@ def tma_supported() -> bool:
         return False
 
 
-def candidates(problem: GemmProblem, part: Part | None = None, limit: int | None = None) -> list[GemmConfig]:
-    """The configs worth timing for ``problem`` on ``part``, best guess first."""
+def candidates(problem: GemmProblem, part: Part | None = None, limit: int | None = None,
+               precision: str | None = None) -> list[GemmConfig]:
+    """The configs worth timing for ``problem`` on ``part``, best guess first. ``precision`` ("tf32" or
+    "ieee") matters for fp32 inputs on NVIDIA only; None: torch's current setting (:func:`fp32_precision`)."""
     part = part or current_part()
-    space = SPACES[part.vendor][problem.shape_class(part.multiprocessors)]
+    space = space_of(problem, part)
     out: list[GemmConfig] = []
     one_byte = problem.a_dtype.startswith("float8") or problem.a_dtype == "int8"
+    four_byte = problem.in_bytes == 4
+    fma = four_byte and part.vendor == "nvidia" and (precision or fp32_precision(part)) == "ieee"
     hooked = "hook=" in problem.epilogue
     for cfg in space:
         if cfg.tma and not tma_allowed(part):
             cfg = dataclasses.replace(cfg, tma=False)
         if cfg.warp_specialize and not ws_possible(cfg, part, hooked):
             continue
+        if cfg.warp_specialize and four_byte and not k_major_operands(problem):
+            continue  # triton 3.6 fails to compile it (see NVIDIA_SPACE_4B)
         if cfg.kpack > 1 and part.arch == "gfx950":
             cfg = dataclasses.replace(cfg, kpack=1)  # deprecated from gfx950 on (the compiler forces 1)
         cfg = fill_block_m(cfg, problem)
@@ -413,16 +553,24 @@ def candidates(problem: GemmProblem, part: Part | None = None, limit: int | None
             continue
         if not fits_shape(cfg, problem) or smem_estimate(cfg, problem) > part.smem_bytes:
             continue
+        if fma and not fma_fits(cfg, problem):
+            continue
         if cfg not in out:
             out.append(cfg)
+    if four_byte and part.vendor == "nvidia" and not fma:
+        # tf32 wgmma wants its operands K-major: a TMA tile of an N-major B (or M-major A) is transposed
+        # through registers each K step (see NVIDIA_SPACE_4B), so the pointer kernels lead there and the TMA
+        # kernels lead for K-major operands; the order within each group stays the space's
+        tma_first = k_major_operands(problem)
+        out = [c for c in out if c.tma == tma_first] + [c for c in out if c.tma != tma_first]
     if not out:
         out.append(SAFE_CONFIG)
     return out[:limit] if limit else out
 
 
-def default_config(problem: GemmProblem, part: Part | None = None) -> GemmConfig:
+def default_config(problem: GemmProblem, part: Part | None = None, precision: str | None = None) -> GemmConfig:
     """The heuristic choice: the first candidate (used when not tuning)."""
-    return candidates(problem, part, limit=1)[0]
+    return candidates(problem, part, limit=1, precision=precision)[0]
 
 
 def describe_space(problem: GemmProblem, part: Part | None = None) -> str:

@@ -1,0 +1,191 @@
+"""The fp32 (tf32 / exact) GEMM config spaces: what survives pruning, their order, that every candidate runs
+correctly (interpreter: the tiling, masks, TMA and split-K paths at these block sizes; GPU: tf32 numerics),
+and that they cross-compile for sm_90a with wgmma and no spills (slow, in a compile-only child)."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from tests.support import assert_close
+from tilefuse.kernels import gemm as G
+from tilefuse.kernels import gemm_configs as C
+
+H200 = C.Part("nvidia", "sm_90", 132, C.SMEM_BY_ARCH["sm_90"])
+SHAPES = {"decode": (1, 8192, 8192), "skinny": (128, 8192, 8192), "small": (1024, 1024, 1024),
+          "large": (4096, 4096, 4096)}
+
+
+def fp32(m, n, k, *, a_t=False, b_t=False, epilogue="plain", tma=True):
+    return C.GemmProblem(m, n, k, 1, "float32", "float32", "float32", a_t, b_t, tma, epilogue)
+
+
+@pytest.mark.parametrize("cls", list(SHAPES))
+def test_tf32_space_has_real_choices(cls):
+    prob = fp32(*SHAPES[cls])
+    assert prob.shape_class() == cls
+    cands = C.candidates(prob, H200, precision="tf32")
+    assert C.SAFE_CONFIG not in cands
+    assert len(cands) >= 4, [c.label() for c in cands]
+    for cfg in cands:
+        assert C.smem_estimate(cfg, prob) <= H200.smem_bytes
+        assert cfg.block_k * 4 <= 512, "a 4-byte stage sized like a 2-byte one"
+    if cls == "large":
+        # the 2-byte space kept one config here (T64x64x32, 0.14x cuBLAS in runs 3/5/7)
+        assert len(cands) == 10
+        assert any(c.block_m * c.block_n >= 128 * 256 for c in cands)
+        assert any(c.kernel == "persistent" and c.tma for c in cands)
+
+
+def test_tf32_order_follows_the_layout():
+    nn = C.candidates(fp32(4096, 4096, 4096), H200, precision="tf32")
+    nt = C.candidates(fp32(4096, 4096, 4096, b_t=True), H200, precision="tf32")
+    tn = C.candidates(fp32(4096, 4096, 4096, a_t=True), H200, precision="tf32")
+    # N-major B (or M-major A): the pointer kernels first (their cp.async transposes B for tf32 wgmma)
+    for cands in (nn, tn):
+        first_tma = next(i for i, c in enumerate(cands) if c.tma)
+        assert not any(c.tma for c in cands[:first_tma]) and all(c.tma for c in cands[first_tma:])
+    assert nt[0].tma and nt[-1].tma is False
+    # warp specialisation only for K-major operands (an N-major tf32 B fails to compile in triton 3.6)
+    assert any(c.warp_specialize for c in nt)
+    assert not any(c.warp_specialize for c in nn + tn)
+    assert set(nn) <= set(nt)
+
+
+def test_exact_fp32_keeps_fma_sized_tiles():
+    for cls, shape in SHAPES.items():
+        for a_t, b_t in ((False, False), (False, True), (True, False)):
+            prob = fp32(*shape, a_t=a_t, b_t=b_t)
+            cands = C.candidates(prob, H200, precision="ieee")
+            assert cands and C.SAFE_CONFIG not in cands, (cls, a_t, b_t)
+            for cfg in cands:
+                assert C.fma_fits(cfg, prob), cfg.label()
+                assert not (cfg.tma and (a_t or b_t))
+    assert C.default_config(fp32(4096, 4096, 4096), H200, precision="ieee") == \
+        C.GemmConfig("tiled", 128, 128, 32, num_warps=8, num_stages=4)
+    # without an explicit precision, torch's setting decides (as at launch)
+    saved = torch.backends.cuda.matmul.allow_tf32
+    try:
+        torch.backends.cuda.matmul.allow_tf32 = True
+        assert C.fp32_precision(H200) == "tf32"
+        assert len(C.candidates(fp32(4096, 4096, 4096), H200)) == 10
+        torch.backends.cuda.matmul.allow_tf32 = False
+        assert C.fp32_precision(H200) == "ieee"
+        assert C.candidates(fp32(4096, 4096, 4096), H200) == C.candidates(fp32(4096, 4096, 4096), H200,
+                                                                           precision="ieee")
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = saved
+    assert C.fp32_precision(C.PART_BY_TARGET["gfx942"]) == "ieee"
+
+
+@pytest.mark.parametrize("target", ["gfx90a", "gfx942", "gfx950", "sm_80"])
+def test_fp32_spaces_fit_other_parts(target):
+    part = C.PART_BY_TARGET[target]
+    for shape in SHAPES.values():
+        prob = fp32(*shape)
+        cands = C.candidates(prob, part, precision="tf32")
+        assert cands and C.SAFE_CONFIG not in cands, (target, shape)
+        for cfg in cands:
+            assert C.smem_estimate(cfg, prob) <= part.smem_bytes
+            if part.vendor == "amd":
+                assert cfg.kpack == 1 and cfg.num_stages == 2 and not cfg.tma
+
+
+def test_two_byte_spaces_unchanged():
+    bf16 = C.GemmProblem(4096, 4096, 4096, 1, "bfloat16", "bfloat16", "bfloat16", False, False, True, "plain")
+    assert C.space_of(bf16, H200) is C.NVIDIA_SPACE["large"]
+    assert C.default_config(bf16, H200) == C.NVIDIA_SPACE["large"][0]
+
+
+def _interpreter_cases():
+    """Each distinct fp32 candidate (tf32 and exact, every class, NN and NT), on a small problem that still
+    spans several tiles (and K steps), so masks, split-K and the persistent loop all run."""
+    seen = {}
+    for cls, shape in SHAPES.items():
+        for precision in ("tf32", "ieee"):
+            for b_t in (False, True):
+                for cfg in C.candidates(fp32(*shape, b_t=b_t), H200, precision=precision):
+                    key = (cfg, b_t)
+                    if key not in seen:
+                        seen[key] = pytest.param(cfg, b_t, id=f"{cfg.label()}-{'NT' if b_t else 'NN'}")
+    return list(seen.values())
+
+
+@pytest.mark.parametrize("cfg,b_t", _interpreter_cases())
+def test_every_fp32_candidate_is_correct_on_the_interpreter(cfg, b_t):
+    m = min(cfg.block_m + 3, 70) if cfg.block_m <= 16 else cfg.block_m + 5
+    n, k = cfg.block_n + 9, 2 * cfg.block_k * max(1, cfg.split_k) + 7
+    a = torch.randn(m, k)
+    b = torch.randn(n, k).t() if b_t else torch.randn(k, n)
+    bias = torch.randn(n)
+    res = G.gemm_raw(a, b, bias=bias, activation="gelu", config=cfg)
+    ref = torch.nn.functional.gelu(a.double() @ b.double() + bias.double())
+    assert_close(res.out[0], ref, torch.float32, what=cfg.label())
+
+
+_COMPILE_CHILD = r"""
+import json, sys
+from tilefuse import targets
+from tilefuse.kernels import gemm_configs as C, gemm_targets
+rows = []
+for b_t in (False, True):
+    prob = C.GemmProblem(4096, 4096, 4096, 1, "float32", "float32", "float32", False, b_t, True, "plain")
+    for cfg in C.candidates(prob, C.PART_BY_TARGET["sm_90a"], precision="tf32"):
+        fn, ex = gemm_targets.example_for(cfg, "sm_90a", a="fp32", out="fp32", b_t=b_t,
+                                          epilogue={"INPUT_PRECISION": "tf32"})
+        r = targets.compile_example(targets.KernelSpec("gemm_" + cfg.kernel, "gemm", fn, lambda t: [ex]), ex, "sm_90a")
+        rows.append({"label": cfg.label(), "b_t": b_t, "ok": r.ok, "error": r.error, "mma": r.mma,
+                     "spills": r.spills, "shared": r.shared_bytes, "estimate": C.smem_estimate(cfg, prob)})
+print(json.dumps(rows))
+"""
+
+
+@pytest.mark.slow
+def test_tf32_large_candidates_cross_compile_for_sm90a():
+    """wgmma (tf32), no spills, and shared memory within the part and the estimate pruning relies on."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["TILEFUSE_INTERPRET"] = "0"
+    proc = subprocess.run([sys.executable, "-c", _COMPILE_CHILD], capture_output=True, text=True, env=env,
+                          timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert len(rows) == 21
+    for r in rows:
+        assert r["ok"] and r["mma"] == "wgmma", r
+        assert (r["spills"] or 0) <= 8, r  # 8 B: the stack frame every kernel of this family has
+        assert r["shared"] <= H200.smem_bytes and r["shared"] <= r["estimate"], r
+
+
+# ------------------------------------------------------------------------------------------- GPU
+@pytest.mark.gpu
+@pytest.mark.parametrize("layout", ["nn", "nt"])
+@pytest.mark.parametrize("cls", list(SHAPES))
+def test_every_tf32_candidate_is_correct_on_the_gpu(cls, layout):
+    from tests.support import TF32_TOLERANCE, TOLERANCE
+    from tilefuse.kernels import gemm_tuning as T
+
+    m, n, k = {"decode": (16, 4096, 4096), "skinny": (128, 4096, 4096), "small": (1024, 1024, 1024),
+               "large": (4096, 4096, 1024)}[cls]
+    a = torch.randn(m, k, device="cuda")
+    b = torch.randn(n, k, device="cuda").t() if layout == "nt" else torch.randn(k, n, device="cuda")
+    ref = a.double() @ b.double()
+    saved = torch.backends.cuda.matmul.allow_tf32
+    try:
+        for precision in ("tf32", "ieee"):
+            torch.backends.cuda.matmul.allow_tf32 = precision == "tf32"
+            ops = G.prepare(a, b)
+            assert ops.problem.shape_class() == cls
+            cfgs = C.candidates(ops.problem, precision=precision)
+            failed = T.compile_all(ops, cfgs)
+            assert not failed, failed
+            for cfg in cfgs:
+                out = torch.full((m, n), float("nan"), device="cuda")
+                G.launch(G.prepare(a, b, out=out), cfg)  # no fallback: a config that cannot launch fails here
+                tol = TF32_TOLERANCE if precision == "tf32" else TOLERANCE[torch.float32]
+                assert_close(out, ref, torch.float32, tol=tol, what=f"{precision} {cfg.label()}")
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = saved
