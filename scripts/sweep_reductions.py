@@ -3,7 +3,7 @@
 GPU (an H200 image: system python, PYTHONPATH=checkout, nothing installed):
 
     python scripts/sweep_reductions.py [--graphs layer_norm,rms_norm,...] [--settings default,run5,...]
-                                       [--budget-s 110] [--json out.json]
+                                       [--budget-s 70] [--json out.json]
 
 compiles layer_norm / rms_norm / gelu_chain / residual_layer_norm fwd+bwd at 32768 x 4096 bf16 under each
 setting (and Inductor once), checks every output and gradient against float32 eager (the bench's rule), and
@@ -39,22 +39,31 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 START = time.monotonic()
 GRAPHS = ("layer_norm", "rms_norm", "gelu_chain", "residual_layer_norm")
 
-# name -> (codegen.tuning(**overrides), the graphs it can change or None for all); in priority order (the
-# budget cuts the tail). Inductor runs right after the first setting.
+# name -> (codegen.tuning(**overrides), the graphs it can change or None for all). Inductor runs right after
+# the first setting. DEFAULT_SETTINGS (run with no --settings, ~45 s) are the default, its run 7 predecessor
+# and the two load-order alternatives; the rest are reachable with --settings.
 NORMS = ("layer_norm", "rms_norm", "residual_layer_norm")
 SETTINGS = {
     "default": ({}, None),
+    # run 7's defaults (benchmarks/results/run7/sweep_reductions.json "default"): column steps 256 x 16 at
+    # warps() (16), a first stage of <= 256 rows persistent whatever its programs, row-loop loads where first
+    # used (after a tl.sum), 8 x 128 pointwise tiles
+    "run7_default": (dict(outer_xblock=256, outer_rblock=16, outer_warps=0, outer_persistent_max_waves=1 << 30,
+                          rowloop_loads_first=False, tile_contiguous_xblock=128), None),
+    "no_loads_first": (dict(rowloop_loads_first=False), ("layer_norm", "residual_layer_norm")),
+    "loads_first_all": (dict(persistent_loads_first=True), NORMS),
     # run 5's choices: 64 chunks of 512 rows, first stages as separate persistent kernels (8 columns x 512
-    # rows), no fusion of a first stage into a sibling: should reproduce run 5's profile
+    # rows), no fusion of a first stage into a sibling: reproduced run 5's profile in run 7
     "run5": (dict(columns_into_rows=False, split_siblings=False, split_outer_chunks=1, outer_persistent_max_r=8192,
-                  outer_run_bytes=1), None),
-    # separate first-stage kernels in the new column forms (what the fusions alone are worth)
+                  outer_persistent_max_waves=1 << 30, outer_run_bytes=1), None),
+    # separate first-stage kernels in the column forms (what the fusions alone are worth)
     "no_fusion": (dict(columns_into_rows=False, split_siblings=False), None),
-    # column kernels loop over 256 x 16 steps instead of holding a 128-row chunk (second stages loop too)
-    "cols_looped": (dict(outer_persistent_max_r=64), ("gelu_chain", "layer_norm")),
-    "cols_looped_64x8_w4": (dict(outer_persistent_max_r=64, outer_xblock=64, outer_rblock=8, outer_warps=4),
-                            ("gelu_chain",)),
-    "cols_looped_w8": (dict(outer_persistent_max_r=64, outer_warps=8), ("gelu_chain",)),
+    # gelu's fused column kernel: persistent (run 7: 744 us), 256 x 16 steps (547), 8 warps a 64 x 8 step
+    "cols_persistent": (dict(outer_persistent_max_waves=1 << 30), ("gelu_chain",)),
+    "cols_256x16": (dict(outer_xblock=256, outer_rblock=16, outer_warps=0), ("gelu_chain",)),
+    "cols_w8": (dict(outer_warps=8), ("gelu_chain",)),
+    "cols_64x16": (dict(outer_rblock=16), ("gelu_chain",)),
+    "tiles_8x128": (dict(tile_contiguous_xblock=128), ("gelu_chain",)),
     "rowloop_8warps": (dict(rowloop_warps=8), NORMS),
     "rowloop_2rows": (dict(rowloop_rows=2), NORMS),
     "chunks_512": (dict(split_outer_chunks=512), None),
@@ -62,6 +71,7 @@ SETTINGS = {
     "rowloop_stages2": (dict(num_stages=2), NORMS),
     "no_rowloop": (dict(columns_into_rows=False), ("layer_norm", "rms_norm")),
 }
+DEFAULT_SETTINGS = ("default", "run7_default", "no_loads_first", "loads_first_all")
 # (rowloop_rows=4 spills on sm_90: 128 registers and 232 bytes of stack, --inspect)
 
 PROFILE_STEPS = 5
@@ -345,8 +355,8 @@ def run_inspect(opts) -> int:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--graphs", default=",".join(GRAPHS))
-    p.add_argument("--settings", default=",".join(SETTINGS))
-    p.add_argument("--budget-s", type=float, default=100.0,
+    p.add_argument("--settings", default=",".join(DEFAULT_SETTINGS), help=f"of {', '.join(SETTINGS)}")
+    p.add_argument("--budget-s", type=float, default=70.0,
                    help="seconds from the start after which no new measurement starts (watchdog: +20 s)")
     p.add_argument("--rows", type=int, default=32768)
     p.add_argument("--cols", type=int, default=4096)

@@ -186,6 +186,68 @@ def test_outer_reduction_forms_on_the_gpu_target(gpu_forms):
     assert gpu_forms == ["looped"], gpu_forms
 
 
+@pytest.fixture
+def gpu_kernels(gpu_forms, monkeypatch):
+    """gpu_forms, keeping the generated KernelSources."""
+    kernels: list = []
+    planned = codegen.generate
+
+    def generate(group, sched, target=None):
+        ks = planned(group, sched, target)
+        kernels.append(ks)
+        return ks
+
+    monkeypatch.setattr(codegen, "generate", generate)
+    return kernels
+
+
+def test_column_first_stage_with_many_programs_loops_and_second_stage_stays_persistent(gpu_kernels):
+    """Run 7: a first stage with many column programs (16384 at 32768 x 4096) ran 744 us persistent, 332
+    looped at 64 x 8 with 4 warps; a second stage (few programs) stays persistent. 1000 x 300 in 8 chunks:
+    38 first-stage programs against a threshold of 0.1 x 132 SMs, 5 second-stage ones."""
+    with codegen.tuning(outer_persistent_max_waves=0.1):
+        _check(gelu_chain, _mats(1000, 300, 1, 2))
+    backward = [k for k in gpu_kernels[1:] if k.form in ("looped", "persistent")]
+    assert [k.form for k in backward] == ["looped", "persistent", "persistent"], [k.form for k in backward]
+    first = backward[0]
+    blocks = dict(first.constexprs)  # 38 programs < 132 SMs: the columns a program halve (to 32)
+    assert blocks["RBLOCK"] == codegen.OUTER_RBLOCK and blocks["XBLOCK"] in (32, codegen.OUTER_XBLOCK), blocks
+    assert first.num_warps == codegen.OUTER_WARPS
+
+
+def _loads_before_first_sum(source: str) -> bool:
+    lines = source.splitlines()
+    loop = next(k for k, line in enumerate(lines) if line.lstrip().startswith("for xoffset"))
+    body = lines[loop:]
+    first_sum = next(k for k, line in enumerate(body) if "tl.sum(" in line)
+    return all(k < first_sum for k, line in enumerate(body) if "tl.load(" in line)
+
+
+@pytest.mark.parametrize("first", [True, False])
+def test_row_loop_issues_its_loads_before_the_first_reduction(gpu_kernels, first):
+    """A residual norm's backward reads dh only for dx, after both row sums: issued after a tl.sum its load
+    waits for the sum's barriers (two memory latencies a step). rowloop_loads_first issues it first."""
+    with codegen.tuning(rowloop_loads_first=first):
+        _check(residual_layer_norm, _mats(200, 67, 2, 2))
+    rowloop = [k for k in gpu_kernels if k.form == "rowloop"]
+    assert len(rowloop) == 1
+    assert _loads_before_first_sum(rowloop[0].source) == first
+
+
+@pytest.mark.parametrize("transposed", [False, True])
+def test_tiled_pointwise_takes_whole_rows_unless_an_operand_is_transposed(gpu_kernels, transposed):
+    """gelu(x + b) * s broadcasts b and s along rows (the tiled form): rows of up to TILE_ELEMS columns so
+    that b and s are laid out like x; a transposed x keeps 128-column tiles of several rows."""
+    x, b, s = _mats(64, 300, 1, 2, transposed=transposed)
+    with torch.no_grad(), strict():
+        got = torch.compile(gelu_chain, backend="tilefuse")(x, b, s)
+    assert_close(got, gelu_chain(x.double(), b.double(), s.double()), torch.float32)
+    tiled = [k for k in gpu_kernels if k.form == "tiled"]
+    assert len(tiled) == 1, [k.form for k in gpu_kernels]
+    blocks = dict(tiled[0].constexprs)
+    assert blocks["XBLOCK"] == (128 if transposed else 512) and blocks["XBLOCK"] * blocks["YBLOCK"] <= 1024
+
+
 def test_tuning_rejects_unknown_settings_and_restores():
     before = dict(codegen.TUNING)
     with pytest.raises(ValueError, match="outer_xblock"):

@@ -54,19 +54,28 @@ LOOPED_RBLOCK = 2048
 # Reductions over a non-contiguous dim (column sums): OUTER_XBLOCK contiguous columns x OUTER_RBLOCK rows a step.
 # Device run 3 profiled 64 x 64 at ~0.5 TB/s on a layer norm's weight gradient (128-byte pieces of 64 rows a
 # step); 256 columns (512 contiguous bytes of bf16) x 16 rows keeps the step's 4096 elements in longer runs.
-OUTER_XBLOCK = 256
-OUTER_RBLOCK = 16
+# Device run 7 (benchmarks/results/run7/sweep_reductions.json): gelu's backward column kernel (dx and the bias
+# partials over 256 chunks of 128 rows, 16384 programs) ran 744 us persistent (64 x 128, 16 warps, 76
+# registers: one program an SM), 547 us looped at 256 x 16 (16 warps), 332 us looped at 64 x 8 with 4 warps
+# (40 registers, many programs an SM: one program's reduction and stores overlap the others' loads).
+OUTER_XBLOCK = 64
+OUTER_RBLOCK = 8
+OUTER_WARPS = 4
+# The columns a program counts as for the split decision (lowering_reductions.split_factor): the 256-column
+# 16-warp program the split thresholds were set with, so the narrower 4-warp step does not change them.
+OUTER_SPLIT_XBLOCK = 256
 MAX_WARPS = 16
 # The interpreter runs each program in Python over numpy blocks: fewer, larger programs run faster.
 INTERP_BLOCK = 16384
 INTERP_PERSISTENT_MAX_R = 65536
+INTERP_OUTER_XBLOCK = 256
 
 # Performance choices of the GPU forms, overridable for a sweep (scripts/sweep_reductions.py) with
 # :func:`tuning`; the scheduler's fusion switches live in ``scheduler.TUNING`` and are set by the same call.
 # Block sizes and warps are launch parameters, not kernel text: a setting changes no cache key, but
 # split_outer_* change the IR (the partial buffer's shape), so the kernels' text too.
 TUNING = {
-    # column (outer) reductions: columns x rows a step (contiguous columns: 256 bf16 = 512 bytes a row)
+    # column (outer) reductions: columns x rows a step (contiguous columns: 64 bf16 = 128 bytes a row)
     "outer_xblock": OUTER_XBLOCK,
     "outer_rblock": OUTER_RBLOCK,
     # fewer column programs than SMs: halve the columns a program (down to this) for more programs
@@ -76,14 +85,24 @@ TUNING = {
     # split's stage 1 over 512 rows ran persistent as 8 columns x 512 rows (16 contiguous bytes a row), 457
     # us for 512 MB where Inductor's looped form moved 256 MB in 64 us.
     "outer_persistent_max_r": 256,
+    # ... and has at most this many programs (at outer_xblock columns) per SM: a split's second stage (4096
+    # columns: 64 programs, latency-bound, all loads at once: 2.5 us in run 7 against 6.8 looped); a first
+    # stage (4096 columns x 256 chunks: 16384 programs) loops, many small programs an SM (run 7: 744 -> 332 us)
+    "outer_persistent_max_waves": 4,
     # a persistent column reduction covers at least this many contiguous bytes of each row
     "outer_run_bytes": 128,
-    "outer_warps": 0,  # 0: from the step's elements (warps())
+    "outer_warps": OUTER_WARPS,  # of the looped column form (0: from the step's elements, warps())
     # rows x columns kernels that also reduce columns (a norm's backward with its weight/bias partial sums):
     # rows a step of the loop over a program's row chunk, and warps (0: from the step's elements)
     "rowloop_rows": 1,
     "rowloop_warps": 0,
     "num_stages": 1,  # Triton software pipelining of the looped forms' loads
+    # issue a step's loads before its first reduction (row-loop form; the persistent form)
+    "rowloop_loads_first": True,
+    # tiled pointwise form with no transposed operand: columns a tile (rows: TILE_ELEMS // this); 128 was
+    # the tile before run 7's sweep (8 x 128)
+    "tile_contiguous_xblock": TILE_ELEMS,
+    "persistent_loads_first": False,
 }
 
 
@@ -510,8 +529,11 @@ class KernelWriter:
             if g.columns:
                 self.form = "rowloop"
             elif self.form == "persistent" and not self.target.interpreter and \
-                    next_pow2(rnumel) > TUNING["outer_persistent_max_r"] and self.r_is_outer():
-                # a persistent column reduction holds few columns of many rows: short runs of memory
+                    self.r_is_outer() and (next_pow2(rnumel) > TUNING["outer_persistent_max_r"] or
+                                           -(-xnumel // TUNING["outer_xblock"]) >
+                                           TUNING["outer_persistent_max_waves"] * self.target.multiprocessors):
+                # a persistent column reduction holds few columns of many rows: short runs of memory; with
+                # many column programs the looped form's small programs keep more loads in flight
                 self.form = "looped"
         else:
             self.form = "pointwise"
@@ -554,6 +576,22 @@ class KernelWriter:
                         count += 1
         return count
 
+    def x_contiguous_tile(self) -> bool:
+        """Tiled form: True when each load's and store's offset steps by 0 or 1 element along the last dim
+        (no transposed operand, which wants a tile of several rows to read its columns in runs)."""
+        for r, body in self.g.bodies:
+            offs = [self.physical(ld.buffer, ld.index) for ld in ir.loads(body)]
+            if r in self.g.stores:
+                offs.append(self.physical(r, self.positions[r]))
+            for off in offs:
+                for atom, coef in off.terms:
+                    if isinstance(atom, ir.Var):
+                        if atom.name == "xindex" and coef != 1:
+                            return False
+                    elif not isinstance(atom, ir.DivMod) or "xindex" in atom.inner.free_vars():
+                        return False  # a gather, or a division of the column index
+        return True
+
     def tiled_map(self, space) -> dict:
         outer = space[:-1]
         ys = ir.unravel(ir.var_index("yindex", math.prod(outer)), outer)
@@ -594,7 +632,17 @@ class KernelWriter:
             self.named_size("xnumel", inner)
             self.named_size("ynumel", outer)
             cap = INTERP_BLOCK if t.interpreter else TILE_ELEMS
-            xb = min(next_pow2(inner), cap if t.interpreter else 128)
+            if t.interpreter:
+                xb = min(next_pow2(inner), cap)
+            elif self.x_contiguous_tile():
+                # every operand is contiguous or broadcast along the last dim (a bias, a scale): rows of up to
+                # TILE_ELEMS columns, so a broadcast [1, XBLOCK] operand is laid out like the tile (8
+                # contiguous elements a thread, one 16-byte load) instead of 1 a thread and a shared-memory
+                # layout conversion (an 8 x 128 tile: 2048 bytes of shared memory and barriers in gelu_chain's
+                # forward, 0.245 ms vs Inductor's flat 0.224 in run 7)
+                xb = min(next_pow2(inner), int(TUNING["tile_contiguous_xblock"]))
+            else:
+                xb = min(next_pow2(inner), 128)
             yb = max(1, min(next_pow2(outer), cap // xb))
             top.lines += ["    pid = tl.program_id(0)" + cast64,
                           "    xblocks = tl.cdiv(xnumel, XBLOCK)",
@@ -629,8 +677,8 @@ class KernelWriter:
         outer = self.r_is_outer()
         warps = 0
         if outer and t.interpreter:
-            rb = min(next_pow2(rnumel), INTERP_BLOCK // OUTER_XBLOCK)
-            xb = min(next_pow2(xnumel), OUTER_XBLOCK)
+            rb = min(next_pow2(rnumel), INTERP_BLOCK // INTERP_OUTER_XBLOCK)
+            xb = min(next_pow2(xnumel), INTERP_OUTER_XBLOCK)
         elif outer:
             rb = min(next_pow2(rnumel), TUNING["outer_rblock"])
             xb = min(next_pow2(xnumel), TUNING["outer_xblock"])
@@ -832,6 +880,14 @@ class KernelWriter:
 
     def emit_reduction_persistent(self, top: _Scope, columns: Optional[dict] = None):
         """Whole rows in registers; ``columns`` (row-loop form): column roots' accumulators, added to here."""
+        if TUNING["rowloop_loads_first" if columns is not None else "persistent_loads_first"]:
+            # every load that needs no reduction's value is issued before the first reduction: a load
+            # written after a tl.sum waits for it (its barriers), so its memory latency was not overlapped
+            # with the first loads' (a residual norm backward's dh, a norm's mean and rstd)
+            for r in self.g.roots:
+                for ld in ir.loads(self.bodies[r]):
+                    if not _locals(ld):
+                        self.expr(ld, top)
         for r in self.g.roots:
             node = self.table[r]
             if columns and r in columns:

@@ -13,7 +13,7 @@ import math
 import torch
 
 from . import ir
-from . import codegen  # TUNING["outer_xblock"]: the columns a program of an outer (column) reduction covers
+from . import codegen  # OUTER_SPLIT_XBLOCK: the columns a program of an outer (column) reduction counts as
 from . import primitives as P
 from .lowering import TV, LoweringError, aten, ints, norm_dim, plain, register
 
@@ -49,8 +49,9 @@ def row_index(vars_, out_dims) -> tuple[ir.Index, ...]:
 # layer norm's backward (4096 outputs over 32768 rows) are 16 programs of 256 columns, each looping over every
 # row. Such a reduction is written as two: stage 1 reduces ``S`` chunks of the rows into an fp32 [S, outputs]
 # buffer (S x more programs), stage 2 reduces the S partials (and takes the epilogue). "Programs" counts what
-# the code generator launches: one a row for an innermost reduction, one per codegen.TUNING["outer_xblock"]
-# outputs for an outer one.
+# the code generator launches: one a row for an innermost reduction, one per codegen.OUTER_SPLIT_XBLOCK
+# outputs for an outer one (256: the 16-warp column program these thresholds were set with; the 4-warp
+# 64-column program of run 7 is a quarter of one).
 SPLIT_MIN_R = 8192  # rows shorter than this are not split
 SPLIT_MAX_PROGRAMS = 256  # a reduction with at least this many programs (about 2 per SM) is not split
 SPLIT_TARGET_PROGRAMS = 1024  # stage 1 aims at this many programs
@@ -74,7 +75,7 @@ def split_factor(space, reduced, kind: str) -> int:
     if rsize < SPLIT_MIN_R:
         return 1
     inner = (len(space) - 1) in reduced
-    programs = xnumel if inner else -(-xnumel // codegen.TUNING["outer_xblock"])
+    programs = xnumel if inner else -(-xnumel // codegen.OUTER_SPLIT_XBLOCK)
     if programs >= SPLIT_MAX_PROGRAMS:
         return 1
     limit = min(SPLIT_TARGET_PROGRAMS // max(programs, 1), rsize // SPLIT_MIN_CHUNK)
