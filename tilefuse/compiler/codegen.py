@@ -12,8 +12,9 @@ Kernel shapes:
 * **reduction, looped**: longer rows loop over ``RBLOCK`` chunks, one loop per dependent reduction stage
   (e.g. max, then sum of exp(x - max), then the output), recomputing cheap pointwise values per loop.
   A reduction over a non-contiguous dim (column sums, a split's first stage) steps over
-  ``outer_xblock`` contiguous columns x ``outer_rblock`` rows; a short one (up to ``outer_persistent_max_r``
-  rows: a split's second stage) is persistent with at least ``outer_run_bytes`` of each row a program.
+  ``outer_xblock`` contiguous columns x ``outer_rblock`` rows with ``outer_warps``; a short one with few
+  programs (up to ``outer_persistent_max_r`` rows and ``outer_persistent_max_waves`` programs an SM: a
+  split's second stage) is persistent with at least ``outer_run_bytes`` of each row a program.
 * **reduction, row loop**: a row reduction group that also computes column roots (a split column
   reduction's first stage, scheduler ``columns_into_rows``: a norm backward's weight and bias gradients):
   one program a chunk of rows, the persistent form in a loop over the chunk, column partials accumulated
