@@ -269,9 +269,9 @@ NVIDIA_SPACE: dict[str, tuple[GemmConfig, ...]] = {
 
 # AMD CDNA (ROCm tuning guidance: num_stages=2 for GEMMs, matrix_instr_nonkdim=16, kpack=2 for 16-bit
 # inputs, waves_per_eu 2 to leave room for two waves a SIMD). 64 KB LDS on gfx90a/gfx942.
-def A(kernel, bm, bn, bk, w, **kw) -> GemmConfig:
+def A(kernel, bm, bn, bk, w, kpack=2, **kw) -> GemmConfig:
     kw.setdefault("waves_per_eu", 2)
-    return GemmConfig(kernel, bm, bn, bk, num_warps=w, num_stages=2, matrix_instr_nonkdim=16, kpack=2, **kw)
+    return GemmConfig(kernel, bm, bn, bk, num_warps=w, num_stages=2, matrix_instr_nonkdim=16, kpack=kpack, **kw)
 
 
 AMD_SPACE: dict[str, tuple[GemmConfig, ...]] = {
@@ -366,8 +366,7 @@ NVIDIA_SPACE_4B: dict[str, tuple[GemmConfig, ...]] = {
 # two K steps a lane is for 16-bit inputs. Cross-compiled for gfx90a/gfx942/gfx950: v_mfma, no spills
 # except the split-K 128x128 tile's bias+gelu epilogue on gfx950 (35).
 def A4(kernel, bm, bn, bk, w, **kw) -> GemmConfig:
-    kw.setdefault("waves_per_eu", 2)
-    return GemmConfig(kernel, bm, bn, bk, num_warps=w, num_stages=2, matrix_instr_nonkdim=16, kpack=1, **kw)
+    return A(kernel, bm, bn, bk, w, kpack=1, **kw)
 
 
 AMD_SPACE_4B: dict[str, tuple[GemmConfig, ...]] = {
