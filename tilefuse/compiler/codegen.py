@@ -567,30 +567,30 @@ class KernelWriter:
     def divmod_count(self, inner_only: bool = False) -> int:
         """DivMod atoms in the group's memory offsets (each costs a division a element in the flat form)."""
         count = 0
-        for r, body in self.g.bodies:
-            offs = [self.physical(ld.buffer, ld.index) for ld in ir.loads(body)]
-            if r in self.g.stores:
-                offs.append(self.physical(r, self.positions[r]))
-            for off in offs:
-                for atom, _ in off.terms:
-                    if isinstance(atom, ir.DivMod) and (not inner_only or "xindex" in atom.inner.free_vars()):
-                        count += 1
+        for off in self.memory_offsets():
+            for atom, _ in off.terms:
+                if isinstance(atom, ir.DivMod) and (not inner_only or "xindex" in atom.inner.free_vars()):
+                    count += 1
         return count
+
+    def memory_offsets(self):
+        """The physical offset of every load and store of the group."""
+        for r, body in self.g.bodies:
+            for ld in ir.loads(body):
+                yield self.physical(ld.buffer, ld.index)
+            if r in self.g.stores:
+                yield self.physical(r, self.positions[r])
 
     def x_contiguous_tile(self) -> bool:
         """Tiled form: True when each load's and store's offset steps by 0 or 1 element along the last dim
         (no transposed operand, which wants a tile of several rows to read its columns in runs)."""
-        for r, body in self.g.bodies:
-            offs = [self.physical(ld.buffer, ld.index) for ld in ir.loads(body)]
-            if r in self.g.stores:
-                offs.append(self.physical(r, self.positions[r]))
-            for off in offs:
-                for atom, coef in off.terms:
-                    if isinstance(atom, ir.Var):
-                        if atom.name == "xindex" and coef != 1:
-                            return False
-                    elif not isinstance(atom, ir.DivMod) or "xindex" in atom.inner.free_vars():
-                        return False  # a gather, or a division of the column index
+        for off in self.memory_offsets():
+            for atom, coef in off.terms:
+                if isinstance(atom, ir.Var):
+                    if atom.name == "xindex" and coef != 1:
+                        return False
+                elif not isinstance(atom, ir.DivMod) or "xindex" in atom.inner.free_vars():
+                    return False  # a gather, or a division of the column index
         return True
 
     def tiled_map(self, space) -> dict:
@@ -749,18 +749,8 @@ class KernelWriter:
         w = elems // (self.target.warp_size * ELEMS_PER_THREAD)
         return int(min(max(next_pow2(max(w, 1)), 1), MAX_WARPS if self.target.warp_size == 32 else MAX_WARPS // 2))
 
-    def biggest_itemsize(self) -> int:
-        best, size = -1, 4
-        for _, body in self.g.bodies:
-            for ld in ir.loads(body):
-                meta = ir.node_meta(self.table[ld.buffer], ld.buffer)
-                b = math.prod(meta.shape) * meta.dtype.itemsize if meta.shape else 0
-                if b > best:
-                    best, size = b, meta.dtype.itemsize
-        return size
-
-    def r_is_outer(self) -> bool:
-        """True when the reduced dims are not the contiguous ones of the biggest input (column sums)."""
+    def biggest_load(self):
+        """The load of the group's biggest input (the first of equals), or None when it loads nothing."""
         best, best_bytes = None, -1
         for _, body in self.g.bodies:
             for ld in ir.loads(body):
@@ -768,6 +758,15 @@ class KernelWriter:
                 b = math.prod(meta.shape) * meta.dtype.itemsize if meta.shape else 0
                 if b > best_bytes:
                     best, best_bytes = ld, b
+        return best
+
+    def biggest_itemsize(self) -> int:
+        ld = self.biggest_load()
+        return 4 if ld is None else ir.node_meta(self.table[ld.buffer], ld.buffer).dtype.itemsize
+
+    def r_is_outer(self) -> bool:
+        """True when the reduced dims are not the contiguous ones of the biggest input (column sums)."""
+        best = self.biggest_load()
         if best is None:
             return False
         off = self.physical(best.buffer, best.index)
