@@ -25,7 +25,7 @@ import torch
 import triton
 
 from .. import device
-from .launcher import Direct, current_stream, hooks_installed, scratch_pointer, stream_buffer  # noqa: F401
+from .launcher import Direct, current_stream, hooks_installed, stream_buffer  # current_stream, stream_buffer: also L.* in gemm_plan
 from .gemm import gemm_persistent_kernel, gemm_tiled_kernel, quantize_rows_kernel
 from .gemm_checks import TMA_ALIGN, Operands, fp8_grid, qmax
 from .gemm_configs import GemmConfig, current_part, ws_possible

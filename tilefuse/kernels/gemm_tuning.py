@@ -33,6 +33,7 @@ import os
 import sys
 import threading
 import time
+from statistics import median
 from typing import Callable, Sequence
 
 from .. import config as tf_config
@@ -337,12 +338,6 @@ def finalists(times: dict[GemmConfig, float]) -> list[GemmConfig]:
     best = ranked[0][0]
     close = [c for ms, _, c in ranked if ms <= TUNE_CLOSE * best][:TUNE_FINAL_MAX]
     return close if len(close) > 1 else []
-
-
-def median(values: Sequence[float]) -> float:
-    v = sorted(values)
-    mid = len(v) // 2
-    return v[mid] if len(v) % 2 else 0.5 * (v[mid - 1] + v[mid])
 
 
 def run_final(close: Sequence[GemmConfig], first: dict[GemmConfig, float],
