@@ -5,7 +5,8 @@ GPU (an H200 image: system python, PYTHONPATH=checkout, nothing installed):
     python scripts/sweep_reductions.py [--graphs layer_norm,rms_norm,...] [--settings default,run5,...]
                                        [--budget-s 70] [--json out.json]
 
-compiles layer_norm / rms_norm / gelu_chain / residual_layer_norm fwd+bwd at 32768 x 4096 bf16 under each
+compiles the given compiler-suite graphs (default: layer_norm / rms_norm / gelu_chain / residual_layer_norm
+fwd+bwd; any case of tilefuse.bench.compiler_suite, forward-only or ``*_fwd_bwd``) at 32768 x 4096 bf16 under each
 setting (and Inductor once), checks every output and gradient against float32 eager (the bench's rule), and
 prints per setting the step time (CUDA events, median of 3 rounds of 10 steps) and each kernel's CUDA time
 (torch.profiler, 5 steps). Settings run in the order given (a setting only on the graphs it can change),
@@ -18,8 +19,8 @@ CPU (no GPU needed):
 
     python scripts/sweep_reductions.py --inspect [--graphs ...] [--settings ...] [--source] [--rows N]
 
-plans the same graphs for an H200-like target from fake tensors (nothing runs), prints each backward
-kernel's form, grid, blocks and warps, and cross-compiles it for sm_90 (registers and spills from
+plans the same graphs for an H200-like target from fake tensors (nothing runs), prints each forward and
+backward kernel's form, grid, blocks and warps, and cross-compiles it for sm_90 (registers and spills from
 cuobjdump); ``--source`` prints the kernels.
 """
 from __future__ import annotations
@@ -37,12 +38,21 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 START = time.monotonic()
-GRAPHS = ("layer_norm", "rms_norm", "gelu_chain", "residual_layer_norm")
+# graphs are the compiler suite's cases (tilefuse.bench.compiler_suite.GRAPHS): a forward-only case or a
+# "<name>_fwd_bwd" one; the default is the four fwd+bwd graphs whose backward reduces columns
+GRAPHS = ("layer_norm_fwd_bwd", "rms_norm_fwd_bwd", "gelu_chain_fwd_bwd", "residual_layer_norm_fwd_bwd")
 
 # name -> (codegen.tuning(**overrides), the graphs it can change or None for all). Inductor runs right after
 # the first setting. DEFAULT_SETTINGS (run with no --settings, ~45 s) are the default, its run 7 predecessor
 # and the two load-order alternatives; the rest are reachable with --settings.
-NORMS = ("layer_norm", "rms_norm", "residual_layer_norm")
+NORMS = ("layer_norm_fwd_bwd", "rms_norm_fwd_bwd", "residual_layer_norm_fwd_bwd")
+GELU = ("gelu_chain_fwd_bwd",)
+# graphs whose kernels include a row reduction in the persistent form (rows of <= PERSISTENT_MAX_R), and the
+# looped form (cross-entropy's 32000-wide rows)
+ROWS = ("softmax", "log_softmax", "layer_norm", "rms_norm", "softmax_layer_norm", "residual_layer_norm",
+        "softmax_fwd_bwd", "log_softmax_fwd_bwd", "layer_norm_fwd_bwd", "rms_norm_fwd_bwd",
+        "residual_layer_norm_fwd_bwd", "layer_norm_gelu_fwd_bwd")
+LONG_ROWS = ("cross_entropy", "cross_entropy_fwd_bwd")
 SETTINGS = {
     "default": ({}, None),
     # run 7's defaults (benchmarks/results/run7/sweep_reductions.json "default"): column steps 256 x 16 at
@@ -59,17 +69,31 @@ SETTINGS = {
     # separate first-stage kernels in the column forms (what the fusions alone are worth)
     "no_fusion": (dict(columns_into_rows=False, split_siblings=False), None),
     # gelu's fused column kernel: persistent (run 7: 744 us), 256 x 16 steps (547), 8 warps a 64 x 8 step
-    "cols_persistent": (dict(outer_persistent_max_waves=1 << 30), ("gelu_chain",)),
-    "cols_256x16": (dict(outer_xblock=256, outer_rblock=16, outer_warps=0), ("gelu_chain",)),
-    "cols_w8": (dict(outer_warps=8), ("gelu_chain",)),
-    "cols_64x16": (dict(outer_rblock=16), ("gelu_chain",)),
-    "tiles_8x128": (dict(tile_contiguous_xblock=128), ("gelu_chain",)),
+    "cols_persistent": (dict(outer_persistent_max_waves=1 << 30), GELU),
+    "cols_256x16": (dict(outer_xblock=256, outer_rblock=16, outer_warps=0), GELU),
+    "cols_w8": (dict(outer_warps=8), GELU),
+    "cols_64x16": (dict(outer_rblock=16), GELU),
+    "tiles_8x128": (dict(tile_contiguous_xblock=128), GELU),
     "rowloop_8warps": (dict(rowloop_warps=8), NORMS),
     "rowloop_2rows": (dict(rowloop_rows=2), NORMS),
     "chunks_512": (dict(split_outer_chunks=512), None),
     "chunks_128": (dict(split_outer_chunks=128, rowloop_min_programs=128), None),
     "rowloop_stages2": (dict(num_stages=2), NORMS),
-    "no_rowloop": (dict(columns_into_rows=False), ("layer_norm", "rms_norm")),
+    "no_rowloop": (dict(columns_into_rows=False), ("layer_norm_fwd_bwd", "rms_norm_fwd_bwd")),
+    # row reductions, persistent form: elements a thread (default 8: 16 warps for a 4096-wide row) and
+    # elements a program (default 4096: one such row a program)
+    "rows_t16": (dict(persistent_thread_elems=16), ROWS),                          # 8 warps a row
+    "rows_t32": (dict(persistent_thread_elems=32), ROWS),                          # 4 warps a row
+    "rows_t32_x2": (dict(persistent_thread_elems=32, persistent_elems=8192), ROWS),  # 2 rows, 8 warps
+    "rows_t16_x2": (dict(persistent_thread_elems=16, persistent_elems=8192), ROWS),  # 2 rows, 16 warps
+    "rows_t64_x2": (dict(persistent_thread_elems=64, persistent_elems=8192), ROWS),  # 2 rows, 4 warps
+    # looped form: elements a step (default 2048 at 8 a thread: 8 warps)
+    "looped_4096": (dict(looped_rblock=4096), LONG_ROWS),                           # 16 warps
+    "looped_4096_t16": (dict(looped_rblock=4096, looped_thread_elems=16), LONG_ROWS),  # 8 warps
+    "looped_8192_t32": (dict(looped_rblock=8192, looped_thread_elems=32), LONG_ROWS),  # 8 warps
+    "looped_2048_t16": (dict(looped_thread_elems=16), LONG_ROWS),                   # 4 warps
+    "looped_1024": (dict(looped_rblock=1024), LONG_ROWS),                           # 4 warps
+    "no_online": (dict(online_softmax=False), LONG_ROWS),  # the max and the sum of exp in two loops
 }
 DEFAULT_SETTINGS = ("default", "run7_default", "no_loads_first", "loads_first_all")
 # (rowloop_rows=4 spills on sm_90: 128 registers and 232 bytes of stack, --inspect)
@@ -172,7 +196,7 @@ def run_gpu(opts) -> int:
     results: dict = {}
     graphs = []
     for name in opts.graphs:
-        graph = by_case[f"{name}_fwd_bwd"]
+        graph = by_case[name]
         dtype = torch.float32 if opts.smoke else torch.bfloat16
         args = suite.prepare(graph, graph.inputs(opts.rows, opts.cols, suite.VOCAB, dtype, dev))
         ref = suite.reference(graph, args)
@@ -331,7 +355,8 @@ def run_inspect(opts) -> int:
         for name in opts.graphs:
             try:
                 with codegen.tuning(**_setting(label)):
-                    text, kernels = plan_backward_kernels(f"{name}_fwd_bwd", opts.rows, opts.cols)
+                    text, kernels = plan_backward_kernels(name, opts.rows, opts.cols,
+                                                          kinds=("forward", "backward"))
             except Exception as exc:
                 print(f"== {name} {label}: planning FAILED {type(exc).__name__}: {exc}")
                 continue
@@ -369,9 +394,11 @@ def main(argv=None) -> int:
     opts = p.parse_args(argv)
     opts.graphs = [g for g in opts.graphs.split(",") if g]
     opts.settings = [s for s in opts.settings.split(",") if s]
-    bad = [g for g in opts.graphs if g not in GRAPHS]
+    from tilefuse.bench import compiler_suite
+    cases = [g.case for g in compiler_suite.GRAPHS]
+    bad = [g for g in opts.graphs if g not in cases]
     if bad:
-        raise SystemExit(f"unknown graphs {bad}; the graphs are {', '.join(GRAPHS)}")
+        raise SystemExit(f"unknown graphs {bad}; the graphs are the compiler suite's cases: {', '.join(cases)}")
     for s in opts.settings:
         _setting(s)
     return run_inspect(opts) if opts.inspect else run_gpu(opts)

@@ -104,6 +104,16 @@ TUNING = {
     # the tile before run 7's sweep (8 x 128)
     "tile_contiguous_xblock": TILE_ELEMS,
     "persistent_loads_first": False,
+    # row reductions, persistent form (whole rows in registers): elements a program (rows a program =
+    # this // the row's padded length, at least 1) and elements a thread (warps = a program's elements //
+    # (warp size x this), at most MAX_WARPS)
+    "persistent_elems": PERSISTENT_ELEMS,
+    "persistent_thread_elems": ELEMS_PER_THREAD,
+    # row reductions, looped form (rows longer than PERSISTENT_MAX_R): elements a step, elements a thread
+    "looped_rblock": LOOPED_RBLOCK,
+    "looped_thread_elems": ELEMS_PER_THREAD,
+    # looped form: a max and a sum of exp(x - max) over the same x in one loop (online softmax)
+    "online_softmax": True,
 }
 
 
@@ -660,9 +670,13 @@ class KernelWriter:
         self.named_size("rnumel", rnumel)
         if self.form == "persistent":
             rb = next_pow2(rnumel)
-            per_prog = INTERP_BLOCK * 4 if t.interpreter else PERSISTENT_ELEMS
+            outer = not t.interpreter and self.r_is_outer()
+            # the row knobs apply to row reductions; a column reduction's persistent form keeps its own sizes
+            per_prog = INTERP_BLOCK * 4 if t.interpreter else \
+                PERSISTENT_ELEMS if outer else int(TUNING["persistent_elems"])
+            per_thread = ELEMS_PER_THREAD if outer else int(TUNING["persistent_thread_elems"])
             xb = max(1, min(next_pow2(xnumel), per_prog // rb))
-            if not t.interpreter and self.r_is_outer():
+            if outer:
                 # columns are the contiguous dim: at least outer_run_bytes of each row a program
                 xb = max(1, min(next_pow2(xnumel), max(xb, TUNING["outer_run_bytes"] // self.biggest_itemsize())))
             top.lines += ["    xoffset = tl.program_id(0)" + cast64 + " * XBLOCK",
@@ -672,11 +686,13 @@ class KernelWriter:
                           "    rmask = rindex < rnumel",
                           "    mask = xmask & rmask"]
             self.emit_reduction_persistent(top)
-            return top.lines, (("XBLOCK", xb), ("RBLOCK", rb)), (-(-xnumel // xb),), self.warps(xb * rb)
+            warps = self.warps(xb * rb, per_thread)
+            return top.lines, (("XBLOCK", xb), ("RBLOCK", rb)), (-(-xnumel // xb),), warps
         if self.form == "rowloop":
             return self.body_rowloop(top, xnumel, rnumel, itype)
         outer = self.r_is_outer()
         warps = 0
+        per_thread = ELEMS_PER_THREAD
         if outer and t.interpreter:
             rb = min(next_pow2(rnumel), INTERP_BLOCK // INTERP_OUTER_XBLOCK)
             xb = min(next_pow2(xnumel), INTERP_OUTER_XBLOCK)
@@ -688,14 +704,15 @@ class KernelWriter:
                 xb //= 2
             warps = TUNING["outer_warps"]
         else:
-            rb = min(next_pow2(rnumel), INTERP_BLOCK if t.interpreter else LOOPED_RBLOCK)
+            rb = min(next_pow2(rnumel), INTERP_BLOCK if t.interpreter else int(TUNING["looped_rblock"]))
             xb = 1
+            per_thread = int(TUNING["looped_thread_elems"])
         top.lines += ["    xoffset = tl.program_id(0)" + cast64 + " * XBLOCK",
                       "    xindex = xoffset + tl.arange(0, XBLOCK)[:, None]",
                       "    xmask = xindex < xnumel",
                       "    rbase = tl.arange(0, RBLOCK)[None, :]"]
         self.emit_reduction_looped(top, itype)
-        warps = self.warps(xb * rb) if not warps or t.interpreter else int(warps)
+        warps = self.warps(xb * rb, per_thread) if not warps or t.interpreter else int(warps)
         return top.lines, (("XBLOCK", xb), ("RBLOCK", rb)), (-(-xnumel // xb),), warps
 
     def body_rowloop(self, top: _Scope, xnumel: int, rnumel: int, itype: str):
@@ -743,10 +760,10 @@ class KernelWriter:
         warps = TUNING["rowloop_warps"] if TUNING["rowloop_warps"] and not t.interpreter else self.warps(xb * rb)
         return top.lines, (("XBLOCK", xb), ("RBLOCK", rb)), (programs,), int(warps)
 
-    def warps(self, elems: int) -> int:
+    def warps(self, elems: int, per_thread: int = ELEMS_PER_THREAD) -> int:
         if self.target.interpreter:
             return 1
-        w = elems // (self.target.warp_size * ELEMS_PER_THREAD)
+        w = elems // (self.target.warp_size * per_thread)
         return int(min(max(next_pow2(max(w, 1)), 1), MAX_WARPS if self.target.warp_size == 32 else MAX_WARPS // 2))
 
     def biggest_load(self):
@@ -928,10 +945,55 @@ class KernelWriter:
             del node
         return stage
 
+    def online_pairs(self, stage: dict[str, int], full: set) -> dict[str, str]:
+        """{sum root: max root} of the looped form's online-softmax pairs: ``m = max(e)`` and ``s = sum(exp(e -
+        m))`` over the same float expression ``e``, where the sum's loop would have nothing else to do. Both then
+        run in the max's loop with a running maximum (the sum rescaled by ``exp(m_old - m_new)`` when the
+        maximum grows): a cross-entropy or a long-row softmax reads its rows once fewer."""
+        if not TUNING["online_softmax"]:
+            return {}
+        pairs = {}
+        for r in self.g.roots:
+            node = self.table[r]
+            if not isinstance(node, ir.Reduction) or node.kind != "sum":
+                continue
+            body = self.bodies[r]
+            if not (isinstance(body, ir.Op) and body.name == "exp" and isinstance(body.args[0], ir.Op)
+                    and body.args[0].name == "sub" and isinstance(body.args[0].args[1], ir.Local)):
+                continue
+            e, m = body.args[0].args
+            mnode = self.table.get(m.name)
+            if not (isinstance(mnode, ir.Reduction) and mnode.kind == "max" and m.name in self.bodies
+                    and self.bodies[m.name] == e and e.dtype in (torch.float32, torch.float64)
+                    and not _locals(e)):
+                continue
+            # the sum's loop must hold nothing else (else it runs anyway and the pair saves nothing)
+            others = [o for o in self.g.roots if o != r and stage[o] == stage[r]
+                      and (isinstance(self.table[o], ir.Reduction) or o in full)]
+            if others or stage[m.name] + 1 != stage[r]:
+                continue
+            pairs[r] = m.name
+        return pairs
+
+    def accumulate_online(self, loop: _Scope, s_acc: str, m_acc: str, v: str) -> None:
+        """One step of an online (max, sum-of-exp) pair; ``v`` is the masked max input (-inf off the row).
+        -inf terms add nothing (a row that starts with -inf, masked scores); NaN propagates through the max
+        and the rescale; +inf gives NaN as the two-pass form's exp(inf - inf) does."""
+        m_new = self.fresh("mnew")
+        ind = loop.indent
+        loop.lines += [f"{ind}{m_new} = tl.maximum({m_acc}, {v}, propagate_nan=tl.PropagateNan.ALL)",
+                       f"{ind}{s_acc} = {s_acc} * tl.where({m_acc} == -float(\"inf\"), 0.0, tl.exp({m_acc} - {m_new}))"
+                       f" + tl.where({v} == -float(\"inf\"), 0.0, tl.exp({v} - {m_new}))",
+                       f"{ind}{m_acc} = {m_new}"]
+
     def emit_reduction_looped(self, top: _Scope, itype: str):
         stage = self.stage_of()
         full = {r for r in self.g.roots if not isinstance(self.table[r], ir.Reduction) and self.local_uses[r][1]}
         self.macro_roots = set(full)
+        online = self.online_pairs(stage, full)
+        paired = {m: s_ for s_, m in online.items()}
+        for r in online:  # the sum runs in its max's loop; what needs only the pair is unchanged
+            stage[r] = stage[online[r]]
         last = max(stage.values(), default=0)
         for s in range(last + 1):
             reds = [r for r in self.g.roots if isinstance(self.table[r], ir.Reduction) and stage[r] == s]
@@ -950,14 +1012,30 @@ class KernelWriter:
                         text, _ = self.expr(self.bodies[r], loop)
                         self.store_root(r, text, loop, "mask")
                 for r in reds:
+                    if r in online:
+                        continue  # with its max, below
                     node = self.table[r]
                     a, reg = accs[r]
                     v, vreg = self.reduction_input(r, loop)
+                    if r in paired:
+                        self.accumulate_online(loop, accs[paired[r]][0], a, v)
+                        continue
                     loop.lines.append("        " + self.accumulate(node.kind, a, v, reg))
                 top.lines.extend(loop.lines)
-                for r in reds:
+                for r in sorted(reds, key=lambda r: r in online):  # an online sum after its max
                     node = self.table[r]
                     a, reg = accs[r]
+                    if r in online:
+                        # the lanes' partial sums, each rescaled to the row's maximum (computed just before:
+                        # the max comes first in ``reds``, as the sum's body reads it)
+                        m_acc = accs[online[r]][0]
+                        m_row = self.local_values[online[r]][0]
+                        name = self.emit(top, f"tl.sum({a} * tl.where({m_acc} == -float(\"inf\"), 0.0, "
+                                              f"tl.exp({m_acc} - {m_row})), 1, keep_dims=True)", reg, prefix="red")[0]
+                        self.local_values[r] = (name, P.compute_dtype(node.dtype))
+                        if r in self.g.stores:
+                            self.store_root(r, name, top, "xmask")
+                        continue
                     if node.kind in ("argmax", "argmin"):
                         name = self.fresh("am")
                         top.lines.append(f"    _, {name} = tl.reduce(({a}, {a}_idx), 1, _tf_{node.kind}_combine, keep_dims=True)")

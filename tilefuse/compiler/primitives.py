@@ -52,8 +52,10 @@ PRIMITIVES: dict[str, Primitive] = {
     "floordiv": P(2, "_tf_floordiv({0}, {1})", ("_tf_floordiv",), floats_only=True),
     "pow": P(2, "_tf_pow({0}, {1})", ("_tf_pow",), floats_only=True),
     "pow_int": P(2, "_tf_pow_int({0}, {1})", ("_tf_pow_int",)),
-    "maximum": P(2, "tl.where(({0} > {1}) | ({0} != {0}), {0}, {1})"),  # NaN propagates, as in torch
-    "minimum": P(2, "tl.where(({0} < {1}) | ({0} != {0}), {0}, {1})"),
+    # NaN propagates, as in torch: one max.NaN / min.NaN instruction on NVIDIA (FMNMX.NAN), where a compare-
+    # and-select costs three
+    "maximum": P(2, "tl.maximum({0}, {1}, propagate_nan=tl.PropagateNan.ALL)"),
+    "minimum": P(2, "tl.minimum({0}, {1}, propagate_nan=tl.PropagateNan.ALL)"),
     "fmax": P(2, "tl.where(({0} >= {1}) | ({1} != {1}), {0}, {1})"),  # NaN ignored
     "fmin": P(2, "tl.where(({0} <= {1}) | ({1} != {1}), {0}, {1})"),
     "maximum_int": P(2, "tl.maximum({0}, {1})"),
@@ -615,11 +617,11 @@ def _tf_gcd(a0, b0):
 # reduction combine functions (tl.reduce), also helpers
 _helper("_tf_max_combine", '''
 def _tf_max_combine(a, b):
-    return tl.where((a > b) | (a != a), a, b)
+    return tl.maximum(a, b, propagate_nan=tl.PropagateNan.ALL)  # integers: propagate_nan has no effect
 ''')
 _helper("_tf_min_combine", '''
 def _tf_min_combine(a, b):
-    return tl.where((a < b) | (a != a), a, b)
+    return tl.minimum(a, b, propagate_nan=tl.PropagateNan.ALL)
 ''')
 _helper("_tf_prod_combine", '''
 def _tf_prod_combine(a, b):

@@ -1,0 +1,114 @@
+"""The looped reduction form's online softmax (codegen.online_pairs): ``m = max(x)`` and ``s = sum(exp(x - m))``
+in one loop with a running maximum, so a cross-entropy or a softmax over rows too long for registers reads each
+row once fewer. Here the interpreter's limits are lowered so rows of a few hundred take the looped form in
+several steps, with inputs whose maximum grows from step to step, -inf runs (masked scores), whole -inf rows,
+NaN and +inf; each result is held to eager (float64 for the values; NaN where eager has NaN)."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from tilefuse.compiler import codegen
+from tilefuse.compiler.explain import explain
+
+from .compiler_checks import reset, stats, strict
+from .support import assert_close, noncontiguous
+
+ROWS, COLS = 9, 300  # 5 loop steps of 64
+
+
+@pytest.fixture
+def looped(monkeypatch):
+    monkeypatch.setattr(codegen, "INTERP_PERSISTENT_MAX_R", 64)
+    monkeypatch.setattr(codegen, "INTERP_BLOCK", 64)
+    reset()
+    yield
+    torch._dynamo.reset()
+
+
+def _rows(seed: int) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(ROWS, COLS, generator=g) * 3
+    x[0] = torch.linspace(-20, 20, COLS)  # the maximum grows at every step: every rescale is exercised
+    x[1] = torch.linspace(20, -20, COLS)  # the maximum is in the first step
+    x[2, :150] = -float("inf")            # a row that starts with masked scores
+    x[3] = -float("inf")                  # a whole masked row (eager: NaN for softmax)
+    x[4, 200] = float("nan")
+    x[5, 10] = float("inf")
+    x[6, 299] = 1e4                       # the last element dominates
+    return x
+
+
+def _check(got: torch.Tensor, want: torch.Tensor, what: str) -> None:
+    nan = torch.isnan(want)
+    assert torch.equal(torch.isnan(got), nan), f"{what}: NaN where eager has none or the other way round " \
+                                               f"(got {torch.isnan(got).nonzero().tolist()[:6]}, " \
+                                               f"want {nan.nonzero().tolist()[:6]})"
+    inf = torch.isinf(want)
+    assert torch.equal(got[inf], want[inf]), f"{what}: infinities differ"
+    fin = ~(nan | inf)
+    assert_close(got[fin].double(), want[fin], torch.float32, what=what)
+
+
+def _loops(ex) -> list[int]:
+    """'for roffset' loops in each looped kernel the explanation lists."""
+    out = []
+    for k in ex.kernels:
+        if k.form == "looped" and k.path:
+            out.append(Path(k.path).read_text().count("for roffset in range"))
+    return out
+
+
+@pytest.mark.parametrize("fn", [lambda x: torch.softmax(x, -1), lambda x: torch.log_softmax(x, -1)],
+                         ids=["softmax", "log_softmax"])
+def test_long_row_softmax_matches_eager(looped, fn):
+    x = noncontiguous(_rows(1))
+    with strict():
+        got = torch.compile(fn, backend="tilefuse")(x)
+    _check(got, fn(x.double()), "compiled")
+    assert int(stats()["kernels"]) >= 1
+
+
+def test_cross_entropy_forward_backward(looped):
+    g = torch.Generator().manual_seed(2)
+    x = _rows(3)[[0, 1, 2, 6, 7, 8]].clone().requires_grad_()  # finite losses only: the gradient is compared
+    target = torch.randint(0, COLS, (x.shape[0],), generator=g)
+    target[2] = 250  # a target among the real scores of the row that starts with -inf
+
+    def f(x, t):
+        return F.cross_entropy(x, t)
+
+    with strict():
+        loss = torch.compile(f, backend="tilefuse")(x, target)
+        (gx,) = torch.autograd.grad(loss, x)
+    x64 = x.detach().double().requires_grad_()
+    ref = f(x64, target)
+    (gref,) = torch.autograd.grad(ref, x64)
+    assert_close(loss.detach().double(), ref.detach(), torch.float32, what="loss")
+    _check(gx, gref, "grad")
+
+
+@pytest.mark.parametrize("case", ["log_softmax", "cross_entropy"])
+def test_one_loop_fewer_and_the_same_result_as_two_passes(looped, case):
+    """The pair is one loop; with the switch off the same graph has the max's loop and the sum's loop.
+    (A logsumexp does not pair: torch's decomposition subtracts where(|max| == inf, 0, max), not the max.)"""
+    x = _rows(4)
+    target = torch.randint(0, COLS, (ROWS,), generator=torch.Generator().manual_seed(5))
+
+    def f(x):
+        if case == "log_softmax":
+            return torch.log_softmax(x, -1)
+        return F.cross_entropy(x, target, reduction="none")
+
+    results, loops = {}, {}
+    for online in (True, False):
+        reset()
+        with codegen.tuning(online_softmax=online), strict():
+            ex = explain(f, x)
+        results[online], loops[online] = ex.result, _loops(ex)
+    assert sum(loops[True]) == sum(loops[False]) - 1, loops
+    _check(results[True], results[False].double(), "online against two passes")
+    _check(results[True], f(x.double()), "online against eager")
