@@ -64,3 +64,47 @@ def test_report_shows_ratios_and_not_run_rows(tmp_path):
     assert "### unit" in text and "tilefuse ÷ cublas" in text and "not run" in text and "geomean" in text
     png = report.plot(rec.rows, tmp_path / "r.png")
     assert png.stat().st_size > 1000
+
+
+def _drifting_bench(base: dict, calls: list):
+    """A stand-in for do_bench whose GPU slows by 10 % a call (clocks drifting down at the power limit)."""
+    def bench(fn, *, warmup_ms=25, rep_ms=100, smoke=False):
+        impl = fn()
+        t = base[impl] * (1 + 0.1 * len(calls))
+        calls.append((impl, rep_ms))
+        return t, t * 0.99, t * 1.01
+    return bench
+
+
+def test_interleaved_rounds_cancel_a_drift(monkeypatch):
+    base, calls = {"peer": 1.0, "ours": 2.0}, []
+    monkeypatch.setattr(harness, "bench", _drifting_bench(base, calls))
+    rec = harness.Recorder("t", rep_ms=100)
+    rows = rec.time_interleaved("c", [("peer", lambda: "peer", {}), ("ours", lambda: "ours", {"baseline": "peer"})],
+                                dtype="bf16", shape="1", rounds=4)
+    rec.finish()
+    assert [c[0] for c in calls] == ["peer", "ours", "ours", "peer", "peer", "ours", "ours", "peer"]
+    assert all(c[1] == 25 for c in calls)  # each round a quarter of rep_ms
+    assert abs(rows[1].vs_baseline - 0.5) < 1e-9, rows[1].vs_baseline
+    assert rows[0].ms_p20 < rows[0].ms_p50 < rows[0].ms_p80
+    # the same drift timed one impl after the other is off by the drift: what the rounds are for
+    calls.clear()
+    rec2 = harness.Recorder("t", rep_ms=100)
+    rec2.time("c", "peer", lambda: "peer", dtype="bf16", shape="1")
+    rec2.time("c", "ours", lambda: "ours", dtype="bf16", shape="1", baseline="peer")
+    rec2.finish()
+    assert abs(rec2.rows[1].vs_baseline - 0.5) > 0.04
+
+
+def test_interleaved_wrong_and_failing_impls_are_rows(monkeypatch):
+    calls = []
+    monkeypatch.setattr(harness, "bench", _drifting_bench({"a": 1.0, "c": 1.0}, calls))
+
+    def boom():
+        raise RuntimeError("launch failed")
+
+    rec = harness.Recorder("t")
+    rows = rec.time_interleaved("c", [("a", lambda: "a", {}), ("b", lambda: "b", {"check": lambda: "max error 3"}),
+                                      ("c", lambda: "c", {"check": boom})], dtype="bf16", shape="1")
+    assert rows[0].ok and rows[1].status == "wrong: max error 3" and rows[2].status.startswith("error: RuntimeError")
+    assert {c[0] for c in calls} == {"a"}

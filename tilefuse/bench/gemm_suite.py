@@ -116,10 +116,13 @@ def run_mm(rec: harness.Recorder, opts: SuiteOptions, dev, dtype: torch.dtype) -
         ref = a.float() @ b.float()
         tol = CHECK_TOLERANCE[dtype]
         flops, moved = 2.0 * m * n * k, (m * k + k * n + m * n) * dtype.itemsize
-        rec.time(case, "cublas", harness.Rotating(torch.matmul, sets), dtype=dtype, shape=_shape(m, n, k), flops=flops,
-                 bytes_moved=moved, check=_checker(lambda: torch.matmul(a, b), ref, tol))
-        rec.time(case, "tilefuse", harness.Rotating(tilefuse.gemm, sets), dtype=dtype, shape=_shape(m, n, k),
-                 flops=flops, bytes_moved=moved, baseline="cublas", check=_checker(lambda: tilefuse.gemm(a, b), ref, tol))
+        # interleaved rounds: a clock drift over the case (power limit) falls on both alike
+        rec.time_interleaved(case, [
+            ("cublas", harness.Rotating(torch.matmul, sets),
+             dict(flops=flops, bytes_moved=moved, check=_checker(lambda: torch.matmul(a, b), ref, tol))),
+            ("tilefuse", harness.Rotating(tilefuse.gemm, sets),
+             dict(flops=flops, bytes_moved=moved, baseline="cublas", check=_checker(lambda: tilefuse.gemm(a, b), ref, tol))),
+        ], dtype=dtype, shape=_shape(m, n, k))
         del sets, ref
         _free()
 

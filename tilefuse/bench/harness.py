@@ -152,10 +152,65 @@ class Recorder:
                     return row
             p50, p20, p80 = bench(fn, warmup_ms=self.warmup_ms, rep_ms=self.rep_ms, smoke=self.smoke)
         except Exception as exc:  # one failing impl must not end the suite; the row says what happened
-            msg = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"[:300]
-            self.log(f"  {case:<28} {impl:<20} ERROR {msg}")
-            self.log("".join(traceback.format_exception(exc)[-3:]))
-            return self._row(case, impl, dtype, shape, status=f"error: {msg}", baseline=baseline, note=note)
+            return self._error_row(case, impl, dtype, shape, exc, dict(baseline=baseline, note=note))
+        return self._timed_row(case, impl, dtype, shape, p50, p20, p80,
+                               dict(flops=flops, bytes_moved=bytes_moved, baseline=baseline, note=note))
+
+    def time_interleaved(self, case: str, entries: Sequence[tuple[str, Callable[[], Any], dict]], *,
+                         dtype: Any, shape: Any, rounds: int = 4) -> list[Row]:
+        """Time several impls of one case in ``rounds`` alternating rounds (order rotated each round: A B, B A,
+        A B, B A for two), each round a ``do_bench`` of ``rep_ms / rounds``: a drift of the GPU's clocks over
+        the case (an H200 at its power limit) then lands on every impl alike instead of on whichever ran last. ``entries``: (impl, fn,
+        keywords of :meth:`time` except dtype/shape). p50 = the median of the rounds' medians; p20/p80 = the
+        lowest p20 and highest p80 of the rounds. A smoke run, or one round, is :meth:`time` per impl."""
+        if self.smoke or rounds <= 1:
+            return [self.time(case, impl, fn, dtype=dtype, shape=shape, **kw) for impl, fn, kw in entries]
+        import statistics
+
+        samples: dict[str, list[tuple[float, float, float]]] = {}
+        failed: dict[str, Row] = {}
+        for impl, fn, kw in entries:
+            check = kw.get("check")
+            try:
+                wrong = check() if check is not None else None
+            except Exception as exc:
+                wrong = None
+                failed[impl] = self._error_row(case, impl, dtype, shape, exc, kw)
+                continue
+            if wrong:
+                self.log(f"  {case:<28} {impl:<20} WRONG {wrong}")
+                failed[impl] = self._row(case, impl, dtype, shape, status=f"wrong: {wrong}",
+                                         baseline=kw.get("baseline", ""), note=kw.get("note", ""))
+        live = [e for e in entries if e[0] not in failed]
+        rep = max(1, self.rep_ms // rounds)
+        for r in range(rounds):
+            for impl, fn, kw in live[r % len(live):] + live[:r % len(live)] if live else []:
+                if impl in failed:
+                    continue
+                try:
+                    samples.setdefault(impl, []).append(bench(fn, warmup_ms=self.warmup_ms, rep_ms=rep))
+                except Exception as exc:
+                    failed[impl] = self._error_row(case, impl, dtype, shape, exc, kw)
+        rows = []
+        for impl, fn, kw in entries:
+            if impl in failed:
+                rows.append(failed[impl])
+                continue
+            got = samples[impl]
+            p50 = statistics.median(t[0] for t in got)
+            p20, p80 = min(t[1] for t in got), max(t[2] for t in got)
+            rows.append(self._timed_row(case, impl, dtype, shape, p50, p20, p80, kw))
+        return rows
+
+    def _error_row(self, case, impl, dtype, shape, exc: Exception, kw: dict) -> Row:
+        msg = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"[:300]
+        self.log(f"  {case:<28} {impl:<20} ERROR {msg}")
+        self.log("".join(traceback.format_exception(exc)[-3:]))
+        return self._row(case, impl, dtype, shape, status=f"error: {msg}", baseline=kw.get("baseline", ""),
+                         note=kw.get("note", ""))
+
+    def _timed_row(self, case, impl, dtype, shape, p50, p20, p80, kw: dict) -> Row:
+        flops, bytes_moved = kw.get("flops"), kw.get("bytes_moved")
         tflops = flops / (p50 * 1e-3) / 1e12 if flops else None
         gbps = bytes_moved / (p50 * 1e-3) / 1e9 if bytes_moved else None
         pct = None
@@ -164,7 +219,7 @@ class Recorder:
         elif gbps is not None and self.ceiling_gbps:
             pct = 100 * gbps / self.ceiling_gbps
         row = self._row(case, impl, dtype, shape, ms_p50=p50, ms_p20=p20, ms_p80=p80, tflops=tflops, gbps=gbps,
-                        pct_ceiling=pct, baseline=baseline, note=note)
+                        pct_ceiling=pct, baseline=kw.get("baseline", ""), note=kw.get("note", ""))
         rate = f"{tflops:8.1f} TFLOP/s" if tflops is not None else (f"{gbps:8.1f} GB/s" if gbps is not None else "")
         self.log(f"  {case:<28} {impl:<20} {p50:9.4f} ms {rate}")
         return row
