@@ -112,3 +112,19 @@ def test_one_loop_fewer_and_the_same_result_as_two_passes(looped, case):
     assert sum(loops[True]) == sum(loops[False]) - 1, loops
     _check(results[True], results[False].double(), "online against two passes")
     _check(results[True], f(x.double()), "online against eager")
+
+
+def test_the_pair_max_is_an_output_too(looped):
+    """The running maximum is the row max the graph returns: NaN rows give NaN, -inf rows -inf."""
+    x = _rows(6)
+
+    def f(x):
+        m = x.amax(-1, keepdim=True)
+        return m, torch.exp(x - m).sum(-1)
+
+    reset()
+    with strict():
+        ex = explain(f, x)
+    assert sum(_loops(ex)) == 1, _loops(ex)  # the max and the sum in one loop
+    for got, want, what in zip(ex.result, f(x.double()), ("max", "sum")):
+        _check(got, want, what)

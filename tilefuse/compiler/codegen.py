@@ -106,9 +106,12 @@ TUNING = {
     "persistent_loads_first": False,
     # row reductions, persistent form (whole rows in registers): elements a program (rows a program =
     # this // the row's padded length, at least 1) and elements a thread (warps = a program's elements //
-    # (warp size x this), at most MAX_WARPS)
+    # (warp size x this), at most MAX_WARPS). Device run 11 (benchmarks/results/run11/sweep_rows.json, 32768 x
+    # 4096 bf16, kernel us): 8 a thread (16 warps a row) -> 32 (4 warps): softmax forward 168 -> 130, layer
+    # norm 170 -> 129, softmax + layer norm 233 -> 174, rms norm 144 -> 132, log_softmax's backward 203 ->
+    # 185; fewer cross-warp reductions (shuffles, bar.sync) and up to 16 programs an SM instead of 4
     "persistent_elems": PERSISTENT_ELEMS,
-    "persistent_thread_elems": ELEMS_PER_THREAD,
+    "persistent_thread_elems": 32,
     # row reductions, looped form (rows longer than PERSISTENT_MAX_R): elements a step, elements a thread
     "looped_rblock": LOOPED_RBLOCK,
     "looped_thread_elems": ELEMS_PER_THREAD,
@@ -976,15 +979,19 @@ class KernelWriter:
         return pairs
 
     def accumulate_online(self, loop: _Scope, s_acc: str, m_acc: str, v: str) -> None:
-        """One step of an online (max, sum-of-exp) pair; ``v`` is the masked max input (-inf off the row).
-        -inf terms add nothing (a row that starts with -inf, masked scores); NaN propagates through the max
-        and the rescale; +inf gives NaN as the two-pass form's exp(inf - inf) does."""
-        m_new = self.fresh("mnew")
+        """One step of an online (max, sum-of-exp) pair, per lane, with one exp an element: for d = v - m,
+        exp(-|d|) is the new term when v <= m and the old sum's rescale exp(m - v) when v > m (then the term is
+        exp(0) = 1). ``v`` is the masked max input (-inf off the row): -inf terms add nothing (masked scores,
+        the first step's -inf maximum); NaN sticks in both the maximum and the sum; +inf gives NaN later, as
+        the two-loop form's exp(inf - inf) does. (Run 11: two exps an element made the loop MUFU-bound, no
+        faster than two passes over the row.)"""
+        d, e, up = self.fresh("d"), self.fresh("e"), self.fresh("up")
         ind = loop.indent
-        loop.lines += [f"{ind}{m_new} = tl.maximum({m_acc}, {v}, propagate_nan=tl.PropagateNan.ALL)",
-                       f"{ind}{s_acc} = {s_acc} * tl.where({m_acc} == -float(\"inf\"), 0.0, tl.exp({m_acc} - {m_new}))"
-                       f" + tl.where({v} == -float(\"inf\"), 0.0, tl.exp({v} - {m_new}))",
-                       f"{ind}{m_acc} = {m_new}"]
+        loop.lines += [f"{ind}{d} = {v} - {m_acc}",
+                       f"{ind}{e} = tl.where({v} == -float(\"inf\"), 0.0, tl.exp(-tl.abs({d})))",
+                       f"{ind}{up} = {d} > 0",
+                       f"{ind}{s_acc} = tl.where({up}, {s_acc} * {e} + 1.0, {s_acc} + {e})",
+                       f"{ind}{m_acc} = tl.where({up} | ({v} != {v}), {v}, {m_acc})"]
 
     def emit_reduction_looped(self, top: _Scope, itype: str):
         stage = self.stage_of()
@@ -1030,8 +1037,11 @@ class KernelWriter:
                         # the max comes first in ``reds``, as the sum's body reads it)
                         m_acc = accs[online[r]][0]
                         m_row = self.local_values[online[r]][0]
-                        name = self.emit(top, f"tl.sum({a} * tl.where({m_acc} == -float(\"inf\"), 0.0, "
-                                              f"tl.exp({m_acc} - {m_row})), 1, keep_dims=True)", reg, prefix="red")[0]
+                        # a row of -inf only: exp(-inf - -inf) is NaN in the two-loop form, and so here
+                        name = self.emit(top, f"tl.where({m_row} == -float(\"inf\"), float(\"nan\"), "
+                                              f"tl.sum({a} * tl.where({m_acc} == -float(\"inf\"), 0.0, "
+                                              f"tl.exp({m_acc} - {m_row})), 1, keep_dims=True))", reg,
+                                         prefix="red")[0]
                         self.local_values[r] = (name, P.compute_dtype(node.dtype))
                         if r in self.g.stores:
                             self.store_root(r, name, top, "xmask")
