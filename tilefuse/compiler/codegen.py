@@ -51,7 +51,7 @@ POINTWISE_BLOCK = 1024  # 1024 elements / (4 warps x 32 lanes) = 8 a thread: one
 TILE_ELEMS = 1024
 PERSISTENT_MAX_R = 8192  # a row of 8192 fp32 values in 16 warps is 16 registers a thread per live tensor
 PERSISTENT_ELEMS = 4096  # rows per program so that a program holds about this many elements
-LOOPED_RBLOCK = 2048
+LOOPED_RBLOCK = 1024  # elements a step of the looped row form (run 12: see TUNING["looped_rblock"])
 # Reductions over a non-contiguous dim (column sums): OUTER_XBLOCK contiguous columns x OUTER_RBLOCK rows a step.
 # Device run 3 profiled 64 x 64 at ~0.5 TB/s on a layer norm's weight gradient (128-byte pieces of 64 rows a
 # step); 256 columns (512 contiguous bytes of bf16) x 16 rows keeps the step's 4096 elements in longer runs.
@@ -112,7 +112,11 @@ TUNING = {
     # 185; fewer cross-warp reductions (shuffles, bar.sync) and up to 16 programs an SM instead of 4
     "persistent_elems": PERSISTENT_ELEMS,
     "persistent_thread_elems": 32,
-    # row reductions, looped form (rows longer than PERSISTENT_MAX_R): elements a step, elements a thread
+    # row reductions, looped form (rows longer than PERSISTENT_MAX_R): elements a step, elements a thread.
+    # Run 12 (benchmarks/results/run12/sweep_ce.json, cross-entropy over 32768 x 32000 bf16, kernel ms):
+    # 1024 a step at 4 warps 0.788 against 2048 at 8 warps 0.812 (forward), 2.085 against 2.109 (fwd+bwd);
+    # 16 a thread at 2048 or 4096 a step slower (0.889, 0.943): the loop is instruction-bound (~20 SASS
+    # instructions an element with the online max and sum), not short of loads in flight
     "looped_rblock": LOOPED_RBLOCK,
     "looped_thread_elems": ELEMS_PER_THREAD,
     # looped form: a max and a sum of exp(x - max) over the same x in one loop (online softmax)

@@ -234,12 +234,8 @@ NVIDIA_SPACE: dict[str, tuple[GemmConfig, ...]] = {
         C("tiled", DECODE_M, 64, 128, 4, 8, group_m=1, split_k=AUTO_SPLIT),
         C("tiled", DECODE_M, 64, 256, 8, 4, group_m=1, split_k=AUTO_SPLIT),
         C("tiled", DECODE_M, 128, 128, 4, 4, group_m=1, split_k=AUTO_SPLIT),  # r1 M=1: 0.981x, M=16: 0.411x
-        # after run 11 (decode at ~3.0 TB/s of B, cuBLAS 3.1): wider column strips (256 or 512 contiguous
-        # bytes of each B row instead of 128) split along K to fill the SMs, and TMA loads of B
-        C("tiled", DECODE_M, 256, 64, 4, 4, group_m=1, split_k=AUTO_SPLIT),  # 32 strips x split 4
-        C("tiled", DECODE_M, 256, 64, 4, 4, group_m=1, split_k=AUTO_SPLIT, tma=True),
-        C("tiled", DECODE_M, 128, 64, 4, 6, group_m=1, split_k=AUTO_SPLIT, tma=True),  # 2 a SM, split 4
-        C("tiled", DECODE_M, 64, 128, 4, 6, group_m=1, split_k=AUTO_SPLIT, tma=True),
+        # (run 12 swept 256/128-column strips split along K, and TMA-loaded B: all slower at M = 1/16/64,
+        # 0.81-0.98x cuBLAS against the leaders' 0.96-1.00x; notes/gemm.md)
     ),
     "skinny": (
         C("tiled", 64, 128, 128, 4, 4, group_m=8, split_k=AUTO_SPLIT, tma=True),  # r1 M=128: 0.951x
