@@ -250,15 +250,18 @@ NVIDIA_SPACE: dict[str, tuple[GemmConfig, ...]] = {
     ),
     "small": (
         # 128x128 at num_warps=8 (64 accumulator registers a thread): at 4 warps bias+GeLU needs 255 + 64 B
-        # of stack on sm_90a.
+        # of stack on sm_90a. "r14": device run 14's sweep (benchmarks/results/run14/gemm-sweep*.json, every
+        # class's configs at 1024^3 and 2048^3): the 1024^3 leaders first, then 2048^3's (the tiled 128x256
+        # with TMA led there at 0.910x bf16 / 0.927x fp16; the tuner's pick, P128x256 ws, 0.889x / 0.903x)
         C("tiled", 64, 128, 128, 4, 4, group_m=1),  # r10 1024^3: 0.907x (the split-K 64x128x64 0.643x)
         C("tiled", 128, 64, 128, 4, 4, group_m=8),  # r10 1024^3: 0.899x
+        C("tiled", 128, 256, 64, 8, 3, group_m=8, split_k=AUTO_SPLIT, tma=True),  # r14 2048^3: 0.910x
+        C("persistent", 128, 256, 64, 4, 3, group_m=8, tma=True, warp_specialize=True),  # r14 2048^3: 0.889x
+        C("persistent", 128, 128, 64, 4, 5, group_m=8, tma=True),  # r14 2048^3: 0.848x
         C("tiled", 128, 128, 64, 8, 4, group_m=8, split_k=AUTO_SPLIT, tma=True),
         C("persistent", 128, 128, 64, 4, 4, group_m=8, tma=True, warp_specialize=True),
         C("tiled", 128, 128, 64, 4, 4, group_m=8, tma=True, warp_specialize=True),
         C("tiled", 64, 128, 64, 4, 4, group_m=8, split_k=AUTO_SPLIT),
-        C("persistent", 128, 256, 64, 4, 3, group_m=8, tma=True, warp_specialize=True),
-        C("tiled", 128, 256, 64, 8, 3, group_m=8, split_k=AUTO_SPLIT, tma=True),
         C("persistent", 128, 128, 64, 8, 4, group_m=8, tma=True),
     ),
     "large": (
