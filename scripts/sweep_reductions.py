@@ -45,7 +45,7 @@ GRAPHS = ("layer_norm_fwd_bwd", "rms_norm_fwd_bwd", "gelu_chain_fwd_bwd", "resid
 # name -> (codegen.tuning(**overrides), the graphs it can change or None for all). Inductor runs right after
 # the first setting. DEFAULT_SETTINGS (run with no --settings, ~45 s) are the default, its run 7 predecessor
 # and the two load-order alternatives; the rest are reachable with --settings.
-NORMS = ("layer_norm_fwd_bwd", "rms_norm_fwd_bwd", "residual_layer_norm_fwd_bwd")
+NORMS = ("layer_norm_fwd_bwd", "rms_norm_fwd_bwd", "residual_layer_norm_fwd_bwd", "layer_norm_gelu_fwd_bwd")
 GELU = ("gelu_chain_fwd_bwd",)
 # graphs whose kernels include a row reduction in the persistent form (rows of <= PERSISTENT_MAX_R), and the
 # looped form (cross-entropy's 32000-wide rows)
@@ -79,7 +79,7 @@ SETTINGS = {
     "chunks_512": (dict(split_outer_chunks=512), None),
     "chunks_128": (dict(split_outer_chunks=128, rowloop_min_programs=128), None),
     "rowloop_stages2": (dict(num_stages=2), NORMS),
-    "no_rowloop": (dict(columns_into_rows=False), ("layer_norm_fwd_bwd", "rms_norm_fwd_bwd")),
+    "no_rowloop": (dict(columns_into_rows=False), NORMS),
     # row reductions, persistent form: elements a thread (default 8: 16 warps for a 4096-wide row) and
     # elements a program (default 4096: one such row a program)
     "rows_t16": (dict(persistent_thread_elems=16), ROWS),                          # 8 warps a row
