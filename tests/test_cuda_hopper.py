@@ -171,6 +171,54 @@ def test_sass_has_hgmma_and_tma(rung):
         assert "UTMASTG" in sass, "rung 9's epilogue must store with TMA"
 
 
+def _hgmma_loops(sass: str) -> list[list[str]]:
+    """The innermost loop around each group of HGMMAs in cuobjdump -sass text: from the target of the first
+    predicated backward branch after the group to that branch, one instruction text a row."""
+    loops: list[list[str]] = []
+    for function in re.split(r"\n\s*Function : ", sass)[1:]:
+        ins = [(int(a, 16), t.strip()) for a, t in re.findall(r"/\*([0-9a-f]{4,})\*/\s+([^;\n]*);", function)]
+        index = {a: i for i, (a, _) in enumerate(ins)}
+        hgmma = [i for i, (_, t) in enumerate(ins) if "HGMMA" in t]
+        groups: list[list[int]] = []
+        for i in hgmma:
+            if groups and i - groups[-1][-1] <= 40:
+                groups[-1].append(i)
+            else:
+                groups.append([i])
+        for group in groups:
+            for j in range(group[-1], len(ins)):
+                m = re.match(r"@!?U?P\w+\s+BRA\s+(0x[0-9a-f]+)", ins[j][1])
+                if m and int(m.group(1), 16) <= ins[group[0]][0]:
+                    loops.append([t for _, t in ins[index[int(m.group(1), 16)]:j + 1]])
+                    break
+    return loops
+
+
+# Static instructions of a rung-9 consumer k-loop, the timeout spin of the barrier wait included (63 for the
+# cooperative loop, 61 for ping-pong since the mainloop review; 224 and 210 before it: notes/hopper_rungs.md).
+RUNG9_KLOOP_MAX_INSTRUCTIONS = 72
+BK_STEPS_RUNG9 = 4  # BK / WGMMA_K = 64 / 16 HGMMAs a k-tile
+
+
+@needs_nvcc
+def test_rung9_consumer_kloop_has_no_per_iteration_overhead():
+    """The k-loop of each consumer (both dtypes, cooperative and ping-pong): descriptors in uniform registers
+    (no R2UR moves before each HGMMA, no S2R/S2UR re-reading the thread index or the CTA's shared window), one
+    predicated arrive a lane for the stage release (no loop over cluster ranks, no divergent branch)."""
+    sass = build(9).sass
+    if not sass:
+        pytest.skip("cuobjdump (triton wheel) is not installed")
+    loops = _hgmma_loops(sass)
+    assert len(loops) == 4, f"expected 2 dtypes x (cooperative, ping-pong) k-loops, found {len(loops)}"
+    for body in loops:
+        text = "\n".join(body)
+        assert sum("HGMMA" in t for t in body) == BK_STEPS_RUNG9, text
+        for opcode in ("R2UR", "S2R", "S2UR", "BSSY"):
+            assert not any(re.search(rf"(^|\s){opcode}\b", t) for t in body), f"{opcode} in the k-loop:\n{text}"
+        assert sum("SYNCS.ARRIVE.TRANS64.RED" in t for t in body) == 1, f"the stage release:\n{text}"
+        assert len(body) <= RUNG9_KLOOP_MAX_INSTRUCTIONS, f"{len(body)} instructions:\n{text}"
+
+
 @needs_nvcc
 @pytest.mark.parametrize("rung", [8, 9])
 def test_setmaxnreg_took_effect(rung):

@@ -17,6 +17,10 @@
 //     shared-memory chunk (64x64, bank-conflict free), fence.proxy.async, then one thread stores the chunk
 //     with cp.async.bulk.tensor; two chunks a consumer are double-buffered, so stores overlap the next
 //     chunk's math, and full 128-byte rows reach global memory instead of rung 8's 4-byte scatter.
+//   * A lean consumer k-loop (checked in the SASS by tests/test_cuda_hopper.py): the wgmma descriptors live in
+//     uniform registers (stage 0's, stepped by whole tiles), and a stage is released by one predicated arrive a
+//     lane (lane r to CTA r). A warp issues 51 instructions a k-tile (4 HGMMA), 105 before this was reviewed
+//     (benchmarks/notes/hopper_rungs.md, "SASS review of the rung-9 mainloop"); not yet measured on the GPU.
 //
 // Measured (H200, bf16, device run 7, benchmarks/results/run7/ladder.csv, through tilefuse.cuda.gemm): 4096^3
 //   637.1 TFLOP/s (0.81x cuBLAS, 0.89x the K-major-B cublas_nt); 8192^3 680.6 TFLOP/s (0.99x cuBLAS, 1.00x
@@ -129,6 +133,10 @@ __host__ __device__ constexpr uint64_t make_desc_sw128(uint32_t smem_addr) {
 constexpr uint64_t DESC_K_STEP = desc_field(WGMMA_K * 2);  // +32 bytes a k16 step, in descriptor units
 static_assert(make_desc_sw128(0x0400) == (0x40ull | (1ull << 16) | (64ull << 32) | (1ull << 62)), "descriptor");
 static_assert(DESC_K_STEP == 2, "a k16 step of 16-bit elements is 32 bytes");
+// The consumers step a stage-0 descriptor by whole tiles (desc + s * desc_field(tile bytes)): exact while every
+// shared address (dynamic shared memory starts after sm_90's 1 KB reserved window) fits the 18-bit field.
+constexpr uint32_t RESERVED_SMEM_BYTES = 1024;
+static_assert(RESERVED_SMEM_BYTES + SMEM_BYTES <= 0x40000, "stage descriptors are stepped without a carry out of 18 bits");
 
 // Byte offset of element (row, col) of a [rows][64] 16-bit chunk in the 128B swizzle, as TMA reads it back:
 // the 16-byte unit (col / 8) of row r sits at unit (col / 8) ^ (r % 8).
@@ -281,6 +289,16 @@ __device__ __forceinline__ uint32_t map_to_rank(uint32_t addr, uint32_t rank) {
 __device__ __forceinline__ void mbar_arrive_cluster(uint32_t cluster_addr) {
     asm volatile("mbarrier.arrive.shared::cluster.b64 _, [%0];" ::"r"(cluster_addr) : "memory");
 }
+// Release a stage to the producers of every CTA of the cluster: lane r (< csize: `releaser`) of the warp
+// arrives on CTA r's barrier, so a warp still counts one arrival on each CTA's barrier. One predicated arrive
+// a lane instead of a loop over ranks on lane 0, which ptxas unrolled 16-fold behind a divergent branch
+// (31 arrive instructions in each k-loop's SASS, ~30 issued a k-tile for a cluster of 2).
+__device__ __forceinline__ void release_stage(uint32_t empty_bar, bool releaser, int lane) {
+    if (releaser) mbar_arrive_cluster(map_to_rank(empty_bar, (uint32_t)lane));
+}
+// A value the whole warp holds, as the compiler can see (a broadcast from lane 0): what is computed from it may
+// live in uniform registers, as wgmma's descriptors must.
+__device__ __forceinline__ int warp_uniform(int v) { return __shfl_sync(0xffffffffu, v, 0); }
 // TMA load of one box into the same offset of every CTA in cta_mask, each signalling the mbarrier at the
 // same offset in its own shared memory.
 __device__ __forceinline__ void tma_load_2d_multicast(uint32_t dst, const CUtensorMap* map, int c0, int c1,
@@ -467,9 +485,15 @@ __device__ __forceinline__ void consume(const void* smem_raw, const CUtensorMap*
     constexpr uint32_t a_bytes = PP ? PP_A_TILE_BYTES : A_TILE_BYTES;
     constexpr int c_buffers = PP ? PP_C_BUFFERS : C_BUFFERS;
     const Walk w = make_walk(M, N, K, rows, sched.cluster);
-    const uint32_t s_a = smem_base(smem_raw), s_b = s_a + stages * a_bytes, s_c = s_b + stages * B_TILE_BYTES;
+    // The shared-memory base and the consumer index as warp-uniform values (broadcast from lane 0): the wgmma
+    // descriptors derived from them then stay in uniform registers across the k-loop. Without it ptxas built
+    // the A descriptor in ordinary registers and moved it with R2UR before every HGMMA (8 a k-tile, 16 in
+    // ping-pong) and re-derived the base from S2UR SR_CgaCtaId and the index from S2R SR_TID.X every k-tile
+    // (105 instructions a k-tile a warp before, 51 after: benchmarks/notes/hopper_rungs.md, "SASS review").
+    const uint32_t s_a = (uint32_t)warp_uniform((int)smem_base(smem_raw));
+    const uint32_t s_b = s_a + stages * a_bytes, s_c = s_b + stages * B_TILE_BYTES;
     const uint32_t full = s_a + FULL_OFFSET, empty = s_a + EMPTY_OFFSET, turn = s_a + TURN_OFFSET;
-    const int consumer = (int)(threadIdx.x / 128) - 1;
+    const int consumer = warp_uniform((int)(threadIdx.x / 128)) - 1;
     const int tid = threadIdx.x % 128, warp = tid / 32, lane = tid % 32;
     const int g = lane / 4, q = lane % 4;  // fragment coordinates: row g (+8), columns 2q, 2q+1 of each n8
     // Ping-pong always stores through TMA (its epilogue is off the critical path; the direct-store copy of it
@@ -477,6 +501,11 @@ __device__ __forceinline__ void consume(const void* smem_raw, const CUtensorMap*
     const bool tma_store = PP || (debug & DEBUG_DIRECT_STORE) == 0;
     const uint32_t a_off = PP ? 0u : (uint32_t)(consumer * CONSUMER_A_BYTES);  // my rows of the stage's A
     const int csize = w.csize, k_tiles = w.k_tiles;
+    // Stage 0's descriptors; stage s adds s tiles (the 14-bit address field cannot carry: the ring ends below
+    // 256 KB). Lane r < csize releases a stage to CTA r (see release_stage).
+    const uint64_t desc_a0 = make_desc_sw128(s_a + a_off), desc_b0 = make_desc_sw128(s_b);
+    constexpr uint64_t DESC_A_STAGE = desc_field(a_bytes), DESC_B_STAGE = desc_field(B_TILE_BYTES);
+    const bool releaser = lane < csize;
     float acc[128];
 #pragma unroll
     for (int i = 0; i < 128; ++i) acc[i] = 0.f;
@@ -502,8 +531,8 @@ __device__ __forceinline__ void consume(const void* smem_raw, const CUtensorMap*
         int prev = 0;
         for (int kt = 0; kt < k_tiles; ++kt) {
             mbar_wait(full + 8 * s, phase);
-            const uint64_t da = make_desc_sw128(s_a + s * a_bytes + a_off);
-            const uint64_t db = make_desc_sw128(s_b + s * B_TILE_BYTES);
+            const uint64_t da = desc_a0 + (uint64_t)s * DESC_A_STAGE;
+            const uint64_t db = desc_b0 + (uint64_t)s * DESC_B_STAGE;
             fence_accumulators(acc);
             wgmma_fence();
 #pragma unroll
@@ -519,18 +548,14 @@ __device__ __forceinline__ void consume(const void* smem_raw, const CUtensorMap*
             // to the producers of both CTAs (each of them writes into this CTA's copy of it).
             wgmma_wait<1>();
             fence_accumulators(acc);
-            if (kt > 0 && lane == 0) {
-                for (uint32_t r = 0; r < (uint32_t)csize; ++r) mbar_arrive_cluster(map_to_rank(empty + 8 * prev, r));
-            }
+            if (kt > 0) release_stage(empty + 8 * prev, releaser, lane);
             __syncwarp();  // the warp whole again before the next .sync.aligned wgmma instructions
             prev = s;
             if (++s == stages) { s = 0; phase ^= 1u; }
         }
         wgmma_wait<0>();
         fence_accumulators(acc);
-        if (lane == 0) {  // the producer goes on into the next tile: the last stage must be released too
-            for (uint32_t r = 0; r < (uint32_t)csize; ++r) mbar_arrive_cluster(map_to_rank(empty + 8 * prev, r));
-        }
+        release_stage(empty + 8 * prev, releaser, lane);  // the producer goes on into the next tile
         __syncwarp();
 
         if (!tma_store) {
