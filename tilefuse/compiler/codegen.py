@@ -39,6 +39,7 @@ from typing import Optional
 
 import torch
 
+from .. import device
 from . import ir
 from . import primitives as P
 from .scheduler import KernelGroup, Schedule
@@ -165,7 +166,6 @@ class LaunchTarget:
 
     @staticmethod
     def current() -> "LaunchTarget":
-        from .. import device
         d = device.current()
         return LaunchTarget(d.warp_size, d.interpreter, d.multiprocessors)
 
@@ -210,6 +210,7 @@ class KernelWriter:
         self.target = target
         self.table = sched.graph.by_name()
         self.helpers: set[str] = set()
+        self.peepholes: dict[int, ir.Expr] = {}  # id(Op) -> what P.peephole writes for it
         self.sizes: dict[int, str] = {}  # value -> argument name
         self.size_order: list[tuple[str, int]] = []
         self.buffers: dict[tuple[str, str], str] = {}  # (kind, buffer) -> pointer arg
@@ -351,6 +352,11 @@ class KernelWriter:
         if isinstance(e, ir.Cast):
             return self.cast(e, target, key)
         if isinstance(e, ir.Op):
+            better = self.peepholes.get(key)
+            if better is None:
+                better = self.peepholes[key] = P.peephole(e)
+            if better is not e:
+                return self.expr(better, scope)
             prim = P.PRIMITIVES[e.name]
             self.helpers.update(prim.helpers)
             # a helper (or a template calling a method) may call ``.to()`` or read ``.dtype`` of an operand:
@@ -1092,7 +1098,13 @@ class KernelWriter:
                 ops.append(short)
         summary = "_".join(re.sub(r"[^a-z0-9]", "", s.lower()) for s in ops[:4]) or "copy"
         body = "\n".join(body_lines)
-        helper_text = "\n\n".join(P.HELPERS[h] for h in P.helpers_closure(self.helpers))
+        helpers = P.helpers_closure(self.helpers)
+        # the text that runs where this process runs kernels (a test may plan for a GPU on the interpreter)
+        on_interpreter = self.target.interpreter or device.interpreting()
+        helper_text = "\n\n".join(P.helper_text(h, on_interpreter) for h in helpers)
+        imports = "import triton\nimport triton.language as tl\n"
+        if not on_interpreter and any(h in P.GPU_HELPERS for h in helpers):
+            imports += "from triton.language.extra import libdevice\n"
         describe = {"pointwise": "pointwise, blocked over elements", "tiled": "pointwise, rows x last-dim tiles",
                     "persistent": "reduction, persistent (whole rows in registers)",
                     "looped": "reduction, looped over row chunks",
@@ -1107,7 +1119,7 @@ class KernelWriter:
         digest = hashlib.sha256(draft.encode()).hexdigest()[:10]
         name = f"tfk_{tag}_{summary}_{digest}"[:80]
         source = ("# tilefuse generated kernel: " + name + "\n" + "\n".join(header) + "\n"
-                  "import triton\nimport triton.language as tl\n\n\n" + (helper_text + "\n\n" if helper_text else "")
+                  + imports + "\n\n" + (helper_text + "\n\n" if helper_text else "")
                   + f"@triton.jit\ndef {name}({sig}):\n{body}\n")
         stores = tuple(a[1] for a, (k, _) in zip(args, self.buffer_order) if k == "store")
         stages = 1 if self.form in ("pointwise", "tiled", "persistent") or self.target.interpreter \

@@ -17,6 +17,7 @@ from typing import Callable, Optional
 
 import torch
 
+from ..kernels import special
 from . import ir
 
 HALF = (torch.float16, torch.bfloat16)
@@ -85,6 +86,8 @@ PRIMITIVES: dict[str, Primitive] = {
     "sigmoid": P(1, "tl.sigmoid({0})", floats_only=True),
     "erf": P(1, "tl.erf({0})", floats_only=True),
     "erfc": P(1, "_tf_erfc({0})", ("_tf_erfc",), floats_only=True),
+    # float32 erfc (what "erfc" and "1 + erf(u)" become in float32): one exp, one reciprocal, no cancellation
+    "erfc_f32": P(1, "_tf_erfc_f32({0})", ("_tf_erfc_f32",), floats_only=True),
     "erfcx": P(1, "_tf_erfcx({0})", ("_tf_erfcx",), floats_only=True),
     "erfinv": P(1, "_tf_erfinv({0})", ("_tf_erfinv",), floats_only=True),
     "lgamma": P(1, "_tf_lgamma({0})", ("_tf_lgamma",), floats_only=True),
@@ -181,6 +184,41 @@ def build(name: str, *args: ir.Expr, dtype: Optional[torch.dtype] = None) -> ir.
     return ir.Op.make(name, tuple(args), dtype)
 
 
+def peephole(e: ir.Op) -> ir.Expr:
+    """What code generation writes for ``e`` instead, on the fused expression (inlining a producer forms
+    patterns no single lowering rule sees): in float32, ``erfc`` and ``1 + erf(u)`` / ``1 - erf(u)`` become
+    the float32 erfc of :mod:`tilefuse.kernels.special`. ``e`` itself when nothing applies."""
+    if e.dtype != torch.float32:
+        return e
+    if e.name == "erfc":
+        return ir.Op.make("erfc_f32", e.args, e.dtype)
+    if e.name in ("add", "sub"):
+        rewritten = _one_plus_erf(e.name, e.args)
+        if rewritten is not None:
+            return rewritten
+    return e
+
+
+def _is_one(e: ir.Expr) -> bool:
+    return isinstance(e, ir.Const) and not e.from_size and not isinstance(e.value, bool) and e.value == 1
+
+
+def _erf_operand(e: ir.Expr) -> Optional[ir.Expr]:
+    return e.args[0] if isinstance(e, ir.Op) and e.name == "erf" and e.dtype == torch.float32 else None
+
+
+def _one_plus_erf(name: str, args) -> Optional[ir.Expr]:
+    """In float32, ``1 + erf(u)`` is ``erfc(-u)`` and ``1 - erf(u)`` is ``erfc(u)``, computed without the
+    cancellation (the exact GeLU's ``1 + erf(x / sqrt(2))`` for negative x) and in fewer instructions than
+    libdevice's erf (tilefuse.kernels.special). None when ``args`` are not of that form."""
+    a, b = args
+    if name == "add":
+        u = _erf_operand(b) if _is_one(a) else (_erf_operand(a) if _is_one(b) else None)
+        return None if u is None else build("erfc_f32", build("neg", u))
+    u = _erf_operand(b) if _is_one(a) else None
+    return None if u is None else build("erfc_f32", u)
+
+
 def where(cond, a, b):
     return build("where", cond, a, b, dtype=a.dtype)
 
@@ -199,10 +237,20 @@ HELPER_DEPS: dict[str, tuple[str, ...]] = {
 }
 
 HELPERS: dict[str, str] = {}
+# helpers with another text for a GPU (libdevice, which the interpreter cannot run); these texts need
+# ``from triton.language.extra import libdevice`` in the kernel file
+GPU_HELPERS: dict[str, str] = {}
 
 
-def _helper(name: str, text: str) -> None:
+def _helper(name: str, text: str, gpu_text: Optional[str] = None) -> None:
     HELPERS[name] = "@triton.jit\n" + text.strip("\n") + "\n"
+    if gpu_text is not None:
+        GPU_HELPERS[name] = "@triton.jit\n" + gpu_text.strip("\n") + "\n"
+
+
+def helper_text(name: str, interpreter: bool) -> str:
+    """The text of helper ``name`` for a kernel file that runs on the interpreter or on a GPU."""
+    return HELPERS[name] if interpreter else GPU_HELPERS.get(name, HELPERS[name])
 
 
 _helper("_tf_remainder", '''
@@ -392,6 +440,8 @@ def _tf_erfc(x):
     big = tl.exp(-x * x) * _tf_erfc_cf(tl.maximum(x, 2.0))
     return tl.where(x >= 2.0, big, 1.0 - tl.erf(x))
 ''')
+_helper("_tf_erfc_f32", special.erfc_f32_source("_tf_erfc_f32", interpreter=True),
+        special.erfc_f32_source("_tf_erfc_f32", interpreter=False))
 _helper("_tf_erfcx", '''
 def _tf_erfcx(x):
     big = _tf_erfc_cf(tl.maximum(x, 2.0))

@@ -38,12 +38,14 @@ This signature is the stable contract between the GEMM library and generated cod
 operands (:data:`NUM_EXTRA_OPERANDS`) and the argument order do not change.
 
 Under the interpreter, ``tl.extra.libdevice`` does not run (triton 3.6), so tanh is written from
-``tl.exp`` here; ``tl.erf`` and ``tl.sigmoid`` are core ops and run everywhere.
+``tl.exp`` here and the exact GeLU's erfc in :mod:`tilefuse.kernels.special`; ``tl.sigmoid`` is a core op.
 """
 from __future__ import annotations
 
 import triton
 import triton.language as tl
+
+from .special import erfc_f32
 
 NUM_EXTRA_OPERANDS = 4  # (ptr, stride_m, stride_n) triples handed to the hook
 
@@ -75,7 +77,7 @@ def activate(x, ACTIVATION: tl.constexpr):
     if ACTIVATION == 1:
         x = tl.maximum(x, 0.0)
     elif ACTIVATION == 2:
-        x = 0.5 * x * (1.0 + tl.erf(x * 0.7071067811865476))
+        x = 0.5 * x * erfc_f32(x * -0.7071067811865476)  # x * Phi(x); 1 + erf(x/sqrt2) cancels for x < 0
     elif ACTIVATION == 3:
         inner = 0.7978845608028654 * (x + 0.044715 * x * x * x)
         x = 0.5 * x * (1.0 + tanh_f32(inner))
