@@ -176,23 +176,29 @@ def run_fused(rec: harness.Recorder, opts: SuiteOptions, dev, dtype: torch.dtype
 
             def ours(a, b, bias):
                 return tilefuse.gemm(a, b, bias=bias, activation="gelu")
-            rec.time(case, "eager", harness.Rotating(_eager_bias_gelu, sets), dtype=dtype, shape=shape, flops=flops,
-                     bytes_moved=moved, check=_checker(lambda: _eager_bias_gelu(a, b, bias), ref, tol))
-            rec.time(case, "addmm+gelu", harness.Rotating(_addmm_gelu, sets), dtype=dtype, shape=shape, flops=flops,
-                     bytes_moved=moved, baseline="eager", check=_checker(lambda: _addmm_gelu(a, b, bias), ref, tol))
-            rec.time(case, "tilefuse", harness.Rotating(ours, sets), dtype=dtype, shape=shape, flops=flops,
-                     bytes_moved=moved, baseline="eager", check=_checker(lambda: ours(a, b, bias), ref, tol))
+            # interleaved rounds, as the plain rows: a clock drift over the case falls on all three alike
+            rec.time_interleaved(case, [
+                ("eager", harness.Rotating(_eager_bias_gelu, sets),
+                 dict(flops=flops, bytes_moved=moved, check=_checker(lambda: _eager_bias_gelu(a, b, bias), ref, tol))),
+                ("addmm+gelu", harness.Rotating(_addmm_gelu, sets),
+                 dict(flops=flops, bytes_moved=moved, baseline="eager",
+                      check=_checker(lambda: _addmm_gelu(a, b, bias), ref, tol))),
+                ("tilefuse", harness.Rotating(ours, sets),
+                 dict(flops=flops, bytes_moved=moved, baseline="eager", check=_checker(lambda: ours(a, b, bias), ref, tol))),
+            ], dtype=dtype, shape=shape)
         if want_q:
             case = f"bias_gelu_fp8q/{name}/{shape}"
             moved = (m * k + k * n) * dtype.itemsize + m * n
 
             def ours_q(a, b, bias):
                 return tilefuse.gemm(a, b, bias=bias, activation="gelu", quantize="fp8_e4m3")
-            rec.time(case, "eager", harness.Rotating(_eager_fp8_quant, sets), dtype=dtype, shape=shape, flops=flops,
-                     bytes_moved=moved, check=_quant_checker(lambda: _eager_fp8_quant(a, b, bias), ref))
-            rec.time(case, "tilefuse", harness.Rotating(ours_q, sets), dtype=dtype, shape=shape, flops=flops,
-                     bytes_moved=moved, baseline="eager", check=_quant_checker(lambda: ours_q(a, b, bias), ref),
-                     note="fp8 e4m3 codes + per-row scales")
+            rec.time_interleaved(case, [
+                ("eager", harness.Rotating(_eager_fp8_quant, sets),
+                 dict(flops=flops, bytes_moved=moved, check=_quant_checker(lambda: _eager_fp8_quant(a, b, bias), ref))),
+                ("tilefuse", harness.Rotating(ours_q, sets),
+                 dict(flops=flops, bytes_moved=moved, baseline="eager",
+                      check=_quant_checker(lambda: ours_q(a, b, bias), ref), note="fp8 e4m3 codes + per-row scales")),
+            ], dtype=dtype, shape=shape)
         del sets, ref
         _free()
 
