@@ -137,3 +137,54 @@ def test_float64_keeps_libdevice_erf_and_erfc_op_uses_the_fast_form():
     ref = _reference(y)
     rel = ((got.double() - ref).abs() / ref).max().item()
     assert rel < 3e-5, rel
+
+
+_CHILD = r'''
+import sys
+sys.path.insert(0, "scripts")
+import triton
+from triton.backends.compiler import GPUTarget
+import sweep_reductions as sr
+compiled = []
+real = triton.compile
+for arch in ("sm_90", "gfx942"):
+    target = GPUTarget("cuda", 90, 32) if arch == "sm_90" else GPUTarget("hip", "gfx942", 64)
+    def pinned(src, target=None, options=None, _t=target):
+        c = real(src, target=_t, options=options)
+        compiled.append((arch, c))
+        raise StopIteration  # cross_compile reads cuda-only metadata after compiling
+    triton.compile = pinned
+    for case in ("gelu_chain_fwd_bwd", "cross_entropy"):
+        _, kernels = sr.plan_backward_kernels(case, 1024, 1024, kinds=("forward", "backward"))
+        for ks, dtypes in kernels:
+            if "_tf_erfc_f32" in ks.source or "_tf_exp_sum_term" in ks.source:
+                assert "libdevice.fast_" in ks.source, ks.name
+                try:
+                    sr.cross_compile(ks, dtypes)
+                except StopIteration:
+                    pass
+                asm = compiled[-1][1].asm
+                text = asm["ptx"] if arch == "sm_90" else asm["amdgcn"]
+                print(arch, case, ks.name, "ex2.approx.ftz" in text or "v_exp_f32" in text)
+'''
+
+
+def test_gpu_texts_cross_compile_for_nvidia_and_amd():
+    """The libdevice text of the helpers (which the interpreter cannot run) builds for sm_90 and gfx942 in
+    generated kernels, and uses the approximate exp there."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+    root = Path(__file__).resolve().parents[1]
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env.update(TILEFUSE_INTERPRET="0", PYTHONPATH=str(root))
+    proc = subprocess.run([sys.executable, "-c", _CHILD], cwd=root, env=env, capture_output=True, text=True,
+                          timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = proc.stdout.split("\n")
+    rows = [ln.split() for ln in lines if ln.strip()]
+    for arch in ("sm_90", "gfx942"):
+        for case in ("gelu_chain_fwd_bwd", "cross_entropy"):
+            got = [r for r in rows if r[0] == arch and r[1] == case]
+            assert got and all(r[3] == "True" for r in got), (arch, case, proc.stdout)

@@ -442,6 +442,19 @@ def _tf_erfc(x):
 ''')
 _helper("_tf_erfc_f32", special.erfc_f32_source("_tf_erfc_f32", interpreter=True),
         special.erfc_f32_source("_tf_erfc_f32", interpreter=False))
+# exp of a term that is only summed with others of at least 1 (the online softmax's step): on a GPU the
+# approximate exp without the denormal fix-up (a result below 1.2e-38 flushes to 0, which the sum cannot see)
+_helper("_tf_exp_sum_term", '''
+def _tf_exp_sum_term(x):
+    return tl.exp(x)
+''', '''
+def _tf_exp_sum_term(x):
+    if x.dtype == tl.float32:
+        y = libdevice.fast_expf(x)
+    else:
+        y = tl.exp(x)
+    return y
+''')
 _helper("_tf_erfcx", '''
 def _tf_erfcx(x):
     big = _tf_erfc_cf(tl.maximum(x, 2.0))
