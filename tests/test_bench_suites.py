@@ -149,3 +149,23 @@ def test_compiler_suite_check_catches_a_wrong_answer():
     nan = [t.clone() for t in eager]
     nan[1].view(-1)[7] = float("nan")
     assert cs.check_against(nan, ref, eager, torch.bfloat16) is not None
+
+
+def test_recorder_measures_missing_ceilings_on_a_gpu(monkeypatch):
+    """A fresh GPU machine has no cached ceilings: the suite measures them first (so pct_ceiling is filled)
+    and says so; an interpreter run never measures."""
+    from tilefuse import device
+    fake = device.Device("nvidia", "H-test", "sm_90", 132, 32, False, "cuda")
+    measured = device.Ceilings("H-test", 4000.0, 700.0, 650.0, 8192, "t", "t", "now")
+    calls, logged = [], []
+    monkeypatch.setattr(device, "current", lambda: fake)
+    monkeypatch.setattr(device, "ceilings", lambda *a: None)
+    monkeypatch.setattr(device, "measure_ceilings", lambda: calls.append(1) or measured)
+    rec = runner.SuiteOptions(log=logged.append).recorder("compiler", compute_bound=False)
+    assert calls == [1] and rec.ceiling_gbps == 4000.0 and rec.ceiling_tflops is None
+    assert any("measuring copy bandwidth" in m for m in logged), logged
+    rec = runner.SuiteOptions(log=logged.append).recorder("gemm", compute_bound=True)
+    assert calls == [1, 1] and rec.ceiling_tflops == 700.0
+    monkeypatch.setattr(device, "current", lambda: device.Device("cpu", "cpu", "cpu", 8, 32, True, "cpu"))
+    rec = runner.SuiteOptions(log=logged.append).recorder("compiler", compute_bound=False)
+    assert calls == [1, 1] and rec.ceiling_gbps is None

@@ -108,3 +108,15 @@ def test_interleaved_wrong_and_failing_impls_are_rows(monkeypatch):
                                       ("c", lambda: "c", {"check": boom})], dtype="bf16", shape="1")
     assert rows[0].ok and rows[1].status == "wrong: max error 3" and rows[2].status.startswith("error: RuntimeError")
     assert {c[0] for c in calls} == {"a"}
+
+
+def test_explicit_git_sha_wins_over_the_enclosing_checkout(monkeypatch):
+    """A snapshot run inside another checkout records the commit it was told, not that checkout's HEAD."""
+    import dataclasses
+
+    from tilefuse import config
+    real = config.get()
+    monkeypatch.setattr(config, "get", lambda: dataclasses.replace(real, git_sha="abc123def456"))
+    assert harness.environment()["git_sha"] == "abc123def456"
+    monkeypatch.setattr(config, "get", lambda: dataclasses.replace(real, git_sha=""))
+    assert harness.environment()["git_sha"] == (harness._git_sha() or "unknown")

@@ -20,8 +20,8 @@ variable                   meaning
                            it so a fallback cannot hide a lowering bug). Default 0.
 ``TILEFUSE_NVCC``          the nvcc used to build the CUDA C++ ladder (default ``nvcc``).
 ``TILEFUSE_HIP_CLANG``     the clang used to compile the HIP translation (default ``clang-19``).
-``TILEFUSE_GIT_SHA``       the commit recorded in benchmark rows when the tree has no ``.git`` (a copy of
-                           the checkout on a device machine); default: asked of git.
+``TILEFUSE_GIT_SHA``       the commit recorded in benchmark rows (for a snapshot of a commit run on a device
+                           machine, whose tree has no ``.git`` of its own); default: asked of git.
 ``TILEFUSE_PROGRESS``      1 (default): show progress while tuning or building takes more than a moment;
                            0: never.
 ``TILEFUSE_TUNE_WAIT_S``   under torchrun, how long a rank other than local rank 0 waits for local rank

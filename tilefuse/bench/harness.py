@@ -52,21 +52,28 @@ class Row:
 
 
 @functools.lru_cache(maxsize=1)
+def _git_sha() -> str:
+    """HEAD of the checkout holding this file (+dirty with uncommitted changes), or "" without git."""
+    here = Path(__file__).resolve().parent
+    try:
+        sha = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], capture_output=True, text=True,
+                             cwd=here, timeout=10).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True,
+                               text=True, cwd=here, timeout=10).stdout.strip()
+    except (OSError, subprocess.TimeoutExpired):
+        return ""
+    return sha + ("+dirty" if dirty and sha else "")
+
+
 def environment() -> dict[str, str]:
     import torch
     import triton
 
     from .. import config, device
 
-    try:
-        sha = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], capture_output=True, text=True,
-                             cwd=Path(__file__).resolve().parent, timeout=10).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True,
-                               text=True, cwd=Path(__file__).resolve().parent, timeout=10).stdout.strip()
-        sha = sha + ("+dirty" if dirty and sha else "")
-    except (OSError, subprocess.TimeoutExpired):
-        sha = ""
-    sha = sha or config.get().git_sha
+    # an explicit TILEFUSE_GIT_SHA wins: a snapshot (git archive) unpacked inside another checkout would
+    # otherwise record that checkout's HEAD (run 16's rows say 4414754aa995+dirty for commit 775c78d)
+    sha = config.get().git_sha or _git_sha()
     return {"gpu": device.current().name, "torch": torch.__version__, "triton": triton.__version__,
             "git_sha": sha or "unknown", "date": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d")}
 

@@ -42,6 +42,14 @@ class SuiteOptions:
         from .. import device
 
         ceil = device.ceilings()
+        dev = device.current()
+        if ceil is None and not self.smoke and dev.is_gpu and not dev.interpreter:
+            # the CSV's pct_ceiling column needs them; a fresh machine (or cache dir) has none yet
+            self.log(f"[bench] no measured ceilings for {dev.name} in the cache: measuring copy bandwidth and "
+                     f"dense matmul rate (a few seconds) ...")
+            ceil = device.measure_ceilings()
+            self.log(f"[bench] ceilings: copy {ceil.copy_gbps / 1000:.2f} TB/s, bf16 matmul {ceil.bf16_tflops:.0f} "
+                     f"TFLOP/s")
         return harness.Recorder(suite, ceiling_tflops=ceil.bf16_tflops if (ceil and compute_bound) else None,
                                 ceiling_gbps=ceil.copy_gbps if (ceil and not compute_bound) else None,
                                 warmup_ms=self.warmup_ms, rep_ms=self.rep_ms, smoke=self.smoke, log=self.log)
