@@ -228,7 +228,7 @@ def where(cond, a, b):
 HELPER_DEPS: dict[str, tuple[str, ...]] = {
     "_tf_asin": ("_tf_atan2",), "_tf_acos": ("_tf_atan2",), "_tf_atan2": ("_tf_atan", "_tf_signbit"),
     "_tf_sinh": ("_tf_expm1",), "_tf_asinh": ("_tf_log1p",), "_tf_acosh": ("_tf_log1p",),
-    "_tf_atanh": ("_tf_log1p",), "_tf_erfc": ("_tf_erfc_cf",), "_tf_erfcx": ("_tf_erfc_cf",),
+    "_tf_atanh": ("_tf_log1p",), "_tf_erfc": ("_tf_erfc_cf",), "_tf_erfc_f32": ("_tf_erfc_poly",), "_tf_erfcx": ("_tf_erfc_cf",),
     "_tf_lgamma": ("_tf_lgamma_pos",), "_tf_digamma": ("_tf_digamma_pos",),
     "_tf_trigamma": ("_tf_trigamma_pos",), "_tf_ndtri": ("_tf_erfinv",),
     "_tf_log_ndtr": ("_tf_erfcx", "_tf_erfc", "_tf_log1p"), "_tf_copysign": ("_tf_signbit",),
@@ -440,8 +440,9 @@ def _tf_erfc(x):
     big = tl.exp(-x * x) * _tf_erfc_cf(tl.maximum(x, 2.0))
     return tl.where(x >= 2.0, big, 1.0 - tl.erf(x))
 ''')
-_helper("_tf_erfc_f32", special.erfc_f32_source("_tf_erfc_f32", interpreter=True),
-        special.erfc_f32_source("_tf_erfc_f32", interpreter=False))
+_helper("_tf_erfc_poly", special.erfc_poly_source("_tf_erfc_poly"))
+_helper("_tf_erfc_f32", special.erfc_f32_source("_tf_erfc_f32", "_tf_erfc_poly", interpreter=True),
+        special.erfc_f32_source("_tf_erfc_f32", "_tf_erfc_poly", interpreter=False))
 # exp of a term that is only summed with others of at least 1 (the online softmax's step): on a GPU the
 # approximate exp without the denormal fix-up (a result below 1.2e-38 flushes to 0, which the sum cannot see)
 _helper("_tf_exp_sum_term", '''

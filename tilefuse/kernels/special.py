@@ -36,9 +36,8 @@ from .. import device
 
 
 @triton.jit
-def erfc_f32_portable(x):
-    z = tl.abs(x)
-    t = 1.0 / (1.0 + 0.4 * z)
+def erfc_poly(t):
+    # Q(t), t = 1 / (1 + 0.4 |x|): erfc(|x|) = exp(-x^2) * Q(t)
     q = 0.0706699788570404
     q = q * t - 0.38097816705703735
     q = q * t + 0.6661408543586731
@@ -47,8 +46,13 @@ def erfc_f32_portable(x):
     q = q * t + 0.13168321549892426
     q = q * t + 0.2402118444442749
     q = q * t + 0.2241220921278
-    q = q * t + 7.086526602506638e-05
-    e = q * tl.exp(-x * x)
+    return q * t + 7.086526602506638e-05
+
+
+@triton.jit
+def erfc_f32_portable(x):
+    t = 1.0 / (1.0 + 0.4 * tl.abs(x))
+    e = erfc_poly(t) * tl.exp(-x * x)
     return tl.where(x < 0, 2.0 - e, e)
 
 
@@ -57,18 +61,8 @@ def erfc_f32_fast(x):
     # the same on a GPU, with the approximate reciprocal and exp (div.approx / ex2.approx.ftz on NVIDIA):
     # the divisor is in [1, inf] and the exp's argument <= 0, so the range fix-ups '/' and tl.exp carry
     # (8 and 3 instructions an element on sm_90) have nothing to fix; an underflow below 1.2e-38 flushes to 0
-    z = tl.abs(x)
-    t = libdevice.fast_dividef(1.0, 1.0 + 0.4 * z)
-    q = 0.0706699788570404
-    q = q * t - 0.38097816705703735
-    q = q * t + 0.6661408543586731
-    q = q * t - 0.3663370907306671
-    q = q * t + 0.4144163131713867
-    q = q * t + 0.13168321549892426
-    q = q * t + 0.2402118444442749
-    q = q * t + 0.2241220921278
-    q = q * t + 7.086526602506638e-05
-    e = q * libdevice.fast_expf(-x * x)
+    t = libdevice.fast_dividef(1.0, 1.0 + 0.4 * tl.abs(x))
+    e = erfc_poly(t) * libdevice.fast_expf(-x * x)
     return tl.where(x < 0, 2.0 - e, e)
 
 
@@ -76,14 +70,21 @@ def erfc_f32_fast(x):
 erfc_f32 = erfc_f32_portable if device.interpreting() else erfc_f32_fast
 
 
-def _source(fn, name: str) -> str:
-    """``fn``'s text as a helper called ``name`` (the compiler writes it into the kernel files that use it)."""
+def _source(fn, name: str, poly_name: str = "") -> str:
+    """``fn``'s text as a helper called ``name`` (the compiler writes it into the kernel files that use it),
+    its call of :func:`erfc_poly` renamed to ``poly_name``."""
     text = textwrap.dedent(inspect.getsource(getattr(fn, "fn", fn)))
     text = text[text.index("def "):]
-    return "def " + name + text[text.index("("):]
+    text = "def " + name + text[text.index("("):]
+    return text.replace("erfc_poly(", poly_name + "(") if poly_name else text
 
 
-def erfc_f32_source(name: str, interpreter: bool) -> str:
-    """The text of the float32 erfc for a kernel file, named ``name``; the GPU form (libdevice) unless the
-    file runs on the interpreter. The GPU form needs ``from triton.language.extra import libdevice``."""
-    return _source(erfc_f32_portable if interpreter else erfc_f32_fast, name)
+def erfc_f32_source(name: str, poly_name: str, interpreter: bool) -> str:
+    """The text of the float32 erfc for a kernel file, named ``name`` and calling the polynomial as
+    ``poly_name`` (:func:`erfc_poly_source`); the GPU form (libdevice) unless the file runs on the
+    interpreter. The GPU form needs ``from triton.language.extra import libdevice``."""
+    return _source(erfc_f32_portable if interpreter else erfc_f32_fast, name, poly_name)
+
+
+def erfc_poly_source(name: str) -> str:
+    return _source(erfc_poly, name)
