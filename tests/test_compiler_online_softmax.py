@@ -128,3 +128,43 @@ def test_the_pair_max_is_an_output_too(looped):
     assert sum(_loops(ex)) == 1, _loops(ex)  # the max and the sum in one loop
     for got, want, what in zip(ex.result, f(x.double()), ("max", "sum")):
         _check(got, want, what)
+
+
+def _kernel_texts(ex) -> str:
+    return "\n".join(Path(k.path).read_text() for k in ex.kernels if k.path)
+
+
+@pytest.mark.parametrize("form", ["persistent", "looped"])
+def test_softmax_divides_by_its_sum_once_a_row(monkeypatch, form):
+    """softmax's exp(x - max) / sum is written as a product by 1 / sum (the sum is >= 1 or NaN, so the
+    reciprocal cannot overflow): no division an element, the same values as eager's float64 (NaN rows, -inf
+    runs and whole -inf rows included)."""
+    import re
+    if form == "looped":
+        monkeypatch.setattr(codegen, "INTERP_PERSISTENT_MAX_R", 64)
+        monkeypatch.setattr(codegen, "INTERP_BLOCK", 64)
+    reset()
+    x = noncontiguous(_rows(7))
+    with strict():
+        ex = explain(lambda t: torch.softmax(t, -1), x)
+    text = _kernel_texts(ex)
+    assert re.search(r"\(1\.0 / red\d+\)", text), text
+    assert not re.search(r"[^0.] / red\d+\)", text.replace("(1.0 / red", "")), text
+    _check(ex.result, torch.softmax(x.double(), -1), "softmax")
+    torch._dynamo.reset()
+
+
+def test_a_division_by_another_row_sum_stays_a_division():
+    """x / sum(|x|) may have a sum below 2^-126, whose reciprocal would overflow: left a division."""
+    import re
+    reset()
+    x = torch.randn(ROWS, COLS) * 1e-41  # float32 subnormals: the row sums are too
+    x[0] = torch.linspace(-1, 1, COLS)
+    with strict():
+        ex = explain(lambda t: t / t.abs().sum(-1, keepdim=True), x)
+    text = _kernel_texts(ex)
+    assert re.search(r"/ red\d+\)", text) and not re.search(r"\(1\.0 / red\d+\)", text), text
+    want = x.double() / x.double().abs().sum(-1, keepdim=True)
+    assert torch.isfinite(ex.result).all()
+    assert_close(ex.result.double(), want, torch.float32)
+    torch._dynamo.reset()

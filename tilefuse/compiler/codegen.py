@@ -354,7 +354,10 @@ class KernelWriter:
         if isinstance(e, ir.Op):
             better = self.peepholes.get(key)
             if better is None:
-                better = self.peepholes[key] = P.peephole(e)
+                better = P.peephole(e)
+                if better is e:
+                    better = self.softmax_reciprocal(e)
+                self.peepholes[key] = better
             if better is not e:
                 return self.expr(better, scope)
             prim = P.PRIMITIVES[e.name]
@@ -372,6 +375,26 @@ class KernelWriter:
                 return self.emit(target, prim.template.format(*args) + ".to(tl.float32)", reg, key)
             return self.emit(target, prim.template.format(*args), reg, key)
         raise TypeError(f"cannot generate code for {type(e).__name__}")
+
+    def softmax_reciprocal(self, e: ir.Op) -> ir.Expr:
+        """``a / s`` by a softmax denominator of this kernel, ``s = sum(exp(x - max(x)))``, as ``a * (1 / s)``:
+        the reciprocal once a row instead of a division an element (Triton's float32 ``/`` is div.full with
+        range fix-ups: ~8 SASS instructions an element on sm_90). Safe because such an ``s`` is at least 1
+        (its largest term is exp(0)) or NaN, so ``1 / s`` cannot overflow; a product differs from the
+        quotient by an ulp or two of float32. ``e`` itself for any other division."""
+        if e.name != "truediv" or e.dtype != torch.float32 or not isinstance(e.args[1], ir.Local):
+            return e
+        a, s = e.args
+        node, body = self.table.get(s.name), self.bodies.get(s.name)
+        if not (isinstance(node, ir.Reduction) and node.kind == "sum" and self.uses_r(a)
+                and isinstance(body, ir.Op) and body.name == "exp"
+                and isinstance(body.args[0], ir.Op) and body.args[0].name == "sub"):
+            return e
+        x, m = body.args[0].args
+        top = self.table.get(m.name) if isinstance(m, ir.Local) else None
+        if not (isinstance(top, ir.Reduction) and top.kind == "max" and self.bodies.get(m.name) is x):
+            return e
+        return P.build("mul", a, P.build("reciprocal", s))
 
     def const_text(self, c: ir.Const) -> str:
         dt = P.compute_dtype(c.dtype)
