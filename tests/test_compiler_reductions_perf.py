@@ -258,3 +258,45 @@ def test_tuning_rejects_unknown_settings_and_restores():
         assert codegen.TUNING["outer_xblock"] == 64
         assert LR.split_factor((32768, 4096), (0,), "sum") == 256
     assert codegen.TUNING == before
+
+
+@pytest.mark.parametrize("rows, cols", [(64, 256), (61, 256), (64, 250), (7, 8)])
+def test_block_masks_fold_when_the_shape_fills_the_block(gpu_forms, rows, cols):
+    """A plan whose rows fill RBLOCK (and XBLOCK) exactly writes constant all-true masks (Triton then drops
+    the selects and load predicates); any other shape keeps the tests. Both give eager's result, and a
+    dynamic-shape graph that sees both kinds of shape re-plans each one right (persistent and row-loop
+    forms: softmax + layer norm forward and backward)."""
+    import re
+
+    from pathlib import Path
+
+    from tilefuse.compiler.explain import explain
+
+    def f(x, w, b):
+        return F.layer_norm(torch.softmax(x, -1), (x.shape[-1],), w, b)
+
+    x = noncontiguous(torch.randn(rows, cols, dtype=torch.float64).float()).requires_grad_()
+    w, b = torch.randn(cols, requires_grad=True), torch.randn(cols, requires_grad=True)
+    with strict():
+        ex = explain(f, x, w, b)
+    texts = [Path(k.path).read_text() for k in ex.kernels if k.path]
+    assert texts
+    full_r = [t for t in texts if "rmask = tl.full([1, RBLOCK], 1, tl.int1)" in t]
+    tested_r = [t for t in texts if re.search(r"rmask = rindex < rnumel", t)]
+    if cols & (cols - 1) == 0:  # a power of two: the row fills RBLOCK
+        assert full_r, f"a {cols}-wide row in RBLOCK {cols} keeps the rnumel test"
+    else:
+        assert tested_r and not full_r, "a row that does not fill RBLOCK lost its mask"
+    xd, wd, bd = (t.detach().double() for t in (x, w, b))
+    assert_close(ex.result.double(), f(xd, wd, bd), torch.float32)
+    torch._dynamo.reset()
+
+
+def test_dynamic_shapes_replan_masks_per_shape(gpu_forms):
+    """One compiled function (dynamic=True) called with a row that fills the block, then with one that does
+    not, then with the first again: each result right (the second shape must not run the first's text)."""
+    f = torch.compile(lambda t: torch.softmax(t, -1) * 2.0, backend="tilefuse", dynamic=True)
+    with strict():
+        for rows, cols in ((32, 128), (33, 120), (32, 128), (9, 129)):
+            x = torch.randn(rows, cols)
+            assert_close(f(x).double(), torch.softmax(x.double(), -1) * 2.0, torch.float32)
