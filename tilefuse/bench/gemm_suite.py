@@ -184,7 +184,8 @@ def run_fused(rec: harness.Recorder, opts: SuiteOptions, dev, dtype: torch.dtype
                  dict(flops=flops, bytes_moved=moved, baseline="eager",
                       check=_checker(lambda: _addmm_gelu(a, b, bias), ref, tol))),
                 ("tilefuse", harness.Rotating(ours, sets),
-                 dict(flops=flops, bytes_moved=moved, baseline="eager", check=_checker(lambda: ours(a, b, bias), ref, tol))),
+                 dict(flops=flops, bytes_moved=moved, baseline="eager",
+                      check=_checker(lambda: ours(a, b, bias), ref, tol))),
             ], dtype=dtype, shape=shape)
         if want_q:
             case = f"bias_gelu_fp8q/{name}/{shape}"

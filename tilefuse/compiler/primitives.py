@@ -1,11 +1,15 @@
 """The pointwise primitives the lowering builds expressions from, and the Triton text each becomes.
 
 A primitive is named (``Op.name``), takes operands of the dtype the lowering gives it, and is written in
-Triton from core ``tl`` math only: ``tl.extra.libdevice`` does not run on Triton's interpreter, so functions
+Triton from core ``tl`` math: ``tl.extra.libdevice`` does not run on Triton's interpreter, so functions
 without a core op (tanh, log1p, atan, lgamma, erfinv, ...) are small ``@triton.jit`` helpers below, written
 out into each kernel file that uses them (a kernel file stands alone) and tested on the interpreter. The same
-text runs on NVIDIA and AMD. Helpers that need more precision than float32 gives compute in float64
-(special functions only: none of them is on a hot path).
+text runs on NVIDIA and AMD. Two hot helpers (the float32 erfc, the online softmax's exp) have a second,
+GPU text (:data:`GPU_HELPERS`) with libdevice's fast reciprocal and exp, which both vendors' libdevice
+provide; codegen writes it into kernels that run on a GPU. Helpers that need more precision than float32
+gives compute in float64 (special functions only: none of them is on a hot path).
+
+:func:`peephole` rewrites fused expressions at code generation (``1 + erf(u)`` is ``erfc(-u)``).
 
 ``build(name, *args, dtype)`` makes an ``Op`` and folds constants where that is trivially right.
 """
@@ -228,7 +232,8 @@ def where(cond, a, b):
 HELPER_DEPS: dict[str, tuple[str, ...]] = {
     "_tf_asin": ("_tf_atan2",), "_tf_acos": ("_tf_atan2",), "_tf_atan2": ("_tf_atan", "_tf_signbit"),
     "_tf_sinh": ("_tf_expm1",), "_tf_asinh": ("_tf_log1p",), "_tf_acosh": ("_tf_log1p",),
-    "_tf_atanh": ("_tf_log1p",), "_tf_erfc": ("_tf_erfc_cf",), "_tf_erfc_f32": ("_tf_erfc_poly",), "_tf_erfcx": ("_tf_erfc_cf",),
+    "_tf_atanh": ("_tf_log1p",), "_tf_erfc": ("_tf_erfc_cf",), "_tf_erfc_f32": ("_tf_erfc_poly",),
+    "_tf_erfcx": ("_tf_erfc_cf",),
     "_tf_lgamma": ("_tf_lgamma_pos",), "_tf_digamma": ("_tf_digamma_pos",),
     "_tf_trigamma": ("_tf_trigamma_pos",), "_tf_ndtri": ("_tf_erfinv",),
     "_tf_log_ndtr": ("_tf_erfcx", "_tf_erfc", "_tf_log1p"), "_tf_copysign": ("_tf_signbit",),
