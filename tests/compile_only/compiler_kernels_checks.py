@@ -1,0 +1,61 @@
+"""Every kernel the compiler writes for the bench graphs (scripts/sweep_reductions.plan_backward_kernels, at
+the suite's 32768 x 4096 from fake tensors) builds for sm_90 without local memory and for gfx942, planned for
+each vendor's warp size; the helpers' libdevice (GPU) texts are the ones written, and use the approximate exp
+there. Run in a child process with TILEFUSE_INTERPRET=0 by tests/test_compiler_cross_compile.py:
+cross-compiling in an interpreting process fails with triton 3.6."""
+import sys
+from pathlib import Path
+
+import pytest
+import triton
+from triton.backends.compiler import GPUTarget
+
+from tilefuse import targets
+from tilefuse.bench import compiler_suite as suite
+from tilefuse.compiler import codegen
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
+import sweep_reductions as sr  # noqa: E402
+
+ARCHS = {"sm_90": (GPUTarget("cuda", 90, 32), codegen.LaunchTarget(32, False, 132)),
+         "gfx942": (GPUTarget("hip", "gfx942", 64), codegen.LaunchTarget(64, False, 304))}
+GPU_TEXT_HELPERS = ("_tf_erfc_f32", "_tf_exp_sum_term")
+
+
+class _Built(Exception):
+    """Carries the compiled kernel out of sweep_reductions.cross_compile (which reads CUDA-only metadata)."""
+
+
+def _build(ks, dtypes, gpu_target):
+    real = triton.compile
+
+    def pinned(src, target=None, options=None):
+        raise _Built(real(src, target=gpu_target, options=options))
+    triton.compile = pinned
+    try:
+        sr.cross_compile(ks, dtypes)
+    except _Built as built:
+        return built.args[0]
+    finally:
+        triton.compile = real
+    raise AssertionError("cross_compile did not compile")
+
+
+@pytest.mark.parametrize("arch", sorted(ARCHS))
+@pytest.mark.parametrize("case", [g.case for g in suite.GRAPHS])
+def test_bench_graph_kernels_build(arch, case):
+    gpu_target, launch_target = ARCHS[arch]
+    _, kernels = sr.plan_backward_kernels(case, 32768, 4096, target=launch_target, kinds=("forward", "backward"))
+    assert kernels
+    for ks, dtypes in kernels:
+        compiled = _build(ks, dtypes, gpu_target)
+        uses_gpu_text = any(h + "(" in ks.source for h in GPU_TEXT_HELPERS)
+        if uses_gpu_text:
+            assert "libdevice.fast_" in ks.source and "from triton.language.extra import libdevice" in ks.source
+        if arch == "sm_90":
+            res = targets.cubin_resources(compiled.asm["cubin"])
+            assert not res.get("LOCAL") and not res.get("STACK"), (ks.name, res)
+            if uses_gpu_text:
+                assert "ex2.approx.ftz.f32" in compiled.asm["ptx"], ks.name
+        elif uses_gpu_text:
+            assert "v_exp_f32" in compiled.asm["amdgcn"], ks.name
