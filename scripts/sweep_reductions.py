@@ -94,6 +94,9 @@ SETTINGS = {
     "looped_2048_t16": (dict(looped_thread_elems=16), LONG_ROWS),                   # 4 warps
     "looped_1024": (dict(looped_rblock=1024), LONG_ROWS),                           # 4 warps
     "no_online": (dict(online_softmax=False), LONG_ROWS),  # the max and the sum of exp in two loops
+    # the two changes after run 18, off (A/B against default in one run)
+    "no_fold_masks": (dict(fold_even_masks=False), None),
+    "no_softmax_rcp": (dict(softmax_reciprocal=False), None),
 }
 DEFAULT_SETTINGS = ("default", "run7_default", "no_loads_first", "loads_first_all")
 # (rowloop_rows=4 spills on sm_90: 128 registers and 232 bytes of stack, --inspect)

@@ -300,3 +300,24 @@ def test_dynamic_shapes_replan_masks_per_shape(gpu_forms):
         for rows, cols in ((32, 128), (33, 120), (32, 128), (9, 129)):
             x = torch.randn(rows, cols)
             assert_close(f(x).double(), torch.softmax(x.double(), -1) * 2.0, torch.float32)
+
+
+def test_the_two_switches_turn_the_rewrites_off(gpu_forms):
+    """fold_even_masks / softmax_reciprocal (sweep settings no_fold_masks / no_softmax_rcp) give back the
+    rnumel test and the division, with the same result."""
+    from pathlib import Path
+
+    from tilefuse.compiler.explain import explain
+
+    x = torch.randn(16, 256)
+    want = torch.softmax(x.double(), -1)
+    texts = {}
+    for on in (True, False):
+        reset()
+        with codegen.tuning(fold_even_masks=on, softmax_reciprocal=on), strict():
+            ex = explain(lambda t: torch.softmax(t, -1), x)
+        texts[on] = "\n".join(Path(k.path).read_text() for k in ex.kernels if k.path)
+        assert_close(ex.result.double(), want, torch.float32)
+    assert "rmask = tl.full([1, RBLOCK], 1, tl.int1)" in texts[True] and "(1.0 / red" in texts[True]
+    assert "rmask = rindex < rnumel" in texts[False] and "(1.0 / red" not in texts[False]
+    torch._dynamo.reset()

@@ -122,6 +122,10 @@ TUNING = {
     "looped_thread_elems": ELEMS_PER_THREAD,
     # looped form: a max and a sum of exp(x - max) over the same x in one loop (online softmax)
     "online_softmax": True,
+    # constant all-true masks when a plan's shape fills its blocks (_even_mask), and softmax's division by
+    # its sum as one reciprocal a row (KernelWriter.softmax_reciprocal): switches for an A/B sweep
+    "fold_even_masks": True,
+    "softmax_reciprocal": True,
 }
 
 
@@ -383,7 +387,8 @@ class KernelWriter:
         -> 1016 SASS instructions a thread on sm_90). Safe because such an ``s`` is at least 1
         (its largest term is exp(0)) or NaN, so ``1 / s`` cannot overflow; a product differs from the
         quotient by an ulp or two of float32. ``e`` itself for any other division."""
-        if e.name != "truediv" or e.dtype != torch.float32 or not isinstance(e.args[1], ir.Local):
+        if e.name != "truediv" or e.dtype != torch.float32 or not isinstance(e.args[1], ir.Local) \
+                or not TUNING["softmax_reciprocal"]:
             return e
         a, s = e.args
         node, body = self.table.get(s.name), self.bodies.get(s.name)
@@ -1161,7 +1166,7 @@ def _even_mask(test: str, even: bool, shape: str) -> str:
     select and load predicate on it away: softmax_layer_norm's kernel drops from 1016 to 840 SASS
     instructions a thread on sm_90 (856 with the row mask alone). Each concrete shape is planned (and its
     text written) on its own, so a shape that does not fill the block gets the test back."""
-    return f"tl.full({shape}, 1, tl.int1)" if even else test
+    return f"tl.full({shape}, 1, tl.int1)" if even and TUNING["fold_even_masks"] else test
 
 
 def _locals(e: ir.Expr) -> list:
