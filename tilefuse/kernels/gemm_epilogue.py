@@ -38,7 +38,9 @@ This signature is the stable contract between the GEMM library and generated cod
 operands (:data:`NUM_EXTRA_OPERANDS`) and the argument order do not change.
 
 Under the interpreter, ``tl.extra.libdevice`` does not run (triton 3.6), so tanh is written from
-``tl.exp`` here and the exact GeLU's erfc in :mod:`tilefuse.kernels.special`; ``tl.sigmoid`` is a core op.
+``tl.exp`` here; the exact GeLU is ``0.5 * x * erfc(-x / sqrt(2))`` with the float32 erfc of
+:mod:`tilefuse.kernels.special` (core ops on the interpreter, libdevice's fast reciprocal and exp on a GPU);
+``tl.sigmoid`` is a core op.
 """
 from __future__ import annotations
 
