@@ -307,16 +307,15 @@ _TRITON_TYPES = {"torch.bfloat16": "bf16", "torch.float16": "fp16", "torch.float
                  "torch.bool": "i1"}
 
 
-def cross_compile(ks, dtypes) -> str:
-    """Registers and spills of ``ks`` compiled for sm_90 (a non-interpreting process only)."""
+def compile_kernel(ks, dtypes, target=None):
+    """``ks`` compiled (not launched) for ``target`` (a triton GPUTarget; default sm_90), in a
+    non-interpreting process only."""
     import importlib.util
     import tempfile
 
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
-
-    from tilefuse import targets
 
     path = Path(tempfile.mkdtemp()) / f"{ks.name}.py"
     path.write_text(ks.source)
@@ -343,8 +342,15 @@ def cross_compile(ks, dtypes) -> str:
     for c in consts:
         sig[c] = "constexpr"
     src = ASTSource(fn, sig, constexprs=consts, attrs=attrs)
-    compiled = triton.compile(src, target=GPUTarget("cuda", 90, 32),
-                              options={"num_warps": ks.num_warps, "num_stages": ks.num_stages})
+    return triton.compile(src, target=target or GPUTarget("cuda", 90, 32),
+                          options={"num_warps": ks.num_warps, "num_stages": ks.num_stages})
+
+
+def cross_compile(ks, dtypes) -> str:
+    """Registers and spills of ``ks`` compiled for sm_90 (a non-interpreting process only)."""
+    from tilefuse import targets
+
+    compiled = compile_kernel(ks, dtypes)
     res = targets.cubin_resources(compiled.asm["cubin"])
     return f"regs {res.get('REG')}, stack {res.get('STACK')}, local {res.get('LOCAL')}, " \
            f"shared {getattr(compiled.metadata, 'shared', 0)}"

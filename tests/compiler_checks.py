@@ -66,6 +66,13 @@ def lenient() -> Iterator[None]:
         yield
 
 
+def kernel_sources(explanation) -> list[str]:
+    """The text of each kernel file an ``explain()`` result lists (those written to disk)."""
+    from pathlib import Path
+
+    return [Path(k.path).read_text() for k in explanation.kernels if k.path]
+
+
 def dynamo_graphs() -> int:
     """Graphs Dynamo has made in this process (a running count: ``torch._dynamo.reset()`` does not zero it)."""
     from torch._dynamo.utils import counters

@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from tilefuse.compiler import codegen
 from tilefuse.compiler.explain import explain
 
-from .compiler_checks import reset, stats, strict
+from .compiler_checks import kernel_sources, reset, stats, strict
 from .support import assert_close, noncontiguous
 
 ROWS, COLS = 9, 300  # 5 loop steps of 64
@@ -130,10 +130,6 @@ def test_the_pair_max_is_an_output_too(looped):
         _check(got, want, what)
 
 
-def _kernel_texts(ex) -> str:
-    return "\n".join(Path(k.path).read_text() for k in ex.kernels if k.path)
-
-
 @pytest.mark.parametrize("form", ["persistent", "looped"])
 def test_softmax_divides_by_its_sum_once_a_row(monkeypatch, form):
     """softmax's exp(x - max) / sum is written as a product by 1 / sum (the sum is >= 1 or NaN, so the
@@ -147,7 +143,7 @@ def test_softmax_divides_by_its_sum_once_a_row(monkeypatch, form):
     x = noncontiguous(_rows(7))
     with strict():
         ex = explain(lambda t: torch.softmax(t, -1), x)
-    text = _kernel_texts(ex)
+    text = "\n".join(kernel_sources(ex))
     assert re.search(r"\(1\.0 / red\d+\)", text), text
     assert not re.search(r"[^0.] / red\d+\)", text.replace("(1.0 / red", "")), text
     _check(ex.result, torch.softmax(x.double(), -1), "softmax")
@@ -162,7 +158,7 @@ def test_a_division_by_another_row_sum_stays_a_division():
     x[0] = torch.linspace(-1, 1, COLS)
     with strict():
         ex = explain(lambda t: t / t.abs().sum(-1, keepdim=True), x)
-    text = _kernel_texts(ex)
+    text = "\n".join(kernel_sources(ex))
     assert re.search(r"/ red\d+\)", text) and not re.search(r"\(1\.0 / red\d+\)", text), text
     want = x.double() / x.double().abs().sum(-1, keepdim=True)
     assert torch.isfinite(ex.result).all()

@@ -80,15 +80,13 @@ def test_both_texts_are_one_function():
 
 # ------------------------------------------------------------------------------ the compiler's rewrite
 def _compiled_sources(fn, *args) -> tuple[object, str]:
-    from pathlib import Path
-
     from tilefuse.compiler.explain import explain
 
-    from .compiler_checks import reset, strict
+    from .compiler_checks import kernel_sources, reset, strict
     reset()
     with strict():
         ex = explain(fn, *args)
-    text = "\n".join(Path(k.path).read_text() for k in ex.kernels if k.path)
+    text = "\n".join(kernel_sources(ex))
     torch._dynamo.reset()
     return ex.result, text
 

@@ -7,7 +7,6 @@ import sys
 from pathlib import Path
 
 import pytest
-import triton
 from triton.backends.compiler import GPUTarget
 
 from tilefuse import targets
@@ -22,25 +21,6 @@ ARCHS = {"sm_90": (GPUTarget("cuda", 90, 32), codegen.LaunchTarget(32, False, 13
 GPU_TEXT_HELPERS = ("_tf_erfc_f32", "_tf_exp_sum_term")
 
 
-class _Built(Exception):
-    """Carries the compiled kernel out of sweep_reductions.cross_compile (which reads CUDA-only metadata)."""
-
-
-def _build(ks, dtypes, gpu_target):
-    real = triton.compile
-
-    def pinned(src, target=None, options=None):
-        raise _Built(real(src, target=gpu_target, options=options))
-    triton.compile = pinned
-    try:
-        sr.cross_compile(ks, dtypes)
-    except _Built as built:
-        return built.args[0]
-    finally:
-        triton.compile = real
-    raise AssertionError("cross_compile did not compile")
-
-
 @pytest.mark.parametrize("arch", sorted(ARCHS))
 @pytest.mark.parametrize("case", [g.case for g in suite.GRAPHS])
 def test_bench_graph_kernels_build(arch, case):
@@ -48,7 +28,7 @@ def test_bench_graph_kernels_build(arch, case):
     _, kernels = sr.plan_backward_kernels(case, 32768, 4096, target=launch_target, kinds=("forward", "backward"))
     assert kernels
     for ks, dtypes in kernels:
-        compiled = _build(ks, dtypes, gpu_target)
+        compiled = sr.compile_kernel(ks, dtypes, gpu_target)
         uses_gpu_text = any(h + "(" in ks.source for h in GPU_TEXT_HELPERS)
         if uses_gpu_text:
             assert "libdevice.fast_" in ks.source and "from triton.language.extra import libdevice" in ks.source

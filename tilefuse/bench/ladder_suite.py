@@ -133,8 +133,8 @@ def run_gpu(rec: harness.Recorder, opts: SuiteOptions) -> None:
         a, b, w = sets[0]
         ref = a.float() @ b.float()
         flops, moved = 2.0 * m * n * k, (m * k + k * n + m * n) * DTYPE.itemsize
-        common = dict(dtype=DTYPE, shape=shape, flops=flops, bytes_moved=moved)
         timing = dict(flops=flops, bytes_moved=moved)
+        common = dict(dtype=DTYPE, shape=shape, **timing)
         # cuBLAS, the Triton GEMM and the fast rungs in interleaved rounds (a clock drift at the power limit
         # falls on all of them alike; run 15 read cuBLAS at 8192^3 as 686 TFLOP/s in this suite and 793 in
         # the sweep of the same run); the slow rungs after them, alone, with a short repetition
