@@ -97,6 +97,12 @@ SETTINGS = {
     # the two changes after run 18, off (A/B against default in one run)
     "no_fold_masks": (dict(fold_even_masks=False), None),
     "no_softmax_rcp": (dict(softmax_reciprocal=False), None),
+    # after run 19: the tiled pointwise form's 2-D grid off (the program id divided by the column blocks), and
+    # 16 elements a thread (2 rows of 1024 at 4 warps); the looped form's partial last step not peeled
+    "tiles_1d": (dict(tile_grid_2d=False), GELU + ("gelu_chain",)),
+    "tiles_2048_t16": (dict(tile_elems=2048, tile_thread_elems=16), GELU + ("gelu_chain",)),
+    "no_peel": (dict(peel_loop_tail=False), LONG_ROWS),
+    "no_half_helpers": (dict(half_helpers=False), GELU + ("gelu_chain", "layer_norm_gelu_fwd_bwd")),
 }
 DEFAULT_SETTINGS = ("default", "run7_default", "no_loads_first", "loads_first_all")
 # (rowloop_rows=4 spills on sm_90: 128 registers and 232 bytes of stack, --inspect)

@@ -39,6 +39,8 @@ def _rows(seed: int) -> torch.Tensor:
     x[4, 200] = float("nan")
     x[5, 10] = float("inf")
     x[6, 299] = 1e4                       # the last element dominates
+    x[7, :100] = -float("inf")            # -inf, then the lowest finite float32 (the value the running
+    x[7, 100:] = -3.4028234663852886e38   # maximum is clamped to in the step's difference)
     return x
 
 
@@ -54,11 +56,13 @@ def _check(got: torch.Tensor, want: torch.Tensor, what: str) -> None:
 
 
 def _loops(ex) -> list[int]:
-    """'for roffset' loops in each looped kernel the explanation lists."""
+    """Loops over the row in each looped kernel the explanation lists (a peeled partial step, the loop
+    ``range(rfull, rnumel, RBLOCK)`` after its loop's full steps, is part of that loop)."""
     out = []
     for k in ex.kernels:
         if k.form == "looped" and k.path:
-            out.append(Path(k.path).read_text().count("for roffset in range"))
+            text = Path(k.path).read_text()
+            out.append(text.count("for roffset in range") - text.count("for roffset in range(rfull, "))
     return out
 
 
@@ -164,3 +168,27 @@ def test_a_division_by_another_row_sum_stays_a_division():
     assert torch.isfinite(ex.result).all()
     assert_close(ex.result.double(), want, torch.float32)
     torch._dynamo.reset()
+
+
+@pytest.mark.parametrize("cols,peel", [(300, True), (300, False), (320, True)])
+def test_the_partial_last_step_runs_apart(looped, cols, peel):
+    """300 columns in steps of 64: four full steps with the row mask folded to a constant, then the partial
+    step with the test (TUNING peel_loop_tail; off: one loop, every step tested); 320 = 5 x 64 has no
+    partial step and one loop with the constant mask. Each gives eager's softmax and log_softmax."""
+    x = _rows(7)
+    x = torch.cat([x, x[:, : cols - COLS]], 1) if cols > COLS else x[:, :cols]
+
+    def f(x):
+        return torch.softmax(x, -1), torch.log_softmax(x, -1)
+
+    with codegen.tuning(peel_loop_tail=peel), strict():
+        ex = explain(f, x)
+    text = "\n".join(Path(k.path).read_text() for k in ex.kernels if k.form == "looped" and k.path)
+    assert text
+    folded = "rmask = tl.full([1, RBLOCK], 1, tl.int1)" in text
+    tail = "for roffset in range(rfull, rnumel, RBLOCK)" in text
+    assert (folded, tail) == ((True, True) if cols % 64 and peel else (False, False) if cols % 64 else
+                              (True, False)), (cols, peel)
+    want = f(x.double())
+    for got, w, what in zip(ex.result, want, ("softmax", "log_softmax")):
+        _check(got, w, f"{what} at {cols} columns")

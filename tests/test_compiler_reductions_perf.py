@@ -248,6 +248,31 @@ def test_tiled_pointwise_takes_whole_rows_unless_an_operand_is_transposed(gpu_ke
     assert blocks["XBLOCK"] == (128 if transposed else 512) and blocks["XBLOCK"] * blocks["YBLOCK"] <= 1024
 
 
+@pytest.mark.parametrize("grid_y_limit", [65535, 4])
+def test_tiled_pointwise_launches_a_2d_grid_without_dividing_the_program_id(gpu_kernels, monkeypatch,
+                                                                           grid_y_limit):
+    """Column blocks on the grid's first axis and row blocks on its second, so no program divides its id
+    by the column blocks; more row blocks than a grid's second axis holds (CUDA's 65535, lowered to 4
+    here) fall back to one axis and the division. Both give eager's result on odd sizes with a
+    non-contiguous x."""
+    monkeypatch.setattr(codegen, "MAX_GRID_Y", grid_y_limit)
+    x, b, s = _mats(37, 1500, 1, 2)
+    x = x[:, ::2]  # 37 x 750, row stride 1500
+    b, s = b[:750], s[:750]
+    with torch.no_grad(), strict():
+        got = torch.compile(gelu_chain, backend="tilefuse")(x, b, s)
+    assert_close(got, gelu_chain(x.double(), b.double(), s.double()), torch.float32)
+    tiled = [k for k in gpu_kernels if k.form == "tiled"]
+    assert len(tiled) == 1, [k.form for k in gpu_kernels]
+    ks = tiled[0]
+    blocks = dict(ks.constexprs)
+    yblocks, xblocks = -(-37 // blocks["YBLOCK"]), -(-750 // blocks["XBLOCK"])
+    if yblocks <= grid_y_limit:
+        assert ks.grid == (xblocks, yblocks) and "tl.program_id(1)" in ks.source and "//" not in ks.source
+    else:
+        assert ks.grid == (xblocks * yblocks,) and "pid // xblocks" in ks.source
+
+
 def test_tuning_rejects_unknown_settings_and_restores():
     before = dict(codegen.TUNING)
     with pytest.raises(ValueError, match="outer_xblock"):

@@ -50,6 +50,8 @@ CODEGEN_VERSION = "1"  # part of every cache key: bump when generated code chang
 ELEMS_PER_THREAD = 8
 POINTWISE_BLOCK = 1024  # 1024 elements / (4 warps x 32 lanes) = 8 a thread: one 16-byte bf16 vector
 TILE_ELEMS = 1024
+FLOAT32_MAX = 3.4028234663852886e38
+MAX_GRID_Y = 65535  # CUDA's (and HIP's) limit on a launch grid's second dimension
 PERSISTENT_MAX_R = 8192  # a row of 8192 fp32 values in 16 warps is 16 registers a thread per live tensor
 PERSISTENT_ELEMS = 4096  # rows per program so that a program holds about this many elements
 LOOPED_RBLOCK = 1024  # elements a step of the looped row form (run 12: see TUNING["looped_rblock"])
@@ -104,6 +106,11 @@ TUNING = {
     # tiled pointwise form with no transposed operand: columns a tile (rows: TILE_ELEMS // this); 128 was
     # the tile before run 7's sweep (8 x 128)
     "tile_contiguous_xblock": TILE_ELEMS,
+    # ... elements a tile and a thread, and the 2-D launch grid (False: one grid axis, the program id divided
+    # by the column blocks)
+    "tile_elems": TILE_ELEMS,
+    "tile_thread_elems": ELEMS_PER_THREAD,
+    "tile_grid_2d": True,
     "persistent_loads_first": False,
     # row reductions, persistent form (whole rows in registers): elements a program (rows a program =
     # this // the row's padded length, at least 1) and elements a thread (warps = a program's elements //
@@ -125,6 +132,11 @@ TUNING = {
     # constant all-true masks when a plan's shape fills its blocks (_even_mask), and softmax's division by
     # its sum as one reciprocal a row (KernelWriter.softmax_reciprocal): switches for an A/B sweep
     "fold_even_masks": True,
+    # the looped form's partial last step in a loop of its own, after the full steps with the folded mask
+    "peel_loop_tail": True,
+    # helpers' half-precision texts (the float32 erfc's degree-6 polynomial) in kernels whose float inputs
+    # and outputs are all float16 / bfloat16
+    "half_helpers": True,
     "softmax_reciprocal": True,
 }
 
@@ -684,7 +696,7 @@ class KernelWriter:
             outer = math.prod(space[:-1])
             self.named_size("xnumel", inner)
             self.named_size("ynumel", outer)
-            cap = INTERP_BLOCK if t.interpreter else TILE_ELEMS
+            cap = INTERP_BLOCK if t.interpreter else int(TUNING["tile_elems"])
             if t.interpreter:
                 xb = min(next_pow2(inner), cap)
             elif self.x_contiguous_tile():
@@ -697,16 +709,26 @@ class KernelWriter:
             else:
                 xb = min(next_pow2(inner), 128)
             yb = max(1, min(next_pow2(outer), cap // xb))
-            top.lines += ["    pid = tl.program_id(0)" + cast64,
-                          "    xblocks = tl.cdiv(xnumel, XBLOCK)",
-                          "    yindex = (pid // xblocks) * YBLOCK + tl.arange(0, YBLOCK)[:, None]",
-                          "    xindex = (pid % xblocks) * XBLOCK + tl.arange(0, XBLOCK)[None, :]",
-                          "    ymask = yindex < ynumel",
+            xblocks, yblocks = -(-inner // xb), -(-outer // yb)
+            if TUNING["tile_grid_2d"] and yblocks <= MAX_GRID_Y:
+                # column blocks on the grid's x axis, row blocks on its y axis: no division of the program id
+                # (a division by the runtime block count is ~30 instructions a thread: 4 an element of
+                # gelu_chain's forward at 8 elements a thread, of ~35)
+                top.lines += ["    xindex = tl.program_id(0)" + cast64 + " * XBLOCK + tl.arange(0, XBLOCK)[None, :]",
+                              "    yindex = tl.program_id(1)" + cast64 + " * YBLOCK + tl.arange(0, YBLOCK)[:, None]"]
+                grid = (xblocks, yblocks)
+            else:
+                top.lines += ["    pid = tl.program_id(0)" + cast64,
+                              "    xblocks = tl.cdiv(xnumel, XBLOCK)",
+                              "    yindex = (pid // xblocks) * YBLOCK + tl.arange(0, YBLOCK)[:, None]",
+                              "    xindex = (pid % xblocks) * XBLOCK + tl.arange(0, XBLOCK)[None, :]"]
+                grid = (yblocks * xblocks,)
+            top.lines += ["    ymask = yindex < ynumel",
                           "    xmask = xindex < xnumel",
                           "    mask = ymask & xmask"]
             self.emit_roots(top, stores_level=("mask",))
-            grid = (-(-outer // yb) * -(-inner // xb),)
-            return top.lines, (("YBLOCK", yb), ("XBLOCK", xb)), grid, self.warps(xb * yb)
+            warps = self.warps(xb * yb, int(TUNING["tile_thread_elems"]))
+            return top.lines, (("YBLOCK", yb), ("XBLOCK", xb)), grid, warps
         # reductions
         self.named_size("xnumel", xnumel)
         self.named_size("rnumel", rnumel)
@@ -751,9 +773,9 @@ class KernelWriter:
             per_thread = int(TUNING["looped_thread_elems"])
         top.lines += ["    xoffset = tl.program_id(0)" + cast64 + " * XBLOCK",
                       "    xindex = xoffset + tl.arange(0, XBLOCK)[:, None]",
-                      "    xmask = xindex < xnumel",
+                      "    xmask = " + _even_mask("xindex < xnumel", xnumel % xb == 0, "[XBLOCK, 1]"),
                       "    rbase = tl.arange(0, RBLOCK)[None, :]"]
-        self.emit_reduction_looped(top, itype)
+        self.emit_reduction_looped(top, itype, rnumel % rb == 0)
         warps = self.warps(xb * rb, per_thread) if not warps or t.interpreter else int(warps)
         return top.lines, (("XBLOCK", xb), ("RBLOCK", rb)), (-(-xnumel // xb),), warps
 
@@ -801,6 +823,15 @@ class KernelWriter:
                              f"{red}{cast}, rmask)")
         warps = TUNING["rowloop_warps"] if TUNING["rowloop_warps"] and not t.interpreter else self.warps(xb * rb)
         return top.lines, (("XBLOCK", xb), ("RBLOCK", rb)), (programs,), int(warps)
+
+    def half_io(self) -> bool:
+        """Every float buffer the kernel loads or stores is float16 or bfloat16 (and there is one): then a
+        helper's half-precision text (primitives.HALF_HELPERS) serves, whose error is far below what the
+        stores round away. A float32 output (a partial sum, a saved statistic) keeps the full texts."""
+        names = {ld.buffer for _, b in self.g.bodies for ld in ir.loads(b)} | set(self.g.stores)
+        floats = [ir.node_meta(self.table[n], n).dtype for n in names]
+        floats = [d for d in floats if d.is_floating_point]
+        return bool(floats) and all(d in (torch.float16, torch.bfloat16) for d in floats)
 
     def warps(self, elems: int, per_thread: int = ELEMS_PER_THREAD) -> int:
         if self.target.interpreter:
@@ -1017,25 +1048,54 @@ class KernelWriter:
             pairs[r] = m.name
         return pairs
 
+    @staticmethod
+    def peeled_loops(lines: list[str], even: bool) -> list[str]:
+        """A row loop's text (its four header lines, then the body) with the row mask folded (``even``), or
+        as a loop over the full steps with the folded mask and a loop of at most one step, the partial
+        tail, with the test (the body's text twice: it names only the header's variables)."""
+        header, body = lines[:4], lines[4:]
+        assert header[0].strip().startswith("for roffset in range(0, rnumel, RBLOCK)") and \
+            header[2].strip() == "rmask = rindex < rnumel", header
+        folded = [header[0], header[1], header[2].replace("rindex < rnumel", "tl.full([1, RBLOCK], 1, tl.int1)"),
+                  header[3]]
+        if even and TUNING["fold_even_masks"]:
+            return folded + body
+        if not TUNING["peel_loop_tail"]:
+            return lines
+        full = header[0].replace("range(0, rnumel, RBLOCK)", "range(0, rfull, RBLOCK)")
+        tail = header[0].replace("range(0, rnumel, RBLOCK)", "range(rfull, rnumel, RBLOCK)")
+        return ["    rfull = rnumel - rnumel % RBLOCK", full] + folded[1:] + body + [tail] + header[1:] + body
+
     def accumulate_online(self, loop: _Scope, s_acc: str, m_acc: str, v: str) -> None:
         """One step of an online (max, sum-of-exp) pair, per lane, with one exp an element: for d = v - m,
         exp(-|d|) is the new term when v <= m and the old sum's rescale exp(m - v) when v > m (then the term is
         exp(0) = 1). ``v`` is the masked max input (-inf off the row): -inf terms add nothing (masked scores,
         the first step's -inf maximum); NaN sticks in both the maximum and the sum; +inf gives NaN later, as
         the two-loop form's exp(inf - inf) does. (Run 11: two exps an element made the loop MUFU-bound, no
-        faster than two passes over the row.) The exp is the helper ``_tf_exp_sum_term``, on a GPU without the
-        denormal range fix-up (3 of the loop's ~21 instructions an element on sm_90): a term below 1.2e-38
-        added to a sum of at least 1 changes nothing."""
+        faster than two passes over the row.) The exp is the helper ``_tf_exp_neg_abs``, on a GPU an exp2
+        with the abs and the sign on its multiply and without the denormal range fix-up (3 of the loop's
+        instructions an element on sm_90): a term below 1.2e-38 added to a sum of at least 1 changes nothing.
+        On sm_90 cross-entropy's loop over bf16 rows issues 14.5 instructions an element with the tail
+        peeled, the clamp and exp2 (17.9 before; SASS counts)."""
         d, e, up = self.fresh("d"), self.fresh("e"), self.fresh("up")
-        self.helpers.add("_tf_exp_sum_term")
+        self.helpers.add("_tf_exp_neg_abs")
         ind = loop.indent
-        loop.lines += [f"{ind}{d} = {v} - {m_acc}",
-                       f"{ind}{e} = tl.where({v} == -float(\"inf\"), 0.0, _tf_exp_sum_term(-tl.abs({d})))",
-                       f"{ind}{up} = {d} > 0",
+        # the running maximum is clamped to the lowest finite value for the difference, so a -inf v against
+        # the -inf of no value yet gives d = -inf (a 0 term) instead of NaN: one max an element where a
+        # test of v and a select were. The clamp changes nothing else: while the maximum is -inf the sum is 0
+        # (and v > m sets it to 1 for any larger v); a NaN maximum has a NaN sum already.
+        loop.lines += [f"{ind}{d} = {v} - tl.maximum({m_acc}, {-FLOAT32_MAX!r})",
+                       f"{ind}{e} = _tf_exp_neg_abs({d})",
+                       f"{ind}{up} = {v} > {m_acc}",
                        f"{ind}{s_acc} = tl.where({up}, {s_acc} * {e} + 1.0, {s_acc} + {e})",
                        f"{ind}{m_acc} = tl.where({up} | ({v} != {v}), {v}, {m_acc})"]
 
-    def emit_reduction_looped(self, top: _Scope, itype: str):
+    def emit_reduction_looped(self, top: _Scope, itype: str, even: bool = False):
+        """The looped form's loops over the row, one a stage. ``even``: the plan's row length is a multiple of
+        RBLOCK, so no step is partial and the row mask is a constant (folded). Otherwise (TUNING
+        ``peel_loop_tail``) each loop runs its full steps with the constant mask and the last, partial step
+        after them with the test: cross-entropy's 32000-long rows are 31 full steps of 1024 and a tail of
+        256, and the full steps drop a select and the load predicates an element."""
         stage = self.stage_of()
         full = {r for r in self.g.roots if not isinstance(self.table[r], ir.Reduction) and self.local_uses[r][1]}
         self.macro_roots = set(full)
@@ -1070,7 +1130,7 @@ class KernelWriter:
                         self.accumulate_online(loop, accs[paired[r]][0], a, v)
                         continue
                     loop.lines.append("        " + self.accumulate(node.kind, a, v, reg))
-                top.lines.extend(loop.lines)
+                top.lines.extend(self.peeled_loops(loop.lines, even))
                 for r in sorted(reds, key=lambda r: r in online):  # an online sum after its max
                     node = self.table[r]
                     a, reg = accs[r]
@@ -1133,7 +1193,8 @@ class KernelWriter:
         helpers = P.helpers_closure(self.helpers)
         # the text that runs where this process runs kernels (a test may plan for a GPU on the interpreter)
         on_interpreter = self.target.interpreter or device.interpreting()
-        helper_text = "\n\n".join(P.helper_text(h, on_interpreter) for h in helpers)
+        half = bool(TUNING["half_helpers"]) and self.half_io()
+        helper_text = "\n\n".join(P.helper_text(h, on_interpreter, half) for h in helpers)
         imports = "import triton\nimport triton.language as tl\n"
         if not on_interpreter and any(h in P.GPU_HELPERS for h in helpers):
             imports += "from triton.language.extra import libdevice\n"

@@ -5,8 +5,8 @@ Triton from core ``tl`` math: ``tl.extra.libdevice`` does not run on Triton's in
 without a core op (tanh, log1p, atan, lgamma, erfinv, ...) are small ``@triton.jit`` helpers below, written
 out into each kernel file that uses them (a kernel file stands alone) and tested on the interpreter. The same
 text runs on NVIDIA and AMD. Two hot helpers (the float32 erfc, the online softmax's exp) have a second,
-GPU text (:data:`GPU_HELPERS`) with libdevice's fast reciprocal and exp, which both vendors' libdevice
-provide; codegen writes it into kernels that run on a GPU. Helpers that need more precision than float32
+GPU text (:data:`GPU_HELPERS`) with the approximate reciprocal and exp (libdevice's fast reciprocal, which
+both vendors' libdevice provide, and ``tl.exp2``); codegen writes it into kernels that run on a GPU. Helpers that need more precision than float32
 gives compute in float64 (special functions only: none of them is on a hot path).
 
 :func:`peephole` rewrites fused expressions at code generation (``1 + erf(u)`` is ``erfc(-u)``).
@@ -253,8 +253,11 @@ def _helper(name: str, text: str, gpu_text: Optional[str] = None) -> None:
         GPU_HELPERS[name] = "@triton.jit\n" + gpu_text.strip("\n") + "\n"
 
 
-def helper_text(name: str, interpreter: bool) -> str:
-    """The text of helper ``name`` for a kernel file that runs on the interpreter or on a GPU."""
+def helper_text(name: str, interpreter: bool, half: bool = False) -> str:
+    """The text of helper ``name`` for a kernel file that runs on the interpreter or on a GPU; ``half``: the
+    kernel's float inputs and outputs are all float16 / bfloat16 (:data:`HALF_HELPERS` may then serve)."""
+    if half and name in HALF_HELPERS:
+        return HALF_HELPERS[name]
     return HELPERS[name] if interpreter else GPU_HELPERS.get(name, HELPERS[name])
 
 
@@ -446,19 +449,24 @@ def _tf_erfc(x):
     return tl.where(x >= 2.0, big, 1.0 - tl.erf(x))
 ''')
 _helper("_tf_erfc_poly", special.erfc_poly_source("_tf_erfc_poly"))
+# texts of less precision for kernels whose float inputs and outputs are all half types (codegen's choice,
+# TUNING "half_helpers"): an error far below a float16 or bfloat16 rounding, for fewer instructions
+HALF_HELPERS: dict[str, str] = {
+    "_tf_erfc_poly": "@triton.jit\n" + special.erfc_poly_source("_tf_erfc_poly", half=True).strip("\n") + "\n"}
 _helper("_tf_erfc_f32", special.erfc_f32_source("_tf_erfc_f32", "_tf_erfc_poly", interpreter=True),
         special.erfc_f32_source("_tf_erfc_f32", "_tf_erfc_poly", interpreter=False))
-# exp of a term that is only summed with others of at least 1 (the online softmax's step): on a GPU the
-# approximate exp without the denormal fix-up (a result below 1.2e-38 flushes to 0, which the sum cannot see)
-_helper("_tf_exp_sum_term", '''
-def _tf_exp_sum_term(x):
-    return tl.exp(x)
+# exp(-|x|), the online softmax step's one exp: on a GPU exp2 of |x| times -log2(e) (the abs and the sign
+# ride on the multiply: one instruction fewer than exp(-tl.abs(x))), approximate, without the denormal
+# fix-up (a term below 1.2e-38 added to a sum of at least 1 changes nothing)
+_helper("_tf_exp_neg_abs", '''
+def _tf_exp_neg_abs(x):
+    return tl.exp(-tl.abs(x))
 ''', '''
-def _tf_exp_sum_term(x):
+def _tf_exp_neg_abs(x):
     if x.dtype == tl.float32:
-        y = libdevice.fast_expf(x)
+        y = tl.exp2(tl.abs(x) * -1.4426950408889634)
     else:
-        y = tl.exp(x)
+        y = tl.exp(-tl.abs(x))
     return y
 ''')
 _helper("_tf_erfcx", '''

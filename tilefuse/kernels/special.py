@@ -9,8 +9,9 @@ instructions an element on sm_90 (coefficient selects between two polynomials), 
 instruction-bound at 55 % of the copy bandwidth.
 
 The form: for ``z = |x|``, ``erfc(z) = exp(-z^2) * Q(t)`` with ``t = 1 / (1 + 0.4 z)`` and ``Q`` of degree 8
-in ``t``, fitted for relative error on ``z`` in [0, 10] (our own Lawson-weighted least-squares fit; the fit's
-error is 1.2e-7); ``erfc(-z) = 2 - erfc(z)``. Evaluated in float32 on the interpreter the relative error is
+in ``t``, fitted for relative error on ``z`` in [0, 10] (our own Lawson-weighted least-squares fit,
+``scripts/fit_erfc.py``; the fit's error is 1.2e-7); ``erfc(-z) = 2 - erfc(z)``. A degree-6 fit (6.2e-6,
+:func:`erfc_poly_half`) serves kernels whose float inputs and outputs are all float16 or bfloat16. Evaluated in float32 on the interpreter the relative error is
 at most 6e-7 for ``|x| <= 2``, 9e-7 for ``|x| <= 4`` and 5e-6 down to the underflow at ``x = 9.2``, where the
 rounding of ``-z^2`` inside the exp dominates; a GPU's approximate reciprocal and exp add about 2 ulp each
 (tests/test_special.py holds both to 1.5e-6 / 4e-6 / 3e-5 against float64 ``math.erfc``). ``erfc(+inf) = 0``,
@@ -50,6 +51,19 @@ def erfc_poly(t):
 
 
 @triton.jit
+def erfc_poly_half(t):
+    # Q(t) of degree 6 (relative error 6.2e-6; 1.8e-5 evaluated in float32 out to the underflow), for
+    # kernels whose every float input and output is float16 or bfloat16: 80 times below float16's rounding
+    q = -0.18153536319732666
+    q = q * t + 0.6511033773422241
+    q = q * t - 0.3056814968585968
+    q = q * t + 0.43909844756126404
+    q = q * t + 0.16296277940273285
+    q = q * t + 0.23457090556621552
+    return q * t - 0.0005124799790792167
+
+
+@triton.jit
 def erfc_f32_portable(x):
     t = 1.0 / (1.0 + 0.4 * tl.abs(x))
     e = erfc_poly(t) * tl.exp(-x * x)
@@ -60,9 +74,11 @@ def erfc_f32_portable(x):
 def erfc_f32_fast(x):
     # the same on a GPU, with the approximate reciprocal and exp (div.approx / ex2.approx.ftz on NVIDIA):
     # the divisor is in [1, inf] and the exp's argument <= 0, so the range fix-ups '/' and tl.exp carry
-    # (8 and 3 instructions an element on sm_90) have nothing to fix; an underflow below 1.2e-38 flushes to 0
+    # (8 and 3 instructions an element on sm_90) have nothing to fix; an underflow below 1.2e-38 flushes to 0.
+    # exp(-x^2) as exp2(x * x * -log2(e)): the sign rides on the multiply (one instruction fewer than a
+    # negation, a multiply and libdevice's fast_expf's own multiply by log2(e))
     t = libdevice.fast_dividef(1.0, 1.0 + 0.4 * tl.abs(x))
-    e = erfc_poly(t) * libdevice.fast_expf(-x * x)
+    e = erfc_poly(t) * tl.exp2(x * x * -1.4426950408889634)
     return tl.where(x < 0, 2.0 - e, e)
 
 
@@ -86,5 +102,7 @@ def erfc_f32_source(name: str, poly_name: str, interpreter: bool) -> str:
     return _source(erfc_f32_portable if interpreter else erfc_f32_fast, name, poly_name)
 
 
-def erfc_poly_source(name: str) -> str:
-    return _source(erfc_poly, name)
+def erfc_poly_source(name: str, half: bool = False) -> str:
+    """The polynomial's text named ``name``: degree 8, or degree 6 (:func:`erfc_poly_half`) for a kernel whose
+    float inputs and outputs are all half types (two instructions an element fewer)."""
+    return _source(erfc_poly_half if half else erfc_poly, name)
