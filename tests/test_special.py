@@ -181,3 +181,73 @@ def test_half_kernels_take_the_half_polynomial(dtype, out, degree6):
     normal = ref.abs() > 6.2e-5
     rel = ((got.cpu().double() - ref).abs() / ref.abs())[normal].max().item()
     assert rel < (2 ** -10 if dtype == torch.float16 else 1e-4), rel
+
+
+# ------------------------------------------------------------------------- the GeLU's derivative
+@triton.jit
+def _gelu_grad_kernel(x_ptr, y_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    x = tl.load(x_ptr + offs, mask=mask, other=0.0)
+    tl.store(y_ptr + offs, special.gelu_grad_f32_portable(x), mask=mask)
+
+
+def _gelu_grad_reference(x: torch.Tensor) -> torch.Tensor:
+    xs = x.double().tolist()
+    return torch.tensor([0.5 * math.erfc(-v / math.sqrt(2)) + v * math.exp(-0.5 * v * v) / math.sqrt(2 * math.pi)
+                         for v in xs], dtype=torch.float64)
+
+
+def test_gelu_grad_one_exp_matches_float64():
+    """Phi(x) + x phi(x) from one exp and one reciprocal: within 2e-6 of float64 relative to max(|g|, 0.1)
+    (g crosses 0 at x = -0.75, where only an absolute bound means anything), and 0 / 1 at the far ends."""
+    x = torch.cat([torch.linspace(-12, 12, 40001), torch.tensor([0.0, -0.7517916, 30.0, -30.0])])
+    x = (x + (torch.rand_like(x) - 0.5) * 6e-4).to(DEV)
+    y = torch.full_like(x, float("nan"))
+    _gelu_grad_kernel[(triton.cdiv(x.numel(), 1024),)](x, y, x.numel(), BLOCK=1024)
+    ref = _gelu_grad_reference(x.cpu())
+    err = ((y.cpu().double() - ref).abs() / ref.abs().clamp(min=0.1)).max().item()
+    assert err < 2e-6, err
+
+
+def _backward_kernel_sources(monkeypatch, fn, x):
+    from tilefuse.compiler import codegen
+
+    from .compiler_checks import reset, strict
+    sources = []
+    planned = codegen.generate
+
+    def generate(group, sched, target=None):
+        ks = planned(group, sched, target)
+        sources.append(ks.source)
+        return ks
+    monkeypatch.setattr(codegen, "generate", generate)
+    reset()
+    with strict():
+        out = torch.compile(fn, backend="tilefuse")(x)
+        out.backward()
+    torch._dynamo.reset()
+    return "\n".join(sources)
+
+
+@pytest.mark.parametrize("shared", [False, True])
+def test_gelu_backward_takes_one_exp(monkeypatch, shared):
+    """gelu_backward's cdf + x * pdf is one gelu_grad_f32 (one exp) when nothing else in the kernel uses
+    the cdf; when the kernel also recomputes the GeLU itself (d/ds of gelu(x) * s), the erfc is shared and
+    only the pdf changes (one exp2). The gradients match float64 either way."""
+    from .support import noncontiguous
+    x = noncontiguous(torch.linspace(-9, 6, 3000).reshape(30, 100)).to(DEV).requires_grad_()
+    s = torch.linspace(0.5, 1.5, 100, device=DEV).requires_grad_()
+
+    def fn(t):
+        return (torch.nn.functional.gelu(t) * (s if shared else s.detach())).sum()
+    text = _backward_kernel_sources(monkeypatch, fn, x)
+    assert ("_tf_gelu_grad_f32(" in text) != shared and ("_tf_gauss_pdf_f32(" in text) == shared, text
+    xd = x.detach().cpu().double().requires_grad_()
+    sd = s.detach().cpu().double().requires_grad_()
+    (torch.nn.functional.gelu(xd) * sd).sum().backward()
+    scale = xd.grad.abs().clamp(min=0.1)
+    err = ((x.grad.cpu().double() - xd.grad).abs() / scale).max().item()
+    assert err < 1e-5, err
+    if shared:
+        assert torch.allclose(s.grad.cpu().double(), sd.grad, rtol=1e-5, atol=1e-6)

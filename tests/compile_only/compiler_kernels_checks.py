@@ -19,7 +19,7 @@ import sweep_reductions as sr  # noqa: E402
 
 ARCHS = {"sm_90": (GPUTarget("cuda", 90, 32), codegen.LaunchTarget(32, False, 132)),
          "gfx942": (GPUTarget("hip", "gfx942", 64), codegen.LaunchTarget(64, False, 304))}
-GPU_TEXT_HELPERS = ("_tf_erfc_f32", "_tf_exp_neg_abs")
+GPU_TEXT_HELPERS = ("_tf_erfc_f32", "_tf_exp_neg_abs", "_tf_gelu_grad_f32", "_tf_gauss_pdf_f32")
 
 
 @pytest.mark.parametrize("arch", sorted(ARCHS))

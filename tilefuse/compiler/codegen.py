@@ -227,6 +227,7 @@ class KernelWriter:
         self.table = sched.graph.by_name()
         self.helpers: set[str] = set()
         self.peepholes: dict[int, ir.Expr] = {}  # id(Op) -> what P.peephole writes for it
+        self._users: Optional[dict[int, set[int]]] = None  # user_count()
         self.sizes: dict[int, str] = {}  # value -> argument name
         self.size_order: list[tuple[str, int]] = []
         self.buffers: dict[tuple[str, str], str] = {}  # (kind, buffer) -> pointer arg
@@ -370,7 +371,7 @@ class KernelWriter:
         if isinstance(e, ir.Op):
             better = self.peepholes.get(key)
             if better is None:
-                better = P.peephole(e)
+                better = P.peephole(e, self.user_count)
                 if better is e:
                     better = self.softmax_reciprocal(e)
                 self.peepholes[key] = better
@@ -391,6 +392,18 @@ class KernelWriter:
                 return self.emit(target, prim.template.format(*args) + ".to(tl.float32)", reg, key)
             return self.emit(target, prim.template.format(*args), reg, key)
         raise TypeError(f"cannot generate code for {type(e).__name__}")
+
+    def user_count(self, e: ir.Expr) -> int:
+        """How many distinct expressions of the kernel's bodies use ``e`` (expressions are interned: one
+        object a value), so a peephole can tell a value shared with another use from one it may replace."""
+        if self._users is None:
+            users: dict[int, set[int]] = {}
+            for body in self.bodies.values():
+                for node in ir.walk(body):
+                    for c in ir.children(node):
+                        users.setdefault(id(c), set()).add(id(node))
+            self._users = users
+        return len(self._users.get(id(e), ()))
 
     def softmax_reciprocal(self, e: ir.Op) -> ir.Expr:
         """``a / s`` by a softmax denominator of this kernel, ``s = sum(exp(x - max(x)))``, as ``a * (1 / s)``:

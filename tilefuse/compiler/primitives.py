@@ -92,6 +92,10 @@ PRIMITIVES: dict[str, Primitive] = {
     "erfc": P(1, "_tf_erfc({0})", ("_tf_erfc",), floats_only=True),
     # float32 erfc (what "erfc" and "1 + erf(u)" become in float32): one exp, one reciprocal, no cancellation
     "erfc_f32": P(1, "_tf_erfc_f32({0})", ("_tf_erfc_f32",), floats_only=True),
+    # float32 d/dx gelu(x) = Phi(x) + x phi(x) (what torch's gelu_backward decomposition becomes): one exp
+    "gelu_grad_f32": P(1, "_tf_gelu_grad_f32({0})", ("_tf_gelu_grad_f32",), floats_only=True),
+    # float32 standard normal density exp(-x^2 / 2) / sqrt(2 pi) (gelu_backward's pdf beside a shared cdf)
+    "gauss_pdf_f32": P(1, "_tf_gauss_pdf_f32({0})", ("_tf_gauss_pdf_f32",), floats_only=True),
     "erfcx": P(1, "_tf_erfcx({0})", ("_tf_erfcx",), floats_only=True),
     "erfinv": P(1, "_tf_erfinv({0})", ("_tf_erfinv",), floats_only=True),
     "lgamma": P(1, "_tf_lgamma({0})", ("_tf_lgamma",), floats_only=True),
@@ -188,19 +192,69 @@ def build(name: str, *args: ir.Expr, dtype: Optional[torch.dtype] = None) -> ir.
     return ir.Op.make(name, tuple(args), dtype)
 
 
-def peephole(e: ir.Op) -> ir.Expr:
+def peephole(e: ir.Op, user_count: Optional[Callable[[ir.Expr], int]] = None) -> ir.Expr:
     """What code generation writes for ``e`` instead, on the fused expression (inlining a producer forms
     patterns no single lowering rule sees): in float32, ``erfc`` and ``1 + erf(u)`` / ``1 - erf(u)`` become
-    the float32 erfc of :mod:`tilefuse.kernels.special`. ``e`` itself when nothing applies."""
+    the float32 erfc of :mod:`tilefuse.kernels.special`, and gelu_backward's ``cdf + x * pdf`` one
+    ``gelu_grad_f32(x)`` when ``user_count`` (distinct users of an expression in the kernel) says its cdf is
+    used nowhere else (a GeLU forward recomputed in the same kernel shares that erfc; replacing the pair would
+    compute it twice). ``e`` itself when nothing applies."""
     if e.dtype != torch.float32:
         return e
     if e.name == "erfc":
         return ir.Op.make("erfc_f32", e.args, e.dtype)
+    if e.name == "add" and user_count is not None:
+        found = _gelu_grad_operand(e.args)
+        if found is not None:
+            x, inner = found
+            if all(user_count(v) == 1 for v in inner):
+                return build("gelu_grad_f32", x)
+            # the cdf is shared: keep it, and take the pdf as one exp2 (its own multiply folded in)
+            cdf = e.args[0] if e.args[1] is inner[3] else e.args[1]
+            return build("add", cdf, build("mul", x, build("gauss_pdf_f32", x)))
     if e.name in ("add", "sub"):
         rewritten = _one_plus_erf(e.name, e.args)
         if rewritten is not None:
             return rewritten
     return e
+
+
+def _times_const(e: ir.Expr, value: float) -> Optional[ir.Expr]:
+    """``y`` when ``e`` is ``y * value`` or ``value * y`` (a float constant within float32 rounding)."""
+    if not (isinstance(e, ir.Op) and e.name == "mul"):
+        return None
+    a, b = e.args
+    for c, y in ((b, a), (a, b)):
+        if isinstance(c, ir.Const) and not c.from_size and isinstance(c.value, float) and \
+                abs(c.value - value) <= 1e-7 * abs(value):
+            return y
+    return None
+
+
+def _gelu_grad_operand(args) -> Optional[tuple[ir.Expr, tuple[ir.Expr, ...]]]:
+    """``(x, inner values)`` when ``args`` (of an add) are torch's gelu_backward decomposition's ``cdf`` and
+    ``x * pdf``: ``0.5 * (1 + erf(x / sqrt 2))`` and ``x * (exp(x * x * -0.5) / sqrt(2 pi))``, in either
+    order, float32. The pair is then one ``gelu_grad_f32(x)``: one exp (erfc's exp(-x^2 / 2) is the pdf's)
+    instead of an erf and an exp, if the inner values (the cdf, its ``1 + erf``, the pdf) have no other use.
+    None otherwise."""
+    for cdf, xpdf in (args, args[::-1]):
+        one_plus = _times_const(cdf, 0.5)
+        if not (isinstance(one_plus, ir.Op) and one_plus.name == "add"):
+            continue
+        a, b = one_plus.args
+        erf = b if _is_one(a) else (a if _is_one(b) else None)
+        u = _erf_operand(erf) if erf is not None else None
+        x = _times_const(u, 0.7071067811865476) if u is not None else None
+        if x is None or x.dtype != torch.float32 or not (isinstance(xpdf, ir.Op) and xpdf.name == "mul"):
+            continue
+        for xx, pdf in (xpdf.args, xpdf.args[::-1]):
+            ex = _times_const(pdf, 0.3989422804014327)
+            if xx is not x or not (isinstance(ex, ir.Op) and ex.name == "exp"):
+                continue
+            sq = _times_const(ex.args[0], -0.5)
+            if isinstance(sq, ir.Op) and sq.name == "mul" and sq.args[0] is x and sq.args[1] is x:
+                return x, (cdf, one_plus, erf, xpdf, pdf, ex)
+    return None
 
 
 def _is_one(e: ir.Expr) -> bool:
@@ -233,6 +287,7 @@ HELPER_DEPS: dict[str, tuple[str, ...]] = {
     "_tf_asin": ("_tf_atan2",), "_tf_acos": ("_tf_atan2",), "_tf_atan2": ("_tf_atan", "_tf_signbit"),
     "_tf_sinh": ("_tf_expm1",), "_tf_asinh": ("_tf_log1p",), "_tf_acosh": ("_tf_log1p",),
     "_tf_atanh": ("_tf_log1p",), "_tf_erfc": ("_tf_erfc_cf",), "_tf_erfc_f32": ("_tf_erfc_poly",),
+    "_tf_gelu_grad_f32": ("_tf_erfc_poly",),
     "_tf_erfcx": ("_tf_erfc_cf",),
     "_tf_lgamma": ("_tf_lgamma_pos",), "_tf_digamma": ("_tf_digamma_pos",),
     "_tf_trigamma": ("_tf_trigamma_pos",), "_tf_ndtri": ("_tf_erfinv",),
@@ -455,6 +510,16 @@ HALF_HELPERS: dict[str, str] = {
     "_tf_erfc_poly": "@triton.jit\n" + special.erfc_poly_source("_tf_erfc_poly", half=True).strip("\n") + "\n"}
 _helper("_tf_erfc_f32", special.erfc_f32_source("_tf_erfc_f32", "_tf_erfc_poly", interpreter=True),
         special.erfc_f32_source("_tf_erfc_f32", "_tf_erfc_poly", interpreter=False))
+# on a GPU without tl.exp's denormal fix-up: a density below 1.2e-38 (|x| > 13.2) flushes to 0
+_helper("_tf_gauss_pdf_f32", '''
+def _tf_gauss_pdf_f32(x):
+    return tl.exp(x * x * -0.5) * 0.3989422804014327
+''', '''
+def _tf_gauss_pdf_f32(x):
+    return tl.exp2(x * x * -0.7213475204444817) * 0.3989422804014327
+''')
+_helper("_tf_gelu_grad_f32", special.gelu_grad_f32_source("_tf_gelu_grad_f32", "_tf_erfc_poly", interpreter=True),
+        special.gelu_grad_f32_source("_tf_gelu_grad_f32", "_tf_erfc_poly", interpreter=False))
 # exp(-|x|), the online softmax step's one exp: on a GPU exp2 of |x| times -log2(e) (the abs and the sign
 # ride on the multiply: one instruction fewer than exp(-tl.abs(x))), approximate, without the denormal
 # fix-up (a term below 1.2e-38 added to a sum of at least 1 changes nothing)

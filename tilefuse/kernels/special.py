@@ -82,6 +82,25 @@ def erfc_f32_fast(x):
     return tl.where(x < 0, 2.0 - e, e)
 
 
+@triton.jit
+def gelu_grad_f32_portable(x):
+    # d/dx x Phi(x) = Phi(x) + x phi(x) with one exp: erfc(z) = exp(-z^2) Q(t) at z = |x| / sqrt(2), whose
+    # exp(-z^2) = exp(-x^2 / 2) is also sqrt(2 pi) phi(x); Phi(-|x|) = erfc(z) / 2, Phi(|x|) = 1 - that
+    t = 1.0 / (1.0 + 0.28284271247461906 * tl.abs(x))
+    e = tl.exp(x * x * -0.5)
+    h = erfc_poly(t) * (e * 0.5)
+    return tl.where(x < 0, h, 1.0 - h) + x * (e * 0.3989422804014327)
+
+
+@triton.jit
+def gelu_grad_f32_fast(x):
+    # the same with the approximate reciprocal and exp (see erfc_f32_fast)
+    t = libdevice.fast_dividef(1.0, 1.0 + 0.28284271247461906 * tl.abs(x))
+    e = tl.exp2(x * x * -0.7213475204444817)
+    h = erfc_poly(t) * (e * 0.5)
+    return tl.where(x < 0, h, 1.0 - h) + x * (e * 0.3989422804014327)
+
+
 # the GEMM epilogue calls this name: the interpreter cannot run libdevice (triton 3.6)
 erfc_f32 = erfc_f32_portable if device.interpreting() else erfc_f32_fast
 
@@ -100,6 +119,13 @@ def erfc_f32_source(name: str, poly_name: str, interpreter: bool) -> str:
     ``poly_name`` (:func:`erfc_poly_source`); the GPU form (libdevice) unless the file runs on the
     interpreter. The GPU form needs ``from triton.language.extra import libdevice``."""
     return _source(erfc_f32_portable if interpreter else erfc_f32_fast, name, poly_name)
+
+
+def gelu_grad_f32_source(name: str, poly_name: str, interpreter: bool) -> str:
+    """The exact GeLU's derivative ``Phi(x) + x phi(x)`` in float32 with one exp and one reciprocal (the
+    compiler writes it for torch's gelu_backward, which costs an erf and a second exp), as
+    :func:`erfc_f32_source` names and chooses it."""
+    return _source(gelu_grad_f32_portable if interpreter else gelu_grad_f32_fast, name, poly_name)
 
 
 def erfc_poly_source(name: str, half: bool = False) -> str:
