@@ -3,8 +3,9 @@
 Every graph is timed three ways in this process on the same inputs: eager, ``torch.compile(backend="inductor")``
 (default mode) and ``torch.compile(backend="tilefuse")``; each compiled output (and gradient) is first checked
 against a float32 eager reference. ``bytes_moved`` is the minimum a graph must move (each input read once, each
-output written once; for forward + backward the inputs include the incoming gradient and the outputs the
-gradients), so ``pct_ceiling`` is the share of the measured copy bandwidth. ``baseline`` is Inductor; the
+output written once; for forward + backward the inputs include the incoming gradient, the outputs the
+gradients, and the backward pass re-reads what it needs of the forward's tensors: :func:`minimal_bytes`), so
+``pct_ceiling`` is the share of the measured copy bandwidth. ``baseline`` is Inductor; the
 note says the ratio to eager.
 
 Compile time: one child process per backend with fresh TILEFUSE_CACHE_DIR / TORCHINDUCTOR_CACHE_DIR /
@@ -97,6 +98,9 @@ class Graph:
     fn: Callable
     inputs: Callable[[int, int, int, torch.dtype, str], list]  # (rows, cols, vocab, dtype, device) -> tensors
     backward: bool = False
+    # forward + backward: tensors the size of the first input that the backward must read from the forward
+    # pass (softmax's output, a norm's input, both of SwiGLU's operands): see minimal_bytes
+    saved: int = 1
 
     def shape(self, rows, cols, vocab) -> str:
         return f"{rows}x{vocab if self.fn is cross_entropy else cols}"
@@ -125,7 +129,7 @@ _FORWARD = [
     Graph("layer_norm", layer_norm, _mats(1, 2)),
     Graph("rms_norm", rms_norm, _mats(1, 1)),
     Graph("gelu_chain", gelu_chain, _mats(1, 2)),
-    Graph("silu_chain", silu_chain, _mats(2, 0)),
+    Graph("silu_chain", silu_chain, _mats(2, 0), saved=2),
     Graph("residual_layer_norm", residual_layer_norm, _mats(2, 2)),
     Graph("cross_entropy", cross_entropy, _ce_inputs),
     Graph("softmax_layer_norm", softmax_layer_norm, _mats(1, 2)),
@@ -176,8 +180,13 @@ def _n_outputs(graph: Graph) -> int:
     return _N_OUTPUTS.get(graph.fn, 1)
 
 
-def minimal_bytes(graph: Graph, args: Sequence[torch.Tensor]) -> int:
-    """Each input read once and each output written once (for fwd + bwd: the gradients too)."""
+def minimal_bytes(graph: Graph, args: Sequence[torch.Tensor], two_pass: bool = True) -> int:
+    """Each input read once and each output written once. Forward + backward: the forward reads the inputs
+    and writes the outputs; the backward, a second pass that cannot start before the incoming gradients
+    exist, reads them and writes the gradients, and must also read what it needs from the forward:
+    ``graph.saved`` tensors the size of the first input (softmax's backward reads its output or its input;
+    a norm's, its input; SwiGLU's, both operands). ``two_pass=False`` leaves that read out (the count
+    before device run 20: no implementation of separate passes can move that little)."""
     def nbytes(ts):
         return sum(t.numel() * t.element_size() for t in ts)
 
@@ -187,7 +196,8 @@ def minimal_bytes(graph: Graph, args: Sequence[torch.Tensor]) -> int:
         return nbytes(args) + nbytes(outs)
     n_in = len(args) - _n_outputs(graph)
     inputs, cots = args[:n_in], args[n_in:]
-    return nbytes(inputs) + nbytes(cots) + nbytes(cots) + nbytes(differentiable(inputs))  # outputs = cots' sizes
+    one_pass = nbytes(inputs) + nbytes(cots) + nbytes(cots) + nbytes(differentiable(inputs))  # outputs = cots'
+    return one_pass + (graph.saved * nbytes(inputs[:1]) if two_pass else 0)
 
 
 # ------------------------------------------------------------------------------------------- checks
@@ -310,6 +320,10 @@ def time_graph(rec: harness.Recorder, graph: Graph, opts: runner.SuiteOptions, d
 
         row = rec.time(graph.case, impl, harness.Rotating(step, sets), dtype=dtype, shape=shape,
                        bytes_moved=moved, baseline="inductor", check=check)
+        if graph.backward and row.ok:
+            one = minimal_bytes(graph, args, two_pass=False)
+            extra = f"one-pass count {one / 1e9:.3f} GB: {one / 1e9 / (row.ms_p50 * 1e-3):.0f} GB/s"
+            row.note = f"{row.note}; {extra}" if row.note else extra
         if impl == "tilefuse":
             s = _tilefuse_stats()
             if s is not None:
