@@ -134,8 +134,8 @@ TUNING = {
     "fold_even_masks": True,
     # the looped form's partial last step in a loop of its own, after the full steps with the folded mask
     "peel_loop_tail": True,
-    # helpers' half-precision texts (the float32 erfc's degree-6 polynomial) in kernels whose float inputs
-    # and outputs are all float16 / bfloat16
+    # helpers' half-precision texts (the float32 erfc's degree-6 polynomial) in kernels whose outputs
+    # computed from an erf are all float16 / bfloat16
     "half_helpers": True,
     "softmax_reciprocal": True,
 }
@@ -837,14 +837,25 @@ class KernelWriter:
         warps = TUNING["rowloop_warps"] if TUNING["rowloop_warps"] and not t.interpreter else self.warps(xb * rb)
         return top.lines, (("XBLOCK", xb), ("RBLOCK", rb)), (programs,), int(warps)
 
-    def half_io(self) -> bool:
-        """Every float buffer the kernel loads or stores is float16 or bfloat16 (and there is one): then a
-        helper's half-precision text (primitives.HALF_HELPERS) serves, whose error is far below what the
-        stores round away. A float32 output (a partial sum, a saved statistic) keeps the full texts."""
-        names = {ld.buffer for _, b in self.g.bodies for ld in ir.loads(b)} | set(self.g.stores)
-        floats = [ir.node_meta(self.table[n], n).dtype for n in names]
-        floats = [d for d in floats if d.is_floating_point]
-        return bool(floats) and all(d in (torch.float16, torch.bfloat16) for d in floats)
+    def erf_outputs_are_half(self) -> bool:
+        """Every output the kernel computes from an erf (or erfc) is float16 or bfloat16, and there is one:
+        then the erfc polynomial's half-precision text (primitives.HALF_HELPERS) serves, its error far below
+        what those stores round away. An output that does not depend on one (a norm's float32 mean and
+        rstd saved beside its GeLU'd bf16 output) does not matter; a float32 output that does (a partial
+        column sum of a GeLU's gradient) keeps the full text."""
+        memo: dict[str, bool] = {}
+
+        def uses_erf(r: str) -> bool:
+            if r not in memo:
+                memo[r] = False
+                body = self.bodies.get(r)
+                memo[r] = body is not None and (
+                    any(isinstance(n, ir.Op) and n.name in ("erf", "erfc") for n in ir.walk(body))
+                    or any(uses_erf(l.name) for l in _locals(body)))
+            return memo[r]
+
+        dtypes = [ir.node_meta(self.table[r], r).dtype for r in self.g.stores if uses_erf(r)]
+        return bool(dtypes) and all(d in (torch.float16, torch.bfloat16) for d in dtypes)
 
     def warps(self, elems: int, per_thread: int = ELEMS_PER_THREAD) -> int:
         if self.target.interpreter:
@@ -1206,7 +1217,7 @@ class KernelWriter:
         helpers = P.helpers_closure(self.helpers)
         # the text that runs where this process runs kernels (a test may plan for a GPU on the interpreter)
         on_interpreter = self.target.interpreter or device.interpreting()
-        half = bool(TUNING["half_helpers"]) and self.half_io()
+        half = bool(TUNING["half_helpers"]) and self.erf_outputs_are_half()
         helper_text = "\n\n".join(P.helper_text(h, on_interpreter, half) for h in helpers)
         imports = "import triton\nimport triton.language as tl\n"
         if not on_interpreter and any(h in P.GPU_HELPERS for h in helpers):

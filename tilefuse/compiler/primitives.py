@@ -310,7 +310,7 @@ def _helper(name: str, text: str, gpu_text: Optional[str] = None) -> None:
 
 def helper_text(name: str, interpreter: bool, half: bool = False) -> str:
     """The text of helper ``name`` for a kernel file that runs on the interpreter or on a GPU; ``half``: the
-    kernel's float inputs and outputs are all float16 / bfloat16 (:data:`HALF_HELPERS` may then serve)."""
+    kernel's outputs computed with it are all float16 / bfloat16 (:data:`HALF_HELPERS` may then serve)."""
     if half and name in HALF_HELPERS:
         return HALF_HELPERS[name]
     return HELPERS[name] if interpreter else GPU_HELPERS.get(name, HELPERS[name])
@@ -504,8 +504,8 @@ def _tf_erfc(x):
     return tl.where(x >= 2.0, big, 1.0 - tl.erf(x))
 ''')
 _helper("_tf_erfc_poly", special.erfc_poly_source("_tf_erfc_poly"))
-# texts of less precision for kernels whose float inputs and outputs are all half types (codegen's choice,
-# TUNING "half_helpers"): an error far below a float16 or bfloat16 rounding, for fewer instructions
+# texts of less precision for kernels whose outputs computed with them are all half types (codegen's
+# choice, TUNING "half_helpers"): an error far below a float16 or bfloat16 rounding, for fewer instructions
 HALF_HELPERS: dict[str, str] = {
     "_tf_erfc_poly": "@triton.jit\n" + special.erfc_poly_source("_tf_erfc_poly", half=True).strip("\n") + "\n"}
 _helper("_tf_erfc_f32", special.erfc_f32_source("_tf_erfc_f32", "_tf_erfc_poly", interpreter=True),
