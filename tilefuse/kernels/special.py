@@ -18,9 +18,10 @@ rounding of ``-z^2`` inside the exp dominates; a GPU's approximate reciprocal an
 ``erfc(-inf) = 2``, NaN gives NaN.
 
 Two texts of the one function: :func:`erfc_f32_portable` (core ops; the interpreter) and :func:`erfc_f32_fast`
-(libdevice's approximate reciprocal and exp, NVIDIA and AMD). On sm_90 the compiler's kernel for the bench's
-GeLU chain (``gelu(x + b) * s``, bf16) issues 36 instructions an element with it, 45 with the portable text
-and 47 with libdevice's erff (SASS counts). :func:`erfc_f32_source` gives the
+(libdevice's approximate reciprocal, exp2, NVIDIA and AMD). On sm_90 the compiler's kernel for the bench's
+GeLU chain (``gelu(x + b) * s``, bf16) issued 36 instructions an element with it, 45 with the portable text
+and 47 with libdevice's erff (SASS counts); with the exp2, the half polynomial and the tiled form's 2-D grid,
+27.6. :func:`gelu_grad_f32_portable` / ``_fast`` are the GeLU's derivative from the same parts, one exp. :func:`erfc_f32_source` gives the
 compiler either text, which it writes into the kernel files that use it (a generated kernel file stands
 alone).
 """
