@@ -76,6 +76,11 @@ SETTINGS = {
     "tiles_8x128": (dict(tile_contiguous_xblock=128), GELU),
     "rowloop_8warps": (dict(rowloop_warps=8), NORMS),
     "rowloop_2rows": (dict(rowloop_rows=2), NORMS),
+    "rowloop_1row": (dict(rowloop_heavy_cost=1 << 30), NORMS),  # one row a step whatever the cost (run 20)
+    "rowloop_prefetch": (dict(rowloop_prefetch=True), NORMS),  # the next step's row loads a step ahead
+    "rowloop_prefetch_8warps": (dict(rowloop_prefetch=True, rowloop_warps=8), NORMS),
+    "rowloop_prefetch_1row": (dict(rowloop_prefetch=True, rowloop_heavy_cost=1 << 30), NORMS),
+    "looped_stages2": (dict(num_stages=2), LONG_ROWS),
     "chunks_512": (dict(split_outer_chunks=512), None),
     "chunks_128": (dict(split_outer_chunks=128, rowloop_min_programs=128), None),
     "rowloop_stages2": (dict(num_stages=2), NORMS),
@@ -100,7 +105,8 @@ SETTINGS = {
     # after run 19: the tiled pointwise form's 2-D grid off (the program id divided by the column blocks), and
     # 16 elements a thread (2 rows of 1024 at 4 warps); the looped form's partial last step not peeled
     "tiles_1d": (dict(tile_grid_2d=False), GELU + ("gelu_chain",)),
-    "tiles_2048_t16": (dict(tile_elems=2048, tile_thread_elems=16), GELU + ("gelu_chain",)),
+    "tiles_2048_t16": (dict(tile_elems=2048, tile_thread_elems=16), GELU + ("gelu_chain",)),  # default after run 20
+    "tiles_1024_t8": (dict(tile_elems=1024, tile_thread_elems=8), GELU + ("gelu_chain",)),
     "no_peel": (dict(peel_loop_tail=False), LONG_ROWS),
     "no_half_helpers": (dict(half_helpers=False), GELU + ("gelu_chain", "layer_norm_gelu_fwd_bwd")),
 }

@@ -112,6 +112,22 @@ def test_row_loop_with_several_rows_a_step_and_a_transposed_input(gpu_forms, row
     assert "rowloop" in gpu_forms
 
 
+@pytest.mark.parametrize("fn, n_mat", [(layer_norm, 1), (rms_norm, 1), (residual_layer_norm, 2)])
+@pytest.mark.parametrize("rows_a_step", [1, 4])
+def test_row_loop_prefetching_the_next_rows(gpu_kernels, fn, n_mat, rows_a_step):
+    """TUNING rowloop_prefetch: each step's row loads issued a step ahead (before the loop for the first,
+    masked past the chunk's end: 25 rows a chunk at 4 a step ends on a partial step). The row loads leave the
+    loop body for pf_ values; the gradients are float64's."""
+    with codegen.tuning(rowloop_prefetch=True, rowloop_rows=rows_a_step):
+        _check(fn, _mats(200, 67, n_mat, 2 if fn is not rms_norm else 1, transposed=True))
+    rowloop = [k for k in gpu_kernels if k.form == "rowloop"]
+    assert len(rowloop) == 1, [k.form for k in gpu_kernels]
+    src = rowloop[0].source
+    loop = src[src.index("    for xoffset"):]
+    assert "pf_" in src[:src.index("    for xoffset")] and "xnext = xindex + XBLOCK" in loop
+    assert not any("tl.load(" in ln and "xindex" in ln for ln in loop.splitlines()), loop
+
+
 def test_rows_the_split_does_not_divide_are_not_fused_and_stay_right(gpu_forms):
     _check(layer_norm, _mats(201, 67, 1, 2))  # 8 chunks of 26 rows run past the end
     assert "rowloop" not in gpu_forms
@@ -245,7 +261,10 @@ def test_tiled_pointwise_takes_whole_rows_unless_an_operand_is_transposed(gpu_ke
     tiled = [k for k in gpu_kernels if k.form == "tiled"]
     assert len(tiled) == 1, [k.form for k in gpu_kernels]
     blocks = dict(tiled[0].constexprs)
-    assert blocks["XBLOCK"] == (128 if transposed else 512) and blocks["XBLOCK"] * blocks["YBLOCK"] <= 1024
+    tile = codegen.TILE_ELEMS if transposed else codegen.TUNING["tile_elems"]
+    per_thread = codegen.ELEMS_PER_THREAD if transposed else codegen.TUNING["tile_thread_elems"]
+    assert blocks["XBLOCK"] == (128 if transposed else 512) and blocks["XBLOCK"] * blocks["YBLOCK"] <= tile
+    assert tiled[0].num_warps == max(1, blocks["XBLOCK"] * blocks["YBLOCK"] // (32 * per_thread))
 
 
 @pytest.mark.parametrize("grid_y_limit", [65535, 4])
@@ -271,6 +290,37 @@ def test_tiled_pointwise_launches_a_2d_grid_without_dividing_the_program_id(gpu_
         assert ks.grid == (xblocks, yblocks) and "tl.program_id(1)" in ks.source and "//" not in ks.source
     else:
         assert ks.grid == (xblocks * yblocks,) and "pid // xblocks" in ks.source
+
+
+def test_few_rows_spread_over_the_sms(gpu_kernels):
+    """A persistent row reduction over fewer rows than a program would take (40 rows of 256; a program holds
+    4096 elements) gives each SM a row rather than 3 programs of 16 rows (run 20: cross-entropy's 128 partial
+    rows of its loss in 8 programs took 18 us)."""
+    x = _mats(40, 256, 1, 0)[0]
+    _check(lambda t: (t * t).sum(-1), [x])
+    red = [k for k in gpu_kernels if k.form == "persistent"]
+    assert len(red) == 1 and red[0].grid == (40,) and dict(red[0].constexprs)["XBLOCK"] == 1, \
+        [(k.form, k.grid, k.constexprs) for k in gpu_kernels]
+
+
+def layer_norm_gelu(x, w, b):
+    return F.gelu(F.layer_norm(x, x.shape[-1:], w, b, 1e-5))
+
+
+@pytest.mark.parametrize("fn, rows_a_step", [(layer_norm, 1), (layer_norm_gelu, 2)])
+def test_row_loop_takes_two_rows_a_step_when_an_element_is_heavy(gpu_kernels, fn, rows_a_step):
+    """The row-loop form (a norm's backward with its weight and bias partial sums) steps one row at a time,
+    two when the bodies' element cost reaches TUNING rowloop_heavy_cost (a GeLU's backward in the loop);
+    200 rows (8 chunks of 25: a program's last step is half a step) give float64's gradients either way, and the
+    threshold switched off gives back one row a step."""
+    for heavy_cost, want in ((codegen.TUNING["rowloop_heavy_cost"], rows_a_step), (1 << 30, 1)):
+        gpu_kernels.clear()
+        torch._dynamo.reset()
+        with codegen.tuning(rowloop_heavy_cost=heavy_cost):
+            _check(fn, _mats(200, 96, 1, 2))
+        rowloop = [k for k in gpu_kernels if k.form == "rowloop"]
+        assert len(rowloop) == 1, [k.form for k in gpu_kernels]
+        assert dict(rowloop[0].constexprs)["XBLOCK"] == want, dict(rowloop[0].constexprs)
 
 
 def test_tuning_rejects_unknown_settings_and_restores():

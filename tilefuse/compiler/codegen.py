@@ -100,16 +100,24 @@ TUNING = {
     # rows a step of the loop over a program's row chunk, and warps (0: from the step's elements)
     "rowloop_rows": 1,
     "rowloop_warps": 0,
+    # ... two rows a step when the bodies' element_cost() is at least this: run 20, layer_norm_gelu's
+    # backward (cost 50, 78 registers a thread at 16 warps: one program an SM either way) 0.798 -> 0.553 ms
+    # with two rows (each step's two row sums and their barriers serve two rows), while layer_norm's (cost
+    # 11, 64 registers: two programs an SM at one row) went 0.430 -> 0.465
+    "rowloop_heavy_cost": 24,
+    # ... each step's row loads issued a step ahead (prefetched_rows)
+    "rowloop_prefetch": False,
     "num_stages": 1,  # Triton software pipelining of the looped forms' loads
     # issue a step's loads before its first reduction (row-loop form; the persistent form)
     "rowloop_loads_first": True,
     # tiled pointwise form with no transposed operand: columns a tile (rows: TILE_ELEMS // this); 128 was
     # the tile before run 7's sweep (8 x 128)
     "tile_contiguous_xblock": TILE_ELEMS,
-    # ... elements a tile and a thread, and the 2-D launch grid (False: one grid axis, the program id divided
-    # by the column blocks)
-    "tile_elems": TILE_ELEMS,
-    "tile_thread_elems": ELEMS_PER_THREAD,
+    # ... and its elements a tile and a thread (a tile with a transposed operand: TILE_ELEMS at
+    # ELEMS_PER_THREAD); the 2-D launch grid of every tiled kernel (False: one grid axis, the program id
+    # divided by the column blocks)
+    "tile_elems": 2 * TILE_ELEMS,
+    "tile_thread_elems": 2 * ELEMS_PER_THREAD,
     "tile_grid_2d": True,
     "persistent_loads_first": False,
     # row reductions, persistent form (whole rows in registers): elements a program (rows a program =
@@ -392,6 +400,23 @@ class KernelWriter:
                 return self.emit(target, prim.template.format(*args) + ".to(tl.float32)", reg, key)
             return self.emit(target, prim.template.format(*args), reg, key)
         raise TypeError(f"cannot generate code for {type(e).__name__}")
+
+    # element_cost's weights: a primitive's rough instruction count an element beyond 1 (the float32 erf's
+    # polynomial, an exp's range reduction); any other op counts 1
+    ELEMENT_COST = {"erf": 20, "erfc": 20, "tanh": 12, "exp": 4, "exp2": 3, "log": 4, "sigmoid": 6, "pow": 8}
+
+    def element_cost(self) -> int:
+        """A rough size of the work an element of the kernel's bodies (distinct ops, weighted by
+        ELEMENT_COST). A norm's backward row loop is 11-13; with a GeLU's backward in it, 50."""
+        seen: set[int] = set()
+        cost = 0
+        for body in self.bodies.values():
+            for node in ir.walk(body):
+                if id(node) in seen or not isinstance(node, ir.Op):
+                    continue
+                seen.add(id(node))
+                cost += self.ELEMENT_COST.get(node.name, 1)
+        return cost
 
     def user_count(self, e: ir.Expr) -> int:
         """How many distinct expressions of the kernel's bodies use ``e`` (expressions are interned: one
@@ -709,10 +734,15 @@ class KernelWriter:
             outer = math.prod(space[:-1])
             self.named_size("xnumel", inner)
             self.named_size("ynumel", outer)
-            cap = INTERP_BLOCK if t.interpreter else int(TUNING["tile_elems"])
+            cap = INTERP_BLOCK if t.interpreter else TILE_ELEMS
+            per_thread = ELEMS_PER_THREAD
             if t.interpreter:
                 xb = min(next_pow2(inner), cap)
             elif self.x_contiguous_tile():
+                # run 20: 2048 elements at 16 a thread (two rows of 1024 at 4 warps: a broadcast operand's
+                # conversion and the program's setup shared by twice the elements) 0.138 ms on gelu_chain
+                # against 0.147 at 1024 / 8
+                cap, per_thread = int(TUNING["tile_elems"]), int(TUNING["tile_thread_elems"])
                 # every operand is contiguous or broadcast along the last dim (a bias, a scale): rows of up to
                 # TILE_ELEMS columns, so a broadcast [1, XBLOCK] operand is laid out like the tile (8
                 # contiguous elements a thread, one 16-byte load) instead of 1 a thread and a shared-memory
@@ -740,7 +770,7 @@ class KernelWriter:
                           "    xmask = xindex < xnumel",
                           "    mask = ymask & xmask"]
             self.emit_roots(top, stores_level=("mask",))
-            warps = self.warps(xb * yb, int(TUNING["tile_thread_elems"]))
+            warps = self.warps(xb * yb, per_thread)
             return top.lines, (("YBLOCK", yb), ("XBLOCK", xb)), grid, warps
         # reductions
         self.named_size("xnumel", xnumel)
@@ -753,6 +783,11 @@ class KernelWriter:
                 PERSISTENT_ELEMS if outer else int(TUNING["persistent_elems"])
             per_thread = ELEMS_PER_THREAD if outer else int(TUNING["persistent_thread_elems"])
             xb = max(1, min(next_pow2(xnumel), per_prog // rb))
+            # few rows (a split reduction's second stage: cross-entropy's 128 partial rows of its loss): no
+            # fewer programs than SMs while a program has rows to give (run 20: 8 programs of 16 rows took
+            # 18 us of cross_entropy's 578)
+            while not outer and not t.interpreter and xb > 1 and -(-xnumel // xb) < t.multiprocessors:
+                xb //= 2
             if outer:
                 # columns are the contiguous dim: at least outer_run_bytes of each row a program
                 xb = max(1, min(next_pow2(xnumel), max(xb, TUNING["outer_run_bytes"] // self.biggest_itemsize())))
@@ -805,7 +840,10 @@ class KernelWriter:
         if t.interpreter:
             xb = max(1, min(next_pow2(chunk), INTERP_BLOCK * 4 // rb))
         else:
-            xb = max(1, min(next_pow2(chunk), int(TUNING["rowloop_rows"])))
+            rows = int(TUNING["rowloop_rows"])
+            if rows == 1 and self.element_cost() >= TUNING["rowloop_heavy_cost"]:
+                rows = 2
+            xb = max(1, min(next_pow2(chunk), rows))
         cast64 = ".to(tl.int64)" if itype == "tl.int64" else ""
         top.lines += ["    pid = tl.program_id(0)" + cast64,
                       "    xstart = pid * xchunk",
@@ -821,7 +859,7 @@ class KernelWriter:
                        "        xmask = (xindex < xnumel) & (xindex < xstart + xchunk)",
                        "        mask = xmask & rmask"]
         self.emit_reduction_persistent(loop, columns)
-        top.lines.extend(loop.lines)
+        top.lines.extend(self.prefetched_rows(loop.lines) if TUNING["rowloop_prefetch"] else loop.lines)
         for r, _ in self.g.columns:
             node = self.table[r]
             a, reg = columns[r]
@@ -836,6 +874,44 @@ class KernelWriter:
                              f"{red}{cast}, rmask)")
         warps = TUNING["rowloop_warps"] if TUNING["rowloop_warps"] and not t.interpreter else self.warps(xb * rb)
         return top.lines, (("XBLOCK", xb), ("RBLOCK", rb)), (programs,), int(warps)
+
+    _ROW_LOAD = re.compile(r"^        (?P<name>\w+) = tl\.load\((?P<ptr>.+), (?P<mask>x?mask), other=(?P<other>[\w.]+)\)"
+                           r"(?P<rest>(\.to\(tl\.\w+\))*)$")
+    _PREFETCHABLE = re.compile(r"in_ptr\d+|ks\d+|xindex|rindex|xnumel|rnumel|xchunk")
+
+    @classmethod
+    def prefetched_rows(cls, lines: list[str]) -> list[str]:
+        """The row loop's text (four header lines, then the body) with each load of a row's own operands
+        issued one step ahead: before the loop for the first step, then at the top of each step for the
+        next, into a loop-carried ``pf_`` value the next step reads (TUNING rowloop_prefetch). The loads
+        then run under the step's row sums and stores. Only loads at the body's top level whose address
+        uses nothing but the pointers, sizes and indices; the next step's rows are masked like the step's
+        (past the chunk's end the load is off)."""
+        header, body = lines[:4], lines[4:]
+        moved, kept = [], []
+        for line in body:
+            m = cls._ROW_LOAD.match(line)
+            names = set(re.findall(r"[A-Za-z_]\w*", m.group("ptr"))) if m else set()
+            if m and "xindex" in names and all(cls._PREFETCHABLE.fullmatch(n) for n in names):
+                moved.append(m)
+            else:
+                kept.append(line)
+        if not moved:
+            return lines
+
+        def load(m, ind):
+            ptr = re.sub(r"\bxindex\b", "xnext", m.group("ptr"))
+            mask = "nmask" if m.group("mask") == "mask" else "nxmask"
+            return f"{ind}pf_{m.group('name')} = tl.load({ptr}, {mask}, other={m.group('other')})"
+
+        def next_rows(ind, start):
+            return [f"{ind}xnext = {start}",
+                    f"{ind}nxmask = (xnext < xnumel) & (xnext < xstart + xchunk)",
+                    f"{ind}nmask = nxmask & rmask"]
+        out = next_rows("    ", "xstart + tl.arange(0, XBLOCK)[:, None]") + [load(m, "    ") for m in moved]
+        out += header + [f"        {m.group('name')} = pf_{m.group('name')}{m.group('rest')}" for m in moved]
+        out += next_rows("        ", "xindex + XBLOCK") + [load(m, "        ") for m in moved]
+        return out + kept
 
     def erf_outputs_are_half(self) -> bool:
         """Every output the kernel computes from an erf (or erfc) is float16 or bfloat16, and there is one:
