@@ -192,3 +192,29 @@ def test_the_partial_last_step_runs_apart(looped, cols, peel):
     want = f(x.double())
     for got, w, what in zip(ex.result, want, ("softmax", "log_softmax")):
         _check(got, w, f"{what} at {cols} columns")
+
+
+def test_a_one_hot_sum_is_its_one_term(looped):
+    """sum_i where(i == t, v, 0) * c over a long row (the looped form) is where(0 <= t < n, v * c, 0), no
+    loop: targets in range, at both ends, and out of it on both sides (-1, n, n + 5: no term, 0)."""
+    n = COLS
+    t = torch.tensor([0, 5, n - 1, -1, n, n + 5, 150, 299, 42])
+    v = torch.linspace(-2, 3, ROWS)
+    c = torch.linspace(0.5, 1.5, ROWS)
+
+    def f(t, v, c):
+        hot = torch.arange(n)[None, :] == t[:, None]
+        return (torch.where(hot, v[:, None], 0.0) * c[:, None]).sum(-1)
+
+    with strict():
+        ex = explain(f, t, v, c)
+    texts = kernel_sources(ex)
+    assert texts and not any("for roffset" in s for s in texts), texts
+    want = f(t, v.double(), c.double())
+    assert torch.allclose(ex.result.double(), want), (ex.result, want)
+    assert ex.result[3:6].abs().max().item() == 0.0
+    with codegen.tuning(one_hot_sums=False), strict():
+        reset()
+        ex = explain(f, t, v, c)
+    assert any("for roffset" in s for s in kernel_sources(ex))
+    assert torch.allclose(ex.result.double(), want)

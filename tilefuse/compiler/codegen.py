@@ -142,6 +142,8 @@ TUNING = {
     "fold_even_masks": True,
     # the looped form's partial last step in a loop of its own, after the full steps with the folded mask
     "peel_loop_tail": True,
+    # the looped form's sums of a one-hot (where(i == t, v, 0) * c over i) as the one term (one_hot_sum)
+    "one_hot_sums": True,
     # helpers' half-precision texts (the float32 erfc's degree-6 polynomial) in kernels whose outputs
     # computed from an erf are all float16 / bfloat16
     "half_helpers": True,
@@ -806,7 +808,7 @@ class KernelWriter:
         warps = 0
         per_thread = ELEMS_PER_THREAD
         if outer and t.interpreter:
-            rb = min(next_pow2(rnumel), INTERP_BLOCK // INTERP_OUTER_XBLOCK)
+            rb = max(1, min(next_pow2(rnumel), INTERP_BLOCK // INTERP_OUTER_XBLOCK))
             xb = min(next_pow2(xnumel), INTERP_OUTER_XBLOCK)
         elif outer:
             rb = min(next_pow2(rnumel), TUNING["outer_rblock"])
@@ -1148,6 +1150,43 @@ class KernelWriter:
             pairs[r] = m.name
         return pairs
 
+    def one_hot_sum(self, r: str) -> Optional[ir.Expr]:
+        """The row value of a sum over one dim of ``where(i == t, v, 0) * c`` (either order, either side of
+        the ==), ``i`` the summed dim's position and ``t``, ``v``, ``c`` the same all along it:
+        ``where(0 <= t < n, v * c, 0)``, the one term that is not 0. A one-hot's sum: cross-entropy's
+        backward sums its scattered -1 over the vocabulary (32 loop steps of compares and selects a row
+        with nothing loaded). None for any other reduction."""
+        node, body = self.table[r], self.bodies.get(r)
+        if not (isinstance(node, ir.Reduction) and node.kind == "sum" and len(node.reduced) == 1):
+            return None
+        d = node.reduced[0]
+        cast = body.dtype if isinstance(body, ir.Cast) else None
+        e = body.arg if isinstance(body, ir.Cast) else body
+        scale = None
+        if isinstance(e, ir.Op) and e.name == "mul":
+            a, b = e.args
+            e, scale = (a, b) if isinstance(a, ir.Op) and a.name == "where" else (b, a)
+        if not (isinstance(e, ir.Op) and e.name == "where"):
+            return None
+        cond, v, zero = e.args
+        if not (isinstance(zero, ir.Const) and not zero.from_size and zero.value == 0 and
+                isinstance(cond, ir.Op) and cond.name == "eq"):
+            return None
+
+        def position(x) -> bool:
+            return isinstance(x, ir.IndexValue) and x.index.offset == 0 and len(x.index.terms) == 1 and \
+                isinstance(x.index.terms[0][0], ir.Var) and x.index.terms[0][0].name == f"k{d}" and \
+                x.index.terms[0][1] == 1
+        lhs, rhs = cond.args
+        t = rhs if position(lhs) else (lhs if position(rhs) else None)
+        if t is None or any(self.expr_uses(x)[1] for x in (t, v) + ((scale,) if scale is not None else ())):
+            return None
+        n = P.const(node.space[d], t.dtype, from_size=True)
+        inside = P.build("and", P.build("ge", t, P.const(0, t.dtype)), P.build("lt", t, n))
+        term = v if scale is None else P.build("mul", v, scale)
+        out = P.where(inside, term, P.const(0, term.dtype))
+        return P.cast(out, cast) if cast is not None else out
+
     @staticmethod
     def peeled_loops(lines: list[str], even: bool) -> list[str]:
         """A row loop's text (its four header lines, then the body) with the row mask folded (``even``), or
@@ -1206,6 +1245,14 @@ class KernelWriter:
         last = max(stage.values(), default=0)
         for s in range(last + 1):
             reds = [r for r in self.g.roots if isinstance(self.table[r], ir.Reduction) and stage[r] == s]
+            for r in list(reds):
+                value = self.one_hot_sum(r) if TUNING["one_hot_sums"] else None
+                if value is not None:  # a row value, no loop
+                    reds.remove(r)
+                    text, _ = self.expr(value, top)
+                    self.local_values[r] = (text, P.compute_dtype(self.table[r].dtype))
+                    if r in self.g.stores:
+                        self.store_root(r, text, top, "xmask")
             fulls = [r for r in self.g.roots if r in full and stage[r] == s]
             if reds or fulls:
                 accs = {r: self.accumulator(top, self.table[r]) for r in reds}
