@@ -81,7 +81,10 @@ SETTINGS = {
     "rowloop_prefetch_8warps": (dict(rowloop_prefetch=True, rowloop_warps=8), NORMS),
     "rowloop_prefetch_1row": (dict(rowloop_prefetch=True, rowloop_heavy_cost=1 << 30), NORMS),
     "looped_stages2": (dict(num_stages=2), LONG_ROWS),
-    "no_one_hot": (dict(one_hot_sums=False), LONG_ROWS),  # cross-entropy backward's one-hot sum as a loop
+    "no_one_hot": (dict(one_hot_sums=False), LONG_ROWS),
+    # gelu_chain's backward as the looped column form (before run 21) instead of a row loop without row sums
+    "no_stages_rows": (dict(stages_as_rows=False), GELU),
+    "stages_rows_2rows": (dict(rowloop_rows=2), GELU),  # cross-entropy backward's one-hot sum as a loop
     "chunks_512": (dict(split_outer_chunks=512), None),
     "chunks_128": (dict(split_outer_chunks=128, rowloop_min_programs=128), None),
     "rowloop_stages2": (dict(num_stages=2), NORMS),

@@ -167,13 +167,25 @@ def test_mixed_row_and_column_reductions(gpu_forms):
 @pytest.mark.parametrize("rows,cols", [(200, 67), (1000, 300)])
 def test_gelu_backward_gradient_and_column_sums_in_one_kernel(gpu_forms, persistent_rows, rows, cols):
     """dx = dy * s * gelu'(x + b) and the partials of b's and s's gradients (column sums of dx and of
-    dy * gelu(x + b)) from one pass over dy and x."""
-    with codegen.tuning(outer_persistent_max_r=persistent_rows):
+    dy * gelu(x + b)) from one pass over dy and x, in the column forms (the row loop off)."""
+    with codegen.tuning(outer_persistent_max_r=persistent_rows, stages_as_rows=False):
         _check(gelu_chain, _mats(rows, cols, 1, 2))
     backward = gpu_forms[1:]
     big = [f for f in backward if f in ("looped", "persistent")]
     assert len(backward) == 3, f"expected the fused first stage and two second stages, got {backward}"
     assert big and big[0] == ("looped" if persistent_rows == 16 else "persistent"), backward
+
+
+@pytest.mark.parametrize("rows,cols", [(200, 67), (1000, 300)])
+def test_gelu_backward_first_stage_as_a_row_loop(gpu_kernels, rows, cols):
+    """The same first stage with no row reduction in it goes over whole rows (the row-loop form: dx per
+    element, the column partials in registers over a chunk of rows), then the two second stages; on odd
+    sizes against float64."""
+    _check(gelu_chain, _mats(rows, cols, 1, 2))
+    backward = [k.form for k in gpu_kernels[1:]]
+    assert backward == ["rowloop", "persistent", "persistent"], backward
+    rowloop = [k for k in gpu_kernels if k.form == "rowloop"][0]
+    assert "tl.sum(" in rowloop.source and ", 1, keep_dims" not in rowloop.source  # column sums only
 
 
 def test_gelu_backward_split_siblings_off(gpu_forms):
@@ -221,7 +233,7 @@ def test_column_first_stage_with_many_programs_loops_and_second_stage_stays_pers
     """Run 7: a first stage with many column programs (16384 at 32768 x 4096) ran 744 us persistent, 332
     looped at 64 x 8 with 4 warps; a second stage (few programs) stays persistent. 1000 x 300 in 8 chunks:
     38 first-stage programs against a threshold of 0.1 x 132 SMs, 5 second-stage ones."""
-    with codegen.tuning(outer_persistent_max_waves=0.1):
+    with codegen.tuning(outer_persistent_max_waves=0.1, stages_as_rows=False):
         _check(gelu_chain, _mats(1000, 300, 1, 2))
     backward = [k for k in gpu_kernels[1:] if k.form in ("looped", "persistent")]
     assert [k.form for k in backward] == ["looped", "persistent", "persistent"], [k.form for k in backward]

@@ -843,8 +843,10 @@ class KernelWriter:
             xb = max(1, min(next_pow2(chunk), INTERP_BLOCK * 4 // rb))
         else:
             rows = int(TUNING["rowloop_rows"])
-            if rows == 1 and self.element_cost() >= TUNING["rowloop_heavy_cost"]:
-                rows = 2
+            row_sums = any(isinstance(self.table[r], ir.Reduction) and r not in dict(self.g.columns)
+                           for r in self.g.roots)
+            if rows == 1 and row_sums and self.element_cost() >= TUNING["rowloop_heavy_cost"]:
+                rows = 2  # (two rows share each step's row sums and their barriers)
             xb = max(1, min(next_pow2(chunk), rows))
         cast64 = ".to(tl.int64)" if itype == "tl.int64" else ""
         top.lines += ["    pid = tl.program_id(0)" + cast64,
