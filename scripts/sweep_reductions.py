@@ -84,6 +84,7 @@ SETTINGS = {
     "no_one_hot": (dict(one_hot_sums=False), LONG_ROWS),
     # gelu_chain's backward as the looped column form (before run 21) instead of a row loop without row sums
     "no_stages_rows": (dict(stages_as_rows=False), GELU),
+    "pair_sums": (dict(pair_row_sums=True), NORMS + ("layer_norm", "softmax_layer_norm")),
     "stages_rows_2rows": (dict(rowloop_rows=2), GELU),  # cross-entropy backward's one-hot sum as a loop
     "chunks_512": (dict(split_outer_chunks=512), None),
     "chunks_128": (dict(split_outer_chunks=128, rowloop_min_programs=128), None),

@@ -128,6 +128,20 @@ def test_row_loop_prefetching_the_next_rows(gpu_kernels, fn, n_mat, rows_a_step)
     assert not any("tl.load(" in ln and "xindex" in ln for ln in loop.splitlines()), loop
 
 
+@pytest.mark.parametrize("fn, n_vec, paired", [(layer_norm, 2, True), (rms_norm, 1, False)])
+def test_paired_row_sums(gpu_kernels, fn, n_vec, paired):
+    """TUNING pair_row_sums: layer_norm's backward's two independent row sums in one tl.reduce over the pair
+    (rms_norm's has one; the forwards' mean and variance depend on each other and stay apart); float64's
+    gradients."""
+    with codegen.tuning(pair_row_sums=True):
+        _check(fn, _mats(200, 67, 1, n_vec))
+    rowloop = [k for k in gpu_kernels if k.form == "rowloop"]
+    assert len(rowloop) == 1 and ("_tf_sum2_combine" in rowloop[0].source) == paired, \
+        [k.form for k in gpu_kernels]
+    forward = gpu_kernels[0]
+    assert "_tf_sum2_combine" not in forward.source
+
+
 def test_rows_the_split_does_not_divide_are_not_fused_and_stay_right(gpu_forms):
     _check(layer_norm, _mats(201, 67, 1, 2))  # 8 chunks of 26 rows run past the end
     assert "rowloop" not in gpu_forms

@@ -142,6 +142,8 @@ TUNING = {
     "fold_even_masks": True,
     # the looped form's partial last step in a loop of its own, after the full steps with the folded mask
     "peel_loop_tail": True,
+    # persistent / row-loop forms: two row sums in one tl.reduce over the pair (paired_sums)
+    "pair_row_sums": False,
     # the looped form's sums of a one-hot (where(i == t, v, 0) * c over i) as the one term (one_hot_sum)
     "one_hot_sums": True,
     # helpers' half-precision texts (the float32 erfc's degree-6 polynomial) in kernels whose outputs
@@ -1082,12 +1084,27 @@ class KernelWriter:
                 for ld in ir.loads(self.bodies[r]):
                     if not _locals(ld):
                         self.expr(ld, top)
+        partner = self.paired_sums(columns) if TUNING["pair_row_sums"] else {}
         for r in self.g.roots:
             node = self.table[r]
             if columns and r in columns:
                 v, _ = self.reduction_input(r, top)
                 a, reg = columns[r]
                 top.lines.append(top.indent + self.accumulate(node.kind, a, v, reg))
+                continue
+            if r in self.local_values:
+                continue  # the second of a pair of sums, done with the first
+            if r in partner:
+                s_ = partner[r]
+                (v, reg), (v2, _) = self.reduction_input(r, top), self.reduction_input(s_, top)
+                a, b = self.fresh("red"), self.fresh("red")
+                self.helpers.add("_tf_sum2_combine")
+                top.lines.append(f"{top.indent}{a}, {b} = tl.reduce(({v}, {v2}), 1, _tf_sum2_combine, "
+                                 "keep_dims=True)")
+                for name, text in ((r, a), (s_, b)):
+                    self.local_values[name] = (text, P.compute_dtype(self.table[name].dtype))
+                    if name in self.g.stores:
+                        self.store_root(name, text, top, "xmask")
                 continue
             if isinstance(node, ir.Reduction):
                 (v, reg) = self.reduction_input(r, top)
@@ -1108,6 +1125,30 @@ class KernelWriter:
                 self.local_values[r] = (text, P.compute_dtype(node.dtype))
                 if r in self.g.stores:
                     self.store_root(r, text, top, "mask" if self.local_uses[r][1] else "xmask")
+
+    def paired_sums(self, columns: Optional[dict]) -> dict[str, str]:
+        """{first: second} of row sums (persistent and row-loop forms) that one tl.reduce over a pair can do
+        together: float32 sums over the row, the second not reading the first (nor any root after the
+        first); each pair's shared-memory exchange and barriers happen once (a norm backward's two sums a
+        row, TUNING pair_row_sums)."""
+        sums = [r for r in self.g.roots if isinstance(self.table[r], ir.Reduction) and self.table[r].kind == "sum"
+                and not (columns and r in columns)
+                and P.compute_dtype(self.table[r].dtype) == torch.float32]
+        order = {r: k for k, r in enumerate(self.g.roots)}
+        pairs, used = {}, set()
+        for i, r in enumerate(sums):
+            if r in used:
+                continue
+            for s_ in sums[i + 1:]:
+                if s_ in used:
+                    continue
+                # what s_ reads among the roots must all come before r (computed by the time r's pair runs)
+                deps = {l.name for l in _locals(self.bodies[s_]) if l.name in order}
+                if all(order[d] < order[r] for d in deps):
+                    pairs[r] = s_
+                    used.update((r, s_))
+                    break
+        return pairs
 
     def stage_of(self) -> dict[str, int]:
         """Loop index of each root: a reduction runs in the loop after the reductions it needs; a full-row

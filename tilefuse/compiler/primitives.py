@@ -757,6 +757,11 @@ def _tf_gcd(a0, b0):
 ''')
 
 # reduction combine functions (tl.reduce), also helpers
+# two row sums in one reduction (their shared-memory exchange and barriers once): codegen's paired sums
+_helper("_tf_sum2_combine", '''
+def _tf_sum2_combine(a0, b0, a1, b1):
+    return a0 + a1, b0 + b1
+''')
 _helper("_tf_max_combine", '''
 def _tf_max_combine(a, b):
     return tl.maximum(a, b, propagate_nan=tl.PropagateNan.ALL)  # integers: propagate_nan has no effect
