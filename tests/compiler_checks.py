@@ -73,6 +73,23 @@ def kernel_sources(explanation) -> list[str]:
     return [Path(k.path).read_text() for k in explanation.kernels if k.path]
 
 
+def collect_kernels(monkeypatch) -> list:
+    """Patch (for the calling test) ``codegen.generate`` to keep every KernelSource it makes; the list fills
+    as graphs compile."""
+    from tilefuse.compiler import codegen
+
+    kernels: list = []
+    planned = codegen.generate
+
+    def generate(group, sched, target=None):
+        ks = planned(group, sched, target)
+        kernels.append(ks)
+        return ks
+
+    monkeypatch.setattr(codegen, "generate", generate)
+    return kernels
+
+
 def dynamo_graphs() -> int:
     """Graphs Dynamo has made in this process (a running count: ``torch._dynamo.reset()`` does not zero it)."""
     from torch._dynamo.utils import counters

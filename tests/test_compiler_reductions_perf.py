@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from tilefuse.compiler import codegen
 from tilefuse.compiler import lowering_reductions as LR
 
-from .compiler_checks import kernel_sources, reset, strict
+from .compiler_checks import collect_kernels, kernel_sources, reset, strict
 from .support import assert_close, noncontiguous
 
 GPU = codegen.LaunchTarget(warp_size=32, interpreter=False, multiprocessors=132)
@@ -231,16 +231,7 @@ def test_outer_reduction_forms_on_the_gpu_target(gpu_forms):
 @pytest.fixture
 def gpu_kernels(gpu_forms, monkeypatch):
     """gpu_forms, keeping the generated KernelSources."""
-    kernels: list = []
-    planned = codegen.generate
-
-    def generate(group, sched, target=None):
-        ks = planned(group, sched, target)
-        kernels.append(ks)
-        return ks
-
-    monkeypatch.setattr(codegen, "generate", generate)
-    return kernels
+    return collect_kernels(monkeypatch)
 
 
 def test_column_first_stage_with_many_programs_loops_and_second_stage_stays_persistent(gpu_kernels):

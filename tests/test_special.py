@@ -196,28 +196,80 @@ def test_float32_statistics_beside_a_half_gelu_keep_the_half_polynomial(monkeypa
 
     def ln_gelu(t):
         return torch.nn.functional.gelu(torch.nn.functional.layer_norm(t, (96,), w, b))
-    from tilefuse.compiler import codegen
-
-    from .compiler_checks import reset, strict
-    sources = []
-    planned = codegen.generate
-
-    def generate(group, sched, target=None):
-        ks = planned(group, sched, target)
-        sources.append(ks.source)
-        return ks
-    monkeypatch.setattr(codegen, "generate", generate)
+    from .compiler_checks import collect_kernels, reset, strict
+    kernels = collect_kernels(monkeypatch)
     for loss, degree6 in ((False, True), (True, False)):
         fn = (lambda t: ln_gelu(t).float().sum()) if loss else (lambda t: ln_gelu(t) * 3.0)
-        sources.clear()
+        kernels.clear()
         reset()
         with strict():
             got = torch.compile(fn, backend="tilefuse")(x)
         torch._dynamo.reset()
-        erf = [k for k in sources if "_tf_erfc_poly(" in k]
+        erf = [k.source for k in kernels if "_tf_erfc_poly(" in k.source]
         assert len(erf) == 1, len(erf)
         assert (first6 in erf[0]) == degree6, erf[0]
         xd, wd, bd = (t.detach().cpu().double() for t in (x, w, b))
         want = torch.nn.functional.gelu(torch.nn.functional.layer_norm(xd, (96,), wd, bd))
         want = want.sum() if loss else want * 3.0
         assert torch.allclose(got.detach().cpu().double(), want, rtol=2e-3, atol=2e-3)
+
+
+# ------------------------------------------------------------------------- the GeLU's derivative
+@triton.jit
+def _gelu_grad_kernel(x_ptr, y_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    x = tl.load(x_ptr + offs, mask=mask, other=0.0)
+    tl.store(y_ptr + offs, special.gelu_grad_f32_portable(x), mask=mask)
+
+
+def _gelu_grad_reference(x: torch.Tensor) -> torch.Tensor:
+    xs = x.double().tolist()
+    return torch.tensor([0.5 * math.erfc(-v / math.sqrt(2)) + v * math.exp(-0.5 * v * v) / math.sqrt(2 * math.pi)
+                         for v in xs], dtype=torch.float64)
+
+
+def test_gelu_grad_one_exp_matches_float64():
+    """Phi(x) + x phi(x) from one exp and one reciprocal: within 2e-6 of float64 relative to max(|g|, 0.1)
+    (g crosses 0 at x = -0.75, where only an absolute bound means anything), and 0 / 1 at the far ends."""
+    x = torch.cat([torch.linspace(-12, 12, 40001), torch.tensor([0.0, -0.7517916, 30.0, -30.0])])
+    x = (x + (torch.rand_like(x) - 0.5) * 6e-4).to(DEV)
+    y = torch.full_like(x, float("nan"))
+    _gelu_grad_kernel[(triton.cdiv(x.numel(), 1024),)](x, y, x.numel(), BLOCK=1024)
+    ref = _gelu_grad_reference(x.cpu())
+    err = ((y.cpu().double() - ref).abs() / ref.abs().clamp(min=0.1)).max().item()
+    assert err < 2e-6, err
+
+
+def _backward_kernel_sources(monkeypatch, fn, x):
+    from .compiler_checks import collect_kernels, reset, strict
+    kernels = collect_kernels(monkeypatch)
+    reset()
+    with strict():
+        out = torch.compile(fn, backend="tilefuse")(x)
+        out.backward()
+    torch._dynamo.reset()
+    return "\n".join(k.source for k in kernels)
+
+
+@pytest.mark.parametrize("shared", [False, True])
+def test_gelu_backward_takes_one_exp(monkeypatch, shared):
+    """gelu_backward's cdf + x * pdf is one gelu_grad_f32 (one exp) when nothing else in the kernel uses
+    the cdf; when the kernel also recomputes the GeLU itself (d/ds of gelu(x) * s), the erfc is shared and
+    only the pdf changes (one exp2). The gradients match float64 either way."""
+    from .support import noncontiguous
+    x = noncontiguous(torch.linspace(-9, 6, 3000).reshape(30, 100)).to(DEV).requires_grad_()
+    s = torch.linspace(0.5, 1.5, 100, device=DEV).requires_grad_()
+
+    def fn(t):
+        return (torch.nn.functional.gelu(t) * (s if shared else s.detach())).sum()
+    text = _backward_kernel_sources(monkeypatch, fn, x)
+    assert ("_tf_gelu_grad_f32(" in text) != shared and ("_tf_gauss_pdf_f32(" in text) == shared, text
+    xd = x.detach().cpu().double().requires_grad_()
+    sd = s.detach().cpu().double().requires_grad_()
+    (torch.nn.functional.gelu(xd) * sd).sum().backward()
+    scale = xd.grad.abs().clamp(min=0.1)
+    err = ((x.grad.cpu().double() - xd.grad).abs() / scale).max().item()
+    assert err < 1e-5, err
+    if shared:
+        assert torch.allclose(s.grad.cpu().double(), sd.grad, rtol=1e-5, atol=1e-6)

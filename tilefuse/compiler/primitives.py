@@ -6,8 +6,8 @@ without a core op (tanh, log1p, atan, lgamma, erfinv, ...) are small ``@triton.j
 out into each kernel file that uses them (a kernel file stands alone) and tested on the interpreter. The same
 text runs on NVIDIA and AMD. Two hot helpers (the float32 erfc, the online softmax's exp) have a second,
 GPU text (:data:`GPU_HELPERS`) with the approximate reciprocal and exp (libdevice's fast reciprocal, which
-both vendors' libdevice provide, and ``tl.exp2``); codegen writes it into kernels that run on a GPU. Helpers that need more precision than float32
-gives compute in float64 (special functions only: none of them is on a hot path).
+both vendors' libdevice provide, and ``tl.exp2``); codegen writes it into kernels that run on a GPU. Helpers
+that need more precision than float32 gives compute in float64 (special functions only: none of them is on a hot path).
 
 :func:`peephole` rewrites fused expressions at code generation (``1 + erf(u)`` is ``erfc(-u)``).
 
@@ -206,11 +206,10 @@ def peephole(e: ir.Op, user_count: Optional[Callable[[ir.Expr], int]] = None) ->
     if e.name == "add" and user_count is not None:
         found = _gelu_grad_operand(e.args)
         if found is not None:
-            x, inner = found
+            x, cdf, inner = found
             if all(user_count(v) == 1 for v in inner):
                 return build("gelu_grad_f32", x)
             # the cdf is shared: keep it, and take the pdf as one exp2 (its own multiply folded in)
-            cdf = e.args[0] if e.args[1] is inner[3] else e.args[1]
             return build("add", cdf, build("mul", x, build("gauss_pdf_f32", x)))
     if e.name in ("add", "sub"):
         rewritten = _one_plus_erf(e.name, e.args)
@@ -231,8 +230,8 @@ def _times_const(e: ir.Expr, value: float) -> Optional[ir.Expr]:
     return None
 
 
-def _gelu_grad_operand(args) -> Optional[tuple[ir.Expr, tuple[ir.Expr, ...]]]:
-    """``(x, inner values)`` when ``args`` (of an add) are torch's gelu_backward decomposition's ``cdf`` and
+def _gelu_grad_operand(args) -> Optional[tuple[ir.Expr, ir.Expr, tuple[ir.Expr, ...]]]:
+    """``(x, cdf, inner values)`` when ``args`` (of an add) are torch's gelu_backward decomposition's ``cdf`` and
     ``x * pdf``: ``0.5 * (1 + erf(x / sqrt 2))`` and ``x * (exp(x * x * -0.5) / sqrt(2 pi))``, in either
     order, float32. The pair is then one ``gelu_grad_f32(x)``: one exp (erfc's exp(-x^2 / 2) is the pdf's)
     instead of an erf and an exp, if the inner values (the cdf, its ``1 + erf``, the pdf) have no other use.
@@ -253,7 +252,7 @@ def _gelu_grad_operand(args) -> Optional[tuple[ir.Expr, tuple[ir.Expr, ...]]]:
                 continue
             sq = _times_const(ex.args[0], -0.5)
             if isinstance(sq, ir.Op) and sq.name == "mul" and sq.args[0] is x and sq.args[1] is x:
-                return x, (cdf, one_plus, erf, xpdf, pdf, ex)
+                return x, cdf, (cdf, one_plus, erf, xpdf, pdf, ex)
     return None
 
 
