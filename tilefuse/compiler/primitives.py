@@ -7,7 +7,8 @@ out into each kernel file that uses them (a kernel file stands alone) and tested
 text runs on NVIDIA and AMD. Two hot helpers (the float32 erfc, the online softmax's exp) have a second,
 GPU text (:data:`GPU_HELPERS`) with the approximate reciprocal and exp (libdevice's fast reciprocal, which
 both vendors' libdevice provide, and ``tl.exp2``); codegen writes it into kernels that run on a GPU. Helpers
-that need more precision than float32 gives compute in float64 (special functions only: none of them is on a hot path).
+that need more precision than float32 gives compute in float64 (special functions only: none of them is on a
+hot path).
 
 :func:`peephole` rewrites fused expressions at code generation (``1 + erf(u)`` is ``erfc(-u)``).
 
