@@ -80,6 +80,12 @@ SETTINGS = {
     "rowloop_prefetch": (dict(rowloop_prefetch=True), NORMS),  # the next step's row loads a step ahead
     "rowloop_prefetch_8warps": (dict(rowloop_prefetch=True, rowloop_warps=8), NORMS),
     "rowloop_prefetch_1row": (dict(rowloop_prefetch=True, rowloop_heavy_cost=1 << 30), NORMS),
+    # after run 21 (prefetch on by default): the prefetch off, and fewer warps a row (more elements and column
+    # partial sums a thread, fewer cross-warp exchanges a row sum), alone and with the paired row sums
+    "no_prefetch": (dict(rowloop_prefetch=False), NORMS + GELU),
+    "rowloop_4warps": (dict(rowloop_warps=4), NORMS),
+    "pair_8warps": (dict(pair_row_sums=True, rowloop_warps=8), NORMS),
+    "pair_4warps": (dict(pair_row_sums=True, rowloop_warps=4), NORMS),
     "looped_stages2": (dict(num_stages=2), LONG_ROWS),
     "no_one_hot": (dict(one_hot_sums=False), LONG_ROWS),
     # gelu_chain's backward as the looped column form (before run 21) instead of a row loop without row sums

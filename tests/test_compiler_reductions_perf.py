@@ -259,8 +259,9 @@ def _loads_before_first_sum(source: str) -> bool:
 @pytest.mark.parametrize("first", [True, False])
 def test_row_loop_issues_its_loads_before_the_first_reduction(gpu_kernels, first):
     """A residual norm's backward reads dh only for dx, after both row sums: issued after a tl.sum its load
-    waits for the sum's barriers (two memory latencies a step). rowloop_loads_first issues it first."""
-    with codegen.tuning(rowloop_loads_first=first):
+    waits for the sum's barriers (two memory latencies a step). rowloop_loads_first issues it first (the
+    order of a step's own loads: with rowloop_prefetch, the default, every row load is a step ahead anyway)."""
+    with codegen.tuning(rowloop_loads_first=first, rowloop_prefetch=False):
         _check(residual_layer_norm, _mats(200, 67, 2, 2))
     rowloop = [k for k in gpu_kernels if k.form == "rowloop"]
     assert len(rowloop) == 1

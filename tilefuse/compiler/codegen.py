@@ -106,7 +106,7 @@ TUNING = {
     # 11, 64 registers: two programs an SM at one row) went 0.430 -> 0.465
     "rowloop_heavy_cost": 24,
     # ... each step's row loads issued a step ahead (prefetched_rows)
-    "rowloop_prefetch": False,
+    "rowloop_prefetch": True,
     "num_stages": 1,  # Triton software pipelining of the looped forms' loads
     # issue a step's loads before its first reduction (row-loop form; the persistent form)
     "rowloop_loads_first": True,
