@@ -84,6 +84,8 @@ SETTINGS = {
     # partial sums a thread, fewer cross-warp exchanges a row sum), alone and with the paired row sums
     "no_prefetch": (dict(rowloop_prefetch=False), NORMS + GELU),
     "rowloop_4warps": (dict(rowloop_warps=4), NORMS),
+    "rowloop_t8": (dict(rowloop_thread_elems=8), NORMS),  # 8 elements a thread (16 warps a row: before run 22)
+    "rowloop_wide3": (dict(rowloop_wide_max_loads=3), NORMS),  # 16 a thread with three row operands too
     "pair_8warps": (dict(pair_row_sums=True, rowloop_warps=8), NORMS),
     "pair_4warps": (dict(pair_row_sums=True, rowloop_warps=4), NORMS),
     "looped_stages2": (dict(num_stages=2), LONG_ROWS),

@@ -157,6 +157,40 @@ def test_compiler_suite_check_catches_a_wrong_answer():
     assert cs.check_against(nan, ref, eager, torch.bfloat16) is not None
 
 
+def test_compiler_suite_kernels_row(monkeypatch):
+    """record_kernel_time: an ``<impl>-kernels`` row with the median of the profiled rounds (p20/p80 their
+    least and most), the bytes' share of the copy ceiling, the host time in the note, Inductor's kernels as
+    baseline; a profiler failure is an error row, not a missing one; a smoke run says it did not run."""
+    if importlib.util.find_spec(_suite_module("compiler")) is None:
+        pytest.skip("tilefuse.bench.compiler_suite does not exist yet")
+    from tilefuse.bench import compiler_suite as cs
+
+    g = next(g for g in cs.GRAPHS if g.case == "softmax_fwd_bwd")
+    calls = []
+    monkeypatch.setattr(cs, "kernel_ms", lambda call: [0.30, 0.25, 0.40])
+    monkeypatch.setattr(cs, "host_us", lambda call: (calls.append(call), 512.4)[1])
+    rec = harness.Recorder("compiler", ceiling_gbps=4000.0, log=lambda s: None)
+    gpu = argparse.Namespace(smoke=False)
+    cs.record_kernel_time(rec, g, "tilefuse", lambda: None, [[]], gpu, dtype="bfloat16", shape="8x8",
+                          bytes_moved=1.2e9)
+    row = rec.rows[-1]
+    assert (row.impl, row.ms_p50, row.ms_p20, row.ms_p80, row.baseline) == \
+        ("tilefuse-kernels", 0.30, 0.25, 0.40, "inductor-kernels")
+    assert math.isclose(row.gbps, 1.2e9 / 0.30e-3 / 1e9) and math.isclose(row.pct_ceiling, 100 * row.gbps / 4000)
+    assert "host 512 us a step" in row.note and len(calls) == 1
+
+    def broken(call):
+        raise RuntimeError("CUPTI not available")
+
+    monkeypatch.setattr(cs, "kernel_ms", broken)
+    cs.record_kernel_time(rec, g, "inductor", lambda: None, [[]], gpu, dtype="bfloat16", shape="8x8",
+                          bytes_moved=1.2e9)
+    assert rec.rows[-1].impl == "inductor-kernels" and rec.rows[-1].status.startswith("error: RuntimeError")
+    cs.record_kernel_time(rec, g, "tilefuse", lambda: None, [[]], argparse.Namespace(smoke=True),
+                          dtype="bfloat16", shape="8x8", bytes_moved=1.2e9)
+    assert rec.rows[-1].status.startswith("not run: smoke run")
+
+
 def test_recorder_measures_missing_ceilings_on_a_gpu(monkeypatch):
     """A fresh GPU machine has no cached ceilings: the suite measures them first (so pct_ceiling is filled)
     and says so; an interpreter run never measures."""

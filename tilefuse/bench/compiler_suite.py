@@ -8,6 +8,12 @@ gradients, and the backward pass re-reads what it needs of the forward's tensors
 ``pct_ceiling`` is the share of the measured copy bandwidth. ``baseline`` is Inductor; the
 note says the ratio to eager.
 
+Each compiled impl also gets an ``<impl>-kernels`` row (``inductor-kernels`` its baseline): the step's GPU time
+alone, from torch.profiler, and in its note the step's host time (:func:`host_us`). A step row is the time
+of the whole call, what a user's loop sees; where the host takes longer to queue a step than its kernels take
+to run (a forward + backward through Dynamo, AOTAutograd and the autograd engine on a slow host CPU), the
+step row measures the host and the kernels row says what the generated code does.
+
 Compile time: one child process per backend with fresh TILEFUSE_CACHE_DIR / TORCHINDUCTOR_CACHE_DIR /
 TRITON_CACHE_DIR compiles every graph cold (after a throw-away graph, so one-time imports are not charged to the
 first case), and a third child compiles with tilefuse's now-warm cache. Those rows (impl ``*-compile-cold`` /
@@ -25,7 +31,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -331,6 +337,8 @@ def time_graph(rec: harness.Recorder, graph: Graph, opts: runner.SuiteOptions, d
                         f"{s.get('externs', '?')} externs"
                 row.note = f"{row.note}; {extra}" if row.note else extra
         times[impl] = row
+        if impl != "eager" and row.ok:
+            record_kernel_time(rec, graph, impl, step, sets, opts, dtype=dtype, shape=shape, bytes_moved=moved)
     base = times.get("eager")
     for impl in ("inductor", "tilefuse"):
         row = times.get(impl)
@@ -340,6 +348,66 @@ def time_graph(rec: harness.Recorder, graph: Graph, opts: runner.SuiteOptions, d
     del sets, args, first, ref, eager
     if device == "cuda":
         torch.cuda.empty_cache()
+
+
+# ------------------------------------------------------------------------------- the GPU's share
+KERNEL_STEPS, KERNEL_ROUNDS, HOST_STEPS = 5, 3, 20
+HOST_SLEEP_CYCLES = 200_000_000  # ~0.1 s: longer than HOST_STEPS steps take to queue
+
+
+def kernel_ms(call: Callable[[], Any], steps: int = KERNEL_STEPS, rounds: int = KERNEL_ROUNDS) -> list[float]:
+    """Milliseconds of GPU time a call, from torch.profiler's CUDA activity (the kernels', copies' and
+    fills' device time, summed; no host time): one value per round of ``steps`` calls."""
+    from torch.profiler import ProfilerActivity, profile
+
+    out = []
+    for _ in range(rounds):
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            for _ in range(steps):
+                call()
+            torch.cuda.synchronize()
+        us = sum(e.device_time_total for e in prof.key_averages() if e.device_time_total > 0)
+        out.append(us / steps / 1e3)
+    return out
+
+
+def host_us(call: Callable[[], Any], steps: int = HOST_STEPS) -> float:
+    """Host microseconds a call: the GPU is kept busy by a sleep kernel while ``steps`` calls are queued, so
+    the wall time of the queuing is the host's alone (wrappers, autograd, allocation, launches)."""
+    torch.cuda.synchronize()
+    torch.cuda._sleep(HOST_SLEEP_CYCLES)
+    start = time.perf_counter()
+    for _ in range(steps):
+        call()
+    elapsed = time.perf_counter() - start
+    torch.cuda.synchronize()
+    return elapsed / steps * 1e6
+
+
+def record_kernel_time(rec: harness.Recorder, graph: Graph, impl: str, step: Callable, sets: list,
+                       opts: runner.SuiteOptions, *, dtype, shape, bytes_moved: float) -> None:
+    """A ``<impl>-kernels`` row beside a compiled impl's step row: the step's GPU time alone (kernel_ms), so
+    a step that the host sets (a forward + backward through Dynamo, AOTAutograd and the autograd engine can
+    take longer to queue than its kernels take to run) still shows what the kernels move; its note gives
+    the step's host time (host_us)."""
+    name = f"{impl}-kernels"
+    if opts.smoke:
+        rec.skip(graph.case, name, "smoke run on the interpreter: no CUDA time to profile", dtype=dtype, shape=shape)
+        return
+    import statistics
+
+    call = harness.Rotating(step, sets)
+    try:
+        rounds = kernel_ms(call)
+        host = host_us(call)
+    except Exception as exc:
+        rec._error_row(graph.case, name, dtype, shape, exc, dict(baseline="inductor-kernels"))
+        return
+    note = f"GPU time of the step (torch.profiler, {KERNEL_ROUNDS} rounds of {KERNEL_STEPS} steps); " \
+           f"host {host:.0f} us a step"
+    rec._timed_row(graph.case, name, dtype, shape, statistics.median(rounds), min(rounds), max(rounds),
+                   dict(bytes_moved=bytes_moved, baseline="inductor-kernels", note=note))
 
 
 # ------------------------------------------------------------------------------------ compile time

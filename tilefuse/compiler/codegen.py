@@ -100,12 +100,24 @@ TUNING = {
     # rows a step of the loop over a program's row chunk, and warps (0: from the step's elements)
     "rowloop_rows": 1,
     "rowloop_warps": 0,
+    # ... elements a thread when the step has row sums (warps = the step's elements / (warp size x this)):
+    # run 22 (benchmarks/results/run22/sweep.log, kernel ms of fwd+bwd): layer_norm's backward at 8 warps
+    # (16 a thread, a row's sums exchanged between 8 warps, two 128-register programs an SM) 0.398 -> 0.342,
+    # rms_norm 0.334 -> 0.336, layer_norm_gelu (two rows a step: 16 warps either way) unchanged. A loop
+    # without row sums (a GeLU chain's backward) keeps ELEMS_PER_THREAD (16 warps a 4096-wide row), and so
+    # does a step with more row operands than rowloop_wide_max_loads (residual_layer_norm's backward, three:
+    # 172 registers at 8 warps, one program an SM; not measured at 8 warps)
+    "rowloop_thread_elems": 16,
+    "rowloop_wide_max_loads": 2,
     # ... two rows a step when the bodies' element_cost() is at least this: run 20, layer_norm_gelu's
     # backward (cost 50, 78 registers a thread at 16 warps: one program an SM either way) 0.798 -> 0.553 ms
     # with two rows (each step's two row sums and their barriers serve two rows), while layer_norm's (cost
     # 11, 64 registers: two programs an SM at one row) went 0.430 -> 0.465
     "rowloop_heavy_cost": 24,
-    # ... each step's row loads issued a step ahead (prefetched_rows)
+    # ... each step's row loads issued a step ahead (prefetched_rows), when the step has row sums (whose
+    # barriers the loads then run under). Run 21 (kernel ms, on/off): layer_norm fwd+bwd 0.397/0.426,
+    # rms_norm 0.333/0.369, layer_norm_gelu 0.472/0.554; run 22: a GeLU chain's backward, which has no row
+    # sums, 0.432/0.402 (the prefetch's registers and no barrier to hide under)
     "rowloop_prefetch": True,
     "num_stages": 1,  # Triton software pipelining of the looped forms' loads
     # issue a step's loads before its first reduction (row-loop form; the persistent form)
@@ -841,12 +853,12 @@ class KernelWriter:
         programs = -(-xnumel // chunk)
         self.named_size("xchunk", chunk)
         rb = next_pow2(rnumel)
+        row_sums = any(isinstance(self.table[r], ir.Reduction) and r not in dict(self.g.columns)
+                       for r in self.g.roots)
         if t.interpreter:
             xb = max(1, min(next_pow2(chunk), INTERP_BLOCK * 4 // rb))
         else:
             rows = int(TUNING["rowloop_rows"])
-            row_sums = any(isinstance(self.table[r], ir.Reduction) and r not in dict(self.g.columns)
-                           for r in self.g.roots)
             if rows == 1 and row_sums and self.element_cost() >= TUNING["rowloop_heavy_cost"]:
                 rows = 2  # (two rows share each step's row sums and their barriers)
             xb = max(1, min(next_pow2(chunk), rows))
@@ -865,7 +877,8 @@ class KernelWriter:
                        "        xmask = (xindex < xnumel) & (xindex < xstart + xchunk)",
                        "        mask = xmask & rmask"]
         self.emit_reduction_persistent(loop, columns)
-        top.lines.extend(self.prefetched_rows(loop.lines) if TUNING["rowloop_prefetch"] else loop.lines)
+        prefetch = TUNING["rowloop_prefetch"] and row_sums
+        top.lines.extend(self.prefetched_rows(loop.lines) if prefetch else loop.lines)
         for r, _ in self.g.columns:
             node = self.table[r]
             a, reg = columns[r]
@@ -878,7 +891,12 @@ class KernelWriter:
             cast = f".to({TL_DTYPE[node.dtype]})" if node.dtype != torch.bool and node.dtype != reg else ""
             top.lines.append(f"    tl.store({self.pointer('store', r)} + ({self.index_text(off, top)}), "
                              f"{red}{cast}, rmask)")
-        warps = TUNING["rowloop_warps"] if TUNING["rowloop_warps"] and not t.interpreter else self.warps(xb * rb)
+        row_loads = sum(1 for line in loop.lines if (m := self._ROW_LOAD.match(line)) and
+                        re.search(r"\bxindex\b", m.group("ptr")) and re.search(r"\brindex\b", m.group("ptr")))
+        wide = row_sums and row_loads <= TUNING["rowloop_wide_max_loads"]
+        per_thread = int(TUNING["rowloop_thread_elems"]) if wide else ELEMS_PER_THREAD
+        warps = TUNING["rowloop_warps"] if TUNING["rowloop_warps"] and not t.interpreter else \
+            self.warps(xb * rb, per_thread)
         return top.lines, (("XBLOCK", xb), ("RBLOCK", rb)), (programs,), int(warps)
 
     _ROW_LOAD = re.compile(r"^        (?P<name>\w+) = tl\.load\((?P<ptr>.+), (?P<mask>x?mask), other=(?P<other>[\w.]+)\)"
