@@ -560,3 +560,29 @@ def test_fresh_process_entry_point_without_import(tmp_path):
     result = _stats_line(_run_python(code, env_extra=env, cwd=tmp_path))  # cwd: not the checkout
     assert result["loaded"] and result["graphs"] >= 1, f"the backend did not run: {result}"
     assert result["err"] <= TOLERANCE[torch.float32], f"wrong answer: {result}"
+
+
+def test_torch_compile_mode_and_options():
+    """torch.compile(mode=...) other than the default compiles tilefuse's one mode, with a warning that
+    names the mode; options= (none are tilefuse's) is an error naming the keys and where settings live;
+    the default mode compiles silently and right."""
+    import warnings
+
+    from tilefuse.compiler import backend
+
+    x = torch.randn(5, 7)
+    torch._dynamo.reset()
+    backend._MODES_WARNED.discard("reduce-overhead")
+    with pytest.warns(UserWarning, match="mode='reduce-overhead' is not a tilefuse mode"):
+        out = torch.compile(lambda t: (t * 2).relu(), backend="tilefuse", mode="reduce-overhead")(x)
+    assert torch.equal(out, (x * 2).relu())
+    torch._dynamo.reset()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)
+        backend.check_backend_arguments({"mode": "default"})
+        backend.check_backend_arguments({})
+    with pytest.raises(Exception, match=r"options=\{'fuse'\} not accepted.*TILEFUSE_"):
+        torch.compile(lambda t: t + 1, backend="tilefuse", options={"fuse": True})(x)
+    torch._dynamo.reset()
+    with pytest.raises(TypeError, match="unexpected argument"):
+        backend.check_backend_arguments({"dynamic": True})

@@ -102,9 +102,37 @@ def _partition_fn():
     return min_cut_rematerialization_partition
 
 
+_MODES_WARNED: set = set()
+
+
+def check_backend_arguments(kwargs: dict) -> None:
+    """What ``torch.compile(..., mode=, options=)`` hands the backend. tilefuse has one mode: another mode
+    ("reduce-overhead", "max-autotune", ...) compiles the default, with a warning a mode (tilefuse has no
+    CUDA graphs and does not autotune its generated kernels). ``options`` has no keys tilefuse reads: its
+    settings are environment variables (tilefuse.config), so any key is an error that says so, rather than
+    an option silently dropped."""
+    kwargs = dict(kwargs)
+    mode, options = kwargs.pop("mode", None), kwargs.pop("options", None)
+    if kwargs:
+        raise TypeError(f"tilefuse backend: unexpected argument(s) {', '.join(sorted(kwargs))}; "
+                        f"torch.compile passes only mode= and options=")
+    if options:
+        raise ValueError(f"tilefuse backend: options={{{', '.join(repr(k) for k in sorted(options))}}} not "
+                         f"accepted: the backend takes no options; its settings are the TILEFUSE_* environment "
+                         f"variables (TILEFUSE_DEBUG, TILEFUSE_STRICT, ...; see tilefuse.config)")
+    if mode not in (None, "default") and mode not in _MODES_WARNED:
+        import warnings
+
+        _MODES_WARNED.add(mode)
+        warnings.warn(f"tilefuse backend: mode={mode!r} is not a tilefuse mode (it has one: no CUDA graphs, "
+                      f"no autotuning of generated kernels); compiling with its default", stacklevel=2)
+
+
 def tilefuse_backend(gm: torch.fx.GraphModule, example_inputs, **kwargs):
     """Dynamo backend entry point (``torch.compile(..., backend="tilefuse")``)."""
     from torch._functorch.aot_autograd import aot_module_simplified
+
+    check_backend_arguments(kwargs)
 
     try:
         return aot_module_simplified(
