@@ -18,34 +18,21 @@ from __future__ import annotations
 
 import argparse
 import cProfile
+import functools
 import gc
 import io
 import pstats
 import sys
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
-from torch.profiler import ProfilerActivity, profile  # noqa: E402
 
 import tilefuse  # noqa: E402,F401  (registers the backend)
 from tilefuse.bench import compiler_suite as suite  # noqa: E402
 
-STEPS = 20
-SLEEP_CYCLES = 200_000_000  # ~0.1 s at the H200's clocks: longer than STEPS steps take to queue
-
-
-def host_us(step, args) -> float:
-    torch.cuda.synchronize()
-    torch.cuda._sleep(SLEEP_CYCLES)
-    t0 = time.perf_counter()
-    for _ in range(STEPS):
-        step(*args)
-    t = time.perf_counter() - t0
-    torch.cuda.synchronize()
-    return t / STEPS * 1e6
+STEPS = suite.HOST_STEPS
 
 
 def b2b_us(step, args) -> float:
@@ -56,14 +43,6 @@ def b2b_us(step, args) -> float:
     end.record()
     end.synchronize()
     return start.elapsed_time(end) / STEPS * 1e3
-
-
-def gpu_us(step, args) -> float:
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(5):
-            step(*args)
-        torch.cuda.synchronize()
-    return sum(e.device_time_total for e in prof.key_averages() if e.device_time_total > 0) / 5
 
 
 _GC_RUNS = [0, 0, 0]
@@ -127,7 +106,10 @@ def main(argv=None) -> int:
             for _ in range(3):
                 step(*args)
             torch.cuda.synchronize()
-            h, g, b = host_us(step, args), gpu_us(step, args), b2b_us(step, args)
+            call = functools.partial(step, *args)
+            h = suite.host_us(call)
+            g = suite.kernel_ms(call, steps=5, rounds=1)[0] * 1e3
+            b = b2b_us(step, args)
             m50, m20, m80, runs = bench_us(step, args)
             off50, _, _, _ = bench_us(step, args, gc_off=True)
             n = mallocs(step, args)

@@ -14,17 +14,22 @@ DEV = device.torch_device()
 
 
 @triton.jit
-def _erfc_kernel(x_ptr, y_ptr, n, BLOCK: tl.constexpr):
+def _elementwise_kernel(x_ptr, y_ptr, n, FN: tl.constexpr, BLOCK: tl.constexpr):
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < n
     x = tl.load(x_ptr + offs, mask=mask, other=0.0)
-    tl.store(y_ptr + offs, special.erfc_f32(x), mask=mask)
+    tl.store(y_ptr + offs, FN(x), mask=mask)
+
+
+def _apply(fn, x: torch.Tensor) -> torch.Tensor:
+    """The @triton.jit helper ``fn`` over x in one kernel, into a poisoned output."""
+    y = torch.full_like(x, float("nan"))
+    _elementwise_kernel[(triton.cdiv(x.numel(), 1024),)](x, y, x.numel(), FN=fn, BLOCK=1024)
+    return y
 
 
 def _erfc(x: torch.Tensor) -> torch.Tensor:
-    y = torch.full_like(x, float("nan"))  # poisoned
-    _erfc_kernel[(triton.cdiv(x.numel(), 1024),)](x, y, x.numel(), BLOCK=1024)
-    return y
+    return _apply(special.erfc_f32, x)
 
 
 def _reference(x: torch.Tensor) -> torch.Tensor:
@@ -140,11 +145,8 @@ def test_float64_keeps_libdevice_erf_and_erfc_op_uses_the_fast_form():
 
 # ------------------------------------------------------------------ the half-precision polynomial
 @triton.jit
-def _erfc_half_kernel(z_ptr, y_ptr, n, BLOCK: tl.constexpr):
-    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    mask = offs < n
-    z = tl.load(z_ptr + offs, mask=mask, other=0.0)
-    tl.store(y_ptr + offs, special.erfc_poly_half(1.0 / (1.0 + 0.4 * z)) * tl.exp(-z * z), mask=mask)
+def _erfc_half(z):
+    return special.erfc_poly_half(1.0 / (1.0 + 0.4 * z)) * tl.exp(-z * z)
 
 
 @pytest.mark.parametrize("lo, hi, bound", [(0.0, 4.0, 1e-5), (4.0, 9.0, 4e-5)])
@@ -153,8 +155,7 @@ def test_half_polynomial_error_is_far_below_float16_rounding(lo, hi, bound):
     relative (the fit), against float16's half-ulp of 4.9e-4."""
     z = torch.linspace(lo, hi, 20001, dtype=torch.float32)
     z = (z + (torch.rand_like(z) - 0.5) * (hi - lo) / 20000).clamp(min=0).to(DEV)
-    y = torch.full_like(z, float("nan"))
-    _erfc_half_kernel[(triton.cdiv(z.numel(), 1024),)](z, y, z.numel(), BLOCK=1024)
+    y = _apply(_erfc_half, z)
     rel = ((y.cpu().double() - _reference(z.cpu())).abs() / _reference(z.cpu())).max().item()
     assert rel <= bound, rel
 
@@ -215,14 +216,6 @@ def test_float32_statistics_beside_a_half_gelu_keep_the_half_polynomial(monkeypa
 
 
 # ------------------------------------------------------------------------- the GeLU's derivative
-@triton.jit
-def _gelu_grad_kernel(x_ptr, y_ptr, n, BLOCK: tl.constexpr):
-    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    mask = offs < n
-    x = tl.load(x_ptr + offs, mask=mask, other=0.0)
-    tl.store(y_ptr + offs, special.gelu_grad_f32_portable(x), mask=mask)
-
-
 def _gelu_grad_reference(x: torch.Tensor) -> torch.Tensor:
     xs = x.double().tolist()
     return torch.tensor([0.5 * math.erfc(-v / math.sqrt(2)) + v * math.exp(-0.5 * v * v) / math.sqrt(2 * math.pi)
@@ -234,8 +227,7 @@ def test_gelu_grad_one_exp_matches_float64():
     (g crosses 0 at x = -0.75, where only an absolute bound means anything), and 0 / 1 at the far ends."""
     x = torch.cat([torch.linspace(-12, 12, 40001), torch.tensor([0.0, -0.7517916, 30.0, -30.0])])
     x = (x + (torch.rand_like(x) - 0.5) * 6e-4).to(DEV)
-    y = torch.full_like(x, float("nan"))
-    _gelu_grad_kernel[(triton.cdiv(x.numel(), 1024),)](x, y, x.numel(), BLOCK=1024)
+    y = _apply(special.gelu_grad_f32_portable, x)
     ref = _gelu_grad_reference(x.cpu())
     err = ((y.cpu().double() - ref).abs() / ref.abs().clamp(min=0.1)).max().item()
     assert err < 2e-6, err
