@@ -98,6 +98,75 @@ def test_splitk_more_splits_than_k_tiles():
     assert_close(res.out[0], ref_mm(a, b), torch.float32)
 
 
+# stream-K: the interpreter runs 3 programs (gemm_launch.num_programs), so a tile count that is not a multiple
+# of 3 leaves a tail of 1 or 2 tiles dealt out as K steps
+SK_CASES = [  # m, n, k, config: the tail's tiles, their K steps
+    (150, 20, 200, GemmConfig("persistent", 32, 32, 16, stream_k=True)),  # 5 tiles: tail 2, 13 steps
+    (40, 50, 390, GemmConfig("persistent", 32, 32, 16, stream_k=True)),  # 4 tiles: tail 1, 25 steps, odd K
+    (64, 200, 480, GemmConfig("persistent", 32, 64, 16, tma=True, epi_subtile=2, stream_k=True)),  # TMA, halves
+]
+
+
+@pytest.mark.parametrize("min_steps", [1, 8])
+@pytest.mark.parametrize("case", range(len(SK_CASES)))
+def test_stream_k_tail(monkeypatch, min_steps, case):
+    from tilefuse.kernels import gemm_launch, gemm_plan
+    from tilefuse.kernels.gemm_configs import stream_k_pieces
+    from tilefuse.kernels.launcher import stream_buffer
+
+    m, n, k, cfg = SK_CASES[case]
+    monkeypatch.setattr(gemm_launch, "STREAM_K_MIN_STEPS", min_steps)
+    gemm_plan.forget_plans()  # the minimum is compiled into the kernel
+    programs = gemm_launch.num_programs()
+    tiles = -(-m // cfg.block_m) * -(-n // cfg.block_n)
+    pieces = stream_k_pieces(tiles, -(-k // cfg.block_k), programs, min_steps)
+    per_tile = [sum(1 for ps in pieces for p in ps if p[0] == t) for t in range(tiles % programs)]
+    assert max(per_tile) >= 2, "the case does not reduce pieces of a tile"
+    dtype = torch.float16 if cfg.tma else torch.float32
+    a, b, bias, res = rand(m, k, dtype=dtype), rand(k, n, dtype=dtype), rand(n), noncontiguous(rand(m, n))
+    a_tma = a if cfg.tma else noncontiguous(a)
+    out = poisoned_empty(m, n, dtype=torch.float32, device="cpu")
+    got = G.gemm_raw(a_tma, b, bias=bias, activation="gelu", residual=res, out=out, out_dtype=torch.float32,
+                     config=cfg).out[0]
+    assert got.data_ptr() == out.data_ptr()
+    ref = F.gelu(ref_mm(a, b) + bias.double()) + res.double()
+    assert_close(out, ref, dtype)
+    lock = stream_buffer("lock", torch.device("cpu"), 0, 1, torch.int32)
+    assert int(lock.abs().sum()) == 0, "a tail tile's counter was left non-zero"
+    again = G.gemm_raw(a_tma, b, bias=bias, activation="gelu", residual=res, out_dtype=torch.float32,
+                       config=cfg).out[0]
+    assert torch.equal(again, out), "the tail's reduction is not deterministic"
+
+
+def test_stream_k_pieces_cover_the_tail_once():
+    from tilefuse.kernels.gemm_configs import stream_k_pieces
+
+    for tiles, steps, programs, least in [(512, 64, 132, 8), (2048, 128, 132, 8), (32, 128, 132, 8), (1, 64, 132, 8),
+                                          (5, 13, 3, 1), (131, 3, 132, 8), (7, 1, 3, 8)]:
+        pieces = stream_k_pieces(tiles, steps, programs, least)
+        rem = tiles % programs
+        covered = sorted((t, s) for ps in pieces for t, k0, k1, _ in ps for s in range(k0, k1))
+        assert covered == [(t, s) for t in range(rem) for s in range(steps)]
+        assert all(len(ps) <= 2 for ps in pieces)  # a share is at most a tile long
+        slots = [slot for ps in pieces for *_, slot in ps]
+        assert len(set(slots)) == len(slots) and max(slots, default=0) < 2 * programs
+
+
+def test_stream_k_batched_and_quantised():
+    from tilefuse.kernels import gemm_plan
+
+    gemm_plan.forget_plans()
+    cfg = GemmConfig("persistent", 32, 32, 16, stream_k=True)
+    a, b = rand(2, 40, 130), rand(2, 130, 50)  # 2 x 4 tiles on 3 programs: a tail of 2 tiles of 9 steps
+    assert_close(G.gemm_raw(a, b, config=cfg).out, torch.matmul(a.double(), b.double()), torch.float32)
+    sub2 = GemmConfig("persistent", 32, 64, 16, epi_subtile=2, stream_k=True)
+    a, b = rand(37, 300), rand(300, 100)  # 2 x 2 tiles: a tail of 1 tile, its row amax in column halves
+    q, scale = G.gemm_with_epilogue(a, b, None, (), None, quantize="int8", config=sub2)
+    ref_q, ref_s = _ref_quant(ref_mm(a, b), torch.int8)
+    assert_close(scale, ref_s, torch.float32, tol=1e-5)
+    assert (q.float() - ref_q.float()).abs().max() <= 1
+
+
 def test_zero_size():
     assert tilefuse.gemm(rand(0, 5), rand(5, 3)).shape == (0, 3)
     assert tilefuse.gemm(rand(4, 5), rand(5, 0)).shape == (4, 0)

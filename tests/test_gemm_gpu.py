@@ -212,11 +212,56 @@ def test_tuner_end_to_end(tmp_cache):
     T.forget()
 
 
+STREAM_K_CONFIGS = [
+    C.GemmConfig("persistent", 128, 256, 64, num_warps=8, num_stages=3, tma=True, stream_k=True),
+    C.GemmConfig("persistent", 128, 256, 64, num_warps=8, num_stages=4, tma=True, epi_subtile=2, stream_k=True),
+    C.GemmConfig("persistent", 128, 128, 64, num_warps=8, num_stages=3, stream_k=True),  # pointer loads
+]
+
+
+@pytest.mark.parametrize("cfg", STREAM_K_CONFIGS, ids=lambda c: c.label())
+@pytest.mark.parametrize("shape", [(4096, 4096, 1024), (256, 8192, 2048), (1000, 3000, 1000), (129, 1000, 777)],
+                         ids=["rounds+tail", "tail-only", "odd", "odd-K"])
+def test_stream_k_tail(cfg, shape):
+    from tilefuse.kernels.launcher import stream_buffer
+
+    m, n, k = shape
+    tiles = -(-m // cfg.block_m) * -(-n // cfg.block_n)
+    assert tiles % torch.cuda.get_device_properties(0).multi_processor_count, "no tail to deal out"
+    a, b, bias, res = rand(m, k), rand(k, n), rand(n), rand(m, n)
+    ref = F.gelu(ref_mm(a, b) + bias.float()) + res.float()
+    out = poisoned_empty(m, n, dtype=torch.bfloat16, device="cuda")
+    G.launch(G.prepare(a, b, bias=bias, activation="gelu", residual=res, out=out), cfg)
+    assert_close(out, ref, torch.bfloat16, what=cfg.label())
+    again = poisoned_empty(m, n, dtype=torch.bfloat16, device="cuda")
+    G.launch(G.prepare(a, b, bias=bias, activation="gelu", residual=res, out=again), cfg)
+    assert torch.equal(out, again), "the tail's reduction is not deterministic"
+    lock = stream_buffer("lock", a.device, torch.cuda.current_stream().cuda_stream, 1, torch.int32)
+    assert int(lock.abs().sum()) == 0, "a tail tile's counter was left non-zero"
+
+
+def test_stream_k_int8_and_quantised():
+    cfg = C.GemmConfig("persistent", 128, 256, 128, num_warps=8, num_stages=3, tma=True, epi_subtile=2,
+                       stream_k=True)  # int32 out: the column halves keep the TMA store buffer at 64 KB
+    a = torch.randint(-128, 128, (1024, 4096), device="cuda", dtype=torch.int8)
+    b = torch.randint(-128, 128, (3072, 4096), device="cuda", dtype=torch.int8).t()  # 96 tiles: tail only
+    out = poisoned_empty(1024, 3072, dtype=torch.int32, device="cuda")
+    G.launch(G.prepare(a, b, out=out), cfg)
+    assert torch.equal(out, torch._int_mm(a, b))
+    sub2 = C.GemmConfig("persistent", 128, 256, 64, num_warps=8, num_stages=4, tma=True, epi_subtile=2, stream_k=True)
+    x, w, bias = rand(2048, 1024), rand(1024, 4096), rand(4096)  # 256 tiles: 1 round + a tail of 124
+    q, s = G.gemm_with_epilogue(x, w, None, (), None, bias=bias, activation="gelu", quantize="fp8_e4m3", config=sub2)
+    y = F.gelu(ref_mm(x, w) + bias.float())
+    assert_close(s, y.abs().amax(1, keepdim=True) / 448.0, torch.float32, tol=1e-2)
+    assert_close(q.float() * s, y, torch.float8_e4m3fn)
+
+
 REPLAY_CONFIGS = [
     C.GemmConfig("tiled", 128, 128, 64, num_warps=8, num_stages=4),
     C.GemmConfig("tiled", 64, 128, 128, num_warps=4, num_stages=4, split_k=4, tma=True),
     C.GemmConfig("persistent", 128, 256, 64, num_warps=8, num_stages=3, tma=True),
     C.GemmConfig("persistent", 128, 256, 64, num_warps=4, num_stages=3, tma=True, warp_specialize=True),
+    C.GemmConfig("persistent", 128, 256, 64, num_warps=8, num_stages=3, tma=True, stream_k=True),
 ]
 
 

@@ -278,13 +278,25 @@ def gemm_persistent_kernel(
         USE_TMA: tl.constexpr, A_T: tl.constexpr, B_T: tl.constexpr,
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
         NUM_PROGRAMS: tl.constexpr, C_TMA: tl.constexpr, EPI_SUBTILE: tl.constexpr, FLATTEN: tl.constexpr,
-        WARP_SPECIALIZE: tl.constexpr):
-    """One program an SM (grid: min(NUM_PROGRAMS, tiles)), looping over the Z x tiles in grouped order."""
+        WARP_SPECIALIZE: tl.constexpr, STREAM_K: tl.constexpr, SK_MIN_STEPS: tl.constexpr):
+    """One program an SM (grid: min(NUM_PROGRAMS, tiles); NUM_PROGRAMS with STREAM_K), looping over the
+    Z x tiles in grouped order.
+
+    STREAM_K: the whole rounds of tiles run as above; the tiles of the last, partial round are cut into K
+    steps and the steps dealt out evenly to the programs (at least SK_MIN_STEPS a program), so no SM idles
+    through a last round it has no tile in. A program's range spans at most two tiles (it is shorter than a
+    tile); each piece's fp32 partial goes to the workspace (slot 2p for program p's first piece, 2p + 1 for
+    its second), and the last piece of a tile to arrive at the tile's counter sums the pieces in program
+    order (deterministic), runs the epilogue and stores, as the tiled kernel's split-K does."""
     start = tl.program_id(0)
     num_pid_m = tl.cdiv(M, BLOCK_M)
     num_pid_n = tl.cdiv(N, BLOCK_N)
     num_tiles = num_pid_m * num_pid_n
     k_total = tl.cdiv(K, BLOCK_K)
+    if STREAM_K:
+        dp_end = (num_tiles * Z // NUM_PROGRAMS) * NUM_PROGRAMS
+    else:
+        dp_end = num_tiles * Z
     SUB_N: tl.constexpr = BLOCK_N // EPI_SUBTILE
     if USE_TMA:
         a_desc, b_desc = make_ab_descriptors(a_ptr, b_ptr, M, N, K, stride_am, stride_ak, stride_bk, stride_bn,
@@ -296,7 +308,7 @@ def gemm_persistent_kernel(
     # The epilogue recomputes its tile from a counter of its own: one value live in both the loads'
     # prologue and the epilogue defeats the Blackwell software pipeliner (triton tutorial 09's note).
     tile_c = start - NUM_PROGRAMS
-    for tile in tl.range(start, num_tiles * Z, NUM_PROGRAMS, flatten=FLATTEN, warp_specialize=WARP_SPECIALIZE):
+    for tile in tl.range(start, dp_end, NUM_PROGRAMS, flatten=FLATTEN, warp_specialize=WARP_SPECIALIZE):
         z = tile // num_tiles
         pid_m, pid_n = tile_coords(tile % num_tiles, num_pid_m, num_pid_n, GROUP_M)
         if USE_TMA:
@@ -345,6 +357,73 @@ def gemm_persistent_kernel(
                         e2_ptr, e2_sz, e2_sm, e2_sn, e3_ptr, e3_sz, e3_sm, e3_sn,
                         EPILOGUE, ACTIVATION, BIAS_MODE, HAS_RESIDUAL, SCALE_A_MODE, SCALE_B_MODE,
                         HAS_ALPHA, STORE_PRE, QUANT, QMAX, Q_INT, Q_GRID_MANT, Q_GRID_EMIN, RAW_INT, C_TMA)
+
+    if STREAM_K:
+        # the tail: `rem` tiles of k_total steps each, `work` steps dealt to `shares` programs; program p
+        # takes steps [p * work // shares, (p + 1) * work // shares), and step w belongs to program
+        # ((w + 1) * shares - 1) // work
+        rem = num_tiles * Z - dp_end
+        work = rem * k_total
+        shares = tl.minimum(NUM_PROGRAMS, tl.maximum(rem, work // SK_MIN_STEPS))
+        w0 = start * work // shares
+        w1 = (start + 1) * work // shares
+        if start >= shares:
+            w1 = w0  # no share: the tail is shorter than SK_MIN_STEPS a program
+        FIX_M: tl.constexpr = 32 if BLOCK_M > 32 else BLOCK_M
+        TILE: tl.constexpr = BLOCK_M * BLOCK_N
+        offs_t = tl.arange(0, BLOCK_M)[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
+        offs_r = tl.arange(0, FIX_M)[:, None] * BLOCK_N + tl.arange(0, SUB_N)[None, :]
+        w = w0
+        while w < w1:
+            t = w // k_total
+            tile_w0 = t * k_total  # the tile's first step
+            kt0 = w - tile_w0
+            kt1 = tl.minimum(k_total, kt0 + (w1 - w))
+            tile = dp_end + t
+            z = tile // num_tiles
+            pid_m, pid_n = tile_coords(tile % num_tiles, num_pid_m, num_pid_n, GROUP_M)
+            m0 = pid_m * BLOCK_M
+            n0 = pid_n * BLOCK_N
+            if USE_TMA:
+                acc = mainloop_tma(a_desc, b_desc, m0, n0, kt0, kt1, BLOCK_M, BLOCK_N, BLOCK_K, A_T, B_T,
+                                   ACC_INT, INPUT_PRECISION)
+            else:
+                z64 = z.to(tl.int64)
+                offs_am = m0 + tl.arange(0, BLOCK_M)
+                offs_bn = n0 + tl.arange(0, BLOCK_N)
+                acc = mainloop_pointers(a_ptr + z64 * stride_az, b_ptr + z64 * stride_bz, offs_am, offs_bn,
+                                        offs_am < M, offs_bn < N, kt0, kt1, K, stride_am, stride_ak, stride_bk,
+                                        stride_bn, BLOCK_M, BLOCK_N, BLOCK_K, ACC_INT, INPUT_PRECISION, EVEN_K)
+            second = (w0 < tile_w0).to(tl.int32)  # this piece starts the tile and the program began earlier
+            tl.store(ws_ptr + (2 * start + second).to(tl.int64) * TILE + offs_t, acc)
+            tl.debug_barrier()  # every thread's share of the partial is written before the counter moves
+            p_first = ((tile_w0 + 1) * shares - 1) // work
+            p_last = ((tile_w0 + k_total) * shares - 1) // work
+            arrived = tl.atomic_add(lock_ptr + t, 1, sem="acq_rel", scope="gpu")
+            if arrived == p_last - p_first:
+                # the last piece of the tile: sum the pieces in program order, FIX_M rows (and one epilogue
+                # column slice) at a time, through L2 (.cg: other SMs wrote them)
+                first_second = (p_first * work // shares < tile_w0).to(tl.int32)
+                for r0 in range(0, BLOCK_M, FIX_M):
+                    for h in tl.static_range(EPI_SUBTILE):
+                        part_r = tl.zeros((FIX_M, SUB_N), dtype=ws_ptr.dtype.element_ty)
+                        for j in range(p_first, p_last + 1):
+                            slot = 2 * j + tl.where(j == p_first, first_second, 0)
+                            part_r += tl.load(ws_ptr + slot.to(tl.int64) * TILE + r0 * BLOCK_N + h * SUB_N + offs_r,
+                                              cache_modifier=".cg")
+                        nh = n0 + h * SUB_N
+                        finish_tile(part_r, m0 + r0, nh, m0 + r0 + tl.arange(0, FIX_M), nh + tl.arange(0, SUB_N),
+                                    z, EPI_SUBTILE * pid_n + h, M, N, c_ptr, c_ptr, stride_cz, stride_cm, stride_cn,
+                                    scale_a_ptr, scale_b_ptr, bias_ptr, stride_bias_z, stride_bias,
+                                    res_ptr, stride_rz, stride_rm, stride_rn, pre_ptr, stride_pz, stride_pm,
+                                    stride_pn, amax_ptr, stride_amax_p, alpha, beta,
+                                    e0_ptr, e0_sz, e0_sm, e0_sn, e1_ptr, e1_sz, e1_sm, e1_sn,
+                                    e2_ptr, e2_sz, e2_sm, e2_sn, e3_ptr, e3_sz, e3_sm, e3_sn,
+                                    EPILOGUE, ACTIVATION, BIAS_MODE, HAS_RESIDUAL, SCALE_A_MODE, SCALE_B_MODE,
+                                    HAS_ALPHA, STORE_PRE, QUANT, QMAX, Q_INT, Q_GRID_MANT, Q_GRID_EMIN, RAW_INT,
+                                    False)
+                tl.atomic_xchg(lock_ptr + t, 0)  # the counter is zero again for the next launch
+            w += kt1 - kt0
 
 
 @triton.jit

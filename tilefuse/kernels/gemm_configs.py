@@ -42,6 +42,7 @@ class GemmConfig:
     flatten: bool = False  # persistent: flatten the tile and K loops into one pipelined loop
     epi_subtile: int = 1  # persistent: the epilogue runs on this many column slices of the tile
     warp_specialize: bool = False  # Hopper, TMA, num_warps=4: a producer warp group + two consumers (see WS_*)
+    stream_k: bool = False  # persistent, not warp-specialised: the last partial round's K steps shared by all SMs
     waves_per_eu: int = 0  # AMD only
     matrix_instr_nonkdim: int = 0  # AMD only (16: 16x16 MFMA)
     kpack: int = 0  # AMD only
@@ -60,6 +61,8 @@ class GemmConfig:
             s += f"-sub{self.epi_subtile}"
         if self.warp_specialize:
             s += "-ws"
+        if self.stream_k:
+            s += "-sk"
         if self.waves_per_eu or self.matrix_instr_nonkdim or self.kpack:
             s += f"-wpe{self.waves_per_eu}-nk{self.matrix_instr_nonkdim}-kp{self.kpack}"
         return s
@@ -211,6 +214,34 @@ def C(kernel, bm, bn, bk, w, s, **kw) -> GemmConfig:
     return GemmConfig(kernel, bm, bn, bk, num_warps=w, num_stages=s, **kw)
 
 
+# stream-K (persistent kernel): a program's share of the last round's K steps is at least this many, so
+# that a piece's partial store and pipeline fill stay small against its main loop
+STREAM_K_MIN_STEPS = 8
+
+
+def stream_k_pieces(tiles: int, k_steps: int, programs: int, min_steps: int = STREAM_K_MIN_STEPS) -> list[list[tuple]]:
+    """The persistent kernel's stream-K tail, as the kernel computes it (a model for tests and for reading):
+    for each program, its pieces ``(tail tile, first K step, end K step, workspace slot)``. The whole rounds
+    (``tiles // programs * programs`` tiles) run a tile a program and are not listed."""
+    rem = tiles % programs
+    work = rem * k_steps
+    if work == 0:
+        return [[] for _ in range(programs)]
+    shares = min(programs, max(rem, work // min_steps))
+    out: list[list[tuple]] = []
+    for p in range(programs):
+        w0, w1 = p * work // shares, (p + 1) * work // shares
+        pieces, w = [], w0
+        while p < shares and w < w1:
+            t = w // k_steps
+            kt0 = w - t * k_steps
+            kt1 = min(k_steps, kt0 + (w1 - w))
+            pieces.append((t, kt0, kt1, 2 * p + (w0 < t * k_steps)))
+            w += kt1 - kt0
+        out.append(pieces)
+    return out
+
+
 AUTO_SPLIT = -1  # split_k filled in from the SM count (see fill_split_k)
 DECODE_M = -1  # block_m filled in from M (16, 32 or 64)
 
@@ -240,6 +271,8 @@ NVIDIA_SPACE: dict[str, tuple[GemmConfig, ...]] = {
     "skinny": (
         C("tiled", 64, 128, 128, 4, 4, group_m=8, split_k=AUTO_SPLIT, tma=True),  # r1 M=128: 0.951x
         C("persistent", 128, 128, 64, 4, 5, group_m=8, tma=True),  # r10 M=256: 0.922x (next best 0.876x)
+        # stream-K: M=256 is 64 tiles of 128x256 (128 K steps each) dealt to 132 SMs, ~62 steps a program
+        C("persistent", 128, 256, 64, 8, 3, group_m=8, tma=True, stream_k=True),
         C("tiled", 64, 128, 128, 4, 4, group_m=8, tma=True, warp_specialize=True),  # M=128: 128 tiles, no split
         C("persistent", 128, 128, 64, 4, 4, group_m=8, tma=True, warp_specialize=True),  # M=256: 128 tiles
         C("tiled", 128, 128, 128, 8, 3, group_m=8, split_k=AUTO_SPLIT),  # r1 M=256: 0.772x
@@ -256,6 +289,7 @@ NVIDIA_SPACE: dict[str, tuple[GemmConfig, ...]] = {
         C("tiled", 64, 128, 128, 4, 4, group_m=1),  # r10 1024^3: 0.907x (the split-K 64x128x64 0.643x)
         C("tiled", 128, 64, 128, 4, 4, group_m=8),  # r10 1024^3: 0.899x
         C("tiled", 128, 256, 64, 8, 3, group_m=8, split_k=AUTO_SPLIT, tma=True),  # r14 2048^3: 0.910x
+        C("persistent", 128, 256, 64, 8, 3, group_m=8, tma=True, stream_k=True),  # 2048^3: 128 tiles on 132 SMs
         C("persistent", 128, 256, 64, 4, 3, group_m=8, tma=True, warp_specialize=True),  # r14 2048^3: 0.889x
         C("persistent", 128, 128, 64, 4, 5, group_m=8, tma=True),  # r14 2048^3: 0.848x
         C("tiled", 128, 128, 64, 8, 4, group_m=8, split_k=AUTO_SPLIT, tma=True),
@@ -266,8 +300,13 @@ NVIDIA_SPACE: dict[str, tuple[GemmConfig, ...]] = {
     ),
     "large": (
         C("persistent", 128, 256, 64, 8, 3, group_m=8, tma=True),  # r1 4096^3: 0.944x
+        # stream-K: 4096^3 is 512 tiles, 3.88 rounds on 132 SMs: the last round's 116 tiles are dealt out as
+        # K steps, 3 x 64 + 57 steps a program instead of 4 x 64 (-2.8 % of the main loop before the pieces'
+        # partial stores); 8192^3, 16384x4096^2 (2048 tiles, 15.5 rounds) -3.0 %
+        C("persistent", 128, 256, 64, 8, 3, group_m=8, tma=True, stream_k=True),
         C("persistent", 128, 256, 64, 4, 3, group_m=8, tma=True, warp_specialize=True),
         C("persistent", 128, 256, 64, 8, 4, group_m=8, tma=True, epi_subtile=2),  # r1 8192^3: 0.979x
+        C("persistent", 128, 256, 64, 8, 4, group_m=8, tma=True, epi_subtile=2, stream_k=True),
         C("persistent", 128, 128, 64, 4, 4, group_m=8, tma=True, warp_specialize=True),
         C("tiled", 128, 256, 64, 4, 3, group_m=8, tma=True, warp_specialize=True),
         C("tiled", 128, 256, 64, 8, 3, group_m=8, tma=True),  # r1 8192^3: 0.961x
@@ -547,6 +586,11 @@ def candidates(problem: GemmProblem, part: Part | None = None, limit: int | None
             cfg = dataclasses.replace(cfg, tma=False)
         if cfg.warp_specialize and not ws_possible(cfg, part, hooked):
             continue
+        if cfg.stream_k and (cfg.kernel != "persistent" or cfg.warp_specialize):
+            continue  # the tail's atomics abort triton 3.6's warp specialisation, as split-K's do
+        if cfg.stream_k and not (math.ceil(problem.M / cfg.block_m) * math.ceil(problem.N / cfg.block_n)
+                                 * problem.Z) % part.multiprocessors:
+            continue  # whole rounds only: the same kernel as without stream-K
         if cfg.warp_specialize and four_byte and not k_major_operands(problem):
             continue  # triton 3.6 fails to compile it (see NVIDIA_SPACE_4B)
         if cfg.kpack > 1 and part.arch == "gfx950":

@@ -28,7 +28,7 @@ from .. import device
 from .launcher import Direct, current_stream, hooks_installed, stream_buffer  # current_stream, stream_buffer: also L.* in gemm_plan
 from .gemm import gemm_persistent_kernel, gemm_tiled_kernel, quantize_rows_kernel
 from .gemm_checks import TMA_ALIGN, Operands, fp8_grid, qmax
-from .gemm_configs import GemmConfig, current_part, ws_possible
+from .gemm_configs import STREAM_K_MIN_STEPS, GemmConfig, current_part, ws_possible
 from .gemm_epilogue import (ACTIVATIONS, BIAS_MODES, NUM_EXTRA_OPERANDS, QUANT_DIRECT, QUANT_NONE, QUANT_TWO_PASS,
                             SCALE_MODES_A, SCALE_MODES_B)
 
@@ -49,6 +49,7 @@ class Launch:
     roles: dict[str, str]  # pointer parameter -> role
     options: dict[str, Any]
     values: dict[str, str] = dataclasses.field(default_factory=dict)  # float parameter -> value role
+    kept: dict[str, tuple[int, torch.dtype]] = dataclasses.field(default_factory=dict)  # "ws"/"lock" -> numel, dtype
 
 
 # ------------------------------------------------------------------------------------ kept buffers
@@ -147,14 +148,11 @@ def launches(ops: Operands, cfg: GemmConfig) -> tuple[list[Launch], Callable[[],
         amax, amax_role = ops.q_scale, "q_scale"
     tiles = math.ceil(ops.M / cfg.block_m) * math.ceil(ops.N / cfg.block_n)
     acc_int = ops.a.dtype == torch.int8
-    ws = lock = dz
-    ws_role = lock_role = "dummy"
+    kept: dict[str, tuple[int, torch.dtype]] = {}
+    ws_dtype = torch.int32 if acc_int else torch.float32
     if cfg.kernel == "tiled" and cfg.split_k > 1:
-        stream = _stream_of(dev)
-        ws = stream_buffer("ws", dev, stream, ops.Z * tiles * cfg.split_k * cfg.block_m * cfg.block_n,
-                           torch.int32 if acc_int else torch.float32)
-        lock = stream_buffer("lock", dev, stream, ops.Z * tiles, torch.int32)
-        ws_role, lock_role = "ws", "lock"
+        kept = {"ws": (ops.Z * tiles * cfg.split_k * cfg.block_m * cfg.block_n, ws_dtype),
+                "lock": (ops.Z * tiles, torch.int32)}
     use_tma = bool(cfg.tma and ops.problem.tma_ok)
     raw_int = acc_int and c.dtype == torch.int32
     # a config asking for warp specialisation where it cannot compile (see ws_possible) runs without it
@@ -168,7 +166,7 @@ def launches(ops: Operands, cfg: GemmConfig) -> tuple[list[Launch], Callable[[],
         "scale_a_ptr": (ops.scale_a, "scale_a") if ops.scale_a is not None else (dz, "dummy"),
         "scale_b_ptr": (ops.scale_b, "scale_b") if ops.scale_b is not None else (dz, "dummy"),
         "bias_ptr": opt(ops.bias, "bias"), "res_ptr": opt(ops.residual, "residual"), "pre_ptr": opt(ops.pre, "pre"),
-        "amax_ptr": (amax, amax_role), "ws_ptr": (ws, ws_role), "lock_ptr": (lock, lock_role)}
+        "amax_ptr": (amax, amax_role), "ws_ptr": (dz, "dummy"), "lock_ptr": (dz, "dummy")}
     for i in range(NUM_EXTRA_OPERANDS):
         pointers[f"e{i}_ptr"] = opt(ops.extras[i] if i < len(ops.extras) else None, f"e{i}")
     args: dict[str, Any] = dict(
@@ -207,13 +205,22 @@ def launches(ops: Operands, cfg: GemmConfig) -> tuple[list[Launch], Callable[[],
         nprog = num_programs()
         c_tma = (use_tma and qmode != QUANT_DIRECT and sc[2] == 1 and (sc[1] * c.element_size()) % TMA_ALIGN == 0
                  and c.data_ptr() % TMA_ALIGN == 0 and ops.Z == 1)
+        # stream-K only where the tiles leave a partial last round; its pieces' partials take two tile slots
+        # a program (fp32, or int32 for int8), its counters one a tail tile (< nprog)
+        stream_k = bool(cfg.stream_k and not specialise and (tiles * ops.Z) % nprog)
+        if stream_k:
+            kept = {"ws": (2 * nprog * cfg.block_m * cfg.block_n, ws_dtype), "lock": (nprog, torch.int32)}
         args.update(NUM_PROGRAMS=nprog, C_TMA=c_tma, EPI_SUBTILE=cfg.epi_subtile, FLATTEN=cfg.flatten,
-                    WARP_SPECIALIZE=specialise)
-        grid = (max(1, min(nprog, tiles * ops.Z)),)
+                    WARP_SPECIALIZE=specialise, STREAM_K=stream_k, SK_MIN_STEPS=STREAM_K_MIN_STEPS)
+        grid = (nprog,) if stream_k else (max(1, min(nprog, tiles * ops.Z)),)
+    if kept:
+        stream = _stream_of(dev)
+        pointers["ws_ptr"] = (stream_buffer("ws", dev, stream, *kept["ws"]), "ws")
+        pointers["lock_ptr"] = (stream_buffer("lock", dev, stream, *kept["lock"]), "lock")
     for name, (t, _) in pointers.items():
         args[name] = t
     out = [Launch(kernel, grid, args, {n: r for n, (_, r) in pointers.items()},
-                  cfg.launch_options(device.current().vendor), {"alpha": "alpha", "beta": "beta"})]
+                  cfg.launch_options(device.current().vendor), {"alpha": "alpha", "beta": "beta"}, kept)]
     post = None
     if qmode == QUANT_TWO_PASS:
         quant, post = _quantize_launch(ops, c, amax)

@@ -59,10 +59,10 @@ class Plan:
                 t = x.args[name]
                 if role in ("wide", "amax", "wide_q") and role not in seen:
                     self.temps.append((L.ROLE_INDEX[role], tuple(t.shape), t.dtype))
-                elif role == "ws":  # grid: (tiles x SPLIT_K, Z); a partial tile a program
-                    self.ws = (t.dtype, x.grid[0] * x.grid[1] * x.args["BLOCK_M"] * x.args["BLOCK_N"])
-                elif role == "lock":  # a counter a tile
-                    self.lock = (x.grid[0] // x.args["SPLIT_K"]) * x.grid[1]
+                elif role == "ws":  # kept a stream: split-K's or stream-K's partial tiles
+                    self.ws = (t.dtype, x.kept["ws"][0])
+                elif role == "lock":  # their counters
+                    self.lock = x.kept["lock"][0]
                 seen.add(role)
         self.dummy = L.dummy(self.device)
         # anything besides the output to make a call (scales, pre-activation, temporaries, split-K buffers)

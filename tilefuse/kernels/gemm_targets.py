@@ -12,7 +12,7 @@ from typing import Any
 
 from .. import targets
 from .gemm import gemm_persistent_kernel, gemm_tiled_kernel, quantize_rows_kernel
-from .gemm_configs import PART_BY_TARGET, WS_CAPABILITY, GemmConfig, ws_possible
+from .gemm_configs import PART_BY_TARGET, STREAM_K_MIN_STEPS, WS_CAPABILITY, GemmConfig, ws_possible
 from .gemm_epilogue import ACTIVATIONS, QUANT_DIRECT, QUANT_TWO_PASS, example_silu_plus_e0
 
 # The target matrix (``tilefuse targets``) compiles these examples for every target and checks the MMA
@@ -43,7 +43,8 @@ def _example(fn, label: str, target: str, cfg: GemmConfig, *, a="bf16", out="bf1
         constexprs["WARP_SPECIALIZE"] = ws and split_k == 1
     else:
         constexprs.update(NUM_PROGRAMS=part.multiprocessors, C_TMA=use_tma and out != "i32",
-                          EPI_SUBTILE=cfg.epi_subtile, FLATTEN=cfg.flatten, WARP_SPECIALIZE=ws)
+                          EPI_SUBTILE=cfg.epi_subtile, FLATTEN=cfg.flatten, WARP_SPECIALIZE=ws,
+                          STREAM_K=cfg.stream_k and not ws, SK_MIN_STEPS=STREAM_K_MIN_STEPS)
     signature: dict[str, str] = {}
     for name in fn.arg_names:
         if name in constexprs:
@@ -142,6 +143,10 @@ def _persistent_examples(target: str) -> list[targets.Example]:
            _example(gemm_persistent_kernel, "fp16 sub2 silu", target, dataclasses.replace(cfg, epi_subtile=2),
                     a="fp16", out="fp16", use_tma=part.has_tma,
                     epilogue={"ACTIVATION": ACTIVATIONS["silu"]})]
+    # stream-K tail (atomics, a dynamic piece loop) with the epilogue's column halves
+    out.append(_example(gemm_persistent_kernel, "bf16 stream-K sub2 bias+gelu", target,
+                        dataclasses.replace(cfg, stream_k=True, epi_subtile=2), use_tma=part.has_tma,
+                        epilogue={"ACTIVATION": ACTIVATIONS["gelu"], "BIAS_MODE": 1}))
     if part.capability == WS_CAPABILITY:
         ws = GemmConfig("persistent", 128, 256, 64, 8, num_warps=4, num_stages=3, tma=True, warp_specialize=True)
         out.append(_example(gemm_persistent_kernel, "bf16 warp-specialised bias+gelu", target, ws, use_tma=True,
