@@ -19,6 +19,7 @@ interpreter's bf16 dot is broken), proving the code path only.
 Run as a module for the tuning sweep the lead uses to inform the config spaces (one device call)::
 
     python -m tilefuse.bench.gemm_suite --sweep [--shape 4096x4096x4096 ...] [--dtype bfloat16] [--all]
+        [--config P128x256x64-w8-s3-tma,P128x256x64-w8-s3-tma-sk] [--rounds 4]
     python -m tilefuse.bench.gemm_suite --resources      # no GPU: registers/spills/smem of each candidate
 """
 from __future__ import annotations
@@ -36,6 +37,7 @@ from . import harness
 from .runner import SuiteOptions
 
 SQUARES = (1024, 2048, 4096, 8192)
+SWEEP_ROUNDS = 4
 PREFILL_M = 16384
 PREFILL_NK = ((4096, 4096), (14336, 4096), (4096, 14336), (28672, 8192), (8192, 28672))
 DECODE_MS = (1, 16, 64, 128, 256)
@@ -354,9 +356,15 @@ def _parse_shape(text: str) -> tuple[int, int, int]:
     return m, n, k
 
 
-def sweep(shapes, dtype: torch.dtype, all_classes: bool, out: Path | None, rep_ms: int) -> list[dict]:
-    """Time every candidate config (of the shape's class, or of every class) against cuBLAS."""
+def sweep(shapes, dtype: torch.dtype, all_classes: bool, out: Path | None, rep_ms: int,
+          labels: list[str] | None = None, rounds: int = SWEEP_ROUNDS) -> list[dict]:
+    """Time every candidate config (of the shape's class, or of every class; or those named in ``labels``)
+    against cuBLAS. cuBLAS and the configs are timed in ``rounds`` interleaved rounds, each round a
+    do_bench of ``rep_ms / rounds`` per entry in an order rotated by one, and each entry scored by the
+    median of its rounds' medians: on a GPU at its power limit the clocks drift through a sweep, and a
+    config timed a minute after cuBLAS would carry that drift in its ratio."""
     import dataclasses
+    import statistics
 
     from triton.testing import do_bench
 
@@ -373,7 +381,7 @@ def sweep(shapes, dtype: torch.dtype, all_classes: bool, out: Path | None, rep_m
         b = torch.randn(k, n, device="cuda", dtype=dtype)
         ops = gemm.prepare(a, b)
         cfgs = gemm_configs.candidates(ops.problem, part)
-        if all_classes:
+        if all_classes or labels:
             for cls in gemm_configs.SPACES[part.vendor].values():
                 probe = dataclasses.replace(ops.problem)
                 for c in cls:
@@ -383,12 +391,18 @@ def sweep(shapes, dtype: torch.dtype, all_classes: bool, out: Path | None, rep_m
                     if gemm_configs.fits_shape(c, probe) and gemm_configs.smem_estimate(c, probe) <= part.smem_bytes:
                         cfgs.append(c)
             cfgs = gemm_configs.unique(cfgs)
+        if labels:
+            known = {c.label(): c for c in cfgs}
+            missing = [x for x in labels if x not in known]
+            if missing:
+                raise SystemExit(f"--config {', '.join(missing)}: not a config of {_shape(m, n, k)} here; "
+                                 f"its configs: {', '.join(known)}")
+            cfgs = [known[x] for x in labels]
         t0 = time.perf_counter()
         failed = gemm_tuning.compile_all(ops, cfgs)
         compile_s = time.perf_counter() - t0
         ref = a.float() @ b.float()
-        cublas = do_bench(lambda: torch.matmul(a, b), warmup=10, rep=rep_ms, return_mode="median")
-        rows = []
+        rows, entries = [], [("cuBLAS", lambda: torch.matmul(a, b))]
         for cfg in cfgs:
             if cfg in failed:
                 rows.append({"config": cfg.label(), "ms": None, "error": failed[cfg]})
@@ -397,21 +411,33 @@ def sweep(shapes, dtype: torch.dtype, all_classes: bool, out: Path | None, rep_m
                 scratch = gemm.scratch_operands(ops)
                 run = gemm_launch.bound(scratch, cfg)  # the kept launcher, as a plan replays it (no JIT a call)
                 run()
-                err = _rel(scratch.c[0], ref)
-                ms = do_bench(run, warmup=10, rep=rep_ms, return_mode="median")
-                rows.append({"config": cfg.label(), "ms": ms, "tflops": 2 * m * n * k / ms / 1e9,
-                             "vs_cublas": cublas / ms, "rel_error": err, "json": cfg.to_json()})
+                rows.append({"config": cfg.label(), "rel_error": _rel(scratch.c[0], ref), "json": cfg.to_json()})
+                entries.append((cfg.label(), run))
             except Exception as exc:  # report and go on: the sweep is for information
                 rows.append({"config": cfg.label(), "ms": None, "error": f"{type(exc).__name__}: {exc}"[:200]})
+        samples: dict[str, list[float]] = {name: [] for name, _ in entries}
+        for r in range(rounds):
+            for name, fn in entries[r % len(entries):] + entries[:r % len(entries)]:
+                samples[name].append(do_bench(fn, warmup=5, rep=max(1, rep_ms // rounds), return_mode="median"))
+        cublas = statistics.median(samples["cuBLAS"])
+        for row in rows:
+            if row["config"] in samples and "error" not in row:
+                ms = statistics.median(samples[row["config"]])
+                row.update(ms=ms, tflops=2 * m * n * k / ms / 1e9, vs_cublas=cublas / ms,
+                           rounds_ms=samples[row["config"]])
         rows.sort(key=lambda r: r["ms"] if r.get("ms") else float("inf"))
         print(f"\n== {m}x{n}x{k} {dtype} class={ops.problem.shape_class(part.multiprocessors)}: cuBLAS {cublas:.4f} ms "
-              f"({2 * m * n * k / cublas / 1e9:.1f} TFLOP/s); {len(cfgs)} configs compiled in {compile_s:.0f} s", flush=True)
+              f"({2 * m * n * k / cublas / 1e9:.1f} TFLOP/s); {len(cfgs)} configs compiled in {compile_s:.0f} s; "
+              f"{rounds} interleaved rounds", flush=True)
         for r in rows:
             if r.get("ms"):
-                print(f"  {r['config']:<44} {r['ms']:9.4f} ms {r['tflops']:8.1f} TFLOP/s {r['vs_cublas']:6.3f}x  err {r['rel_error']:.1e}")
+                spread = max(r["rounds_ms"]) / min(r["rounds_ms"]) - 1
+                print(f"  {r['config']:<44} {r['ms']:9.4f} ms {r['tflops']:8.1f} TFLOP/s {r['vs_cublas']:6.3f}x  "
+                      f"err {r['rel_error']:.1e}  rounds spread {spread:.1%}")
             else:
                 print(f"  {r['config']:<44} FAILED {r.get('error', '')}")
-        results.append({"shape": [m, n, k], "dtype": str(dtype), "cublas_ms": cublas, "configs": rows})
+        results.append({"shape": [m, n, k], "dtype": str(dtype), "cublas_ms": cublas,
+                        "cublas_rounds_ms": samples["cuBLAS"], "configs": rows})
         del ref, ops
         torch.cuda.empty_cache()
     if out is not None:
@@ -472,13 +498,17 @@ def main(argv=None) -> int:
     p.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float16", "float32"))
     p.add_argument("--all", action="store_true", help="sweep the configs of every shape class, not only the shape's own")
     p.add_argument("--out", default=None, help="folder for gemm-sweep.json")
-    p.add_argument("--rep-ms", type=int, default=50)
+    p.add_argument("--config", action="append", default=[], metavar="LABEL",
+                   help="sweep only these configs (labels as the sweep prints them), with cuBLAS")
+    p.add_argument("--rounds", type=int, default=SWEEP_ROUNDS, help="interleaved timing rounds (default 4)")
+    p.add_argument("--rep-ms", type=int, default=60)
     args = p.parse_args(argv)
     if args.resources:
         return resources(args.target)
     if args.sweep:
         shapes = [_parse_shape(s) for s in args.shape] or list(SWEEP_SHAPES)
-        sweep(shapes, getattr(torch, args.dtype), args.all, Path(args.out) if args.out else None, args.rep_ms)
+        sweep(shapes, getattr(torch, args.dtype), args.all, Path(args.out) if args.out else None, args.rep_ms,
+              [c for x in args.config for c in x.split(",") if c], max(1, args.rounds))
         return 0
     p.print_help()
     return 2
