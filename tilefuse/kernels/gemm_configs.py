@@ -280,6 +280,7 @@ NVIDIA_SPACE: dict[str, tuple[GemmConfig, ...]] = {
         C("tiled", 128, 128, 64, 4, 4, group_m=8, tma=True, warp_specialize=True),
         C("tiled", 128, 64, 128, 4, 4, group_m=8, split_k=AUTO_SPLIT),  # r1 M=128: 0.909x
         C("tiled", 128, 128, 64, 8, 4, group_m=8, split_k=AUTO_SPLIT),  # r1 M=256: 0.757x
+        C("persistent", 128, 128, 64, 4, 5, group_m=8, tma=True, stream_k=True),  # M=128: 64 tiles, 2 pieces each
     ),
     "small": (
         # 128x128 at num_warps=8 (64 accumulator registers a thread): at 4 warps bias+GeLU needs 255 + 64 B
