@@ -9,7 +9,8 @@ Kernels
   epilogue, stores and resets the counter. No second launch, deterministic.
 - :func:`gemm_persistent_kernel`: one program an SM looping over tiles; on Hopper/Blackwell the loads and
   the store go through TMA tensor descriptors made in the kernel (``tl.make_tensor_descriptor``, which
-  needs :func:`triton.set_allocator`; detected, with a clean fallback to pointer loads).
+  needs :func:`triton.set_allocator`; detected, with a clean fallback to pointer loads). ``STREAM_K``
+  deals the last, partial round of tiles out to every program as K steps (stream-K), reduced like split-K.
 - :func:`quantize_rows_kernel`: the second pass of output quantisation when a row spans several tiles.
 
 Both GEMM kernels take the same arguments in the same order and end in
