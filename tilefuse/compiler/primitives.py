@@ -91,12 +91,12 @@ PRIMITIVES: dict[str, Primitive] = {
     "sigmoid": P(1, "tl.sigmoid({0})", floats_only=True),
     "erf": P(1, "tl.erf({0})", floats_only=True),
     "erfc": P(1, "_tf_erfc({0})", ("_tf_erfc",), floats_only=True),
-    # float32 erfc (what "erfc" and "1 + erf(u)" become in float32): one exp, one reciprocal, no cancellation
-    "erfc_f32": P(1, "_tf_erfc_f32({0})", ("_tf_erfc_f32",), floats_only=True),
+    # float32 erfc (what "erfc" and "1 + erf(u)" become in float32): one exp, one reciprocal, no cancellation;
+    # its exp(-x^2) is the second operand (an exp_neg_sq_f32), so a density of the same argument shares it
+    "erfc_f32": P(2, "_tf_erfc_f32({0}, {1})", ("_tf_erfc_f32",), floats_only=True),
+    "exp_neg_sq_f32": P(1, "_tf_exp_neg_sq({0})", ("_tf_exp_neg_sq",), floats_only=True),
     # float32 d/dx gelu(x) = Phi(x) + x phi(x) (what torch's gelu_backward decomposition becomes): one exp
     "gelu_grad_f32": P(1, "_tf_gelu_grad_f32({0})", ("_tf_gelu_grad_f32",), floats_only=True),
-    # float32 standard normal density exp(-x^2 / 2) / sqrt(2 pi) (gelu_backward's pdf beside a shared cdf)
-    "gauss_pdf_f32": P(1, "_tf_gauss_pdf_f32({0})", ("_tf_gauss_pdf_f32",), floats_only=True),
     "erfcx": P(1, "_tf_erfcx({0})", ("_tf_erfcx",), floats_only=True),
     "erfinv": P(1, "_tf_erfinv({0})", ("_tf_erfinv",), floats_only=True),
     "lgamma": P(1, "_tf_lgamma({0})", ("_tf_lgamma",), floats_only=True),
@@ -203,20 +203,29 @@ def peephole(e: ir.Op, user_count: Optional[Callable[[ir.Expr], int]] = None) ->
     if e.dtype != torch.float32:
         return e
     if e.name == "erfc":
-        return ir.Op.make("erfc_f32", e.args, e.dtype)
+        return erfc_f32(e.args[0])
     if e.name == "add" and user_count is not None:
         found = _gelu_grad_operand(e.args)
         if found is not None:
-            x, cdf, inner = found
+            x, u, cdf, inner = found
             if all(user_count(v) == 1 for v in inner):
                 return build("gelu_grad_f32", x)
-            # the cdf is shared: keep it, and take the pdf as one exp2 (its own multiply folded in)
-            return build("add", cdf, build("mul", x, build("gauss_pdf_f32", x)))
+            # the cdf is shared: keep it; the pdf exp(-x^2 / 2) / sqrt(2 pi) is the cdf's own exp(-u^2) at
+            # u = x / sqrt(2) (erfc_f32's second operand: one exp for both)
+            pdf = build("mul", build("exp_neg_sq_f32", u), ir.Const(0.3989422804014327, torch.float32))
+            return build("add", cdf, build("mul", x, pdf))
     if e.name in ("add", "sub"):
         rewritten = _one_plus_erf(e.name, e.args)
         if rewritten is not None:
             return rewritten
     return e
+
+
+def erfc_f32(w: ir.Expr) -> ir.Expr:
+    """The float32 erfc of ``w`` with its ``exp(-w^2)`` as an operand of its own, taken of ``u`` where ``w`` is
+    ``-u`` (the same value), so that the density of gelu_backward (exp of ``-u^2``) finds it interned."""
+    v = w.args[0] if isinstance(w, ir.Op) and w.name == "neg" else w
+    return build("erfc_f32", w, build("exp_neg_sq_f32", v))
 
 
 def _times_const(e: ir.Expr, value: float) -> Optional[ir.Expr]:
@@ -231,8 +240,8 @@ def _times_const(e: ir.Expr, value: float) -> Optional[ir.Expr]:
     return None
 
 
-def _gelu_grad_operand(args) -> Optional[tuple[ir.Expr, ir.Expr, tuple[ir.Expr, ...]]]:
-    """``(x, cdf, inner values)`` when ``args`` (of an add) are torch's gelu_backward decomposition's ``cdf`` and
+def _gelu_grad_operand(args) -> Optional[tuple[ir.Expr, ir.Expr, ir.Expr, tuple[ir.Expr, ...]]]:
+    """``(x, u, cdf, inner values)`` (``u`` the erf's operand, ``x / sqrt 2``) when ``args`` (of an add) are torch's gelu_backward decomposition's ``cdf`` and
     ``x * pdf``: ``0.5 * (1 + erf(x / sqrt 2))`` and ``x * (exp(x * x * -0.5) / sqrt(2 pi))``, in either
     order, float32. The pair is then one ``gelu_grad_f32(x)``: one exp (erfc's exp(-x^2 / 2) is the pdf's)
     instead of an erf and an exp, if the inner values (the cdf, its ``1 + erf``, the pdf) have no other use.
@@ -253,7 +262,7 @@ def _gelu_grad_operand(args) -> Optional[tuple[ir.Expr, ir.Expr, tuple[ir.Expr, 
                 continue
             sq = _times_const(ex.args[0], -0.5)
             if isinstance(sq, ir.Op) and sq.name == "mul" and sq.args[0] is x and sq.args[1] is x:
-                return x, cdf, (cdf, one_plus, erf, xpdf, pdf, ex)
+                return x, u, cdf, (cdf, one_plus, erf, xpdf, pdf, ex)
     return None
 
 
@@ -272,9 +281,9 @@ def _one_plus_erf(name: str, args) -> Optional[ir.Expr]:
     a, b = args
     if name == "add":
         u = _erf_operand(b) if _is_one(a) else (_erf_operand(a) if _is_one(b) else None)
-        return None if u is None else build("erfc_f32", build("neg", u))
+        return None if u is None else erfc_f32(build("neg", u))
     u = _erf_operand(b) if _is_one(a) else None
-    return None if u is None else build("erfc_f32", u)
+    return None if u is None else erfc_f32(u)
 
 
 def where(cond, a, b):
@@ -508,16 +517,10 @@ _helper("_tf_erfc_poly", special.erfc_poly_source("_tf_erfc_poly"))
 # choice, TUNING "half_helpers"): an error far below a float16 or bfloat16 rounding, for fewer instructions
 HALF_HELPERS: dict[str, str] = {
     "_tf_erfc_poly": "@triton.jit\n" + special.erfc_poly_source("_tf_erfc_poly", half=True).strip("\n") + "\n"}
-_helper("_tf_erfc_f32", special.erfc_f32_source("_tf_erfc_f32", "_tf_erfc_poly", interpreter=True),
-        special.erfc_f32_source("_tf_erfc_f32", "_tf_erfc_poly", interpreter=False))
-# on a GPU without tl.exp's denormal fix-up: a density below 1.2e-38 (|x| > 13.2) flushes to 0
-_helper("_tf_gauss_pdf_f32", '''
-def _tf_gauss_pdf_f32(x):
-    return tl.exp(x * x * -0.5) * 0.3989422804014327
-''', '''
-def _tf_gauss_pdf_f32(x):
-    return tl.exp2(x * x * -0.7213475204444817) * 0.3989422804014327
-''')
+_helper("_tf_erfc_f32", special.erfc_e_f32_source("_tf_erfc_f32", "_tf_erfc_poly", interpreter=True),
+        special.erfc_e_f32_source("_tf_erfc_f32", "_tf_erfc_poly", interpreter=False))
+_helper("_tf_exp_neg_sq", special.exp_neg_sq_source("_tf_exp_neg_sq", interpreter=True),
+        special.exp_neg_sq_source("_tf_exp_neg_sq", interpreter=False))
 _helper("_tf_gelu_grad_f32", special.gelu_grad_f32_source("_tf_gelu_grad_f32", "_tf_erfc_poly", interpreter=True),
         special.gelu_grad_f32_source("_tf_gelu_grad_f32", "_tf_erfc_poly", interpreter=False))
 # exp(-|x|), the online softmax step's one exp: on a GPU exp2 of |x| times -log2(e) (the abs and the sign

@@ -84,6 +84,33 @@ def erfc_f32_fast(x):
 
 
 @triton.jit
+def exp_neg_sq_portable(x):
+    return tl.exp(-x * x)
+
+
+@triton.jit
+def exp_neg_sq_fast(x):
+    # exp(-x^2) as exp2(x * x * -log2(e)), approximate (see erfc_f32_fast)
+    return tl.exp2(x * x * -1.4426950408889634)
+
+
+@triton.jit
+def erfc_e_f32_portable(x, e):
+    # erfc_f32 with its exp(-x^2) given: a kernel that also needs that exp (gelu_backward's density beside a
+    # shared cdf, exp(-u^2) at u = x / sqrt(2)) computes it once
+    t = 1.0 / (1.0 + 0.4 * tl.abs(x))
+    r = erfc_poly(t) * e
+    return tl.where(x < 0, 2.0 - r, r)
+
+
+@triton.jit
+def erfc_e_f32_fast(x, e):
+    t = libdevice.fast_dividef(1.0, 1.0 + 0.4 * tl.abs(x))
+    r = erfc_poly(t) * e
+    return tl.where(x < 0, 2.0 - r, r)
+
+
+@triton.jit
 def gelu_grad_f32_portable(x):
     # d/dx x Phi(x) = Phi(x) + x phi(x) with one exp: erfc(z) = exp(-z^2) Q(t) at z = |x| / sqrt(2), whose
     # exp(-z^2) = exp(-x^2 / 2) is also sqrt(2 pi) phi(x); Phi(-|x|) = erfc(z) / 2, Phi(|x|) = 1 - that
@@ -120,6 +147,17 @@ def erfc_f32_source(name: str, poly_name: str, interpreter: bool) -> str:
     ``poly_name`` (:func:`erfc_poly_source`); the GPU form (libdevice) unless the file runs on the
     interpreter. The GPU form needs ``from triton.language.extra import libdevice``."""
     return _source(erfc_f32_portable if interpreter else erfc_f32_fast, name, poly_name)
+
+
+def erfc_e_f32_source(name: str, poly_name: str, interpreter: bool) -> str:
+    """The float32 erfc that takes its ``exp(-x^2)`` as a second argument (:func:`exp_neg_sq_source`), as
+    :func:`erfc_f32_source` names and chooses it."""
+    return _source(erfc_e_f32_portable if interpreter else erfc_e_f32_fast, name, poly_name)
+
+
+def exp_neg_sq_source(name: str, interpreter: bool) -> str:
+    """``exp(-x^2)`` in float32 (approximate on a GPU), named ``name``."""
+    return _source(exp_neg_sq_portable if interpreter else exp_neg_sq_fast, name)
 
 
 def gelu_grad_f32_source(name: str, poly_name: str, interpreter: bool) -> str:
