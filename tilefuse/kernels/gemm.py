@@ -403,15 +403,24 @@ def gemm_persistent_kernel(
             arrived = tl.atomic_add(lock_ptr + t, 1, sem="acq_rel", scope="gpu")
             if arrived == p_last - p_first:
                 # the last piece of the tile: sum the pieces in program order, FIX_M rows (and one epilogue
-                # column slice) at a time, through L2 (.cg: other SMs wrote them)
+                # column slice) at a time, through L2 (.cg: other SMs wrote them). Four pieces' loads are
+                # issued before their adds (masked past the last piece: + 0.0 keeps the order and the sum),
+                # so a tile's usual 2-3 pieces cost one L2 round trip a chunk, not one a piece.
                 first_second = (p_first * work // shares < tile_w0).to(tl.int32)
                 for r0 in range(0, BLOCK_M, FIX_M):
                     for h in tl.static_range(EPI_SUBTILE):
                         part_r = tl.zeros((FIX_M, SUB_N), dtype=ws_ptr.dtype.element_ty)
-                        for j in range(p_first, p_last + 1):
-                            slot = 2 * j + tl.where(j == p_first, first_second, 0)
-                            part_r += tl.load(ws_ptr + slot.to(tl.int64) * TILE + r0 * BLOCK_N + h * SUB_N + offs_r,
-                                              cache_modifier=".cg")
+                        chunk = ws_ptr + r0 * BLOCK_N + h * SUB_N + offs_r
+                        for j0 in range(p_first, p_last + 1, 4):
+                            s0 = 2 * j0 + tl.where(j0 == p_first, first_second, 0)
+                            v0 = tl.load(chunk + s0 * TILE, cache_modifier=".cg")  # < 2^31: 2 NUM_PROGRAMS tiles
+                            v1 = tl.load(chunk + (2 * j0 + 2) * TILE, mask=j0 + 1 <= p_last, other=0,
+                                         cache_modifier=".cg")
+                            v2 = tl.load(chunk + (2 * j0 + 4) * TILE, mask=j0 + 2 <= p_last, other=0,
+                                         cache_modifier=".cg")
+                            v3 = tl.load(chunk + (2 * j0 + 6) * TILE, mask=j0 + 3 <= p_last, other=0,
+                                         cache_modifier=".cg")
+                            part_r = part_r + v0 + v1 + v2 + v3
                         nh = n0 + h * SUB_N
                         finish_tile(part_r, m0 + r0, nh, m0 + r0 + tl.arange(0, FIX_M), nh + tl.arange(0, SUB_N),
                                     z, EPI_SUBTILE * pid_n + h, M, N, c_ptr, c_ptr, stride_cz, stride_cm, stride_cn,
