@@ -395,6 +395,18 @@ def test_out_of_resources_falls_back(monkeypatch):
     torch.testing.assert_close(res.out[0], a @ b, rtol=1e-4, atol=1e-4)
 
 
+def test_stream_k_is_offered_only_for_a_nearly_empty_long_last_round():
+    # 128x256 tiles on 132 SMs: 16384x8192x28672 is 4096 tiles (a last round of 4, 448 steps a tile);
+    # 4096^3 (116 of 132, 64 steps), 8192^3 (68 of 132) and the M=256 decode (64 tiles, one partial round) not
+    def sk(m, n, k):
+        return [c.label() for c in C.candidates(problem(m, n, k), H200) if c.stream_k]
+    assert sk(16384, 8192, 28672) == ["P128x256x64-w8-s3-tma-sk", "P128x256x64-w8-s4-tma-sub2-sk"]
+    assert sk(4096, 4096, 4096) == sk(8192, 8192, 8192) == sk(256, 8192, 8192) == sk(2048, 2048, 2048) == []
+    assert sk(16384, 8192, 4096) == []  # 4096 tiles again, but 64 steps a tile: the round is short
+    cfg = C.GemmConfig("persistent", 128, 256, 64, stream_k=True)
+    assert not C.stream_k_worth_it(cfg, problem(128 * 132, 256 * 2, 8192), H200)  # whole rounds: no tail
+
+
 # ------------------------------------------------------------------------------------- registration
 def test_registered_with_the_target_matrix():
     from tilefuse import kernels

@@ -218,6 +218,21 @@ def C(kernel, bm, bn, bk, w, s, **kw) -> GemmConfig:
 # that a piece's partial store and pipeline fill stay small against its main loop
 STREAM_K_MIN_STEPS = 8
 
+# Runs 24-25 (benchmarks/results/run24, run25): the stream-K tail costs about 20 us beyond its main loop
+# (4096^3: 0.216 ms against 0.199 without it, where it saves 8 of a round's 64 steps), so it pays only where
+# the last round is nearly empty and long: 16384x8192x28672 (4 tiles of 448 steps in the last round) +1.8 %.
+STREAM_K_MAX_TAIL = 0.25  # the last round at most this full
+STREAM_K_MIN_TILE_STEPS = 128  # and its tiles at least this many K steps
+
+
+def stream_k_worth_it(cfg: GemmConfig, problem: "GemmProblem", part: "Part") -> bool:
+    """Whether a stream-K config is worth offering for ``problem``: its tiles leave a last round at most
+    STREAM_K_MAX_TAIL full of at least STREAM_K_MIN_TILE_STEPS K steps a tile (the round stream-K shortens)."""
+    tiles = math.ceil(problem.M / cfg.block_m) * math.ceil(problem.N / cfg.block_n) * problem.Z
+    rem = tiles % part.multiprocessors
+    return (tiles > part.multiprocessors and 0 < rem <= STREAM_K_MAX_TAIL * part.multiprocessors
+            and k_tiles(problem, cfg) >= STREAM_K_MIN_TILE_STEPS)
+
 
 def stream_k_pieces(tiles: int, k_steps: int, programs: int, min_steps: int = STREAM_K_MIN_STEPS) -> list[list[tuple]]:
     """The persistent kernel's stream-K tail, as the kernel computes it (a model for tests and for reading):
@@ -271,8 +286,6 @@ NVIDIA_SPACE: dict[str, tuple[GemmConfig, ...]] = {
     "skinny": (
         C("tiled", 64, 128, 128, 4, 4, group_m=8, split_k=AUTO_SPLIT, tma=True),  # r1 M=128: 0.951x
         C("persistent", 128, 128, 64, 4, 5, group_m=8, tma=True),  # r10 M=256: 0.922x (next best 0.876x)
-        # stream-K: M=256 is 64 tiles of 128x256 (128 K steps each) dealt to 132 SMs, ~62 steps a program
-        C("persistent", 128, 256, 64, 8, 3, group_m=8, tma=True, stream_k=True),
         C("tiled", 64, 128, 128, 4, 4, group_m=8, tma=True, warp_specialize=True),  # M=128: 128 tiles, no split
         C("persistent", 128, 128, 64, 4, 4, group_m=8, tma=True, warp_specialize=True),  # M=256: 128 tiles
         C("tiled", 128, 128, 128, 8, 3, group_m=8, split_k=AUTO_SPLIT),  # r1 M=256: 0.772x
@@ -280,7 +293,6 @@ NVIDIA_SPACE: dict[str, tuple[GemmConfig, ...]] = {
         C("tiled", 128, 128, 64, 4, 4, group_m=8, tma=True, warp_specialize=True),
         C("tiled", 128, 64, 128, 4, 4, group_m=8, split_k=AUTO_SPLIT),  # r1 M=128: 0.909x
         C("tiled", 128, 128, 64, 8, 4, group_m=8, split_k=AUTO_SPLIT),  # r1 M=256: 0.757x
-        C("persistent", 128, 128, 64, 4, 5, group_m=8, tma=True, stream_k=True),  # M=128: 64 tiles, 2 pieces each
     ),
     "small": (
         # 128x128 at num_warps=8 (64 accumulator registers a thread): at 4 warps bias+GeLU needs 255 + 64 B
@@ -290,7 +302,6 @@ NVIDIA_SPACE: dict[str, tuple[GemmConfig, ...]] = {
         C("tiled", 64, 128, 128, 4, 4, group_m=1),  # r10 1024^3: 0.907x (the split-K 64x128x64 0.643x)
         C("tiled", 128, 64, 128, 4, 4, group_m=8),  # r10 1024^3: 0.899x
         C("tiled", 128, 256, 64, 8, 3, group_m=8, split_k=AUTO_SPLIT, tma=True),  # r14 2048^3: 0.910x
-        C("persistent", 128, 256, 64, 8, 3, group_m=8, tma=True, stream_k=True),  # 2048^3: 128 tiles on 132 SMs
         C("persistent", 128, 256, 64, 4, 3, group_m=8, tma=True, warp_specialize=True),  # r14 2048^3: 0.889x
         C("persistent", 128, 128, 64, 4, 5, group_m=8, tma=True),  # r14 2048^3: 0.848x
         C("tiled", 128, 128, 64, 8, 4, group_m=8, split_k=AUTO_SPLIT, tma=True),
@@ -301,13 +312,12 @@ NVIDIA_SPACE: dict[str, tuple[GemmConfig, ...]] = {
     ),
     "large": (
         C("persistent", 128, 256, 64, 8, 3, group_m=8, tma=True),  # r1 4096^3: 0.944x
-        # stream-K: 4096^3 is 512 tiles, 3.88 rounds on 132 SMs: the last round's 116 tiles are dealt out as
-        # K steps, 3 x 64 + 57 steps a program instead of 4 x 64 (-2.8 % of the main loop before the pieces'
-        # partial stores); 8192^3, 16384x4096^2 (2048 tiles, 15.5 rounds) -3.0 %
+        # stream-K, offered where the last round is nearly empty (stream_k_worth_it): r25 16384x8192x28672
+        # 1.039x against 1.021x without it; where it is not offered it lost (4096^3 0.873x against 0.948x)
         C("persistent", 128, 256, 64, 8, 3, group_m=8, tma=True, stream_k=True),
         C("persistent", 128, 256, 64, 4, 3, group_m=8, tma=True, warp_specialize=True),
         C("persistent", 128, 256, 64, 8, 4, group_m=8, tma=True, epi_subtile=2),  # r1 8192^3: 0.979x
-        C("persistent", 128, 256, 64, 8, 4, group_m=8, tma=True, epi_subtile=2, stream_k=True),
+        C("persistent", 128, 256, 64, 8, 4, group_m=8, tma=True, epi_subtile=2, stream_k=True),  # r25 1.035x
         C("persistent", 128, 128, 64, 4, 4, group_m=8, tma=True, warp_specialize=True),
         C("tiled", 128, 256, 64, 4, 3, group_m=8, tma=True, warp_specialize=True),
         C("tiled", 128, 256, 64, 8, 3, group_m=8, tma=True),  # r1 8192^3: 0.961x
@@ -589,9 +599,8 @@ def candidates(problem: GemmProblem, part: Part | None = None, limit: int | None
             continue
         if cfg.stream_k and (cfg.kernel != "persistent" or cfg.warp_specialize):
             continue  # the tail's atomics abort triton 3.6's warp specialisation, as split-K's do
-        if cfg.stream_k and not (math.ceil(problem.M / cfg.block_m) * math.ceil(problem.N / cfg.block_n)
-                                 * problem.Z) % part.multiprocessors:
-            continue  # whole rounds only: the same kernel as without stream-K
+        if cfg.stream_k and not stream_k_worth_it(cfg, problem, part):
+            continue
         if cfg.warp_specialize and four_byte and not k_major_operands(problem):
             continue  # triton 3.6 fails to compile it (see NVIDIA_SPACE_4B)
         if cfg.kpack > 1 and part.arch == "gfx950":
