@@ -138,6 +138,16 @@ def test_stream_k_tail(monkeypatch, min_steps, case):
     assert torch.equal(again, out), "the tail's reduction is not deterministic"
 
 
+def test_stream_k_with_k_zero_still_writes_every_tile():
+    # K = 0 with an epilogue runs the kernel (the output is the epilogue of zeros): no K steps to deal out, so
+    # the tail tiles go through the whole-tile loop
+    cfg = GemmConfig("persistent", 32, 32, 16, stream_k=True)
+    bias = rand(20)
+    out = poisoned_empty(150, 20, dtype=torch.float32, device="cpu")
+    G.gemm_raw(rand(150, 0), rand(0, 20), bias=bias, activation="sigmoid", out=out, config=cfg)
+    assert_close(out, torch.sigmoid(bias).expand(150, 20), torch.float32)
+
+
 def test_stream_k_pieces_cover_the_tail_once():
     from tilefuse.kernels.gemm_configs import stream_k_pieces
 

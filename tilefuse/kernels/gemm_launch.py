@@ -207,7 +207,8 @@ def launches(ops: Operands, cfg: GemmConfig) -> tuple[list[Launch], Callable[[],
                  and c.data_ptr() % TMA_ALIGN == 0 and ops.Z == 1)
         # stream-K only where the tiles leave a partial last round; its pieces' partials take two tile slots
         # a program (fp32, or int32 for int8), its counters one a tail tile (< nprog)
-        stream_k = bool(cfg.stream_k and not specialise and (tiles * ops.Z) % nprog)
+        # (K = 0: no steps to deal out; the whole-tile loop writes the epilogue of every tile)
+        stream_k = bool(cfg.stream_k and not specialise and (tiles * ops.Z) % nprog and ops.K > 0)
         if stream_k:
             kept = {"ws": (2 * nprog * cfg.block_m * cfg.block_n, ws_dtype), "lock": (nprog, torch.int32)}
         args.update(NUM_PROGRAMS=nprog, C_TMA=c_tma, EPI_SUBTILE=cfg.epi_subtile, FLATTEN=cfg.flatten,
