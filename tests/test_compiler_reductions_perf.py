@@ -190,16 +190,21 @@ def test_gelu_backward_gradient_and_column_sums_in_one_kernel(gpu_forms, persist
     assert big and big[0] == ("looped" if persistent_rows == 16 else "persistent"), backward
 
 
+@pytest.mark.parametrize("exact", [True, False], ids=["exact_rows", "masked_rows"])
 @pytest.mark.parametrize("rows,cols", [(200, 67), (1000, 300)])
-def test_gelu_backward_first_stage_as_a_row_loop(gpu_kernels, rows, cols):
+def test_gelu_backward_first_stage_as_a_row_loop(gpu_kernels, rows, cols, exact):
     """The same first stage with no row reduction in it goes over whole rows (the row-loop form: dx per
     element, the column partials in registers over a chunk of rows), then the two second stages; on odd
-    sizes against float64."""
-    _check(gelu_chain, _mats(rows, cols, 1, 2))
+    sizes against float64. At one row a step the loop ends at the chunk's last row and the step has no row
+    mask (TUNING rowloop_exact_rows); off, rows past it are masked."""
+    with codegen.tuning(rowloop_exact_rows=exact):
+        _check(gelu_chain, _mats(rows, cols, 1, 2))
     backward = [k.form for k in gpu_kernels[1:]]
     assert backward == ["rowloop", "persistent", "persistent"], backward
     rowloop = [k for k in gpu_kernels if k.form == "rowloop"][0]
     assert "tl.sum(" in rowloop.source and ", 1, keep_dims" not in rowloop.source  # column sums only
+    assert ("range(0, tl.minimum(xchunk, xnumel - xstart), XBLOCK)" in rowloop.source) == exact, rowloop.source
+    assert ("(xindex < xnumel)" in rowloop.source) != exact, rowloop.source
 
 
 def test_gelu_backward_split_siblings_off(gpu_forms):

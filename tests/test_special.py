@@ -161,19 +161,22 @@ def test_half_polynomial_error_is_far_below_float16_rounding(lo, hi, bound):
     assert rel <= bound, rel
 
 
-@pytest.mark.parametrize("dtype, out, degree6", [(torch.float16, None, True), (torch.float32, None, False),
-                                                 (torch.float16, torch.float32, False),
-                                                 (torch.float32, torch.float16, True)])
-def test_half_kernels_take_the_half_polynomial(dtype, out, degree6):
-    """A kernel whose outputs computed from the erf are all half types writes the degree-6 polynomial
-    (whatever its inputs); a float32 output of it keeps degree 8. Each result matches float64 to its
-    output's rounding."""
+@pytest.mark.parametrize("dtype, out, upcast, degree6", [(torch.float16, None, False, True),
+                                                         (torch.float32, None, False, False),
+                                                         (torch.float16, torch.float32, False, True),
+                                                         (torch.float16, None, True, False),
+                                                         (torch.float32, torch.float16, False, True)])
+def test_half_kernels_take_the_half_polynomial(dtype, out, upcast, degree6):
+    """A kernel whose values computed from the erf are all rounded to a half type before an output writes
+    the degree-6 polynomial, whatever its inputs: a float16 GeLU widened to float32 is a float16 value. A
+    float32 output that takes the erf's value unrounded (a GeLU of float32 values, or of float16 ones upcast
+    first) keeps degree 8. Each result matches float64 to its output's rounding."""
     from .support import noncontiguous
     first6 = repr(-0.18153536319732666)
     x = noncontiguous(torch.linspace(-7, 4, 2000).reshape(20, 100).to(dtype).to(DEV))
 
     def fn(t):
-        y = torch.nn.functional.gelu(t)
+        y = torch.nn.functional.gelu(t.float() if upcast else t)
         return y if out is None else y.to(out)
     got, text = _compiled_sources(fn, x)
     assert "_tf_erfc_f32(" in text
@@ -184,13 +187,14 @@ def test_half_kernels_take_the_half_polynomial(dtype, out, degree6):
     # bound. Normal range only (a float16 gelu below -5 is subnormal: absolute error)
     normal = ref.abs() > 6.2e-5
     rel = ((got.cpu().double() - ref).abs() / ref.abs())[normal].max().item()
-    assert rel < (2 ** -10 if torch.float16 in (dtype, out) else 1e-4), rel
+    assert rel < (2 ** -10 if torch.float16 in (dtype, out) and not upcast else 1e-4), rel
 
 
 def test_float32_statistics_beside_a_half_gelu_keep_the_half_polynomial(monkeypatch):
     """layer_norm then GeLU in float16 with grad: the forward kernel stores the float16 output and the
     float32 mean and rstd for the backward, which do not depend on the erf, so its erfc is the degree-6
-    one; a float32 sum of the same GeLU (a loss) depends on it, so that kernel keeps degree 8."""
+    one; a float32 sum of a float32 GeLU of the norm (a loss) takes the erf's value unrounded, so that
+    kernel keeps degree 8."""
     x = torch.linspace(-3, 3, 40 * 96).reshape(40, 96).to(torch.float16).to(DEV).requires_grad_()
     w = torch.ones(96, dtype=torch.float16, device=DEV).requires_grad_()
     b = torch.zeros(96, dtype=torch.float16, device=DEV).requires_grad_()
@@ -198,10 +202,13 @@ def test_float32_statistics_beside_a_half_gelu_keep_the_half_polynomial(monkeypa
 
     def ln_gelu(t):
         return torch.nn.functional.gelu(torch.nn.functional.layer_norm(t, (96,), w, b))
+
+    def ln_gelu_f32(t):
+        return torch.nn.functional.gelu(torch.nn.functional.layer_norm(t, (96,), w, b).float())
     from .compiler_checks import collect_kernels, reset, strict
     kernels = collect_kernels(monkeypatch)
     for loss, degree6 in ((False, True), (True, False)):
-        fn = (lambda t: ln_gelu(t).float().sum()) if loss else (lambda t: ln_gelu(t) * 3.0)
+        fn = (lambda t: ln_gelu_f32(t).sum()) if loss else (lambda t: ln_gelu(t) * 3.0)
         kernels.clear()
         reset()
         with strict():
@@ -243,6 +250,31 @@ def _backward_kernel_sources(monkeypatch, fn, x):
         out.backward()
     torch._dynamo.reset()
     return "\n".join(k.source for k in kernels)
+
+
+def test_column_sums_of_half_rounded_gelu_gradients_take_the_half_polynomial(monkeypatch):
+    """The float16 GeLU chain's backward (d/dx, d/db, d/ds of gelu(x + b) * s): its float32 column partial
+    sums add values that are each rounded to float16 first (the GeLU for d/ds, the gradient for d/db), so its
+    erfc is the degree-6 one; the gradients match float64 to float16's rounding."""
+    first6 = repr(-0.18153536319732666)
+    # 1024 rows: the column sums go through float32 partials, a second kernel adds them up
+    x = torch.linspace(-6, 4, 1024 * 64).reshape(1024, 64).to(torch.float16).to(DEV).requires_grad_()
+    b = (torch.linspace(-0.5, 0.5, 64) * 0.1).to(torch.float16).to(DEV).requires_grad_()
+    s = torch.linspace(0.5, 1.5, 64).to(torch.float16).to(DEV).requires_grad_()
+
+    def fn(t):
+        return (torch.nn.functional.gelu(t + b) * s).float().sum()
+    text = _backward_kernel_sources(monkeypatch, fn, x)
+    kernels = [k for k in text.split("# tilefuse generated kernel")[1:] if "_tf_erfc_poly(" in k]
+    partials = [k for k in kernels
+                if any("tl.store(" in line and ".to(tl.float16)" not in line for line in k.splitlines())]
+    assert partials, text  # a kernel with an erf writes float32 (the partial sums)
+    assert all(first6 in k for k in kernels), text
+    xd, bd, sd = (t.detach().cpu().double().requires_grad_() for t in (x, b, s))
+    (torch.nn.functional.gelu(xd + bd) * sd).sum().backward()
+    for got, want in ((x.grad, xd.grad), (b.grad, bd.grad), (s.grad, sd.grad)):
+        err = ((got.cpu().double() - want).abs() / want.abs().clamp(min=0.1)).max().item()
+        assert err < 4e-3, err
 
 
 @pytest.mark.parametrize("shared", [False, True])

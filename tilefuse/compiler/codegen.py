@@ -100,6 +100,10 @@ TUNING = {
     # rows a step of the loop over a program's row chunk, and warps (0: from the step's elements)
     "rowloop_rows": 1,
     "rowloop_warps": 0,
+    # ... at one row a step, the loop stops at the chunk's last row instead of masking rows past it, so the
+    # step has no row mask: its loads and stores unpredicated, its column sums without a select an element
+    # (a GeLU chain's backward: 2 of ~54 instructions an element on sm_90a)
+    "rowloop_exact_rows": True,
     # ... elements a thread when the step has row sums (warps = the step's elements / (warp size x this)):
     # run 22 (benchmarks/results/run22/sweep.log, kernel ms of fwd+bwd): layer_norm's backward at 8 warps
     # (16 a thread, a row's sums exchanged between 8 warps, two 128-register programs an SM) 0.398 -> 0.342,
@@ -872,10 +876,17 @@ class KernelWriter:
         # the loop is the row level (row values are per step); a value the same for every row (a norm's
         # weight) goes before the loop (expr())
         loop = _Scope(top, "        ", True)
-        loop.lines += ["    for xoffset in range(0, xchunk, XBLOCK):",
-                       "        xindex = xstart + xoffset + tl.arange(0, XBLOCK)[:, None]",
-                       "        xmask = (xindex < xnumel) & (xindex < xstart + xchunk)",
-                       "        mask = xmask & rmask"]
+        if xb == 1 and TUNING["rowloop_exact_rows"]:
+            # every step's row is in range (the chunk's rows below xnumel): no row mask (Triton folds it)
+            loop.lines += ["    for xoffset in range(0, tl.minimum(xchunk, xnumel - xstart), XBLOCK):",
+                           "        xindex = xstart + xoffset + tl.arange(0, XBLOCK)[:, None]",
+                           "        xmask = tl.full([XBLOCK, 1], 1, tl.int1)",
+                           "        mask = xmask & rmask"]
+        else:
+            loop.lines += ["    for xoffset in range(0, xchunk, XBLOCK):",
+                           "        xindex = xstart + xoffset + tl.arange(0, XBLOCK)[:, None]",
+                           "        xmask = (xindex < xnumel) & (xindex < xstart + xchunk)",
+                           "        mask = xmask & rmask"]
         self.emit_reduction_persistent(loop, columns)
         prefetch = TUNING["rowloop_prefetch"] and row_sums
         top.lines.extend(self.prefetched_rows(loop.lines) if prefetch else loop.lines)
@@ -938,24 +949,40 @@ class KernelWriter:
         return out + kept
 
     def erf_outputs_are_half(self) -> bool:
-        """Every output the kernel computes from an erf (or erfc) is float16 or bfloat16, and there is one:
-        then the erfc polynomial's half-precision text (primitives.HALF_HELPERS) serves, its error far below
-        what those stores round away. An output that does not depend on one (a norm's float32 mean and
-        rstd saved beside its GeLU'd bf16 output) does not matter; a float32 output that does (a partial
-        column sum of a GeLU's gradient) keeps the full text."""
-        memo: dict[str, bool] = {}
+        """Every value the kernel computes from an erf (or erfc) is rounded to float16 or bfloat16 before it
+        reaches an output, and there is one: then the erfc polynomial's half-precision text
+        (primitives.HALF_HELPERS) serves, its error far below what those roundings take away. The rounding is
+        a half-typed store, or a cast to a half type inside the kernel: a float32 partial column sum of a
+        GeLU's gradient adds values that were each rounded to bf16 first (as eager's gradient is), so the
+        polynomial's error moves a summand only where it sits within that error of a rounding boundary. An
+        output that does not depend on an erf (a norm's float32 mean and rstd saved beside its GeLU'd bf16
+        output) does not matter; a float32 output that takes an erf's value unrounded keeps the full text."""
+        memo: dict[int, bool] = {}
 
-        def uses_erf(r: str) -> bool:
-            if r not in memo:
-                memo[r] = False
-                body = self.bodies.get(r)
-                memo[r] = body is not None and (
-                    any(isinstance(n, ir.Op) and n.name in ("erf", "erfc") for n in ir.walk(body))
-                    or any(uses_erf(l.name) for l in _locals(body)))
-            return memo[r]
+        def unrounded(e: ir.Expr) -> bool:  # an erf reaches e's value without a rounding to half between
+            key = id(e)
+            if key not in memo:
+                memo[key] = False
+                if isinstance(e, ir.Cast) and e.dtype in (torch.float16, torch.bfloat16):
+                    pass
+                elif isinstance(e, ir.Op) and e.name in ("erf", "erfc"):
+                    memo[key] = True
+                elif isinstance(e, ir.Local):
+                    body = self.bodies.get(e.name)
+                    memo[key] = body is not None and unrounded(body)
+                else:
+                    memo[key] = any(unrounded(c) for c in ir.children(e))
+            return memo[key]
 
-        dtypes = [ir.node_meta(self.table[r], r).dtype for r in self.g.stores if uses_erf(r)]
-        return bool(dtypes) and all(d in (torch.float16, torch.bfloat16) for d in dtypes)
+        def uses_erf(e: ir.Expr) -> bool:
+            return any((isinstance(n, ir.Op) and n.name in ("erf", "erfc"))
+                       or (isinstance(n, ir.Local) and n.name in self.bodies and uses_erf(self.bodies[n.name]))
+                       for n in ir.walk(e))
+
+        with_erf = [r for r in self.g.stores if r in self.bodies and uses_erf(self.bodies[r])]
+        return bool(with_erf) and all(
+            ir.node_meta(self.table[r], r).dtype in (torch.float16, torch.bfloat16) or not unrounded(self.bodies[r])
+            for r in with_erf)
 
     def warps(self, elems: int, per_thread: int = ELEMS_PER_THREAD) -> int:
         if self.target.interpreter:

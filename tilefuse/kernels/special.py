@@ -11,7 +11,8 @@ instruction-bound at 55 % of the copy bandwidth.
 The form: for ``z = |x|``, ``erfc(z) = exp(-z^2) * Q(t)`` with ``t = 1 / (1 + 0.4 z)`` and ``Q`` of degree 8
 in ``t``, fitted for relative error on ``z`` in [0, 10] (our own Lawson-weighted least-squares fit,
 ``scripts/fit_erfc.py``; the fit's error is 1.2e-7); ``erfc(-z) = 2 - erfc(z)``. A degree-6 fit (6.2e-6,
-:func:`erfc_poly_half`) serves kernels whose outputs computed from it are all float16 or bfloat16. Evaluated in float32 on the interpreter the relative error is
+:func:`erfc_poly_half`) serves kernels that round every value computed from it to float16 or bfloat16
+before an output. Evaluated in float32 on the interpreter the relative error is
 at most 6e-7 for ``|x| <= 2``, 9e-7 for ``|x| <= 4`` and 5e-6 down to the underflow at ``x = 9.2``, where the
 rounding of ``-z^2`` inside the exp dominates; a GPU's approximate reciprocal and exp add about 2 ulp each
 (tests/test_special.py holds both to 1.5e-6 / 4e-6 / 3e-5 against float64 ``math.erfc``). ``erfc(+inf) = 0``,
@@ -54,7 +55,7 @@ def erfc_poly(t):
 @triton.jit
 def erfc_poly_half(t):
     # Q(t) of degree 6 (relative error 6.2e-6; 1.8e-5 evaluated in float32 out to the underflow), for
-    # kernels whose outputs computed from it are all float16 or bfloat16: 80 times below float16's rounding
+    # kernels that round every value computed from it to float16 or bfloat16: 80 times below their rounding
     q = -0.18153536319732666
     q = q * t + 0.6511033773422241
     q = q * t - 0.3056814968585968
@@ -169,5 +170,6 @@ def gelu_grad_f32_source(name: str, poly_name: str, interpreter: bool) -> str:
 
 def erfc_poly_source(name: str, half: bool = False) -> str:
     """The polynomial's text named ``name``: degree 8, or degree 6 (:func:`erfc_poly_half`) for a kernel whose
-    outputs computed from it are all half types (two instructions an element fewer)."""
+    values computed from it are all rounded to half types before an output (two instructions an element
+    fewer)."""
     return _source(erfc_poly_half if half else erfc_poly, name)
