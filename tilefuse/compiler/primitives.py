@@ -95,6 +95,9 @@ PRIMITIVES: dict[str, Primitive] = {
     # its exp(-x^2) is the second operand (an exp_neg_sq_f32), so a density of the same argument shares it
     "erfc_f32": P(2, "_tf_erfc_f32({0}, {1})", ("_tf_erfc_f32",), floats_only=True),
     "exp_neg_sq_f32": P(1, "_tf_exp_neg_sq({0})", ("_tf_exp_neg_sq",), floats_only=True),
+    # the same for erfc(y / sqrt 2), the GeLU's, from y itself; its exp(-y^2 / 2) is the normal density's
+    "erfc_rsqrt2_f32": P(2, "_tf_erfc_rsqrt2_f32({0}, {1})", ("_tf_erfc_rsqrt2_f32",), floats_only=True),
+    "exp_neg_half_sq_f32": P(1, "_tf_exp_neg_half_sq({0})", ("_tf_exp_neg_half_sq",), floats_only=True),
     # float32 d/dx gelu(x) = Phi(x) + x phi(x) (what torch's gelu_backward decomposition becomes): one exp
     "gelu_grad_f32": P(1, "_tf_gelu_grad_f32({0})", ("_tf_gelu_grad_f32",), floats_only=True),
     "erfcx": P(1, "_tf_erfcx({0})", ("_tf_erfcx",), floats_only=True),
@@ -211,12 +214,12 @@ def peephole(e: ir.Op, user_count: Optional[Callable[[ir.Expr], int]] = None) ->
     if e.name == "add" and user_count is not None:
         found = _gelu_grad_operand(e.args)
         if found is not None:
-            x, u, cdf, inner = found
+            x, cdf, inner = found
             if all(user_count(v) == 1 for v in inner):
                 return build("gelu_grad_f32", x)
-            # the cdf is shared: keep it; the pdf exp(-x^2 / 2) / sqrt(2 pi) is the cdf's own exp(-u^2) at
-            # u = x / sqrt(2) (erfc_f32's second operand: one exp for both)
-            pdf = build("mul", build("exp_neg_sq_f32", u), ir.Const(0.3989422804014327, torch.float32))
+            # the cdf is shared: keep it; the pdf exp(-x^2 / 2) / sqrt(2 pi) takes the cdf's own exp (the
+            # second operand of its erfc of x / sqrt 2: one exp for both)
+            pdf = build("mul", gauss_exp(x), ir.Const(0.3989422804014327, torch.float32))
             return build("add", cdf, build("mul", x, pdf))
     if e.name in ("add", "sub"):
         rewritten = _one_plus_erf(e.name, e.args)
@@ -246,9 +249,20 @@ def _half_times_shared_half(e: ir.Op, user_count: Callable[[ir.Expr], int]) -> O
 
 def erfc_f32(w: ir.Expr) -> ir.Expr:
     """The float32 erfc of ``w`` with its ``exp(-w^2)`` as an operand of its own, taken of ``u`` where ``w`` is
-    ``-u`` (the same value), so that the density of gelu_backward (exp of ``-u^2``) finds it interned."""
-    v = w.args[0] if isinstance(w, ir.Op) and w.name == "neg" else w
+    ``-u`` (the same value), so that the density of gelu_backward (exp of ``-u^2``) finds it interned. Where
+    ``u`` is ``y / sqrt 2`` (the GeLU's erfc) it is computed from ``y``, one multiply fewer, its exp
+    ``exp(-y^2 / 2)`` (:func:`gauss_exp`)."""
+    neg = isinstance(w, ir.Op) and w.name == "neg"
+    v = w.args[0] if neg else w
+    y = _times_const(v, 0.7071067811865476)
+    if y is not None and y.dtype == torch.float32:
+        return build("erfc_rsqrt2_f32", build("neg", y) if neg else y, gauss_exp(y))
     return build("erfc_f32", w, build("exp_neg_sq_f32", v))
+
+
+def gauss_exp(y: ir.Expr) -> ir.Expr:
+    """``exp(-y^2 / 2)``, the exp of the normal density and of erfc(y / sqrt 2), one interned value a ``y``."""
+    return build("exp_neg_half_sq_f32", y.args[0] if isinstance(y, ir.Op) and y.name == "neg" else y)
 
 
 def _times_const(e: ir.Expr, value: float) -> Optional[ir.Expr]:
@@ -263,8 +277,8 @@ def _times_const(e: ir.Expr, value: float) -> Optional[ir.Expr]:
     return None
 
 
-def _gelu_grad_operand(args) -> Optional[tuple[ir.Expr, ir.Expr, ir.Expr, tuple[ir.Expr, ...]]]:
-    """``(x, u, cdf, inner values)`` (``u`` the erf's operand, ``x / sqrt 2``) when ``args`` (of an add) are torch's gelu_backward decomposition's ``cdf`` and
+def _gelu_grad_operand(args) -> Optional[tuple[ir.Expr, ir.Expr, tuple[ir.Expr, ...]]]:
+    """``(x, cdf, inner values)`` when ``args`` (of an add) are torch's gelu_backward decomposition's ``cdf`` and
     ``x * pdf``: ``0.5 * (1 + erf(x / sqrt 2))`` and ``x * (exp(x * x * -0.5) / sqrt(2 pi))``, in either
     order, float32. The pair is then one ``gelu_grad_f32(x)``: one exp (erfc's exp(-x^2 / 2) is the pdf's)
     instead of an erf and an exp, if the inner values (the cdf, its ``1 + erf``, the pdf) have no other use.
@@ -285,7 +299,7 @@ def _gelu_grad_operand(args) -> Optional[tuple[ir.Expr, ir.Expr, ir.Expr, tuple[
                 continue
             sq = _times_const(ex.args[0], -0.5)
             if isinstance(sq, ir.Op) and sq.name == "mul" and sq.args[0] is x and sq.args[1] is x:
-                return x, u, cdf, (cdf, one_plus, erf, xpdf, pdf, ex)
+                return x, cdf, (cdf, one_plus, erf, xpdf, pdf, ex)
     return None
 
 
@@ -319,6 +333,7 @@ HELPER_DEPS: dict[str, tuple[str, ...]] = {
     "_tf_asin": ("_tf_atan2",), "_tf_acos": ("_tf_atan2",), "_tf_atan2": ("_tf_atan", "_tf_signbit"),
     "_tf_sinh": ("_tf_expm1",), "_tf_asinh": ("_tf_log1p",), "_tf_acosh": ("_tf_log1p",),
     "_tf_atanh": ("_tf_log1p",), "_tf_erfc": ("_tf_erfc_cf",), "_tf_erfc_f32": ("_tf_erfc_poly",),
+    "_tf_erfc_rsqrt2_f32": ("_tf_erfc_poly",),
     "_tf_gelu_grad_f32": ("_tf_erfc_poly",),
     "_tf_erfcx": ("_tf_erfc_cf",),
     "_tf_lgamma": ("_tf_lgamma_pos",), "_tf_digamma": ("_tf_digamma_pos",),
@@ -545,6 +560,10 @@ _helper("_tf_erfc_f32", special.erfc_e_f32_source("_tf_erfc_f32", "_tf_erfc_poly
         special.erfc_e_f32_source("_tf_erfc_f32", "_tf_erfc_poly", interpreter=False))
 _helper("_tf_exp_neg_sq", special.exp_neg_sq_source("_tf_exp_neg_sq", interpreter=True),
         special.exp_neg_sq_source("_tf_exp_neg_sq", interpreter=False))
+_helper("_tf_erfc_rsqrt2_f32", special.erfc_rsqrt2_f32_source("_tf_erfc_rsqrt2_f32", "_tf_erfc_poly", interpreter=True),
+        special.erfc_rsqrt2_f32_source("_tf_erfc_rsqrt2_f32", "_tf_erfc_poly", interpreter=False))
+_helper("_tf_exp_neg_half_sq", special.exp_neg_half_sq_source("_tf_exp_neg_half_sq", interpreter=True),
+        special.exp_neg_half_sq_source("_tf_exp_neg_half_sq", interpreter=False))
 _helper("_tf_gelu_grad_f32", special.gelu_grad_f32_source("_tf_gelu_grad_f32", "_tf_erfc_poly", interpreter=True),
         special.gelu_grad_f32_source("_tf_gelu_grad_f32", "_tf_erfc_poly", interpreter=False))
 # exp(-|x|), the online softmax step's one exp: on a GPU exp2 of |x| times -log2(e) (the abs and the sign

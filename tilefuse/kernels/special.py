@@ -112,6 +112,33 @@ def erfc_e_f32_fast(x, e):
 
 
 @triton.jit
+def exp_neg_half_sq_portable(x):
+    return tl.exp(x * x * -0.5)
+
+
+@triton.jit
+def exp_neg_half_sq_fast(x):
+    # exp(-x^2 / 2) as exp2(x * x * -log2(e) / 2), approximate (see erfc_f32_fast)
+    return tl.exp2(x * x * -0.7213475204444817)
+
+
+@triton.jit
+def erfc_rsqrt2_f32_portable(y, e):
+    # erfc(y / sqrt(2)) with e = exp(-y^2 / 2) given: the GeLU's erfc straight from its input (no multiply by
+    # 1/sqrt(2) first), its exp the standard normal density's
+    t = 1.0 / (1.0 + 0.28284271247461906 * tl.abs(y))
+    r = erfc_poly(t) * e
+    return tl.where(y < 0, 2.0 - r, r)
+
+
+@triton.jit
+def erfc_rsqrt2_f32_fast(y, e):
+    t = libdevice.fast_dividef(1.0, 1.0 + 0.28284271247461906 * tl.abs(y))
+    r = erfc_poly(t) * e
+    return tl.where(y < 0, 2.0 - r, r)
+
+
+@triton.jit
 def gelu_grad_f32_portable(x):
     # d/dx x Phi(x) = Phi(x) + x phi(x) with one exp: erfc(z) = exp(-z^2) Q(t) at z = |x| / sqrt(2), whose
     # exp(-z^2) = exp(-x^2 / 2) is also sqrt(2 pi) phi(x); Phi(-|x|) = erfc(z) / 2, Phi(|x|) = 1 - that
@@ -154,6 +181,17 @@ def erfc_e_f32_source(name: str, poly_name: str, interpreter: bool) -> str:
     """The float32 erfc that takes its ``exp(-x^2)`` as a second argument (:func:`exp_neg_sq_source`), as
     :func:`erfc_f32_source` names and chooses it."""
     return _source(erfc_e_f32_portable if interpreter else erfc_e_f32_fast, name, poly_name)
+
+
+def erfc_rsqrt2_f32_source(name: str, poly_name: str, interpreter: bool) -> str:
+    """``erfc(y / sqrt(2))`` in float32 taking ``exp(-y^2 / 2)`` as a second argument
+    (:func:`exp_neg_half_sq_source`), as :func:`erfc_f32_source` names and chooses it."""
+    return _source(erfc_rsqrt2_f32_portable if interpreter else erfc_rsqrt2_f32_fast, name, poly_name)
+
+
+def exp_neg_half_sq_source(name: str, interpreter: bool) -> str:
+    """``exp(-x^2 / 2)`` in float32 (approximate on a GPU), named ``name``."""
+    return _source(exp_neg_half_sq_portable if interpreter else exp_neg_half_sq_fast, name)
 
 
 def exp_neg_sq_source(name: str, interpreter: bool) -> str:
