@@ -14,7 +14,8 @@ Shape classes (M is the row count after folding a broadcast batch into the rows)
 - ``skinny``  64 < M <= 256: 128-row tiles leave SMs idle (M=128, N=8192: 64 tiles of 128x128 on 132 SMs,
   the 0.76x tutorial case), so split-K or narrower tiles bring the CTA count to about one wave.
 - ``small``   fewer tiles of 128x256 than twice the SMs (1024^3, 2048^3): narrower tiles / split-K for fill.
-- ``large``   everything else: 128x256 tiles with two consumer warpgroups, TMA, persistent grid.
+- ``large``   everything else: 128x256 tiles with two consumer warpgroups, TMA, persistent grid (with a
+  stream-K tail where the last round of tiles is nearly empty: :func:`stream_k_worth_it`).
 """
 from __future__ import annotations
 
