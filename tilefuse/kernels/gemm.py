@@ -362,8 +362,8 @@ def gemm_persistent_kernel(
     if STREAM_K:
         # the tail: `rem` tiles of k_total steps each, `work` steps dealt to `shares` programs; program p
         # takes steps [p * work // shares, (p + 1) * work // shares), and step w belongs to program
-        # ((w + 1) * shares - 1) // work
-        rem = num_tiles * Z - dp_end
+        # ((w + 1) * shares - 1) // work (in int64: shares * work passes 2^31 from K ~ 8M on)
+        rem = (num_tiles * Z - dp_end).to(tl.int64)
         work = rem * k_total
         shares = tl.minimum(NUM_PROGRAMS, tl.maximum(rem, work // SK_MIN_STEPS))
         w0 = start * work // shares
@@ -376,10 +376,10 @@ def gemm_persistent_kernel(
         offs_r = tl.arange(0, FIX_M)[:, None] * BLOCK_N + tl.arange(0, SUB_N)[None, :]
         w = w0
         while w < w1:
-            t = w // k_total
-            tile_w0 = t * k_total  # the tile's first step
-            kt0 = w - tile_w0
-            kt1 = tl.minimum(k_total, kt0 + (w1 - w))
+            t = (w // k_total).to(tl.int32)
+            tile_w0 = t.to(tl.int64) * k_total  # the tile's first step
+            kt0 = (w - tile_w0).to(tl.int32)
+            kt1 = tl.minimum(k_total, kt0 + (w1 - w)).to(tl.int32)
             tile = dp_end + t
             z = tile // num_tiles
             pid_m, pid_n = tile_coords(tile % num_tiles, num_pid_m, num_pid_n, GROUP_M)
@@ -413,7 +413,7 @@ def gemm_persistent_kernel(
                         chunk = ws_ptr + r0 * BLOCK_N + h * SUB_N + offs_r
                         for j0 in range(p_first, p_last + 1, 4):
                             s0 = 2 * j0 + tl.where(j0 == p_first, first_second, 0)
-                            v0 = tl.load(chunk + s0 * TILE, cache_modifier=".cg")  # < 2^31: 2 NUM_PROGRAMS tiles
+                            v0 = tl.load(chunk + s0 * TILE, cache_modifier=".cg")
                             v1 = tl.load(chunk + (2 * j0 + 2) * TILE, mask=j0 + 1 <= p_last, other=0,
                                          cache_modifier=".cg")
                             v2 = tl.load(chunk + (2 * j0 + 4) * TILE, mask=j0 + 2 <= p_last, other=0,
