@@ -22,9 +22,13 @@ Two texts of the one function: :func:`erfc_f32_portable` (core ops; the interpre
 (libdevice's approximate reciprocal, exp2, NVIDIA and AMD). On sm_90 the compiler's kernel for the bench's
 GeLU chain (``gelu(x + b) * s``, bf16) issued 36 instructions an element with it, 45 with the portable text
 and 47 with libdevice's erff (SASS counts); with the exp2, the half polynomial and the tiled form's 2-D grid,
-27.6. :func:`gelu_grad_f32_portable` / ``_fast`` are the GeLU's derivative from the same parts, one exp. :func:`erfc_f32_source` gives the
-compiler either text, which it writes into the kernel files that use it (a generated kernel file stands
-alone).
+27.6. :func:`gelu_grad_f32_portable` / ``_fast`` are the GeLU's derivative from the same parts, one exp.
+:func:`erfc_f32_source` gives the compiler either text, which it writes into the kernel files that use it
+(a generated kernel file stands alone). The compiler's kernels take two variants that receive their exp as
+an argument, so that a kernel needing the same exp elsewhere computes it once: :func:`erfc_e_f32_portable`
+(``exp(-x^2)``, :func:`exp_neg_sq_portable`) and :func:`erfc_rsqrt2_f32_portable`, the GeLU's
+``erfc(y / sqrt 2)`` straight from ``y`` with the normal density's ``exp(-y^2 / 2)``
+(:func:`exp_neg_half_sq_portable`), each with its ``_fast`` text.
 """
 from __future__ import annotations
 
