@@ -93,10 +93,11 @@ PRIMITIVES: dict[str, Primitive] = {
     "erfc": P(1, "_tf_erfc({0})", ("_tf_erfc",), floats_only=True),
     # float32 erfc (what "erfc" and "1 + erf(u)" become in float32): one exp, one reciprocal, no cancellation;
     # its exp(-x^2) is the second operand (an exp_neg_sq_f32), so a density of the same argument shares it
-    "erfc_f32": P(2, "_tf_erfc_f32({0}, {1})", ("_tf_erfc_f32",), floats_only=True),
+    "erfc_f32": P(2, "_tf_erfc_f32({0}, {1}, 0.4)", ("_tf_erfc_f32",), floats_only=True),
     "exp_neg_sq_f32": P(1, "_tf_exp_neg_sq({0})", ("_tf_exp_neg_sq",), floats_only=True),
-    # the same for erfc(y / sqrt 2), the GeLU's, from y itself; its exp(-y^2 / 2) is the normal density's
-    "erfc_rsqrt2_f32": P(2, "_tf_erfc_rsqrt2_f32({0}, {1})", ("_tf_erfc_rsqrt2_f32",), floats_only=True),
+    # the same helper for erfc(y / sqrt 2), the GeLU's, from y itself (its scale 0.4 / sqrt 2 a constexpr);
+    # its exp(-y^2 / 2) is the normal density's
+    "erfc_rsqrt2_f32": P(2, "_tf_erfc_f32({0}, {1}, 0.28284271247461906)", ("_tf_erfc_f32",), floats_only=True),
     "exp_neg_half_sq_f32": P(1, "_tf_exp_neg_half_sq({0})", ("_tf_exp_neg_half_sq",), floats_only=True),
     # float32 d/dx gelu(x) = Phi(x) + x phi(x) (what torch's gelu_backward decomposition becomes): one exp
     "gelu_grad_f32": P(1, "_tf_gelu_grad_f32({0})", ("_tf_gelu_grad_f32",), floats_only=True),
@@ -333,7 +334,6 @@ HELPER_DEPS: dict[str, tuple[str, ...]] = {
     "_tf_asin": ("_tf_atan2",), "_tf_acos": ("_tf_atan2",), "_tf_atan2": ("_tf_atan", "_tf_signbit"),
     "_tf_sinh": ("_tf_expm1",), "_tf_asinh": ("_tf_log1p",), "_tf_acosh": ("_tf_log1p",),
     "_tf_atanh": ("_tf_log1p",), "_tf_erfc": ("_tf_erfc_cf",), "_tf_erfc_f32": ("_tf_erfc_poly",),
-    "_tf_erfc_rsqrt2_f32": ("_tf_erfc_poly",),
     "_tf_gelu_grad_f32": ("_tf_erfc_poly",),
     "_tf_erfcx": ("_tf_erfc_cf",),
     "_tf_lgamma": ("_tf_lgamma_pos",), "_tf_digamma": ("_tf_digamma_pos",),
@@ -560,8 +560,6 @@ _helper("_tf_erfc_f32", special.erfc_e_f32_source("_tf_erfc_f32", "_tf_erfc_poly
         special.erfc_e_f32_source("_tf_erfc_f32", "_tf_erfc_poly", interpreter=False))
 _helper("_tf_exp_neg_sq", special.exp_neg_sq_source("_tf_exp_neg_sq", interpreter=True),
         special.exp_neg_sq_source("_tf_exp_neg_sq", interpreter=False))
-_helper("_tf_erfc_rsqrt2_f32", special.erfc_rsqrt2_f32_source("_tf_erfc_rsqrt2_f32", "_tf_erfc_poly", interpreter=True),
-        special.erfc_rsqrt2_f32_source("_tf_erfc_rsqrt2_f32", "_tf_erfc_poly", interpreter=False))
 _helper("_tf_exp_neg_half_sq", special.exp_neg_half_sq_source("_tf_exp_neg_half_sq", interpreter=True),
         special.exp_neg_half_sq_source("_tf_exp_neg_half_sq", interpreter=False))
 _helper("_tf_gelu_grad_f32", special.gelu_grad_f32_source("_tf_gelu_grad_f32", "_tf_erfc_poly", interpreter=True),

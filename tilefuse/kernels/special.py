@@ -26,9 +26,9 @@ and 47 with libdevice's erff (SASS counts); with the exp2, the half polynomial a
 :func:`erfc_f32_source` gives the compiler either text, which it writes into the kernel files that use it
 (a generated kernel file stands alone). The compiler's kernels take two variants that receive their exp as
 an argument, so that a kernel needing the same exp elsewhere computes it once: :func:`erfc_e_f32_portable`
-(``exp(-x^2)``, :func:`exp_neg_sq_portable`) and :func:`erfc_rsqrt2_f32_portable`, the GeLU's
+(and its ``_fast`` text), ``erfc(x)`` with ``exp(-x^2)`` (:func:`exp_neg_sq_portable`), or the GeLU's
 ``erfc(y / sqrt 2)`` straight from ``y`` with the normal density's ``exp(-y^2 / 2)``
-(:func:`exp_neg_half_sq_portable`), each with its ``_fast`` text.
+(:func:`exp_neg_half_sq_portable`), chosen by a constexpr scale.
 """
 from __future__ import annotations
 
@@ -100,17 +100,19 @@ def exp_neg_sq_fast(x):
 
 
 @triton.jit
-def erfc_e_f32_portable(x, e):
-    # erfc_f32 with its exp(-x^2) given: a kernel that also needs that exp (gelu_backward's density beside a
-    # shared cdf, exp(-u^2) at u = x / sqrt(2)) computes it once
-    t = 1.0 / (1.0 + 0.4 * tl.abs(x))
+def erfc_e_f32_portable(x, e, K: tl.constexpr):
+    # erfc(x * K / 0.4) with its exp e = exp(-(x * K / 0.4)^2) given, so that a kernel needing that exp
+    # elsewhere computes it once: K = 0.4 is erfc(x) (e = exp_neg_sq(x)); K = 0.4 / sqrt(2) the GeLU's
+    # erfc(x / sqrt(2)) straight from x, no multiply by 1/sqrt(2) first (e = exp_neg_half_sq(x), the normal
+    # density's exp)
+    t = 1.0 / (1.0 + K * tl.abs(x))
     r = erfc_poly(t) * e
     return tl.where(x < 0, 2.0 - r, r)
 
 
 @triton.jit
-def erfc_e_f32_fast(x, e):
-    t = libdevice.fast_dividef(1.0, 1.0 + 0.4 * tl.abs(x))
+def erfc_e_f32_fast(x, e, K: tl.constexpr):
+    t = libdevice.fast_dividef(1.0, 1.0 + K * tl.abs(x))
     r = erfc_poly(t) * e
     return tl.where(x < 0, 2.0 - r, r)
 
@@ -124,22 +126,6 @@ def exp_neg_half_sq_portable(x):
 def exp_neg_half_sq_fast(x):
     # exp(-x^2 / 2) as exp2(x * x * -log2(e) / 2), approximate (see erfc_f32_fast)
     return tl.exp2(x * x * -0.7213475204444817)
-
-
-@triton.jit
-def erfc_rsqrt2_f32_portable(y, e):
-    # erfc(y / sqrt(2)) with e = exp(-y^2 / 2) given: the GeLU's erfc straight from its input (no multiply by
-    # 1/sqrt(2) first), its exp the standard normal density's
-    t = 1.0 / (1.0 + 0.28284271247461906 * tl.abs(y))
-    r = erfc_poly(t) * e
-    return tl.where(y < 0, 2.0 - r, r)
-
-
-@triton.jit
-def erfc_rsqrt2_f32_fast(y, e):
-    t = libdevice.fast_dividef(1.0, 1.0 + 0.28284271247461906 * tl.abs(y))
-    r = erfc_poly(t) * e
-    return tl.where(y < 0, 2.0 - r, r)
 
 
 @triton.jit
@@ -182,15 +168,9 @@ def erfc_f32_source(name: str, poly_name: str, interpreter: bool) -> str:
 
 
 def erfc_e_f32_source(name: str, poly_name: str, interpreter: bool) -> str:
-    """The float32 erfc that takes its ``exp(-x^2)`` as a second argument (:func:`exp_neg_sq_source`), as
-    :func:`erfc_f32_source` names and chooses it."""
+    """The float32 erfc of a scaled argument that takes its exp as a second argument and the scale as a
+    constexpr third (:func:`erfc_e_f32_portable`), as :func:`erfc_f32_source` names and chooses it."""
     return _source(erfc_e_f32_portable if interpreter else erfc_e_f32_fast, name, poly_name)
-
-
-def erfc_rsqrt2_f32_source(name: str, poly_name: str, interpreter: bool) -> str:
-    """``erfc(y / sqrt(2))`` in float32 taking ``exp(-y^2 / 2)`` as a second argument
-    (:func:`exp_neg_half_sq_source`), as :func:`erfc_f32_source` names and chooses it."""
-    return _source(erfc_rsqrt2_f32_portable if interpreter else erfc_rsqrt2_f32_fast, name, poly_name)
 
 
 def exp_neg_half_sq_source(name: str, interpreter: bool) -> str:
