@@ -957,31 +957,31 @@ class KernelWriter:
         polynomial's error moves a summand only where it sits within that error of a rounding boundary. An
         output that does not depend on an erf (a norm's float32 mean and rstd saved beside its GeLU'd bf16
         output) does not matter; a float32 output that takes an erf's value unrounded keeps the full text."""
-        memo: dict[int, bool] = {}
+        memo: dict[str, tuple[bool, bool]] = {}
 
-        def unrounded(e: ir.Expr) -> bool:  # an erf reaches e's value without a rounding to half between
-            key = id(e)
-            if key not in memo:
-                memo[key] = False
-                if isinstance(e, ir.Cast) and e.dtype in (torch.float16, torch.bfloat16):
-                    pass
-                elif isinstance(e, ir.Op) and e.name in ("erf", "erfc"):
-                    memo[key] = True
-                elif isinstance(e, ir.Local):
-                    body = self.bodies.get(e.name)
-                    memo[key] = body is not None and unrounded(body)
-                else:
-                    memo[key] = any(unrounded(c) for c in ir.children(e))
-            return memo[key]
+        def erf_of(r: str) -> tuple[bool, bool]:
+            """(an erf feeds root r's value at all, one feeds it without a rounding to half between), from
+            its body's nodes in ir.walk's order (operands first), a local root's pair memoised by name."""
+            if r not in memo:
+                memo[r] = (False, False)
+                used: dict[int, bool] = {}
+                raw: dict[int, bool] = {}
+                for n in ir.walk(self.bodies[r]):
+                    if isinstance(n, ir.Local):
+                        used[id(n)], raw[id(n)] = erf_of(n.name) if n.name in self.bodies else (False, False)
+                        continue
+                    erf = isinstance(n, ir.Op) and n.name in ("erf", "erfc")
+                    kids = ir.children(n)
+                    used[id(n)] = erf or any(used[id(c)] for c in kids)
+                    rounds = isinstance(n, ir.Cast) and n.dtype in (torch.float16, torch.bfloat16)
+                    raw[id(n)] = not rounds and (erf or any(raw[id(c)] for c in kids))
+                root = id(self.bodies[r])
+                memo[r] = (used[root], raw[root])
+            return memo[r]
 
-        def uses_erf(e: ir.Expr) -> bool:
-            return any((isinstance(n, ir.Op) and n.name in ("erf", "erfc"))
-                       or (isinstance(n, ir.Local) and n.name in self.bodies and uses_erf(self.bodies[n.name]))
-                       for n in ir.walk(e))
-
-        with_erf = [r for r in self.g.stores if r in self.bodies and uses_erf(self.bodies[r])]
+        with_erf = [r for r in self.g.stores if r in self.bodies and erf_of(r)[0]]
         return bool(with_erf) and all(
-            ir.node_meta(self.table[r], r).dtype in (torch.float16, torch.bfloat16) or not unrounded(self.bodies[r])
+            ir.node_meta(self.table[r], r).dtype in (torch.float16, torch.bfloat16) or not erf_of(r)[1]
             for r in with_erf)
 
     def warps(self, elems: int, per_thread: int = ELEMS_PER_THREAD) -> int:
