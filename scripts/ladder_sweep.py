@@ -14,8 +14,9 @@ causes apart (benchmarks/notes/ladder.md has the predictions it tests):
 * rung 9's settings: debug flags (1 no multicast, 2 not persistent, 4 direct stores) and the run-time
   schedule (``tilefuse_rung9_set_schedule``: clusters in the persistent grid, GROUP_M, tile order, cluster
   size 1 or 2), the ping-pong consumers (``tilefuse_rung9_set_pingpong``: each consumer warpgroup its own
-  64x256 tile, one's epilogue under the other's mainloop; opt-in until measured), plus the occupancy facts
-  they depend on (cudaOccupancyMaxActiveClusters, tiles, rounds).
+  64x256 tile, one's epilogue under the other's mainloop; opt-in until measured), the release-now consumers
+  (``tilefuse_rung9_set_release``: a stage given back right after its own wgmma group, not one k-tile later),
+  plus the occupancy facts they depend on (cudaOccupancyMaxActiveClusters, tiles, rounds).
 
 Every impl's output is checked against a float32 reference (output poisoned with NaN first) before it is
 timed. Rung 9's non-default settings are first run in a child process on a small ragged problem: a setting
@@ -59,7 +60,8 @@ DEBUG_NO_MULTICAST, DEBUG_NOT_PERSISTENT, DEBUG_DIRECT_STORE = 1, 2, 4
 @dataclasses.dataclass(frozen=True)
 class Setting:
     """One rung-9 configuration: debug flags, tilefuse_rung9_set_schedule(clusters, group_m, order,
-    cluster_size) (0 = the default of a field) and tilefuse_rung9_set_pingpong(pingpong)."""
+    cluster_size) (0 = the default of a field), tilefuse_rung9_set_pingpong(pingpong) and
+    tilefuse_rung9_set_release(release_now)."""
     name: str
     debug: int = 0
     clusters: int = 0
@@ -67,6 +69,7 @@ class Setting:
     order: int = 0
     cluster_size: int = 0
     pingpong: int = 0
+    release_now: int = 0
     why: str = ""
 
     @property
@@ -75,7 +78,7 @@ class Setting:
 
     @property
     def is_default(self) -> bool:
-        return self.debug == 0 and self.schedule == (0, 0, 0, 0) and self.pingpong == 0
+        return self.debug == 0 and self.schedule == (0, 0, 0, 0) and self.pingpong == 0 and self.release_now == 0
 
 
 # Run 7 (benchmarks/results/run7/ladder_sweep.log) decided, and dropped from here: clusters-60 (66 clusters are
@@ -83,6 +86,10 @@ class Setting:
 # everywhere or within noise of a setting kept). Kept: those that won or tied at one shape at least, as controls.
 SETTINGS = (
     Setting("default", why="66 clusters of 2 (if resident), GROUP_M 8, row groups, multicast, TMA store"),
+    Setting("release-now", release_now=1, why="wait_group 0, the stage given back at once: one more stage of lead"),
+    Setting("release-now-direct-store", release_now=1, debug=DEBUG_DIRECT_STORE,
+            why="release-now with register stores instead of the TMA-store epilogue"),
+    Setting("release-now-clusters-64", release_now=1, clusters=64, why="release-now, exactly 4 rounds at 4096^3"),
     Setting("pingpong", pingpong=1, why="each consumer its own 64x256 tile; one's epilogue under the other's MMA"),
     Setting("pingpong-group-16", pingpong=1, group_m=16, why="ping-pong, 16 cluster-rows of 128: default's A span"),
     Setting("pingpong-column-groups-8", pingpong=1, group_m=8, order=1, why="ping-pong, groups of 8 tile-columns"),
@@ -156,6 +163,10 @@ def rung9_abi(lib):
     lib.tilefuse_rung9_set_pingpong.argtypes = [ctypes.c_int]
     lib.tilefuse_rung9_get_pingpong.restype = ctypes.c_int
     lib.tilefuse_rung9_get_pingpong.argtypes = []
+    lib.tilefuse_rung9_set_release.restype = ctypes.c_int
+    lib.tilefuse_rung9_set_release.argtypes = [ctypes.c_int]
+    lib.tilefuse_rung9_get_release.restype = ctypes.c_int
+    lib.tilefuse_rung9_get_release.argtypes = []
     lib.tilefuse_rung9_occupancy.restype = ctypes.c_int
     lib.tilefuse_rung9_occupancy.argtypes = [ctypes.c_int] + [ctypes.POINTER(ctypes.c_int)] * 4
     return lib
@@ -168,14 +179,18 @@ def applied(lib, s: Setting):
     if err != 0:
         raise ValueError(f"tilefuse_rung9_set_schedule{s.schedule} returned {err}")
     err = lib.tilefuse_rung9_set_pingpong(s.pingpong)
+    if err == 0:
+        err = lib.tilefuse_rung9_set_release(s.release_now)
     if err != 0:
         lib.tilefuse_rung9_set_schedule(0, 0, 0, 0)
-        raise ValueError(f"tilefuse_rung9_set_pingpong({s.pingpong}) returned {err}")
+        lib.tilefuse_rung9_set_pingpong(0)
+        raise ValueError(f"tilefuse_rung9_set_pingpong({s.pingpong}) / set_release({s.release_now}) returned {err}")
     old = lib.tilefuse_rung9_set_debug(s.debug)
     try:
         yield
     finally:
         lib.tilefuse_rung9_set_debug(old)
+        lib.tilefuse_rung9_set_release(0)
         lib.tilefuse_rung9_set_pingpong(0)
         lib.tilefuse_rung9_set_schedule(0, 0, 0, 0)
 
@@ -481,7 +496,7 @@ def main(argv=None) -> int:
     if args.list:
         for s in SETTINGS:
             log(f"{s.name:<26} debug={s.debug} schedule(clusters, group_m, order, cluster_size)={s.schedule} "
-                f"pingpong={s.pingpong}  {s.why}")
+                f"pingpong={s.pingpong} release_now={s.release_now}  {s.why}")
         return 0
     dog = Watchdog(args.budget_s)
     t0 = time.monotonic()

@@ -55,6 +55,14 @@
 // (8 KB A + 32 KB B) for half the math of a 48 KB one, L2->SM traffic 47 instead of 31 B/clk/SM with multicast;
 // 5 stages instead of 4 in the same shared memory; one C staging chunk a consumer; always the TMA-store epilogue
 // (debug flag 4 is ignored: a direct-store copy of the ping-pong path made the kernel spill).
+//
+// Release: tilefuse_rung9_set_release(1) (not part of the ladder ABI; default 0 until measured) changes when a
+// cooperative consumer gives a stage back. By default it keeps one wgmma group in flight (wait_group 1) and
+// releases the stage of the *previous* k-tile, so a stage stays held one k-tile after its last read and the
+// producer runs 2 k-tiles ahead of the 4-stage ring, not 3; the release also waits for the next stage's full
+// barrier, which depends on the peer CTA's half of B. Release-now waits for its own group (wait_group 0) and
+// releases that stage at once: one more stage of lead, no dependence on the peer for the release, and each
+// warpgroup's tensor queue runs dry between its k-tiles while the other consumer's group runs.
 #include <cuda.h>
 #include <cudaTypedefs.h>
 #include <cuda_bf16.h>
@@ -186,6 +194,7 @@ struct Schedule {
     int group_m;  // group depth of the tile order
     int order;    // ORDER_ROW_GROUPS or ORDER_COLUMN_GROUPS
     int pingpong; // 0: both consumers on one 128x256 tile (cooperative); 1: each on its own 64x256 tile
+    int release_now;  // cooperative only: 1 = wgmma_wait<0> and release the stage just read (see the header)
 };
 
 // ---------------------------------------------------------------------------------------------------------
@@ -476,7 +485,7 @@ __device__ __forceinline__ Walk make_walk(int M, int N, int K, int rows, int csi
 // each one's epilogue runs under the other's mainloop. The hand-over also keeps the parity waits exact: no
 // consumer waits on a stage more than one phase ahead of it. Compile-time PP keeps each path's registers as
 // they were (a run-time switch cost a spill in the GeLU epilogue).
-template <int DT, bool PP>
+template <int DT, bool PP, bool RN>
 __device__ __forceinline__ void consume(const void* smem_raw, const CUtensorMap* tm_c, void* C, const void* bias,
                                         int M, int N, int K, long long ldc, int epilogue, int debug,
                                         const Schedule& sched) {
@@ -544,19 +553,30 @@ __device__ __forceinline__ void consume(const void* smem_raw, const CUtensorMap*
                 if (lane == 0) mbar_arrive(turn + 8 * (1 - consumer));
                 __syncwarp();
             }
-            // Keep this k-tile's wgmma in flight; the previous one has finished, so release its stage
-            // to the producers of both CTAs (each of them writes into this CTA's copy of it).
-            wgmma_wait<1>();
-            fence_accumulators(acc);
-            if (kt > 0) release_stage(empty + 8 * prev, releaser, lane);
+            if constexpr (RN) {
+                // Release-now: this k-tile's wgmma finished, its stage goes back to the producers of both CTAs
+                // at once, one k-tile earlier than below (the ring's lead grows by a stage); this warpgroup's
+                // tensor queue runs dry until its next k-tile is issued, while the other consumer's runs.
+                wgmma_wait<0>();
+                fence_accumulators(acc);
+                release_stage(empty + 8 * s, releaser, lane);
+            } else {
+                // Keep this k-tile's wgmma in flight; the previous one has finished, so release its stage
+                // to the producers of both CTAs (each of them writes into this CTA's copy of it).
+                wgmma_wait<1>();
+                fence_accumulators(acc);
+                if (kt > 0) release_stage(empty + 8 * prev, releaser, lane);
+            }
             __syncwarp();  // the warp whole again before the next .sync.aligned wgmma instructions
             prev = s;
             if (++s == stages) { s = 0; phase ^= 1u; }
         }
-        wgmma_wait<0>();
-        fence_accumulators(acc);
-        release_stage(empty + 8 * prev, releaser, lane);  // the producer goes on into the next tile
-        __syncwarp();
+        if constexpr (!RN) {
+            wgmma_wait<0>();
+            fence_accumulators(acc);
+            release_stage(empty + 8 * prev, releaser, lane);  // the producer goes on into the next tile
+            __syncwarp();
+        }
 
         if (!tma_store) {
             store_fragment<DT>(acc, C, bias, M, N, ldc, m0, n0, epilogue, true);
@@ -599,7 +619,9 @@ __device__ __forceinline__ void consume(const void* smem_raw, const CUtensorMap*
     if (tid == 0) bulk_wait<0>();  // the stores have landed before this CTA's shared memory goes away
 }
 
-template <int DT>
+// RN: the release-now consumers (tilefuse_rung9_set_release(1)) are a kernel of their own: a third consumer path
+// in one kernel pushed ptxas over the 168-register cap (384 bytes of spills), two paths a kernel do not.
+template <int DT, bool RN>
 __global__ void __launch_bounds__(THREADS, 1)
 rung9_kernel(const __grid_constant__ CUtensorMap tm_a, const __grid_constant__ CUtensorMap tm_b,
              const __grid_constant__ CUtensorMap tm_c, void* C, const void* bias, int M, int N, int K, long long ldc,
@@ -667,8 +689,9 @@ rung9_kernel(const __grid_constant__ CUtensorMap tm_a, const __grid_constant__ C
         }
     } else {
         regs_claim<CONSUMER_REGS>();
-        if (pp) consume<DT, true>(smem_raw, &tm_c, C, bias, M, N, K, ldc, epilogue, debug, sched);
-        else consume<DT, false>(smem_raw, &tm_c, C, bias, M, N, K, ldc, epilogue, debug, sched);
+        if constexpr (RN) consume<DT, false, true>(smem_raw, &tm_c, C, bias, M, N, K, ldc, epilogue, debug, sched);
+        else if (pp) consume<DT, true, false>(smem_raw, &tm_c, C, bias, M, N, K, ldc, epilogue, debug, sched);
+        else consume<DT, false, false>(smem_raw, &tm_c, C, bias, M, N, K, ldc, epilogue, debug, sched);
     }
     // No CTA may exit while its peer can still arrive on its barriers.
     __syncwarp();
@@ -717,23 +740,30 @@ int g_group_m = 0;       // 0: GROUP_M
 int g_order = 0;         // ORDER_ROW_GROUPS
 int g_cluster_size = 0;  // 0: CLUSTER
 int g_pingpong = 0;      // tilefuse_rung9_set_pingpong: 0 cooperative consumers (the default), 1 ping-pong
+int g_release_now = 0;   // tilefuse_rung9_set_release: 0 release a stage one k-tile late (the default), 1 at once
 constexpr int MAX_GROUP_M = 1 << 16;
 constexpr int MAX_DEVICES = 64;
 // Per device and cluster size (index csize - 1): clusters of this kernel resident at once (0: not asked yet).
 int g_resident_clusters[MAX_DEVICES][CLUSTER] = {};
 // Per device and dtype: the dynamic shared-memory attribute was set (a driver call worth skipping per launch).
-bool g_smem_set[MAX_DEVICES][2] = {};
+bool g_smem_set[MAX_DEVICES][4] = {};  // [dtype + 2 * release_now]
 
 using KernelFn = void (*)(const CUtensorMap, const CUtensorMap, const CUtensorMap, void*, const void*, int, int, int,
                           long long, int, int, Schedule);
 
-KernelFn kernel_for(int dtype) { return dtype == 0 ? rung9_kernel<0> : rung9_kernel<1>; }
+// The kernel for a dtype and a consumer schedule: release-now (cooperative only) or the default kernel, which
+// holds the cooperative and the ping-pong consumers.
+KernelFn kernel_for(int dtype, bool release_now) {
+    if (release_now) return dtype == 0 ? rung9_kernel<0, true> : rung9_kernel<1, true>;
+    return dtype == 0 ? rung9_kernel<0, false> : rung9_kernel<1, false>;
+}
 
-cudaError_t allow_smem(KernelFn kernel, int device, int dtype) {
+cudaError_t allow_smem(KernelFn kernel, int device, int dtype, bool release_now) {
     const bool cached = device >= 0 && device < MAX_DEVICES;
-    if (cached && g_smem_set[device][dtype]) return cudaSuccess;
+    const int slot = dtype + 2 * (int)release_now;
+    if (cached && g_smem_set[device][slot]) return cudaSuccess;
     cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM_BYTES);
-    if (e == cudaSuccess && cached) g_smem_set[device][dtype] = true;
+    if (e == cudaSuccess && cached) g_smem_set[device][slot] = true;
     return e;
 }
 
@@ -763,8 +793,8 @@ cudaError_t resident_clusters(int device, int dtype, int csize, int* resident, i
         *resident = g_resident_clusters[device][csize - 1];
         return cudaSuccess;
     }
-    KernelFn kernel = kernel_for(dtype);
-    e = allow_smem(kernel, device, dtype);
+    KernelFn kernel = kernel_for(dtype, false);  // both kernels have the same threads and shared memory
+    e = allow_smem(kernel, device, dtype, false);
     if (e != cudaSuccess) return e;
     cudaLaunchAttribute attr[1];
     cudaLaunchConfig_t cfg;
@@ -822,6 +852,16 @@ extern "C" int tilefuse_rung9_set_pingpong(int on) {
 }
 extern "C" int tilefuse_rung9_get_pingpong(void) { return g_pingpong; }
 
+// Not part of the ladder ABI: when the cooperative consumers give a stage back (see the header, "Release"): 0
+// one k-tile late, keeping a wgmma group in flight (the default), 1 at once after waiting for it. Ping-pong
+// keeps its own schedule. Returns cudaErrorInvalidValue (and changes nothing) for anything but 0 or 1.
+extern "C" int tilefuse_rung9_set_release(int now) {
+    if (now != 0 && now != 1) return cudaErrorInvalidValue;
+    g_release_now = now;
+    return cudaSuccess;
+}
+extern "C" int tilefuse_rung9_get_release(void) { return g_release_now; }
+
 // Not part of the ladder ABI: the current schedule as set (out[0..3] = clusters, group_m, order, cluster_size,
 // 0 meaning the default) and the defaults they stand for (out[4..6] = GROUP_M, ORDER_ROW_GROUPS, CLUSTER).
 extern "C" int tilefuse_rung9_get_schedule(int* out) {
@@ -875,15 +915,16 @@ extern "C" int tilefuse_rung9(const void* A, const void* B, void* C, const void*
     e = encode_2d(&tm_c, dtype, C, M, N, ldc, C_CHUNK_ROWS, C_CHUNK_COLS);
     if (e != cudaSuccess) return e;
 
-    KernelFn kernel = kernel_for(dtype);
+    const bool release_now = g_release_now != 0 && pingpong == 0;  // ping-pong keeps its own release schedule
+    KernelFn kernel = kernel_for(dtype, release_now);
     int device = 0;
     e = cudaGetDevice(&device);
     if (e != cudaSuccess) return e;
-    e = allow_smem(kernel, device, dtype);
+    e = allow_smem(kernel, device, dtype, release_now);
     if (e != cudaSuccess) return e;
 
     const Schedule sched{g_cluster_size == 0 ? CLUSTER : g_cluster_size, g_group_m == 0 ? GROUP_M : g_group_m,
-                         g_order, pingpong};
+                         g_order, pingpong, (int)release_now};
     const int csize = sched.cluster;
     const long long tiles = (long long)((M + rows * csize - 1) / (rows * csize)) * ((N + BN - 1) / BN);
     const int debug = g_debug_flags;
