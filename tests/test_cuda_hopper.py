@@ -139,8 +139,9 @@ def _kernel_reports(log: str) -> dict[str, str]:
 def test_compiles_for_sm90a_without_local_memory(rung):
     built = build(rung)
     reports = _kernel_reports(built.log)
-    # rung 9: a bf16 and an fp16 kernel for each consumer schedule kernel (default, release-now)
-    kernels = 4 if rung == 9 else 2
+    # rung 9: a bf16 and an fp16 kernel for each epilogue (none, bias, GeLU) and consumer kernel (default,
+    # release-now)
+    kernels = 12 if rung == 9 else 2
     assert len(reports) == kernels, f"expected {kernels} kernels (bf16 and fp16) in the ptxas report:\n{built.log}"
     for name, report in reports.items():
         assert "0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads" in report, f"{name}:\n{report}"
@@ -211,7 +212,8 @@ def test_rung9_consumer_kloop_has_no_per_iteration_overhead():
     if not sass:
         pytest.skip("cuobjdump (triton wheel) is not installed")
     loops = _hgmma_loops(sass)
-    assert len(loops) == 6, f"expected 2 dtypes x (cooperative, ping-pong, release-now) k-loops, found {len(loops)}"
+    assert len(loops) == 18, ("expected 2 dtypes x 3 epilogues x (cooperative, ping-pong, release-now) k-loops, "
+                              f"found {len(loops)}")
     for body in loops:
         text = "\n".join(body)
         assert sum("HGMMA" in t for t in body) == BK_STEPS_RUNG9, text

@@ -301,9 +301,12 @@ __device__ __forceinline__ void mbar_arrive_cluster(uint32_t cluster_addr) {
 // Release a stage to the producers of every CTA of the cluster: lane r (< csize: `releaser`) of the warp
 // arrives on CTA r's barrier, so a warp still counts one arrival on each CTA's barrier. One predicated arrive
 // a lane instead of a loop over ranks on lane 0, which ptxas unrolled 16-fold behind a divergent branch
-// (31 arrive instructions in each k-loop's SASS, ~30 issued a k-tile for a cluster of 2).
-__device__ __forceinline__ void release_stage(uint32_t empty_bar, bool releaser, int lane) {
-    if (releaser) mbar_arrive_cluster(map_to_rank(empty_bar, (uint32_t)lane));
+// (31 arrive instructions in each k-loop's SASS, ~30 issued a k-tile for a cluster of 2). `target` is the
+// lane's CTA's stage-0 empty barrier in the cluster window (mapa once, before the loop: a stage's barrier is
+// `stage` x 8 bytes further, the window maps a CTA's shared memory as one block). With the lane mapped inside
+// the loop ptxas re-read SR_TID (S2R) every k-tile of the release-now loop.
+__device__ __forceinline__ void release_stage(uint32_t target, uint32_t stage, bool releaser) {
+    if (releaser) mbar_arrive_cluster(target + 8 * stage);
 }
 // A value the whole warp holds, as the compiler can see (a broadcast from lane 0): what is computed from it may
 // live in uniform registers, as wgmma's descriptors must.
@@ -393,7 +396,25 @@ __device__ __forceinline__ void wgmma_m64n256k16(float (&d)[128], uint64_t desc_
 // Epilogue: the m64nNk16 fp32 accumulator fragment. Warp w of the warpgroup holds rows 16w..16w+15; lane
 // = 4*g + t holds, for every n8 block j, d[4j+0..1] at (row 16w+g, cols 8j+2t, 8j+2t+1) and d[4j+2..3] at
 // (row 16w+g+8, the same cols). Two neighbouring columns go out as one 32-bit store.
-__device__ __forceinline__ float gelu_erf(float x) { return 0.5f * x * (1.0f + erff(x * 0.70710678118654752f)); }
+// The exact (erf) GeLU as x * Phi(x), Phi(x) = erfc(-x / sqrt 2) / 2, with erfc(|u|) = exp(-u^2) Q(t),
+// t = 1 / (1 + 0.4 |u|): the degree-8 fit of tilefuse/kernels/special.py (relative error ~1e-6, our own fit,
+// scripts/fit_erfc.py), here straight from x (0.4 / sqrt 2 = 0.2828..., u^2 = x^2 / 2). One reciprocal, one exp2
+// and 8 FMAs: libdevice's erff (two polynomials and selects, ~33 instructions) unrolled over the 128 accumulators
+// of a thread made the GeLU kernels spill 44 bytes once the epilogue was a template argument.
+__device__ __forceinline__ float gelu_erf(float x) {
+    const float t = __fdividef(1.0f, fmaf(0.28284271247461906f, fabsf(x), 1.0f));
+    float q = 0.0706699788570404f;
+    q = fmaf(q, t, -0.38097816705703735f);
+    q = fmaf(q, t, 0.6661408543586731f);
+    q = fmaf(q, t, -0.3663370907306671f);
+    q = fmaf(q, t, 0.4144163131713867f);
+    q = fmaf(q, t, 0.13168321549892426f);
+    q = fmaf(q, t, 0.2402118444442749f);
+    q = fmaf(q, t, 0.2241220921278f);
+    q = fmaf(q, t, 7.086526602506638e-05f);
+    const float h = 0.5f * q * exp2f(x * x * -0.7213475204444817f);  // erfc(|x| / sqrt 2) / 2
+    return x * (x > 0.0f ? 1.0f - h : h);
+}
 
 template <int DT>
 __device__ __forceinline__ float load_scalar(const void* p, long long i) {
@@ -416,24 +437,28 @@ __device__ __forceinline__ void store_scalar(void* p, long long i, float v) {
     else reinterpret_cast<__half*>(p)[i] = __float2half_rn(v);
 }
 
-template <int DT, int NREG>
+template <int DT, int EPI, int NREG>
 __device__ __forceinline__ void store_fragment(const float (&d)[NREG], void* C, const void* bias, int M, int N,
-                                               long long ldc, int row0, int col0, int epilogue, bool pair_ok) {
+                                               long long ldc, int row0, int col0, bool pair_ok) {
     const int lane = threadIdx.x % 32, warp = (threadIdx.x / 32) % 4;
     const int g = lane / 4, t = lane % 4;
 #pragma unroll
     for (int j = 0; j < NREG / 4; ++j) {
         const int col = col0 + 8 * j + 2 * t;
         float b0 = 0.f, b1 = 0.f;
-        if (epilogue != 0) {
+        if constexpr (EPI != 0) {
+            // (the empty asm keeps ptxas from hoisting every pair's bias loads to the top: with 128 accumulators
+            // live that spilled 4-44 bytes; one pair's loads at a time do not)
+            asm volatile("" ::: "memory");
             if (col < N) b0 = load_scalar<DT>(bias, col);
             if (col + 1 < N) b1 = load_scalar<DT>(bias, col + 1);
         }
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
             const int row = row0 + 16 * warp + g + 8 * h;
-            float v0 = d[4 * j + 2 * h] + b0, v1 = d[4 * j + 2 * h + 1] + b1;
-            if (epilogue == 2) { v0 = gelu_erf(v0); v1 = gelu_erf(v1); }
+            float v0 = d[4 * j + 2 * h], v1 = d[4 * j + 2 * h + 1];
+            if constexpr (EPI != 0) { v0 += b0; v1 += b1; }
+            if constexpr (EPI == 2) { v0 = gelu_erf(v0); v1 = gelu_erf(v1); }
             if (row < M) {
                 const long long at = (long long)row * ldc + col;
                 if (pair_ok && col + 1 < N) {
@@ -485,10 +510,9 @@ __device__ __forceinline__ Walk make_walk(int M, int N, int K, int rows, int csi
 // each one's epilogue runs under the other's mainloop. The hand-over also keeps the parity waits exact: no
 // consumer waits on a stage more than one phase ahead of it. Compile-time PP keeps each path's registers as
 // they were (a run-time switch cost a spill in the GeLU epilogue).
-template <int DT, bool PP, bool RN>
+template <int DT, int EPI, bool PP, bool RN>
 __device__ __forceinline__ void consume(const void* smem_raw, const CUtensorMap* tm_c, void* C, const void* bias,
-                                        int M, int N, int K, long long ldc, int epilogue, int debug,
-                                        const Schedule& sched) {
+                                        int M, int N, int K, long long ldc, int debug, const Schedule& sched) {
     constexpr int stages = PP ? PP_STAGES : STAGES;
     constexpr int rows = PP ? PP_BM : BM;  // rows of C a CTA's tile has
     constexpr uint32_t a_bytes = PP ? PP_A_TILE_BYTES : A_TILE_BYTES;
@@ -515,6 +539,7 @@ __device__ __forceinline__ void consume(const void* smem_raw, const CUtensorMap*
     const uint64_t desc_a0 = make_desc_sw128(s_a + a_off), desc_b0 = make_desc_sw128(s_b);
     constexpr uint64_t DESC_A_STAGE = desc_field(a_bytes), DESC_B_STAGE = desc_field(B_TILE_BYTES);
     const bool releaser = lane < csize;
+    const uint32_t release_target = map_to_rank(empty, releaser ? (uint32_t)lane : 0u);
     float acc[128];
 #pragma unroll
     for (int i = 0; i < 128; ++i) acc[i] = 0.f;
@@ -559,13 +584,13 @@ __device__ __forceinline__ void consume(const void* smem_raw, const CUtensorMap*
                 // tensor queue runs dry until its next k-tile is issued, while the other consumer's runs.
                 wgmma_wait<0>();
                 fence_accumulators(acc);
-                release_stage(empty + 8 * s, releaser, lane);
+                release_stage(release_target, (uint32_t)s, releaser);
             } else {
                 // Keep this k-tile's wgmma in flight; the previous one has finished, so release its stage
                 // to the producers of both CTAs (each of them writes into this CTA's copy of it).
                 wgmma_wait<1>();
                 fence_accumulators(acc);
-                if (kt > 0) release_stage(empty + 8 * prev, releaser, lane);
+                if (kt > 0) release_stage(release_target, (uint32_t)prev, releaser);
             }
             __syncwarp();  // the warp whole again before the next .sync.aligned wgmma instructions
             prev = s;
@@ -574,12 +599,12 @@ __device__ __forceinline__ void consume(const void* smem_raw, const CUtensorMap*
         if constexpr (!RN) {
             wgmma_wait<0>();
             fence_accumulators(acc);
-            release_stage(empty + 8 * prev, releaser, lane);  // the producer goes on into the next tile
+            release_stage(release_target, (uint32_t)prev, releaser);  // the producer goes on into the next tile
             __syncwarp();
         }
 
         if (!tma_store) {
-            store_fragment<DT>(acc, C, bias, M, N, ldc, m0, n0, epilogue, true);
+            store_fragment<DT, EPI>(acc, C, bias, M, N, ldc, m0, n0, true);
             continue;
         }
         // Epilogue: four 64x64 chunks, each rounded into a swizzled staging buffer and stored by TMA.
@@ -594,15 +619,17 @@ __device__ __forceinline__ void consume(const void* smem_raw, const CUtensorMap*
                 const int col = 8 * jj + 2 * q;  // column inside the chunk
                 const int gcol = n0 + jc * C_CHUNK_COLS + col;
                 float b0 = 0.f, b1 = 0.f;
-                if (epilogue != 0) {
+                if constexpr (EPI != 0) {
+                    asm volatile("" ::: "memory");  // one pair's bias loads at a time (see store_fragment)
                     if (gcol < N) b0 = load_scalar<DT>(bias, gcol);
                     if (gcol + 1 < N) b1 = load_scalar<DT>(bias, gcol + 1);
                 }
 #pragma unroll
                 for (int h = 0; h < 2; ++h) {
                     const int i = 4 * (jc * (C_CHUNK_COLS / 8) + jj) + 2 * h;
-                    float v0 = acc[i] + b0, v1 = acc[i + 1] + b1;
-                    if (epilogue == 2) { v0 = gelu_erf(v0); v1 = gelu_erf(v1); }
+                    float v0 = acc[i], v1 = acc[i + 1];
+                    if constexpr (EPI != 0) { v0 += b0; v1 += b1; }
+                    if constexpr (EPI == 2) { v0 = gelu_erf(v0); v1 = gelu_erf(v1); }
                     const int row = 16 * warp + g + 8 * h;
                     st_shared_u32(buf + swizzle128_offset(row, col), pack2<DT>(v0, v1));
                 }
@@ -619,13 +646,18 @@ __device__ __forceinline__ void consume(const void* smem_raw, const CUtensorMap*
     if (tid == 0) bulk_wait<0>();  // the stores have landed before this CTA's shared memory goes away
 }
 
-// RN: the release-now consumers (tilefuse_rung9_set_release(1)) are a kernel of their own: a third consumer path
-// in one kernel pushed ptxas over the 168-register cap (384 bytes of spills), two paths a kernel do not.
-template <int DT, bool RN>
+// A kernel a dtype, epilogue and release schedule. EPI (0 none, 1 + bias, 2 GeLU(+ bias)) is a template argument:
+// with the epilogue chosen at run time the unrolled epilogue branched around a bias load and an erff GeLU for every
+// pair of accumulators (~180 KB of SASS to walk through for a plain tile), and ncu (device run 29, 4096^3) saw the
+// consumers stall on instruction fetch ("no instruction" 3.3 cycles an issued instruction, cuBLAS 0.13) with the
+// tensor pipe active 76 % of the time (cuBLAS 95 %). RN: the release-now consumers (tilefuse_rung9_set_release(1))
+// are a kernel of their own: a third consumer path in one kernel pushed ptxas over the 168-register cap (384 bytes
+// of spills), two paths a kernel do not.
+template <int DT, int EPI, bool RN>
 __global__ void __launch_bounds__(THREADS, 1)
 rung9_kernel(const __grid_constant__ CUtensorMap tm_a, const __grid_constant__ CUtensorMap tm_b,
              const __grid_constant__ CUtensorMap tm_c, void* C, const void* bias, int M, int N, int K, long long ldc,
-             int epilogue, int debug, Schedule sched) {
+             int debug, Schedule sched) {
     extern __shared__ __align__(16) uint8_t smem_raw[];
     // Cooperative or ping-pong (see the header): the layout is chosen once at entry.
     const bool pp = sched.pingpong != 0;
@@ -689,9 +721,9 @@ rung9_kernel(const __grid_constant__ CUtensorMap tm_a, const __grid_constant__ C
         }
     } else {
         regs_claim<CONSUMER_REGS>();
-        if constexpr (RN) consume<DT, false, true>(smem_raw, &tm_c, C, bias, M, N, K, ldc, epilogue, debug, sched);
-        else if (pp) consume<DT, true, false>(smem_raw, &tm_c, C, bias, M, N, K, ldc, epilogue, debug, sched);
-        else consume<DT, false, false>(smem_raw, &tm_c, C, bias, M, N, K, ldc, epilogue, debug, sched);
+        if constexpr (RN) consume<DT, EPI, false, true>(smem_raw, &tm_c, C, bias, M, N, K, ldc, debug, sched);
+        else if (pp) consume<DT, EPI, true, false>(smem_raw, &tm_c, C, bias, M, N, K, ldc, debug, sched);
+        else consume<DT, EPI, false, false>(smem_raw, &tm_c, C, bias, M, N, K, ldc, debug, sched);
     }
     // No CTA may exit while its peer can still arrive on its barriers.
     __syncwarp();
@@ -746,21 +778,29 @@ constexpr int MAX_DEVICES = 64;
 // Per device and cluster size (index csize - 1): clusters of this kernel resident at once (0: not asked yet).
 int g_resident_clusters[MAX_DEVICES][CLUSTER] = {};
 // Per device and dtype: the dynamic shared-memory attribute was set (a driver call worth skipping per launch).
-bool g_smem_set[MAX_DEVICES][4] = {};  // [dtype + 2 * release_now]
+bool g_smem_set[MAX_DEVICES][12] = {};  // [kernel_slot(dtype, epilogue, release_now)]
 
 using KernelFn = void (*)(const CUtensorMap, const CUtensorMap, const CUtensorMap, void*, const void*, int, int, int,
-                          long long, int, int, Schedule);
+                          long long, int, Schedule);
 
-// The kernel for a dtype and a consumer schedule: release-now (cooperative only) or the default kernel, which
-// holds the cooperative and the ping-pong consumers.
-KernelFn kernel_for(int dtype, bool release_now) {
-    if (release_now) return dtype == 0 ? rung9_kernel<0, true> : rung9_kernel<1, true>;
-    return dtype == 0 ? rung9_kernel<0, false> : rung9_kernel<1, false>;
+// The kernel for a dtype, an epilogue and a consumer schedule: release-now (cooperative only) or the default
+// kernel, which holds the cooperative and the ping-pong consumers.
+template <int DT, int EPI>
+KernelFn kernel_for_rn(bool release_now) {
+    return release_now ? rung9_kernel<DT, EPI, true> : rung9_kernel<DT, EPI, false>;
 }
+template <int DT>
+KernelFn kernel_for_epi(int epilogue, bool release_now) {
+    return epilogue == 0 ? kernel_for_rn<DT, 0>(release_now)
+                         : epilogue == 1 ? kernel_for_rn<DT, 1>(release_now) : kernel_for_rn<DT, 2>(release_now);
+}
+KernelFn kernel_for(int dtype, int epilogue, bool release_now) {
+    return dtype == 0 ? kernel_for_epi<0>(epilogue, release_now) : kernel_for_epi<1>(epilogue, release_now);
+}
+int kernel_slot(int dtype, int epilogue, bool release_now) { return dtype + 2 * (epilogue + 3 * (int)release_now); }
 
-cudaError_t allow_smem(KernelFn kernel, int device, int dtype, bool release_now) {
+cudaError_t allow_smem(KernelFn kernel, int device, int slot) {
     const bool cached = device >= 0 && device < MAX_DEVICES;
-    const int slot = dtype + 2 * (int)release_now;
     if (cached && g_smem_set[device][slot]) return cudaSuccess;
     cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM_BYTES);
     if (e == cudaSuccess && cached) g_smem_set[device][slot] = true;
@@ -793,8 +833,8 @@ cudaError_t resident_clusters(int device, int dtype, int csize, int* resident, i
         *resident = g_resident_clusters[device][csize - 1];
         return cudaSuccess;
     }
-    KernelFn kernel = kernel_for(dtype, false);  // both kernels have the same threads and shared memory
-    e = allow_smem(kernel, device, dtype, false);
+    KernelFn kernel = kernel_for(dtype, 0, false);  // every kernel has the same threads and shared memory
+    e = allow_smem(kernel, device, kernel_slot(dtype, 0, false));
     if (e != cudaSuccess) return e;
     cudaLaunchAttribute attr[1];
     cudaLaunchConfig_t cfg;
@@ -916,11 +956,11 @@ extern "C" int tilefuse_rung9(const void* A, const void* B, void* C, const void*
     if (e != cudaSuccess) return e;
 
     const bool release_now = g_release_now != 0 && pingpong == 0;  // ping-pong keeps its own release schedule
-    KernelFn kernel = kernel_for(dtype, release_now);
+    KernelFn kernel = kernel_for(dtype, epilogue, release_now);
     int device = 0;
     e = cudaGetDevice(&device);
     if (e != cudaSuccess) return e;
-    e = allow_smem(kernel, device, dtype, release_now);
+    e = allow_smem(kernel, device, kernel_slot(dtype, epilogue, release_now));
     if (e != cudaSuccess) return e;
 
     const Schedule sched{g_cluster_size == 0 ? CLUSTER : g_cluster_size, g_group_m == 0 ? GROUP_M : g_group_m,
@@ -948,7 +988,7 @@ extern "C" int tilefuse_rung9(const void* A, const void* B, void* C, const void*
     if (clusters * csize > 0x7fffffffLL) return cudaErrorInvalidValue;
     cfg.gridDim = dim3((unsigned)(clusters * csize));
 
-    e = cudaLaunchKernelEx(&cfg, kernel, tm_a, tm_b, tm_c, C, bias, M, N, K, ldc, epilogue, debug, sched);
+    e = cudaLaunchKernelEx(&cfg, kernel, tm_a, tm_b, tm_c, C, bias, M, N, K, ldc, debug, sched);
     if (e != cudaSuccess) return e;
     return (int)cudaGetLastError();
 }
