@@ -33,6 +33,8 @@
 #include <cuda_runtime.h>
 #include <stdint.h>
 
+#include "gelu_erfc.cuh"
+
 namespace {
 
 // ---------------------------------------------------------------------------------------------------------
@@ -194,7 +196,7 @@ __device__ __forceinline__ void wgmma_m64n256k16(float (&d)[128], uint64_t desc_
 // Epilogue: the m64nNk16 fp32 accumulator fragment. Warp w of the warpgroup holds rows 16w..16w+15; lane
 // = 4*g + t holds, for every n8 block j, d[4j+0..1] at (row 16w+g, cols 8j+2t, 8j+2t+1) and d[4j+2..3] at
 // (row 16w+g+8, the same cols). Two neighbouring columns go out as one 32-bit store.
-__device__ __forceinline__ float gelu_erf(float x) { return 0.5f * x * (1.0f + erff(x * 0.70710678118654752f)); }
+// The GeLU of epilogue 2: gelu_erfc (gelu_erfc.cuh).
 
 template <int DT>
 __device__ __forceinline__ float load_scalar(const void* p, long long i) {
@@ -217,24 +219,29 @@ __device__ __forceinline__ void store_scalar(void* p, long long i, float v) {
     else reinterpret_cast<__half*>(p)[i] = __float2half_rn(v);
 }
 
-template <int DT, int NREG>
+// EPI (0 none, 1 + bias, 2 GeLU(+ bias)) is a template argument, a kernel each: chosen at run time it put a bias
+// branch and an erff GeLU around every accumulator pair, code a plain tile had to fetch its way through (rung 9's
+// ncu profile, benchmarks/notes/hopper_rungs.md, device run 29).
+template <int DT, int EPI, int NREG>
 __device__ __forceinline__ void store_fragment(const float (&d)[NREG], void* C, const void* bias, int M, int N,
-                                               long long ldc, int row0, int col0, int epilogue, bool pair_ok) {
+                                               long long ldc, int row0, int col0, bool pair_ok) {
     const int lane = threadIdx.x % 32, warp = (threadIdx.x / 32) % 4;
     const int g = lane / 4, t = lane % 4;
 #pragma unroll
     for (int j = 0; j < NREG / 4; ++j) {
         const int col = col0 + 8 * j + 2 * t;
         float b0 = 0.f, b1 = 0.f;
-        if (epilogue != 0) {
+        if constexpr (EPI != 0) {
+            asm volatile("" ::: "memory");  // one pair's bias loads at a time: hoisted, they cost registers
             if (col < N) b0 = load_scalar<DT>(bias, col);
             if (col + 1 < N) b1 = load_scalar<DT>(bias, col + 1);
         }
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
             const int row = row0 + 16 * warp + g + 8 * h;
-            float v0 = d[4 * j + 2 * h] + b0, v1 = d[4 * j + 2 * h + 1] + b1;
-            if (epilogue == 2) { v0 = gelu_erf(v0); v1 = gelu_erf(v1); }
+            float v0 = d[4 * j + 2 * h], v1 = d[4 * j + 2 * h + 1];
+            if constexpr (EPI != 0) { v0 += b0; v1 += b1; }
+            if constexpr (EPI == 2) { v0 = gelu_erfc(v0); v1 = gelu_erfc(v1); }
             if (row < M) {
                 const long long at = (long long)row * ldc + col;
                 if (pair_ok && col + 1 < N) {
@@ -249,10 +256,10 @@ __device__ __forceinline__ void store_fragment(const float (&d)[NREG], void* C, 
 }
 
 // ---------------------------------------------------------------------------------------------------------
-template <int DT>
+template <int DT, int EPI>
 __global__ void __launch_bounds__(THREADS, 1)
 rung8_kernel(const __grid_constant__ CUtensorMap tm_a, const __grid_constant__ CUtensorMap tm_b, void* C,
-             const void* bias, int M, int N, int K, long long ldc, int epilogue, int pair_ok) {
+             const void* bias, int M, int N, int K, long long ldc, int pair_ok) {
     extern __shared__ __align__(16) uint8_t smem_raw[];
     const uint32_t base = (smem_u32(smem_raw) + SWIZZLE_ATOM_BYTES - 1) & ~uint32_t(SWIZZLE_ATOM_BYTES - 1);
     const uint32_t s_a = base;                                // STAGES x [128 rows][128 B], swizzled
@@ -323,7 +330,7 @@ rung8_kernel(const __grid_constant__ CUtensorMap tm_a, const __grid_constant__ C
         wgmma_wait<0>();
         fence_accumulators(acc);
         // The last stage needs no release: nothing is loaded after it.
-        store_fragment<DT>(acc, C, bias, M, N, ldc, m0 + 64 * consumer, n0, epilogue, pair_ok != 0);
+        store_fragment<DT, EPI>(acc, C, bias, M, N, ldc, m0 + 64 * consumer, n0, pair_ok != 0);
     }
 }
 
@@ -392,14 +399,12 @@ extern "C" int tilefuse_rung8(const void* A, const void* B, void* C, const void*
     const dim3 grid((N + BN - 1) / BN, (M + BM - 1) / BM);
     if (grid.y > 65535) return cudaErrorInvalidValue;
     cudaStream_t s = reinterpret_cast<cudaStream_t>(stream);
-    if (dtype == 0) {
-        e = cudaFuncSetAttribute(rung8_kernel<0>, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM_BYTES);
-        if (e != cudaSuccess) return e;
-        rung8_kernel<0><<<grid, THREADS, SMEM_BYTES, s>>>(tm_a, tm_b, C, bias, M, N, K, ldc, epilogue, pair_ok);
-    } else {
-        e = cudaFuncSetAttribute(rung8_kernel<1>, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM_BYTES);
-        if (e != cudaSuccess) return e;
-        rung8_kernel<1><<<grid, THREADS, SMEM_BYTES, s>>>(tm_a, tm_b, C, bias, M, N, K, ldc, epilogue, pair_ok);
-    }
+    using Kernel = void (*)(const CUtensorMap, const CUtensorMap, void*, const void*, int, int, int, long long, int);
+    static const Kernel kernels[2][3] = {{rung8_kernel<0, 0>, rung8_kernel<0, 1>, rung8_kernel<0, 2>},
+                                         {rung8_kernel<1, 0>, rung8_kernel<1, 1>, rung8_kernel<1, 2>}};
+    const Kernel kernel = kernels[dtype][epilogue];
+    e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM_BYTES);
+    if (e != cudaSuccess) return e;
+    kernel<<<grid, THREADS, SMEM_BYTES, s>>>(tm_a, tm_b, C, bias, M, N, K, ldc, pair_ok);
     return (int)cudaGetLastError();
 }

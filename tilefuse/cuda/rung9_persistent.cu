@@ -70,6 +70,8 @@
 #include <cuda_runtime.h>
 #include <stdint.h>
 
+#include "gelu_erfc.cuh"
+
 namespace {
 
 // ---------------------------------------------------------------------------------------------------------
@@ -396,25 +398,7 @@ __device__ __forceinline__ void wgmma_m64n256k16(float (&d)[128], uint64_t desc_
 // Epilogue: the m64nNk16 fp32 accumulator fragment. Warp w of the warpgroup holds rows 16w..16w+15; lane
 // = 4*g + t holds, for every n8 block j, d[4j+0..1] at (row 16w+g, cols 8j+2t, 8j+2t+1) and d[4j+2..3] at
 // (row 16w+g+8, the same cols). Two neighbouring columns go out as one 32-bit store.
-// The exact (erf) GeLU as x * Phi(x), Phi(x) = erfc(-x / sqrt 2) / 2, with erfc(|u|) = exp(-u^2) Q(t),
-// t = 1 / (1 + 0.4 |u|): the degree-8 fit of tilefuse/kernels/special.py (relative error ~1e-6, our own fit,
-// scripts/fit_erfc.py), here straight from x (0.4 / sqrt 2 = 0.2828..., u^2 = x^2 / 2). One reciprocal, one exp2
-// and 8 FMAs: libdevice's erff (two polynomials and selects, ~33 instructions) unrolled over the 128 accumulators
-// of a thread made the GeLU kernels spill 44 bytes once the epilogue was a template argument.
-__device__ __forceinline__ float gelu_erf(float x) {
-    const float t = __fdividef(1.0f, fmaf(0.28284271247461906f, fabsf(x), 1.0f));
-    float q = 0.0706699788570404f;
-    q = fmaf(q, t, -0.38097816705703735f);
-    q = fmaf(q, t, 0.6661408543586731f);
-    q = fmaf(q, t, -0.3663370907306671f);
-    q = fmaf(q, t, 0.4144163131713867f);
-    q = fmaf(q, t, 0.13168321549892426f);
-    q = fmaf(q, t, 0.2402118444442749f);
-    q = fmaf(q, t, 0.2241220921278f);
-    q = fmaf(q, t, 7.086526602506638e-05f);
-    const float h = 0.5f * q * exp2f(x * x * -0.7213475204444817f);  // erfc(|x| / sqrt 2) / 2
-    return x * (x > 0.0f ? 1.0f - h : h);
-}
+// The GeLU of epilogue 2: gelu_erfc (gelu_erfc.cuh), branch-free from one reciprocal and one exp2.
 
 template <int DT>
 __device__ __forceinline__ float load_scalar(const void* p, long long i) {
@@ -458,7 +442,7 @@ __device__ __forceinline__ void store_fragment(const float (&d)[NREG], void* C, 
             const int row = row0 + 16 * warp + g + 8 * h;
             float v0 = d[4 * j + 2 * h], v1 = d[4 * j + 2 * h + 1];
             if constexpr (EPI != 0) { v0 += b0; v1 += b1; }
-            if constexpr (EPI == 2) { v0 = gelu_erf(v0); v1 = gelu_erf(v1); }
+            if constexpr (EPI == 2) { v0 = gelu_erfc(v0); v1 = gelu_erfc(v1); }
             if (row < M) {
                 const long long at = (long long)row * ldc + col;
                 if (pair_ok && col + 1 < N) {
@@ -629,7 +613,7 @@ __device__ __forceinline__ void consume(const void* smem_raw, const CUtensorMap*
                     const int i = 4 * (jc * (C_CHUNK_COLS / 8) + jj) + 2 * h;
                     float v0 = acc[i], v1 = acc[i + 1];
                     if constexpr (EPI != 0) { v0 += b0; v1 += b1; }
-                    if constexpr (EPI == 2) { v0 = gelu_erf(v0); v1 = gelu_erf(v1); }
+                    if constexpr (EPI == 2) { v0 = gelu_erfc(v0); v1 = gelu_erfc(v1); }
                     const int row = 16 * warp + g + 8 * h;
                     st_shared_u32(buf + swizzle128_offset(row, col), pack2<DT>(v0, v1));
                 }
