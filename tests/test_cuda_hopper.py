@@ -321,6 +321,14 @@ def _release_abi(lib):
     return lib
 
 
+def _stores_abi(lib):
+    lib.tilefuse_rung9_set_stores.restype = ctypes.c_int
+    lib.tilefuse_rung9_set_stores.argtypes = [ctypes.c_int]
+    lib.tilefuse_rung9_get_stores.restype = ctypes.c_int
+    lib.tilefuse_rung9_get_stores.argtypes = []
+    return lib
+
+
 def _get_schedule(lib) -> list[int]:
     out = (ctypes.c_int * 7)()
     assert lib.tilefuse_rung9_get_schedule(out) == 0
@@ -354,6 +362,20 @@ def test_rung9_pingpong_abi():
         assert lib.tilefuse_rung9_set_pingpong(1) == 0 and lib.tilefuse_rung9_get_pingpong() == 1
     finally:
         assert lib.tilefuse_rung9_set_pingpong(0) == 0
+
+
+@needs_nvcc
+def test_rung9_stores_abi():
+    """tilefuse_rung9_set_stores: one store thread a warpgroup by default (until measured), 0 or 1 only."""
+    lib = _stores_abi(_load(9))
+    assert lib.tilefuse_rung9_get_stores() == 0
+    for bad in (-1, 2, 7):
+        assert lib.tilefuse_rung9_set_stores(bad) == CUDA_ERROR_INVALID_VALUE
+        assert lib.tilefuse_rung9_get_stores() == 0
+    try:
+        assert lib.tilefuse_rung9_set_stores(1) == 0 and lib.tilefuse_rung9_get_stores() == 1
+    finally:
+        assert lib.tilefuse_rung9_set_stores(0) == 0
 
 
 @needs_nvcc
@@ -659,14 +681,17 @@ def run(actors, world: World, max_steps: int = 2_000_000) -> None:
 def simulate_warp_specialised(*, seed: int, stages: int, k_tiles: int, tiles: int, clusters: int, cluster: int,
                               persistent: bool, multicast: bool, c_chunks: int = 4, c_buffers: int = 2,
                               release_last: bool = True, remote_release: bool = True, pingpong: bool = False,
-                              hand_over: bool = True, release_now: bool = False) -> World:
+                              hand_over: bool = True, release_now: bool = False, warp_stores: bool = False,
+                              store_wait: bool = True) -> World:
     """Rung 9 (cluster=2, persistent) or rung 8 (cluster=1, one tile a CTA, release_last irrelevant).
     pingpong: rung 9's tilefuse_rung9_set_pingpong(1): consumer c takes the CTA's tiles j = c, c+2, ... (each a
     whole 64-row tile: 8 KB of A a stage), a stage is released by one consumer's 4 warps of each CTA, and a
     consumer waits on turn[c] (the other consumer's arrivals after its last stage) before each tile's mainloop;
     hand_over=False leaves that wait out. release_now: rung 9's tilefuse_rung9_set_release(1): a consumer waits for
     its own k-tile's wgmma (wait_group 0) and releases that stage at once, instead of keeping one group in flight
-    and releasing the previous k-tile's stage."""
+    and releasing the previous k-tile's stage. warp_stores: tilefuse_rung9_set_stores(1): each warp stores its own 16
+    rows of a chunk after waiting for its own earlier stores only (no warpgroup barrier); store_wait=False leaves
+    that wait out."""
     rng = random.Random(seed)
     consumers, warps = 2, 4
     world = World(rng=rng)
@@ -722,7 +747,7 @@ def simulate_warp_specialised(*, seed: int, stages: int, k_tiles: int, tiles: in
         peers = [cl * cluster + r for r in range(cluster)]
         s, phase = 0, 0
         chunk = 0
-        committed = []  # this consumer's store groups, in commit order
+        committed_by = {w: [] for w in (range(warps) if warp_stores else [None])}  # store groups by committer
         reading = []  # stages whose wgmma may still read: (stage, tile, kt)
 
         def release(stage):
@@ -766,20 +791,25 @@ def simulate_warp_specialised(*, seed: int, stages: int, k_tiles: int, tiles: in
                 let_go(0)                                           # wgmma_wait<0>
                 if release_last and persistent:
                     release(prev)
-            # TMA-store epilogue: c_chunks chunks, c_buffers staging buffers.
+            # TMA-store epilogue: c_chunks chunks, c_buffers staging buffers; by warpgroup (one committing
+            # thread), or with warp_stores by warp (each warp's lane 0 commits the stores of its own rows).
             for _ in range(c_chunks):
-                buf = (c, chunk % c_buffers)
-                # bulk_wait_read<C_BUFFERS-1> + bar.sync: every store group but the newest C_BUFFERS-1 this
-                # thread committed has finished reading (the PTX rule is by commit order, not by count).
-                older = committed[:max(0, len(committed) - (c_buffers - 1))]
-                yield (lambda older=older: not any(st in world.stores for st in older))
-                if any(st.cta == cta and st.buf == buf for st in world.stores):
-                    raise ProtocolError(f"CTA {cta} consumer {c} rewrites staging buffer {buf} while a store reads it")
-                yield None                                          # st.shared, fence.proxy.async, bar.sync
-                store = Store(cta, buf)
-                world.stores.append(store)                          # tma_store_2d + commit
-                committed.append(store)
+                for w in (range(warps) if warp_stores else [None]):
+                    buf = (c, chunk % c_buffers, w)
+                    mine = committed_by[w]
+                    # bulk_wait_read<C_BUFFERS-1> (+ bar.sync): every store group but the newest C_BUFFERS-1 this
+                    # thread committed has finished reading (the PTX rule is by commit order, not by count).
+                    older = mine[:max(0, len(mine) - (c_buffers - 1))] if store_wait else []
+                    yield (lambda older=older: not any(st in world.stores for st in older))
+                    if any(st.cta == cta and st.buf == buf for st in world.stores):
+                        raise ProtocolError(f"CTA {cta} consumer {c} rewrites staging buffer {buf} while a store "
+                                            "reads it")
+                    yield None                                      # st.shared, fence.proxy.async, bar/syncwarp
+                    store = Store(cta, buf)
+                    world.stores.append(store)                      # tma_store_2d + commit
+                    mine.append(store)
                 chunk += 1
+        committed = [st for mine in committed_by.values() for st in mine]
         yield (lambda: not any(st in world.stores for st in committed))  # bulk_wait<0>
 
     actors = []
@@ -891,6 +921,24 @@ def test_rung9_release_now_protocol(k_tiles, tiles, clusters, cluster, multicast
     for seed in range(SIM_SEEDS):
         simulate_warp_specialised(seed=seed, stages=4, k_tiles=k_tiles, tiles=tiles, clusters=clusters,
                                   cluster=cluster, persistent=True, multicast=multicast, release_now=True)
+
+
+@pytest.mark.parametrize("k_tiles,tiles,clusters", [(1, 5, 2), (4, 7, 2), (9, 4, 1), (3, 1, 1)])
+@pytest.mark.parametrize("release_now,pingpong", [(False, False), (True, False), (False, True)])
+def test_rung9_warp_stores_protocol(k_tiles, tiles, clusters, release_now, pingpong):
+    """tilefuse_rung9_set_stores(1): each warp waits for and stores its own rows of a chunk."""
+    for seed in range(SIM_SEEDS):
+        simulate_warp_specialised(seed=seed, stages=5 if pingpong else 4, k_tiles=k_tiles, tiles=tiles,
+                                  clusters=clusters, cluster=2, persistent=True, multicast=True,
+                                  c_buffers=1 if pingpong else 2, pingpong=pingpong, release_now=release_now,
+                                  warp_stores=True)
+
+
+def test_the_warp_stores_model_catches_a_missing_wait():
+    with pytest.raises(ProtocolError, match="rewrites staging buffer"):
+        for seed in range(SIM_SEEDS):
+            simulate_warp_specialised(seed=seed, stages=4, k_tiles=3, tiles=6, clusters=1, cluster=2,
+                                      persistent=True, multicast=True, warp_stores=True, store_wait=False)
 
 
 @pytest.mark.parametrize("bug,match", [
@@ -1184,6 +1232,45 @@ def test_rung9_release_now(name):
         lib.tilefuse_rung9_set_schedule(0, 0, 0, 0)
 
 
+WARP_STORES_VARIANTS = {  # name: (tilefuse_rung9_set_schedule arguments, release-now, ping-pong), warp stores on
+    "default": ((0, 0, 0, 0), 0, 0), "release-now": ((0, 0, 0, 0), 1, 0), "pingpong": ((0, 0, 0, 0), 0, 1),
+    "cluster-1": ((0, 0, 0, 1), 0, 0), "7-clusters": ((7, 0, 0, 0), 0, 0),
+}
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", sorted(WARP_STORES_VARIANTS))
+def test_rung9_warp_stores(name):
+    """tilefuse_rung9_set_stores(1) with the consumer schedules: the float32 reference's result at the ping-pong
+    test's shapes (ragged edges clipped by the 16-row boxes), all three epilogues, C poisoned, the same bits on a
+    second call."""
+    _in_child(9)
+    torch = _torch()
+    lib = _stores_abi(_release_abi(_pingpong_abi(_schedule_abi(_load(9)))))
+    schedule, release_now, pingpong = WARP_STORES_VARIANTS[name]
+    assert lib.tilefuse_rung9_set_schedule(*schedule) == 0 and lib.tilefuse_rung9_set_release(release_now) == 0
+    assert lib.tilefuse_rung9_set_pingpong(pingpong) == 0 and lib.tilefuse_rung9_set_stores(1) == 0
+    try:
+        for M, N, K in PINGPONG_SHAPES:
+            for dt, epilogue in ((torch.bfloat16, 0), (torch.float16, 1), (torch.bfloat16, 2)):
+                a = torch.randn(M, K, device="cuda", dtype=dt)
+                b_nk = torch.randn(N, K, device="cuda", dtype=dt) / K ** 0.5
+                bias = torch.randn(N, device="cuda", dtype=dt)
+                c = poisoned_empty(M, N, dtype=dt, device="cuda")
+                _run(9, a, b_nk, c, bias if epilogue else None, epilogue)
+                assert_close(c, _reference(a, b_nk, bias, epilogue), dtype=dt,
+                             what=f"rung 9 warp stores {name} {M}x{N}x{K} epilogue {epilogue}")
+                if epilogue == 0 and M * N >= 1 << 20:
+                    again = torch.empty_like(c)
+                    _run(9, a, b_nk, again)
+                    assert torch.equal(c, again), f"rung 9 warp stores {name} {M}x{N}x{K}: not deterministic"
+    finally:
+        lib.tilefuse_rung9_set_stores(0)
+        lib.tilefuse_rung9_set_release(0)
+        lib.tilefuse_rung9_set_pingpong(0)
+        lib.tilefuse_rung9_set_schedule(0, 0, 0, 0)
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("rung", sorted(RUNGS))
 def test_repeated_calls_are_deterministic(rung):
@@ -1235,7 +1322,7 @@ def test_ladder_sweep_arguments():
 def test_ladder_sweep_settings_are_accepted_by_rung9():
     """Every schedule the sweep sets is one the library takes (host code: no GPU needed)."""
     sweep = _sweep_module()
-    lib = _release_abi(_pingpong_abi(_schedule_abi(_load(9))))
+    lib = _stores_abi(_release_abi(_pingpong_abi(_schedule_abi(_load(9)))))
     try:
         for s in sweep.SETTINGS:
             assert lib.tilefuse_rung9_set_schedule(*s.schedule) == 0, s
@@ -1244,11 +1331,14 @@ def test_ladder_sweep_settings_are_accepted_by_rung9():
             assert lib.tilefuse_rung9_get_pingpong() == s.pingpong
             assert lib.tilefuse_rung9_set_release(s.release_now) == 0, s
             assert lib.tilefuse_rung9_get_release() == s.release_now
+            assert lib.tilefuse_rung9_set_stores(s.warp_stores) == 0, s
+            assert lib.tilefuse_rung9_get_stores() == s.warp_stores
     finally:
         lib.tilefuse_rung9_set_schedule(0, 0, 0, 0)
         lib.tilefuse_rung9_set_pingpong(0)
         lib.tilefuse_rung9_set_release(0)
-    assert {"pingpong", "direct-store", "default", "release-now"} <= {s.name for s in sweep.SETTINGS}
+        lib.tilefuse_rung9_set_stores(0)
+    assert {"pingpong", "direct-store", "default", "release-now", "warp-stores"} <= {s.name for s in sweep.SETTINGS}
 
 
 @needs_nvcc

@@ -63,6 +63,12 @@
 // barrier, which depends on the peer CTA's half of B. Release-now waits for its own group (wait_group 0) and
 // releases that stage at once: one more stage of lead, no dependence on the peer for the release, and each
 // warpgroup's tensor queue runs dry between its k-tiles while the other consumer's group runs.
+//
+// Stores: tilefuse_rung9_set_stores(1) (not part of the ladder ABI; default 0 until measured). The TMA-store
+// epilogue writes a consumer's 64x64 C chunk into staging and, by default, meets the other warps of its warpgroup
+// at a named barrier before and after (8 barriers a tile), one thread issuing the chunk's stores (4 boxes of 16
+// rows). With warp stores each warp waits for its own earlier store, writes its 16 rows and its lane 0 stores them:
+// no warpgroup barrier in the epilogue at all.
 #include <cuda.h>
 #include <cudaTypedefs.h>
 #include <cuda_bf16.h>
@@ -98,6 +104,8 @@ constexpr int CONSUMER_A_BYTES = 64 * BK * 2;             // consumer c reads ro
 constexpr int C_CHUNK_COLS = 64;                          // 64 x 16 bits = one 128-byte swizzle row
 constexpr int C_CHUNK_ROWS = 64;                          // one consumer's rows
 constexpr int C_CHUNK_BYTES = C_CHUNK_ROWS * C_CHUNK_COLS * 2;  // 8 KB
+constexpr int C_STORE_ROWS = 16;                          // the C tensor map's box: one warp's rows of a chunk
+constexpr int C_STORE_BYTES = C_STORE_ROWS * C_CHUNK_COLS * 2;  // 2 KB, two 1 KB swizzle atoms
 constexpr int C_BUFFERS = 2;                              // per consumer: store one chunk while filling the next
 constexpr int SWIZZLE_ATOM_BYTES = 1024;                  // 8 rows x 128 B: the 128B swizzle repeats every 1 KB
 // Ping-pong (tilefuse_rung9_set_pingpong(1), see the header): each consumer warpgroup owns a whole 64x256 tile,
@@ -197,6 +205,7 @@ struct Schedule {
     int order;    // ORDER_ROW_GROUPS or ORDER_COLUMN_GROUPS
     int pingpong; // 0: both consumers on one 128x256 tile (cooperative); 1: each on its own 64x256 tile
     int release_now;  // cooperative only: 1 = wgmma_wait<0> and release the stage just read (see the header)
+    int warp_stores;  // 1: each warp stores its own rows of a C chunk (no warpgroup barrier; see the header)
 };
 
 // ---------------------------------------------------------------------------------------------------------
@@ -516,6 +525,7 @@ __device__ __forceinline__ void consume(const void* smem_raw, const CUtensorMap*
     // Ping-pong always stores through TMA (its epilogue is off the critical path; the direct-store copy of it
     // made the kernel spill).
     const bool tma_store = PP || (debug & DEBUG_DIRECT_STORE) == 0;
+    const bool warp_stores = sched.warp_stores != 0;
     const uint32_t a_off = PP ? 0u : (uint32_t)(consumer * CONSUMER_A_BYTES);  // my rows of the stage's A
     const int csize = w.csize, k_tiles = w.k_tiles;
     // Stage 0's descriptors; stage s adds s tiles (the 14-bit address field cannot carry: the ring ends below
@@ -595,9 +605,16 @@ __device__ __forceinline__ void consume(const void* smem_raw, const CUtensorMap*
 #pragma unroll
         for (int jc = 0; jc < BN / C_CHUNK_COLS; ++jc, ++chunk) {
             const uint32_t buf = s_c + (consumer * c_buffers + chunk % c_buffers) * C_CHUNK_BYTES;
-            if (tid == 0) bulk_wait_read<c_buffers - 1>();  // the store that last used `buf` has read it
-            __syncwarp();
-            named_barrier_sync(1 + consumer, 128);
+            // The store that last used `buf` has read it: the warpgroup's one issuing thread waits and the
+            // warpgroup meets at a barrier, or (warp stores) each warp waits for its own rows' store alone.
+            if (warp_stores) {
+                if (lane == 0) bulk_wait_read<c_buffers - 1>();
+                __syncwarp();
+            } else {
+                if (tid == 0) bulk_wait_read<c_buffers - 1>();
+                __syncwarp();
+                named_barrier_sync(1 + consumer, 128);
+            }
 #pragma unroll
             for (int jj = 0; jj < C_CHUNK_COLS / 8; ++jj) {
                 const int col = 8 * jj + 2 * q;  // column inside the chunk
@@ -619,15 +636,28 @@ __device__ __forceinline__ void consume(const void* smem_raw, const CUtensorMap*
                 }
             }
             fence_proxy_async_smem();
-            named_barrier_sync(1 + consumer, 128);
-            if (tid == 0) {
-                tma_store_2d(tm_c, buf, n0 + jc * C_CHUNK_COLS, m0);  // TMA clips rows >= M, cols >= N
-                bulk_commit();
+            // TMA clips rows >= M, cols >= N. A box is one warp's 16 rows (2 KB, 1 KB-aligned in the buffer, so
+            // the 128B swizzle's phase is the chunk's): 4 stores from one thread after the barrier, or one a warp.
+            if (warp_stores) {
+                __syncwarp();
+                if (lane == 0) {
+                    tma_store_2d(tm_c, buf + warp * C_STORE_BYTES, n0 + jc * C_CHUNK_COLS, m0 + warp * C_STORE_ROWS);
+                    bulk_commit();
+                }
+            } else {
+                named_barrier_sync(1 + consumer, 128);
+                if (tid == 0) {
+#pragma unroll
+                    for (int w4 = 0; w4 < C_CHUNK_ROWS / C_STORE_ROWS; ++w4)
+                        tma_store_2d(tm_c, buf + w4 * C_STORE_BYTES, n0 + jc * C_CHUNK_COLS, m0 + w4 * C_STORE_ROWS);
+                    bulk_commit();
+                }
             }
             __syncwarp();
         }
     }
-    if (tid == 0) bulk_wait<0>();  // the stores have landed before this CTA's shared memory goes away
+    // The stores have landed before this CTA's shared memory goes away (each committing thread waits for its own)
+    if (warp_stores ? lane == 0 : tid == 0) bulk_wait<0>();
 }
 
 // A kernel a dtype, epilogue and release schedule. EPI (0 none, 1 + bias, 2 GeLU(+ bias)) is a template argument:
@@ -757,6 +787,7 @@ int g_order = 0;         // ORDER_ROW_GROUPS
 int g_cluster_size = 0;  // 0: CLUSTER
 int g_pingpong = 0;      // tilefuse_rung9_set_pingpong: 0 cooperative consumers (the default), 1 ping-pong
 int g_release_now = 0;   // tilefuse_rung9_set_release: 0 release a stage one k-tile late (the default), 1 at once
+int g_warp_stores = 0;   // tilefuse_rung9_set_stores: 0 one store thread a consumer (the default), 1 one a warp
 constexpr int MAX_GROUP_M = 1 << 16;
 constexpr int MAX_DEVICES = 64;
 // Per device and cluster size (index csize - 1): clusters of this kernel resident at once (0: not asked yet).
@@ -886,6 +917,16 @@ extern "C" int tilefuse_rung9_set_release(int now) {
 }
 extern "C" int tilefuse_rung9_get_release(void) { return g_release_now; }
 
+// Not part of the ladder ABI: who stores a C chunk of the TMA-store epilogue (see the header, "Stores"): 0 one
+// thread a consumer warpgroup after a warpgroup barrier (the default), 1 each warp its own 16 rows, no barrier.
+// Returns cudaErrorInvalidValue (and changes nothing) for anything but 0 or 1.
+extern "C" int tilefuse_rung9_set_stores(int per_warp) {
+    if (per_warp != 0 && per_warp != 1) return cudaErrorInvalidValue;
+    g_warp_stores = per_warp;
+    return cudaSuccess;
+}
+extern "C" int tilefuse_rung9_get_stores(void) { return g_warp_stores; }
+
 // Not part of the ladder ABI: the current schedule as set (out[0..3] = clusters, group_m, order, cluster_size,
 // 0 meaning the default) and the defaults they stand for (out[4..6] = GROUP_M, ORDER_ROW_GROUPS, CLUSTER).
 extern "C" int tilefuse_rung9_get_schedule(int* out) {
@@ -936,7 +977,7 @@ extern "C" int tilefuse_rung9(const void* A, const void* B, void* C, const void*
     if (e != cudaSuccess) return e;
     e = encode_2d(&tm_b, dtype, B, N, K, ldb, B_PART_ROWS, BK);
     if (e != cudaSuccess) return e;
-    e = encode_2d(&tm_c, dtype, C, M, N, ldc, C_CHUNK_ROWS, C_CHUNK_COLS);
+    e = encode_2d(&tm_c, dtype, C, M, N, ldc, C_STORE_ROWS, C_CHUNK_COLS);
     if (e != cudaSuccess) return e;
 
     const bool release_now = g_release_now != 0 && pingpong == 0;  // ping-pong keeps its own release schedule
@@ -948,7 +989,7 @@ extern "C" int tilefuse_rung9(const void* A, const void* B, void* C, const void*
     if (e != cudaSuccess) return e;
 
     const Schedule sched{g_cluster_size == 0 ? CLUSTER : g_cluster_size, g_group_m == 0 ? GROUP_M : g_group_m,
-                         g_order, pingpong, (int)release_now};
+                         g_order, pingpong, (int)release_now, g_warp_stores};
     const int csize = sched.cluster;
     const long long tiles = (long long)((M + rows * csize - 1) / (rows * csize)) * ((N + BN - 1) / BN);
     const int debug = g_debug_flags;
