@@ -294,6 +294,10 @@ NVIDIA_SPACE: dict[str, tuple[GemmConfig, ...]] = {
         C("tiled", 128, 128, 64, 4, 4, group_m=8, tma=True, warp_specialize=True),
         C("tiled", 128, 64, 128, 4, 4, group_m=8, split_k=AUTO_SPLIT),  # r1 M=128: 0.909x
         C("tiled", 128, 128, 64, 8, 4, group_m=8, split_k=AUTO_SPLIT),  # r1 M=256: 0.757x
+        # cuBLAS's pick at 256x8192x8192 (ncu, device run 29): 128x128x64 tiles, 6 stages, 128 CTAs. Deeper
+        # pipelines of the persistent 128x128, for the sweep (past the tuner's first six)
+        C("persistent", 128, 128, 64, 4, 6, group_m=8, tma=True),
+        C("persistent", 128, 128, 64, 4, 6, group_m=8, tma=True, warp_specialize=True),
     ),
     "small": (
         # 128x128 at num_warps=8 (64 accumulator registers a thread): at 4 warps bias+GeLU needs 255 + 64 B
