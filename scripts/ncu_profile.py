@@ -93,7 +93,7 @@ def compiler_impls(case):
     from tilefuse.bench import compiler_suite as cs
 
     graph = next(g for g in cs.GRAPHS if g.case == case)
-    args = cs.prepare(graph, graph.inputs(32768, 4096, 32000, torch.bfloat16, "cuda"))
+    args = cs.prepare(graph, graph.inputs(32768, 4096, cs.VOCAB, torch.bfloat16, "cuda"))
     out = []
     for backend in ("tilefuse", "inductor"):
         torch._dynamo.reset()

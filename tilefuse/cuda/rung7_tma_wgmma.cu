@@ -18,9 +18,9 @@
 // The single thread 0 is both the TMA producer and a consumer: it refills a stage after all four warps
 // released it (empty mbarrier). Rung 8 separates those roles.
 //
-// Measured (H200, bf16, device run 3, benchmarks/results/run3/ladder.csv): 4096x4096x4096 520.1 TFLOP/s (0.73x
-//   cuBLAS); 8192x8192x8192 577.6 TFLOP/s (0.84x cuBLAS); 16384x4096x4096 559.0 TFLOP/s (0.90x cuBLAS);
-//   16x8192x8192 8.2 TFLOP/s (0.17x cuBLAS).
+// Measured (H200, bf16, the ladder suite of device run 31, benchmarks/results/run31/ladder.csv, interleaved with
+//   cuBLAS; the epilogue a template argument since that run): 4096x4096x4096 570.3 TFLOP/s (0.84x cublas_nt, the
+//   K-major-B cuBLAS call); 8192x8192x8192 567.2 TFLOP/s (0.83x); 16384x4096x4096 565.1 TFLOP/s (0.85x).
 //
 // Layouts: A is [M,K] row-major (lda >= K), B is given as [N,K] row-major (K-major B: tilefuse_rung7_b_layout()
 // returns 1; ldb >= K), C is [M,N] row-major (ldc >= N). bf16 (dtype 0) or fp16 (dtype 1) in and out, fp32

@@ -17,9 +17,9 @@
 //   * The consumer keeps one k-tile of wgmma in flight (wait_group 1) and releases the previous stage, so the
 //     tensor cores never drain between k-tiles.
 //
-// Measured (H200, bf16, device run 3, benchmarks/results/run3/ladder.csv): 4096x4096x4096 502.9 TFLOP/s (0.71x
-//   cuBLAS); 8192x8192x8192 626.6 TFLOP/s (0.91x cuBLAS); 16384x4096x4096 617.3 TFLOP/s (0.99x cuBLAS);
-//   16x8192x8192 7.7 TFLOP/s (0.16x cuBLAS).
+// Measured (H200, bf16, the ladder suite of device run 31, benchmarks/results/run31/ladder.csv, interleaved with
+//   cuBLAS; the epilogue a template argument since that run): 4096x4096x4096 609.9 TFLOP/s (0.90x cublas_nt, the
+//   K-major-B cuBLAS call); 8192x8192x8192 625.9 TFLOP/s (0.91x); 16384x4096x4096 607.5 TFLOP/s (0.91x).
 //
 // Layouts: A is [M,K] row-major (lda >= K), B is given as [N,K] row-major (K-major B: tilefuse_rung8_b_layout()
 // returns 1; ldb >= K), C is [M,N] row-major (ldc >= N). bf16 (dtype 0) or fp16 (dtype 1) in and out, fp32
