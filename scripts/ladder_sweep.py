@@ -14,9 +14,7 @@ causes apart (benchmarks/notes/ladder.md has the predictions it tests):
 * rung 9's settings: debug flags (1 no multicast, 2 not persistent, 4 direct stores) and the run-time
   schedule (``tilefuse_rung9_set_schedule``: clusters in the persistent grid, GROUP_M, tile order, cluster
   size 1 or 2), the ping-pong consumers (``tilefuse_rung9_set_pingpong``: each consumer warpgroup its own
-  64x256 tile, one's epilogue under the other's mainloop; opt-in until measured), the release-now consumers
-  (``tilefuse_rung9_set_release``: a stage given back right after its own wgmma group, not one k-tile later),
-  the per-warp C stores (``tilefuse_rung9_set_stores``: no warpgroup barrier in the epilogue),
+  64x256 tile, one's epilogue under the other's mainloop; opt-in until measured), the per-warp C stores (``tilefuse_rung9_set_stores``: no warpgroup barrier in the epilogue),
   plus the occupancy facts they depend on (cudaOccupancyMaxActiveClusters, tiles, rounds).
 
 Every impl's output is checked against a float32 reference (output poisoned with NaN first) before it is
@@ -61,8 +59,8 @@ DEBUG_NO_MULTICAST, DEBUG_NOT_PERSISTENT, DEBUG_DIRECT_STORE = 1, 2, 4
 @dataclasses.dataclass(frozen=True)
 class Setting:
     """One rung-9 configuration: debug flags, tilefuse_rung9_set_schedule(clusters, group_m, order,
-    cluster_size) (0 = the default of a field), tilefuse_rung9_set_pingpong(pingpong),
-    tilefuse_rung9_set_release(release_now) and tilefuse_rung9_set_stores(warp_stores)."""
+    cluster_size) (0 = the default of a field), tilefuse_rung9_set_pingpong(pingpong) and
+    tilefuse_rung9_set_stores(warp_stores)."""
     name: str
     debug: int = 0
     clusters: int = 0
@@ -70,7 +68,6 @@ class Setting:
     order: int = 0
     cluster_size: int = 0
     pingpong: int = 0
-    release_now: int = 0
     warp_stores: int = 0
     why: str = ""
 
@@ -80,8 +77,7 @@ class Setting:
 
     @property
     def is_default(self) -> bool:
-        return (self.debug == 0 and self.schedule == (0, 0, 0, 0) and self.pingpong == 0 and self.release_now == 0
-                and self.warp_stores == 0)
+        return self.debug == 0 and self.schedule == (0, 0, 0, 0) and self.pingpong == 0 and self.warp_stores == 0
 
 
 # Run 7 (benchmarks/results/run7/ladder_sweep.log) decided, and dropped from here: clusters-60 (66 clusters are
@@ -90,11 +86,6 @@ class Setting:
 SETTINGS = (
     Setting("default", why="66 clusters of 2 (if resident), GROUP_M 8, row groups, multicast, TMA store"),
     Setting("warp-stores", warp_stores=1, why="each warp stores its own C rows: no warpgroup barrier in the epilogue"),
-    Setting("warp-stores-release-now", warp_stores=1, release_now=1, why="warp stores and release-now together"),
-    Setting("release-now", release_now=1, why="wait_group 0, the stage given back at once: one more stage of lead"),
-    Setting("release-now-direct-store", release_now=1, debug=DEBUG_DIRECT_STORE,
-            why="release-now with register stores instead of the TMA-store epilogue"),
-    Setting("release-now-clusters-64", release_now=1, clusters=64, why="release-now, exactly 4 rounds at 4096^3"),
     Setting("pingpong", pingpong=1, why="each consumer its own 64x256 tile; one's epilogue under the other's MMA"),
     Setting("pingpong-group-16", pingpong=1, group_m=16, why="ping-pong, 16 cluster-rows of 128: default's A span"),
     Setting("pingpong-column-groups-8", pingpong=1, group_m=8, order=1, why="ping-pong, groups of 8 tile-columns"),
@@ -168,10 +159,6 @@ def rung9_abi(lib):
     lib.tilefuse_rung9_set_pingpong.argtypes = [ctypes.c_int]
     lib.tilefuse_rung9_get_pingpong.restype = ctypes.c_int
     lib.tilefuse_rung9_get_pingpong.argtypes = []
-    lib.tilefuse_rung9_set_release.restype = ctypes.c_int
-    lib.tilefuse_rung9_set_release.argtypes = [ctypes.c_int]
-    lib.tilefuse_rung9_get_release.restype = ctypes.c_int
-    lib.tilefuse_rung9_get_release.argtypes = []
     lib.tilefuse_rung9_set_stores.restype = ctypes.c_int
     lib.tilefuse_rung9_set_stores.argtypes = [ctypes.c_int]
     lib.tilefuse_rung9_get_stores.restype = ctypes.c_int
@@ -189,22 +176,17 @@ def applied(lib, s: Setting):
         raise ValueError(f"tilefuse_rung9_set_schedule{s.schedule} returned {err}")
     err = lib.tilefuse_rung9_set_pingpong(s.pingpong)
     if err == 0:
-        err = lib.tilefuse_rung9_set_release(s.release_now)
-    if err == 0:
         err = lib.tilefuse_rung9_set_stores(s.warp_stores)
     if err != 0:
         lib.tilefuse_rung9_set_schedule(0, 0, 0, 0)
         lib.tilefuse_rung9_set_pingpong(0)
-        lib.tilefuse_rung9_set_release(0)
-        raise ValueError(f"tilefuse_rung9_set_pingpong({s.pingpong}) / set_release({s.release_now}) / "
-                         f"set_stores({s.warp_stores}) returned {err}")
+        raise ValueError(f"tilefuse_rung9_set_pingpong({s.pingpong}) / set_stores({s.warp_stores}) returned {err}")
     old = lib.tilefuse_rung9_set_debug(s.debug)
     try:
         yield
     finally:
         lib.tilefuse_rung9_set_debug(old)
         lib.tilefuse_rung9_set_stores(0)
-        lib.tilefuse_rung9_set_release(0)
         lib.tilefuse_rung9_set_pingpong(0)
         lib.tilefuse_rung9_set_schedule(0, 0, 0, 0)
 
@@ -510,7 +492,7 @@ def main(argv=None) -> int:
     if args.list:
         for s in SETTINGS:
             log(f"{s.name:<26} debug={s.debug} schedule(clusters, group_m, order, cluster_size)={s.schedule} "
-                f"pingpong={s.pingpong} release_now={s.release_now} warp_stores={s.warp_stores}  {s.why}")
+                f"pingpong={s.pingpong} warp_stores={s.warp_stores}  {s.why}")
         return 0
     dog = Watchdog(args.budget_s)
     t0 = time.monotonic()

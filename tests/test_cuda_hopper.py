@@ -139,9 +139,8 @@ def _kernel_reports(log: str) -> dict[str, str]:
 def test_compiles_for_sm90a_without_local_memory(rung):
     built = build(rung)
     reports = _kernel_reports(built.log)
-    # a bf16 and an fp16 kernel for each epilogue (none, bias, GeLU); rung 9 also for each consumer kernel
-    # (default, release-now)
-    kernels = 12 if rung == 9 else 6
+    # a bf16 and an fp16 kernel for each epilogue (none, bias, GeLU)
+    kernels = 6
     assert len(reports) == kernels, f"expected {kernels} kernels (bf16 and fp16) in the ptxas report:\n{built.log}"
     for name, report in reports.items():
         assert "0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads" in report, f"{name}:\n{report}"
@@ -205,15 +204,14 @@ BK_STEPS_RUNG9 = 4  # BK / WGMMA_K = 64 / 16 HGMMAs a k-tile
 
 @needs_nvcc
 def test_rung9_consumer_kloop_has_no_per_iteration_overhead():
-    """The k-loop of each consumer (both dtypes; cooperative, ping-pong and release-now): descriptors in uniform registers
+    """The k-loop of each consumer (both dtypes and epilogues, cooperative and ping-pong): descriptors in uniform registers
     (no R2UR moves before each HGMMA, no S2R/S2UR re-reading the thread index or the CTA's shared window), one
     predicated arrive a lane for the stage release (no loop over cluster ranks, no divergent branch)."""
     sass = build(9).sass
     if not sass:
         pytest.skip("cuobjdump (triton wheel) is not installed")
     loops = _hgmma_loops(sass)
-    assert len(loops) == 18, ("expected 2 dtypes x 3 epilogues x (cooperative, ping-pong, release-now) k-loops, "
-                              f"found {len(loops)}")
+    assert len(loops) == 12, f"expected 2 dtypes x 3 epilogues x (cooperative, ping-pong) k-loops, found {len(loops)}"
     for body in loops:
         text = "\n".join(body)
         assert sum("HGMMA" in t for t in body) == BK_STEPS_RUNG9, text
@@ -313,14 +311,6 @@ def _pingpong_abi(lib):
     return lib
 
 
-def _release_abi(lib):
-    lib.tilefuse_rung9_set_release.restype = ctypes.c_int
-    lib.tilefuse_rung9_set_release.argtypes = [ctypes.c_int]
-    lib.tilefuse_rung9_get_release.restype = ctypes.c_int
-    lib.tilefuse_rung9_get_release.argtypes = []
-    return lib
-
-
 def _stores_abi(lib):
     lib.tilefuse_rung9_set_stores.restype = ctypes.c_int
     lib.tilefuse_rung9_set_stores.argtypes = [ctypes.c_int]
@@ -376,20 +366,6 @@ def test_rung9_stores_abi():
         assert lib.tilefuse_rung9_set_stores(1) == 0 and lib.tilefuse_rung9_get_stores() == 1
     finally:
         assert lib.tilefuse_rung9_set_stores(0) == 0
-
-
-@needs_nvcc
-def test_rung9_release_abi():
-    """tilefuse_rung9_set_release: one k-tile late by default (until measured), 0 or 1 only."""
-    lib = _release_abi(_load(9))
-    assert lib.tilefuse_rung9_get_release() == 0
-    for bad in (-1, 2, 7):
-        assert lib.tilefuse_rung9_set_release(bad) == CUDA_ERROR_INVALID_VALUE
-        assert lib.tilefuse_rung9_get_release() == 0
-    try:
-        assert lib.tilefuse_rung9_set_release(1) == 0 and lib.tilefuse_rung9_get_release() == 1
-    finally:
-        assert lib.tilefuse_rung9_set_release(0) == 0
 
 
 # ------------------------------------------------------------------------------- layout models (CPU)
@@ -681,15 +657,12 @@ def run(actors, world: World, max_steps: int = 2_000_000) -> None:
 def simulate_warp_specialised(*, seed: int, stages: int, k_tiles: int, tiles: int, clusters: int, cluster: int,
                               persistent: bool, multicast: bool, c_chunks: int = 4, c_buffers: int = 2,
                               release_last: bool = True, remote_release: bool = True, pingpong: bool = False,
-                              hand_over: bool = True, release_now: bool = False, warp_stores: bool = False,
-                              store_wait: bool = True) -> World:
+                              hand_over: bool = True, warp_stores: bool = False, store_wait: bool = True) -> World:
     """Rung 9 (cluster=2, persistent) or rung 8 (cluster=1, one tile a CTA, release_last irrelevant).
     pingpong: rung 9's tilefuse_rung9_set_pingpong(1): consumer c takes the CTA's tiles j = c, c+2, ... (each a
     whole 64-row tile: 8 KB of A a stage), a stage is released by one consumer's 4 warps of each CTA, and a
     consumer waits on turn[c] (the other consumer's arrivals after its last stage) before each tile's mainloop;
-    hand_over=False leaves that wait out. release_now: rung 9's tilefuse_rung9_set_release(1): a consumer waits for
-    its own k-tile's wgmma (wait_group 0) and releases that stage at once, instead of keeping one group in flight
-    and releasing the previous k-tile's stage. warp_stores: tilefuse_rung9_set_stores(1): each warp stores its own 16
+    hand_over=False leaves that wait out. warp_stores: tilefuse_rung9_set_stores(1): each warp stores its own 16
     rows of a chunk after waiting for its own earlier stores only (no warpgroup barrier); store_wait=False leaves
     that wait out."""
     rng = random.Random(seed)
@@ -776,21 +749,16 @@ def simulate_warp_specialised(*, seed: int, stages: int, k_tiles: int, tiles: in
                     for _ in range(warps):                          # lane 0 of each warp: the other's turn
                         turn[cta][1 - c].arrive()
                 yield None
-                if release_now:
-                    let_go(0)                                       # wgmma_wait<0>
-                    release(s)
-                else:
-                    let_go(1)                                       # wgmma_wait<1>
-                    if kt > 0:
-                        release(prev)
+                let_go(1)                                           # wgmma_wait<1>
+                if kt > 0:
+                    release(prev)
                 prev = s
                 s += 1
                 if s == stages:
                     s, phase = 0, phase ^ 1
-            if not release_now:
-                let_go(0)                                           # wgmma_wait<0>
-                if release_last and persistent:
-                    release(prev)
+            let_go(0)                                               # wgmma_wait<0>
+            if release_last and persistent:
+                release(prev)
             # TMA-store epilogue: c_chunks chunks, c_buffers staging buffers; by warpgroup (one committing
             # thread), or with warp_stores by warp (each warp's lane 0 commits the stores of its own rows).
             for _ in range(c_chunks):
@@ -914,24 +882,14 @@ def test_rung9_pingpong_protocol(k_tiles, tiles, clusters, cluster, multicast):
                                   cluster=cluster, persistent=True, multicast=multicast, c_buffers=1, pingpong=True)
 
 
-@pytest.mark.parametrize("k_tiles,tiles,clusters", [(1, 5, 2), (2, 3, 3), (4, 7, 2), (5, 6, 3), (9, 4, 1), (3, 1, 1)])
-@pytest.mark.parametrize("cluster,multicast", [(2, True), (2, False), (1, False)])
-def test_rung9_release_now_protocol(k_tiles, tiles, clusters, cluster, multicast):
-    """tilefuse_rung9_set_release(1): each stage released right after its own wgmma group finished."""
-    for seed in range(SIM_SEEDS):
-        simulate_warp_specialised(seed=seed, stages=4, k_tiles=k_tiles, tiles=tiles, clusters=clusters,
-                                  cluster=cluster, persistent=True, multicast=multicast, release_now=True)
-
-
 @pytest.mark.parametrize("k_tiles,tiles,clusters", [(1, 5, 2), (4, 7, 2), (9, 4, 1), (3, 1, 1)])
-@pytest.mark.parametrize("release_now,pingpong", [(False, False), (True, False), (False, True)])
-def test_rung9_warp_stores_protocol(k_tiles, tiles, clusters, release_now, pingpong):
+@pytest.mark.parametrize("pingpong", [False, True])
+def test_rung9_warp_stores_protocol(k_tiles, tiles, clusters, pingpong):
     """tilefuse_rung9_set_stores(1): each warp waits for and stores its own rows of a chunk."""
     for seed in range(SIM_SEEDS):
         simulate_warp_specialised(seed=seed, stages=5 if pingpong else 4, k_tiles=k_tiles, tiles=tiles,
                                   clusters=clusters, cluster=2, persistent=True, multicast=True,
-                                  c_buffers=1 if pingpong else 2, pingpong=pingpong, release_now=release_now,
-                                  warp_stores=True)
+                                  c_buffers=1 if pingpong else 2, pingpong=pingpong, warp_stores=True)
 
 
 def test_the_warp_stores_model_catches_a_missing_wait():
@@ -1189,52 +1147,9 @@ def test_rung9_pingpong(name):
         lib.tilefuse_rung9_set_schedule(0, 0, 0, 0)
 
 
-RELEASE_NOW_VARIANTS = {  # name: (debug flags, tilefuse_rung9_set_schedule arguments), each with release-now on
-    "default": (0, (0, 0, 0, 0)), "no-multicast": (1, (0, 0, 0, 0)), "not-persistent": (2, (0, 0, 0, 0)),
-    "direct-store": (4, (0, 0, 0, 0)), "cluster-1": (0, (0, 0, 0, 1)), "7-clusters": (0, (7, 0, 0, 0)),
-}
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("name", sorted(RELEASE_NOW_VARIANTS))
-def test_rung9_release_now(name):
-    """tilefuse_rung9_set_release(1) under the debug flags and schedules: the float32 reference's result at the
-    ping-pong test's shapes, all three epilogues, bf16 and fp16, C poisoned, the same bits on a second call;
-    and with ping-pong on as well, the ping-pong kernel (which keeps its own release schedule) still right."""
-    _in_child(9)
-    torch = _torch()
-    lib = _release_abi(_pingpong_abi(_schedule_abi(_load(9))))
-    lib.tilefuse_rung9_set_debug.restype = ctypes.c_int
-    lib.tilefuse_rung9_set_debug.argtypes = [ctypes.c_int]
-    debug, schedule = RELEASE_NOW_VARIANTS[name]
-    assert lib.tilefuse_rung9_set_schedule(*schedule) == 0 and lib.tilefuse_rung9_set_release(1) == 0
-    old = lib.tilefuse_rung9_set_debug(debug)
-    try:
-        for pingpong in (0, 1):
-            assert lib.tilefuse_rung9_set_pingpong(pingpong) == 0
-            for M, N, K in PINGPONG_SHAPES[: None if pingpong == 0 else 2]:
-                for dt, epilogue in ((torch.bfloat16, 0), (torch.float16, 1), (torch.bfloat16, 2)):
-                    a = torch.randn(M, K, device="cuda", dtype=dt)
-                    b_nk = torch.randn(N, K, device="cuda", dtype=dt) / K ** 0.5
-                    bias = torch.randn(N, device="cuda", dtype=dt)
-                    c = poisoned_empty(M, N, dtype=dt, device="cuda")
-                    _run(9, a, b_nk, c, bias if epilogue else None, epilogue)
-                    assert_close(c, _reference(a, b_nk, bias, epilogue), dtype=dt,
-                                 what=f"rung 9 release-now {name} pingpong {pingpong} {M}x{N}x{K} epilogue {epilogue}")
-                    if epilogue == 0 and M * N >= 1 << 20:
-                        again = torch.empty_like(c)
-                        _run(9, a, b_nk, again)
-                        assert torch.equal(c, again), f"rung 9 release-now {name} {M}x{N}x{K}: not deterministic"
-    finally:
-        lib.tilefuse_rung9_set_debug(old)
-        lib.tilefuse_rung9_set_release(0)
-        lib.tilefuse_rung9_set_pingpong(0)
-        lib.tilefuse_rung9_set_schedule(0, 0, 0, 0)
-
-
-WARP_STORES_VARIANTS = {  # name: (tilefuse_rung9_set_schedule arguments, release-now, ping-pong), warp stores on
-    "default": ((0, 0, 0, 0), 0, 0), "release-now": ((0, 0, 0, 0), 1, 0), "pingpong": ((0, 0, 0, 0), 0, 1),
-    "cluster-1": ((0, 0, 0, 1), 0, 0), "7-clusters": ((7, 0, 0, 0), 0, 0),
+WARP_STORES_VARIANTS = {  # name: (tilefuse_rung9_set_schedule arguments, ping-pong), warp stores on
+    "default": ((0, 0, 0, 0), 0), "pingpong": ((0, 0, 0, 0), 1), "cluster-1": ((0, 0, 0, 1), 0),
+    "7-clusters": ((7, 0, 0, 0), 0),
 }
 
 
@@ -1246,9 +1161,9 @@ def test_rung9_warp_stores(name):
     second call."""
     _in_child(9)
     torch = _torch()
-    lib = _stores_abi(_release_abi(_pingpong_abi(_schedule_abi(_load(9)))))
-    schedule, release_now, pingpong = WARP_STORES_VARIANTS[name]
-    assert lib.tilefuse_rung9_set_schedule(*schedule) == 0 and lib.tilefuse_rung9_set_release(release_now) == 0
+    lib = _stores_abi(_pingpong_abi(_schedule_abi(_load(9))))
+    schedule, pingpong = WARP_STORES_VARIANTS[name]
+    assert lib.tilefuse_rung9_set_schedule(*schedule) == 0
     assert lib.tilefuse_rung9_set_pingpong(pingpong) == 0 and lib.tilefuse_rung9_set_stores(1) == 0
     try:
         for M, N, K in PINGPONG_SHAPES:
@@ -1266,7 +1181,6 @@ def test_rung9_warp_stores(name):
                     assert torch.equal(c, again), f"rung 9 warp stores {name} {M}x{N}x{K}: not deterministic"
     finally:
         lib.tilefuse_rung9_set_stores(0)
-        lib.tilefuse_rung9_set_release(0)
         lib.tilefuse_rung9_set_pingpong(0)
         lib.tilefuse_rung9_set_schedule(0, 0, 0, 0)
 
@@ -1322,23 +1236,20 @@ def test_ladder_sweep_arguments():
 def test_ladder_sweep_settings_are_accepted_by_rung9():
     """Every schedule the sweep sets is one the library takes (host code: no GPU needed)."""
     sweep = _sweep_module()
-    lib = _stores_abi(_release_abi(_pingpong_abi(_schedule_abi(_load(9)))))
+    lib = _stores_abi(_pingpong_abi(_schedule_abi(_load(9))))
     try:
         for s in sweep.SETTINGS:
             assert lib.tilefuse_rung9_set_schedule(*s.schedule) == 0, s
             assert _get_schedule(lib)[:4] == list(s.schedule)
             assert lib.tilefuse_rung9_set_pingpong(s.pingpong) == 0, s
             assert lib.tilefuse_rung9_get_pingpong() == s.pingpong
-            assert lib.tilefuse_rung9_set_release(s.release_now) == 0, s
-            assert lib.tilefuse_rung9_get_release() == s.release_now
             assert lib.tilefuse_rung9_set_stores(s.warp_stores) == 0, s
             assert lib.tilefuse_rung9_get_stores() == s.warp_stores
     finally:
         lib.tilefuse_rung9_set_schedule(0, 0, 0, 0)
         lib.tilefuse_rung9_set_pingpong(0)
-        lib.tilefuse_rung9_set_release(0)
         lib.tilefuse_rung9_set_stores(0)
-    assert {"pingpong", "direct-store", "default", "release-now", "warp-stores"} <= {s.name for s in sweep.SETTINGS}
+    assert {"pingpong", "direct-store", "default", "warp-stores"} <= {s.name for s in sweep.SETTINGS}
 
 
 @needs_nvcc

@@ -59,15 +59,7 @@
 // 5 stages instead of 4 in the same shared memory; one C staging chunk a consumer; always the TMA-store epilogue
 // (debug flag 4 is ignored: a direct-store copy of the ping-pong path made the kernel spill).
 //
-// Release: tilefuse_rung9_set_release(1) (not part of the ladder ABI; default 0 until measured) changes when a
-// cooperative consumer gives a stage back. By default it keeps one wgmma group in flight (wait_group 1) and
-// releases the stage of the *previous* k-tile, so a stage stays held one k-tile after its last read and the
-// producer runs 2 k-tiles ahead of the 4-stage ring, not 3; the release also waits for the next stage's full
-// barrier, which depends on the peer CTA's half of B. Release-now waits for its own group (wait_group 0) and
-// releases that stage at once: one more stage of lead, no dependence on the peer for the release, and each
-// warpgroup's tensor queue runs dry between its k-tiles while the other consumer's group runs.
-//
-// Stores: tilefuse_rung9_set_stores(1) (not part of the ladder ABI; default 0 until measured). The TMA-store
+// Stores: tilefuse_rung9_set_stores(1) (not part of the ladder ABI; default 0: within noise in run 31). The TMA-store
 // epilogue writes a consumer's 64x64 C chunk into staging and, by default, meets the other warps of its warpgroup
 // at a named barrier before and after (8 barriers a tile), one thread issuing the chunk's stores (4 boxes of 16
 // rows). With warp stores each warp waits for its own earlier store, writes its 16 rows and its lane 0 stores them:
@@ -207,7 +199,6 @@ struct Schedule {
     int group_m;  // group depth of the tile order
     int order;    // ORDER_ROW_GROUPS or ORDER_COLUMN_GROUPS
     int pingpong; // 0: both consumers on one 128x256 tile (cooperative); 1: each on its own 64x256 tile
-    int release_now;  // cooperative only: 1 = wgmma_wait<0> and release the stage just read (see the header)
     int warp_stores;  // 1: each warp stores its own rows of a C chunk (no warpgroup barrier; see the header)
 };
 
@@ -318,7 +309,8 @@ __device__ __forceinline__ void mbar_arrive_cluster(uint32_t cluster_addr) {
 // (31 arrive instructions in each k-loop's SASS, ~30 issued a k-tile for a cluster of 2). `target` is the
 // lane's CTA's stage-0 empty barrier in the cluster window (mapa once, before the loop: a stage's barrier is
 // `stage` x 8 bytes further, the window maps a CTA's shared memory as one block). With the lane mapped inside
-// the loop ptxas re-read SR_TID (S2R) every k-tile of the release-now loop.
+// the loop ptxas re-read SR_TID (S2R) every k-tile of a loop that released the stage just read (a variant tried
+// in runs 29-31 and removed: benchmarks/notes/hopper_rungs.md).
 __device__ __forceinline__ void release_stage(uint32_t target, uint32_t stage, bool releaser) {
     if (releaser) mbar_arrive_cluster(target + 8 * stage);
 }
@@ -506,7 +498,7 @@ __device__ __forceinline__ Walk make_walk(int M, int N, int K, int rows, int csi
 // each one's epilogue runs under the other's mainloop. The hand-over also keeps the parity waits exact: no
 // consumer waits on a stage more than one phase ahead of it. Compile-time PP keeps each path's registers as
 // they were (a run-time switch cost a spill in the GeLU epilogue).
-template <int DT, int EPI, bool PP, bool RN>
+template <int DT, int EPI, bool PP>
 __device__ __forceinline__ void consume(const void* smem_raw, const CUtensorMap* tm_c, void* C, const void* bias,
                                         int M, int N, int K, long long ldc, int debug, const Schedule& sched) {
     constexpr int stages = PP ? PP_STAGES : STAGES;
@@ -575,30 +567,20 @@ __device__ __forceinline__ void consume(const void* smem_raw, const CUtensorMap*
                 if (lane == 0) mbar_arrive(turn + 8 * (1 - consumer));
                 __syncwarp();
             }
-            if constexpr (RN) {
-                // Release-now: this k-tile's wgmma finished, its stage goes back to the producers of both CTAs
-                // at once, one k-tile earlier than below (the ring's lead grows by a stage); this warpgroup's
-                // tensor queue runs dry until its next k-tile is issued, while the other consumer's runs.
-                wgmma_wait<0>();
-                fence_accumulators(acc);
-                release_stage(release_target, (uint32_t)s, releaser);
-            } else {
-                // Keep this k-tile's wgmma in flight; the previous one has finished, so release its stage
-                // to the producers of both CTAs (each of them writes into this CTA's copy of it).
-                wgmma_wait<1>();
-                fence_accumulators(acc);
-                if (kt > 0) release_stage(release_target, (uint32_t)prev, releaser);
-            }
+            // Keep this k-tile's wgmma in flight; the previous one has finished, so release its stage
+            // to the producers of both CTAs (each of them writes into this CTA's copy of it). (Releasing each
+            // stage at once after a wait_group 0, a stage more of lead, measured within noise in runs 30-31.)
+            wgmma_wait<1>();
+            fence_accumulators(acc);
+            if (kt > 0) release_stage(release_target, (uint32_t)prev, releaser);
             __syncwarp();  // the warp whole again before the next .sync.aligned wgmma instructions
             prev = s;
             if (++s == stages) { s = 0; phase ^= 1u; }
         }
-        if constexpr (!RN) {
-            wgmma_wait<0>();
-            fence_accumulators(acc);
-            release_stage(release_target, (uint32_t)prev, releaser);  // the producer goes on into the next tile
-            __syncwarp();
-        }
+        wgmma_wait<0>();
+        fence_accumulators(acc);
+        release_stage(release_target, (uint32_t)prev, releaser);  // the producer goes on into the next tile
+        __syncwarp();
 
         if (!tma_store) {
             store_fragment<DT, EPI>(acc, C, bias, M, N, ldc, m0, n0, true);
@@ -667,10 +649,8 @@ __device__ __forceinline__ void consume(const void* smem_raw, const CUtensorMap*
 // with the epilogue chosen at run time the unrolled epilogue branched around a bias load and an erff GeLU for every
 // pair of accumulators (~180 KB of SASS to walk through for a plain tile), and ncu (device run 29, 4096^3) saw the
 // consumers stall on instruction fetch ("no instruction" 3.3 cycles an issued instruction, cuBLAS 0.13) with the
-// tensor pipe active 76 % of the time (cuBLAS 95 %). RN: the release-now consumers (tilefuse_rung9_set_release(1))
-// are a kernel of their own: a third consumer path in one kernel pushed ptxas over the 168-register cap (384 bytes
-// of spills), two paths a kernel do not.
-template <int DT, int EPI, bool RN>
+// tensor pipe active 76 % of the time (cuBLAS 95 %).
+template <int DT, int EPI>
 __global__ void __launch_bounds__(THREADS, 1)
 rung9_kernel(const __grid_constant__ CUtensorMap tm_a, const __grid_constant__ CUtensorMap tm_b,
              const __grid_constant__ CUtensorMap tm_c, void* C, const void* bias, int M, int N, int K, long long ldc,
@@ -738,9 +718,8 @@ rung9_kernel(const __grid_constant__ CUtensorMap tm_a, const __grid_constant__ C
         }
     } else {
         regs_claim<CONSUMER_REGS>();
-        if constexpr (RN) consume<DT, EPI, false, true>(smem_raw, &tm_c, C, bias, M, N, K, ldc, debug, sched);
-        else if (pp) consume<DT, EPI, true, false>(smem_raw, &tm_c, C, bias, M, N, K, ldc, debug, sched);
-        else consume<DT, EPI, false, false>(smem_raw, &tm_c, C, bias, M, N, K, ldc, debug, sched);
+        if (pp) consume<DT, EPI, true>(smem_raw, &tm_c, C, bias, M, N, K, ldc, debug, sched);
+        else consume<DT, EPI, false>(smem_raw, &tm_c, C, bias, M, N, K, ldc, debug, sched);
     }
     // No CTA may exit while its peer can still arrive on its barriers.
     __syncwarp();
@@ -789,33 +768,24 @@ int g_group_m = 0;       // 0: GROUP_M
 int g_order = 0;         // ORDER_ROW_GROUPS
 int g_cluster_size = 0;  // 0: CLUSTER
 int g_pingpong = 0;      // tilefuse_rung9_set_pingpong: 0 cooperative consumers (the default), 1 ping-pong
-int g_release_now = 0;   // tilefuse_rung9_set_release: 0 release a stage one k-tile late (the default), 1 at once
 int g_warp_stores = 0;   // tilefuse_rung9_set_stores: 0 one store thread a consumer (the default), 1 one a warp
 constexpr int MAX_GROUP_M = 1 << 16;
 constexpr int MAX_DEVICES = 64;
 // Per device and cluster size (index csize - 1): clusters of this kernel resident at once (0: not asked yet).
 int g_resident_clusters[MAX_DEVICES][CLUSTER] = {};
 // Per device and dtype: the dynamic shared-memory attribute was set (a driver call worth skipping per launch).
-bool g_smem_set[MAX_DEVICES][12] = {};  // [kernel_slot(dtype, epilogue, release_now)]
+bool g_smem_set[MAX_DEVICES][6] = {};  // [kernel_slot(dtype, epilogue)]
 
 using KernelFn = void (*)(const CUtensorMap, const CUtensorMap, const CUtensorMap, void*, const void*, int, int, int,
                           long long, int, Schedule);
 
-// The kernel for a dtype, an epilogue and a consumer schedule: release-now (cooperative only) or the default
-// kernel, which holds the cooperative and the ping-pong consumers.
-template <int DT, int EPI>
-KernelFn kernel_for_rn(bool release_now) {
-    return release_now ? rung9_kernel<DT, EPI, true> : rung9_kernel<DT, EPI, false>;
-}
+// The kernel for a dtype and an epilogue (each holds the cooperative and the ping-pong consumers).
 template <int DT>
-KernelFn kernel_for_epi(int epilogue, bool release_now) {
-    return epilogue == 0 ? kernel_for_rn<DT, 0>(release_now)
-                         : epilogue == 1 ? kernel_for_rn<DT, 1>(release_now) : kernel_for_rn<DT, 2>(release_now);
+KernelFn kernel_for_epi(int epilogue) {
+    return epilogue == 0 ? rung9_kernel<DT, 0> : epilogue == 1 ? rung9_kernel<DT, 1> : rung9_kernel<DT, 2>;
 }
-KernelFn kernel_for(int dtype, int epilogue, bool release_now) {
-    return dtype == 0 ? kernel_for_epi<0>(epilogue, release_now) : kernel_for_epi<1>(epilogue, release_now);
-}
-int kernel_slot(int dtype, int epilogue, bool release_now) { return dtype + 2 * (epilogue + 3 * (int)release_now); }
+KernelFn kernel_for(int dtype, int epilogue) { return dtype == 0 ? kernel_for_epi<0>(epilogue) : kernel_for_epi<1>(epilogue); }
+int kernel_slot(int dtype, int epilogue) { return dtype + 2 * epilogue; }
 
 cudaError_t allow_smem(KernelFn kernel, int device, int slot) {
     const bool cached = device >= 0 && device < MAX_DEVICES;
@@ -851,8 +821,8 @@ cudaError_t resident_clusters(int device, int dtype, int csize, int* resident, i
         *resident = g_resident_clusters[device][csize - 1];
         return cudaSuccess;
     }
-    KernelFn kernel = kernel_for(dtype, 0, false);  // every kernel has the same threads and shared memory
-    e = allow_smem(kernel, device, kernel_slot(dtype, 0, false));
+    KernelFn kernel = kernel_for(dtype, 0);  // every kernel has the same threads and shared memory
+    e = allow_smem(kernel, device, kernel_slot(dtype, 0));
     if (e != cudaSuccess) return e;
     cudaLaunchAttribute attr[1];
     cudaLaunchConfig_t cfg;
@@ -909,16 +879,6 @@ extern "C" int tilefuse_rung9_set_pingpong(int on) {
     return cudaSuccess;
 }
 extern "C" int tilefuse_rung9_get_pingpong(void) { return g_pingpong; }
-
-// Not part of the ladder ABI: when the cooperative consumers give a stage back (see the header, "Release"): 0
-// one k-tile late, keeping a wgmma group in flight (the default), 1 at once after waiting for it. Ping-pong
-// keeps its own schedule. Returns cudaErrorInvalidValue (and changes nothing) for anything but 0 or 1.
-extern "C" int tilefuse_rung9_set_release(int now) {
-    if (now != 0 && now != 1) return cudaErrorInvalidValue;
-    g_release_now = now;
-    return cudaSuccess;
-}
-extern "C" int tilefuse_rung9_get_release(void) { return g_release_now; }
 
 // Not part of the ladder ABI: who stores a C chunk of the TMA-store epilogue (see the header, "Stores"): 0 one
 // thread a consumer warpgroup after a warpgroup barrier (the default), 1 each warp its own 16 rows, no barrier.
@@ -983,16 +943,15 @@ extern "C" int tilefuse_rung9(const void* A, const void* B, void* C, const void*
     e = encode_2d(&tm_c, dtype, C, M, N, ldc, C_STORE_ROWS, C_CHUNK_COLS);
     if (e != cudaSuccess) return e;
 
-    const bool release_now = g_release_now != 0 && pingpong == 0;  // ping-pong keeps its own release schedule
-    KernelFn kernel = kernel_for(dtype, epilogue, release_now);
+    KernelFn kernel = kernel_for(dtype, epilogue);
     int device = 0;
     e = cudaGetDevice(&device);
     if (e != cudaSuccess) return e;
-    e = allow_smem(kernel, device, kernel_slot(dtype, epilogue, release_now));
+    e = allow_smem(kernel, device, kernel_slot(dtype, epilogue));
     if (e != cudaSuccess) return e;
 
     const Schedule sched{g_cluster_size == 0 ? CLUSTER : g_cluster_size, g_group_m == 0 ? GROUP_M : g_group_m,
-                         g_order, pingpong, (int)release_now, g_warp_stores};
+                         g_order, pingpong, g_warp_stores};
     const int csize = sched.cluster;
     const long long tiles = (long long)((M + rows * csize - 1) / (rows * csize)) * ((N + BN - 1) / BN);
     const int debug = g_debug_flags;
