@@ -303,19 +303,13 @@ def _schedule_abi(lib):
     return lib
 
 
-def _pingpong_abi(lib):
-    lib.tilefuse_rung9_set_pingpong.restype = ctypes.c_int
-    lib.tilefuse_rung9_set_pingpong.argtypes = [ctypes.c_int]
-    lib.tilefuse_rung9_get_pingpong.restype = ctypes.c_int
-    lib.tilefuse_rung9_get_pingpong.argtypes = []
-    return lib
-
-
-def _stores_abi(lib):
-    lib.tilefuse_rung9_set_stores.restype = ctypes.c_int
-    lib.tilefuse_rung9_set_stores.argtypes = [ctypes.c_int]
-    lib.tilefuse_rung9_get_stores.restype = ctypes.c_int
-    lib.tilefuse_rung9_get_stores.argtypes = []
+def _switches_abi(lib):
+    """Declare rung 9's on/off switches: tilefuse_rung9_set/get_pingpong and tilefuse_rung9_set/get_stores."""
+    for switch in ("pingpong", "stores"):
+        getattr(lib, f"tilefuse_rung9_set_{switch}").restype = ctypes.c_int
+        getattr(lib, f"tilefuse_rung9_set_{switch}").argtypes = [ctypes.c_int]
+        getattr(lib, f"tilefuse_rung9_get_{switch}").restype = ctypes.c_int
+        getattr(lib, f"tilefuse_rung9_get_{switch}").argtypes = []
     return lib
 
 
@@ -341,31 +335,20 @@ def test_rung9_schedule_abi_checks_its_arguments():
 
 
 @needs_nvcc
-def test_rung9_pingpong_abi():
-    """tilefuse_rung9_set_pingpong: off by default (cooperative consumers until measured), 0 or 1 only."""
-    lib = _pingpong_abi(_load(9))
-    assert lib.tilefuse_rung9_get_pingpong() == 0
+@pytest.mark.parametrize("switch", ["pingpong", "stores"])
+def test_rung9_on_off_switches(switch):
+    """tilefuse_rung9_set_pingpong (cooperative consumers by default) and tilefuse_rung9_set_stores (one store
+    thread a warpgroup by default): off until measured to win, 0 or 1 only, a refused value changes nothing."""
+    lib = _switches_abi(_load(9))
+    set_, get = getattr(lib, f"tilefuse_rung9_set_{switch}"), getattr(lib, f"tilefuse_rung9_get_{switch}")
+    assert get() == 0
     for bad in (-1, 2, 7):
-        assert lib.tilefuse_rung9_set_pingpong(bad) == CUDA_ERROR_INVALID_VALUE
-        assert lib.tilefuse_rung9_get_pingpong() == 0
+        assert set_(bad) == CUDA_ERROR_INVALID_VALUE
+        assert get() == 0
     try:
-        assert lib.tilefuse_rung9_set_pingpong(1) == 0 and lib.tilefuse_rung9_get_pingpong() == 1
+        assert set_(1) == 0 and get() == 1
     finally:
-        assert lib.tilefuse_rung9_set_pingpong(0) == 0
-
-
-@needs_nvcc
-def test_rung9_stores_abi():
-    """tilefuse_rung9_set_stores: one store thread a warpgroup by default (until measured), 0 or 1 only."""
-    lib = _stores_abi(_load(9))
-    assert lib.tilefuse_rung9_get_stores() == 0
-    for bad in (-1, 2, 7):
-        assert lib.tilefuse_rung9_set_stores(bad) == CUDA_ERROR_INVALID_VALUE
-        assert lib.tilefuse_rung9_get_stores() == 0
-    try:
-        assert lib.tilefuse_rung9_set_stores(1) == 0 and lib.tilefuse_rung9_get_stores() == 1
-    finally:
-        assert lib.tilefuse_rung9_set_stores(0) == 0
+        assert set_(0) == 0
 
 
 # ------------------------------------------------------------------------------- layout models (CPU)
@@ -1113,6 +1096,26 @@ PINGPONG_SHAPES = [(1800, 2312, 328), (1, 8, 8), (129, 136, 8), (200, 264, 136),
                    (4096, 4096, 4096)]
 
 
+def _check_rung9_at_variant_shapes(what: str) -> None:
+    """Rung 9 as the library is set now, at PINGPONG_SHAPES: the float32 reference's result for all three
+    epilogues (bf16 and fp16), C poisoned, and the same bits on a second call of the larger plain ones (a race
+    between stages or consumers shows up as noise)."""
+    torch = _torch()
+    for M, N, K in PINGPONG_SHAPES:
+        for dt, epilogue in ((torch.bfloat16, 0), (torch.float16, 1), (torch.bfloat16, 2)):
+            a = torch.randn(M, K, device="cuda", dtype=dt)
+            b_nk = torch.randn(N, K, device="cuda", dtype=dt) / K ** 0.5
+            bias = torch.randn(N, device="cuda", dtype=dt)
+            c = poisoned_empty(M, N, dtype=dt, device="cuda")
+            _run(9, a, b_nk, c, bias if epilogue else None, epilogue)
+            assert_close(c, _reference(a, b_nk, bias, epilogue), dtype=dt,
+                         what=f"rung 9 {what} {M}x{N}x{K} epilogue {epilogue}")
+            if epilogue == 0 and M * N >= 1 << 20:
+                again = torch.empty_like(c)
+                _run(9, a, b_nk, again)
+                assert torch.equal(c, again), f"rung 9 {what} {M}x{N}x{K}: not deterministic"
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("name", sorted(PINGPONG_VARIANTS))
 def test_rung9_pingpong(name):
@@ -1121,26 +1124,14 @@ def test_rung9_pingpong(name):
     same bits on a second call (a consumer reading a stage of the other's tile would show up as noise)."""
     _in_child(9)
     torch = _torch()
-    lib = _pingpong_abi(_schedule_abi(_load(9)))
+    lib = _switches_abi(_schedule_abi(_load(9)))
     lib.tilefuse_rung9_set_debug.restype = ctypes.c_int
     lib.tilefuse_rung9_set_debug.argtypes = [ctypes.c_int]
     debug, schedule = PINGPONG_VARIANTS[name]
     assert lib.tilefuse_rung9_set_schedule(*schedule) == 0 and lib.tilefuse_rung9_set_pingpong(1) == 0
     old = lib.tilefuse_rung9_set_debug(debug)
     try:
-        for M, N, K in PINGPONG_SHAPES:
-            for dt, epilogue in ((torch.bfloat16, 0), (torch.float16, 1), (torch.bfloat16, 2)):
-                a = torch.randn(M, K, device="cuda", dtype=dt)
-                b_nk = torch.randn(N, K, device="cuda", dtype=dt) / K ** 0.5
-                bias = torch.randn(N, device="cuda", dtype=dt)
-                c = poisoned_empty(M, N, dtype=dt, device="cuda")
-                _run(9, a, b_nk, c, bias if epilogue else None, epilogue)
-                assert_close(c, _reference(a, b_nk, bias, epilogue), dtype=dt,
-                             what=f"rung 9 ping-pong {name} {M}x{N}x{K} epilogue {epilogue}")
-                if epilogue == 0 and M * N >= 1 << 20:
-                    again = torch.empty_like(c)
-                    _run(9, a, b_nk, again)
-                    assert torch.equal(c, again), f"rung 9 ping-pong {name} {M}x{N}x{K}: not deterministic"
+        _check_rung9_at_variant_shapes(f"ping-pong {name}")
     finally:
         lib.tilefuse_rung9_set_debug(old)
         lib.tilefuse_rung9_set_pingpong(0)
@@ -1161,24 +1152,12 @@ def test_rung9_warp_stores(name):
     second call."""
     _in_child(9)
     torch = _torch()
-    lib = _stores_abi(_pingpong_abi(_schedule_abi(_load(9))))
+    lib = _switches_abi(_schedule_abi(_load(9)))
     schedule, pingpong = WARP_STORES_VARIANTS[name]
     assert lib.tilefuse_rung9_set_schedule(*schedule) == 0
     assert lib.tilefuse_rung9_set_pingpong(pingpong) == 0 and lib.tilefuse_rung9_set_stores(1) == 0
     try:
-        for M, N, K in PINGPONG_SHAPES:
-            for dt, epilogue in ((torch.bfloat16, 0), (torch.float16, 1), (torch.bfloat16, 2)):
-                a = torch.randn(M, K, device="cuda", dtype=dt)
-                b_nk = torch.randn(N, K, device="cuda", dtype=dt) / K ** 0.5
-                bias = torch.randn(N, device="cuda", dtype=dt)
-                c = poisoned_empty(M, N, dtype=dt, device="cuda")
-                _run(9, a, b_nk, c, bias if epilogue else None, epilogue)
-                assert_close(c, _reference(a, b_nk, bias, epilogue), dtype=dt,
-                             what=f"rung 9 warp stores {name} {M}x{N}x{K} epilogue {epilogue}")
-                if epilogue == 0 and M * N >= 1 << 20:
-                    again = torch.empty_like(c)
-                    _run(9, a, b_nk, again)
-                    assert torch.equal(c, again), f"rung 9 warp stores {name} {M}x{N}x{K}: not deterministic"
+        _check_rung9_at_variant_shapes(f"warp stores {name}")
     finally:
         lib.tilefuse_rung9_set_stores(0)
         lib.tilefuse_rung9_set_pingpong(0)
@@ -1236,7 +1215,7 @@ def test_ladder_sweep_arguments():
 def test_ladder_sweep_settings_are_accepted_by_rung9():
     """Every schedule the sweep sets is one the library takes (host code: no GPU needed)."""
     sweep = _sweep_module()
-    lib = _stores_abi(_pingpong_abi(_schedule_abi(_load(9))))
+    lib = _switches_abi(_schedule_abi(_load(9)))
     try:
         for s in sweep.SETTINGS:
             assert lib.tilefuse_rung9_set_schedule(*s.schedule) == 0, s
