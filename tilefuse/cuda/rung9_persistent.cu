@@ -645,7 +645,7 @@ __device__ __forceinline__ void consume(const void* smem_raw, const CUtensorMap*
     if (warp_stores ? lane == 0 : tid == 0) bulk_wait<0>();
 }
 
-// A kernel a dtype, epilogue and release schedule. EPI (0 none, 1 + bias, 2 GeLU(+ bias)) is a template argument:
+// A kernel a dtype and epilogue. EPI (0 none, 1 + bias, 2 GeLU(+ bias)) is a template argument:
 // with the epilogue chosen at run time the unrolled epilogue branched around a bias load and an erff GeLU for every
 // pair of accumulators (~180 KB of SASS to walk through for a plain tile), and ncu (device run 29, 4096^3) saw the
 // consumers stall on instruction fetch ("no instruction" 3.3 cycles an issued instruction, cuBLAS 0.13) with the
