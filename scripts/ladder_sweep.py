@@ -204,6 +204,7 @@ def probe_child(names: list[str]) -> int:
     """Child process: each setting on PROBE_SHAPE (both epilogue paths) against a float32 reference. Prints
     START/OK/WRONG/ERROR lines as it goes, so the parent knows which one a crash happened in."""
     import torch
+    from tilefuse.bench import harness
     from tilefuse.cuda import build, launch
 
     rl = launch.load(build.build(build.rung(9), "sm_90a"))
@@ -226,7 +227,7 @@ def probe_child(names: list[str]) -> int:
                     rl(a.data_ptr(), w.data_ptr(), c.data_ptr(), bias.data_ptr() if epilogue else None, m, n, k,
                        k, k, n, "bfloat16", epilogue, stream)
                     torch.cuda.synchronize()
-                    errs.append(rel_error(c, ref0 + bias.float() if epilogue else ref0))
+                    errs.append(harness.rel_error(c, ref0 + bias.float() if epilogue else ref0))
             bad = max(errs)
             print(f"{'OK' if bad <= CHECK_TOLERANCE else 'WRONG'} {name} {bad:.3g}", flush=True)
         except Exception as exc:  # a launcher error: the context may still be fine
@@ -286,15 +287,6 @@ def run_probe(names: list[str], dog: Watchdog) -> dict[str, str]:
 
 
 # ---------------------------------------------------------------------------------------------- timing
-def rel_error(out, ref) -> float:
-    import torch
-
-    out = out.float()
-    if not torch.isfinite(out).all():
-        return float("inf")
-    return (out - ref).norm().item() / (ref.norm().item() or 1.0)
-
-
 def do_bench_ms(fn, warmup: int, rep: int) -> tuple[float, float, float]:
     from triton.testing import do_bench
 
@@ -507,6 +499,7 @@ def main(argv=None) -> int:
     if not torch.cuda.is_available():
         log("no CUDA GPU here: nothing to time (--list and --build-only run without one)")
         return 2
+    from tilefuse.bench import harness
     from tilefuse.cuda import gemm as ladder_gemm
     from tilefuse.cuda import launch
 
@@ -577,7 +570,7 @@ def main(argv=None) -> int:
                     c.fill_(float("nan"))
                 out = fn()
                 torch.cuda.synchronize()
-                err = rel_error(c if out is None else out, ref)
+                err = harness.rel_error(c if out is None else out, ref)
                 return None if err <= CHECK_TOLERANCE else f"relative error {err:.3g} > {CHECK_TOLERANCE:g}"
             return check
 

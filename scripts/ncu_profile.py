@@ -58,11 +58,6 @@ SUMMARY = (
 )
 
 
-def rel_error(out, ref) -> float:
-    out, ref = out.float(), ref.float()
-    return float((out - ref).norm() / ref.norm())
-
-
 def gemm_impls(shape):
     """(label, fn) of each implementation of C = A @ B at ``shape``, with its float32 reference check."""
     import torch
@@ -105,7 +100,8 @@ def compiler_impls(case):
 def run(cases, profile: bool) -> int:
     import torch
 
-    launches = 0
+    from tilefuse.bench import harness
+
     plan = []
     for case in cases:
         impls = gemm_impls(GEMM_SHAPES[case]) if case in GEMM_SHAPES else compiler_impls(case)
@@ -114,7 +110,7 @@ def run(cases, profile: bool) -> int:
                 out = fn()
             torch.cuda.synchronize()
             if ref is not None:
-                err = rel_error(out, ref)
+                err = harness.rel_error(out, ref)
                 status = "ok" if err <= CHECK_TOLERANCE else f"WRONG ({err:.3g})"
                 print(f"{case:12s} {label:12s} rel err {err:.2e} {status}", flush=True)
             plan.append((case, label, fn))
@@ -128,8 +124,7 @@ def run(cases, profile: bool) -> int:
         if profile:
             torch.cuda.profiler.stop()
         torch.cuda.nvtx.range_pop()
-        launches += 1
-    print(f"profiled {launches} calls: " + ", ".join(f"{c}/{l}" for c, l, _ in plan))
+    print(f"profiled {len(plan)} calls: " + ", ".join(f"{c}/{l}" for c, l, _ in plan))
     return 0
 
 
@@ -192,6 +187,8 @@ def sustained(cases, seconds: float) -> int:
 
     import torch
 
+    from tilefuse.bench import harness
+
     flush = torch.empty(FLUSH_BYTES // 4, dtype=torch.int32, device="cuda")
     print(f"{'case':10s} {'impl':12s} {'mode':8s} {'ms':>8s} {'TFLOP/s':>8s} {'MHz':>6s} {'W':>6s} {'C':>4s} "
           f"{'TF/GHz':>7s}")
@@ -203,7 +200,7 @@ def sustained(cases, seconds: float) -> int:
             for _ in range(WARMUP_CALLS):
                 out = fn()
             torch.cuda.synchronize()
-            err = rel_error(out, ref)
+            err = harness.rel_error(out, ref)
             if not err <= CHECK_TOLERANCE:
                 print(f"{case:10s} {label:12s} WRONG (rel err {err:.3g}): not timed")
                 continue
@@ -234,7 +231,8 @@ def sustained(cases, seconds: float) -> int:
 def summary(path: Path, raw: Path | None = None) -> int:
     """One block a kernel launch of an ncu details CSV (the SUMMARY metrics) and, given the raw page's CSV,
     the RAW_PATTERNS metrics of the same launch."""
-    rows = list(csv.DictReader(open(path, newline="")))
+    with open(path, newline="") as f:
+        rows = list(csv.DictReader(f))
     launches: dict[str, dict] = {}
     for r in rows:
         key = r.get("ID", "")
@@ -244,11 +242,12 @@ def summary(path: Path, raw: Path | None = None) -> int:
             d[name] = f"{r.get('Metric Value', '')} {r.get('Metric Unit', '')}".strip()
     raw_rows: list[dict] = []
     if raw is not None:
-        reader = csv.reader(open(raw, newline=""))
-        header = next(reader)
-        units = next(reader)
-        for vals in reader:
-            raw_rows.append({h: (v, u) for h, v, u in zip(header, vals, units)})
+        with open(raw, newline="") as f:
+            reader = csv.reader(f)
+            header = next(reader)
+            units = next(reader)
+            for vals in reader:
+                raw_rows.append({h: (v, u) for h, v, u in zip(header, vals, units)})
     cols = [n for _, n in SUMMARY]
     for i, (key, d) in enumerate(launches.items()):
         print(f"-- launch {key}: {d['kernel']}")

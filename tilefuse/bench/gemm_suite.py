@@ -74,17 +74,9 @@ def _shape(m, n, k) -> str:
     return f"{m}x{n}x{k}"
 
 
-def _rel(out: torch.Tensor, ref: torch.Tensor) -> float:
-    out, ref = out.float(), ref.float()
-    if not torch.isfinite(out).all():
-        return float("inf")
-    denom = ref.norm().item()
-    return (out - ref).norm().item() / (denom or 1.0)
-
-
 def _checker(fn: Callable, ref: torch.Tensor, tol: float) -> Callable[[], str | None]:
     def check():
-        err = _rel(fn(), ref)
+        err = harness.rel_error(fn(), ref)
         return None if err <= tol else f"relative error {err:.3g} > {tol:g}"
     return check
 
@@ -148,7 +140,7 @@ def _quant_checker(fn, ref_value: torch.Tensor) -> Callable[[], str | None]:
 
     def check():
         q, s = fn()
-        err = _rel(q.float() * s.float(), ref_value)
+        err = harness.rel_error(q.float() * s.float(), ref_value)
         serr = ((s.float().reshape(ref_scale.shape) - ref_scale).abs() / ref_scale).max().item()
         if err > CHECK_TOLERANCE["fp8"] or serr > 2e-2:
             return f"dequantised error {err:.3g}, scale error {serr:.3g}"
@@ -411,7 +403,7 @@ def sweep(shapes, dtype: torch.dtype, all_classes: bool, out: Path | None, rep_m
                 scratch = gemm.scratch_operands(ops)
                 run = gemm_launch.bound(scratch, cfg)  # the kept launcher, as a plan replays it (no JIT a call)
                 run()
-                rows.append({"config": cfg.label(), "rel_error": _rel(scratch.c[0], ref), "json": cfg.to_json()})
+                rows.append({"config": cfg.label(), "rel_error": harness.rel_error(scratch.c[0], ref), "json": cfg.to_json()})
                 entries.append((cfg.label(), run))
             except Exception as exc:  # report and go on: the sweep is for information
                 rows.append({"config": cfg.label(), "ms": None, "error": f"{type(exc).__name__}: {exc}"[:200]})

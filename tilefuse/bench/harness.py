@@ -289,3 +289,12 @@ def geomean(values: Iterable[float]) -> float | None:
     if not values:
         return None
     return math.exp(sum(math.log(v) for v in values) / len(values))
+
+
+def rel_error(out, ref) -> float:
+    """||out - ref|| / ||ref|| in float32 (||out - ref|| where ref is all zeros), inf where out holds a NaN or an
+    inf: how the suites and sweeps check a result against its reference before they time it."""
+    out, ref = out.float(), ref.float()
+    if not bool(out.isfinite().all()):
+        return float("inf")
+    return (out - ref).norm().item() / (ref.norm().item() or 1.0)

@@ -49,16 +49,9 @@ def _shape(m, n, k) -> str:
     return f"{m}x{n}x{k}"
 
 
-def _rel(out: torch.Tensor, ref: torch.Tensor) -> float:
-    out = out.float()
-    if not torch.isfinite(out).all():
-        return float("inf")
-    return (out - ref).norm().item() / (ref.norm().item() or 1.0)
-
-
 def _checker(fn: Callable[[], torch.Tensor], ref: torch.Tensor, tol: float = CHECK_TOLERANCE):
     def check():
-        err = _rel(fn(), ref)
+        err = harness.rel_error(fn(), ref)
         return None if err <= tol else f"relative error {err:.3g} > {tol:g}"
     return check
 
