@@ -84,6 +84,25 @@ def test_both_texts_are_one_function():
     assert "libdevice.fast_dividef" in differ[0][1] and "tl.exp2(x * x * -1.44269504" in differ[1][1]
 
 
+def test_the_cuda_ladders_gelu_uses_the_same_fit():
+    """tilefuse/cuda/gelu_erfc.cuh (the Hopper rungs' GeLU) is this module's degree-8 erfc fit written in C++: the
+    same nine coefficients, the same 0.4 / sqrt 2 scale and -log2(e) / 2 exponent, and no libdevice erff."""
+    import inspect
+    from pathlib import Path
+
+    number = r"-?\d+\.\d+(?:e-?\d+)?"
+    py_src = inspect.getsource(special.erfc_poly.fn)
+    py = [float(c) for c in re.findall(rf"q = ({number})\n", py_src)]
+    py += [float(sign + c) for sign, c in re.findall(rf"q \* t ([-+]) ({number})", py_src)]
+    cu = (Path(special.__file__).parents[1] / "cuda" / "gelu_erfc.cuh").read_text()
+    body = cu[cu.index("gelu_erfc(float x)"):]
+    coeffs = [float(a or b) for a, b in re.findall(rf"float q = ({number})f;|fmaf\(q, t, ({number})f\)", body)]
+    assert len(py) == 9 and coeffs == py, (coeffs, py)
+    assert "fmaf(0.28284271247461906f, fabsf(x), 1.0f)" in body and 0.28284271247461906 == pytest.approx(0.4 / math.sqrt(2))
+    assert "-0.7213475204444817f" in body and 0.7213475204444817 == pytest.approx(0.5 / math.log(2))
+    assert "erff" not in body
+
+
 # ------------------------------------------------------------------------------ the compiler's rewrite
 def _compiled_sources(fn, *args) -> tuple[object, str]:
     from tilefuse.compiler.explain import explain
