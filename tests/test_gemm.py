@@ -27,6 +27,9 @@ VARIANTS = {
     "tiled_tma": GemmConfig("tiled", 32, 32, 16, tma=True),
     "splitk_tma": GemmConfig("tiled", 16, 32, 32, split_k=2, tma=True),
     "persistent_tma": GemmConfig("persistent", 32, 32, 16, tma=True, epi_subtile=2),
+    # B streamed into registers a step ahead (the L2 hint itself is a no-op here), whole K and split-K
+    "b_stream": GemmConfig("tiled", 16, 32, 16, num_stages=1, b_stream=True),
+    "b_stream_splitk": GemmConfig("tiled", 16, 32, 16, split_k=3, num_stages=1, b_stream=True),
 }
 
 
@@ -82,11 +85,23 @@ def test_kernel_variants(variant, layout):
     assert_close(res.out[0], ref_mm(a, b), torch.float16)
 
 
-@pytest.mark.parametrize("variant", ["tiled", "splitk", "persistent_sub2"])
+@pytest.mark.parametrize("variant", ["tiled", "splitk", "persistent_sub2", "b_stream", "b_stream_splitk"])
 def test_variants_odd_edges(variant):
     a, b = rand(45, 27), rand(27, 71)  # no TMA (odd strides): pointer loads with every mask live
     res = G.gemm_raw(a, b, config=VARIANTS[variant])
     assert_close(res.out[0], ref_mm(a, b), torch.float32)
+
+
+@pytest.mark.parametrize("k", [16, 40, 64])
+def test_b_stream_split_ranges_empty_short_and_ragged(k):
+    # split-K 5 over 1, 3 and 4 K tiles: empty splits (nothing prefetched, nothing added), one-step splits
+    # (the prefetch past the split's end is masked off) and a ragged last tile (K % 16 != 0), with B
+    # K-contiguous (nn.Linear's weight) and a bias + GeLU epilogue
+    a, w, bias = rand(7, k), rand(37, k), rand(37)
+    res = G.gemm_raw(a, w.t(), bias=bias, activation="gelu",
+                     config=GemmConfig("tiled", 16, 16, 16, split_k=5, num_stages=1, b_stream=True))
+    ref = torch.nn.functional.gelu(ref_mm(a, w.t()) + bias.double())
+    assert_close(res.out[0], ref, torch.float32)
 
 
 def test_splitk_more_splits_than_k_tiles():

@@ -189,3 +189,63 @@ def test_every_tf32_candidate_is_correct_on_the_gpu(cls, layout):
                 assert_close(out, ref, torch.float32, tol=tol, what=f"{precision} {cfg.label()}")
     finally:
         torch.backends.cuda.matmul.allow_tf32 = saved
+
+
+# ------------------------------------------------------------------------------------ b_stream (decode)
+def test_b_stream_configs_only_where_the_hint_survives():
+    """The evict-first hint reaches the hardware only from triton 3.6's loads into registers: b_stream
+    configs are offered on NVIDIA parts as the tiled pointer kernel at one stage, never on AMD."""
+    prob = C.GemmProblem(16, 8192, 8192, 1, "bfloat16", "bfloat16", "bfloat16", False, True, True, "plain")
+    streamed = [c for c in C.candidates(prob, H200) if c.b_stream]
+    assert streamed, "the decode class offers no b_stream config"
+    for c in streamed:
+        assert c.kernel == "tiled" and not c.tma and c.num_stages == 1 and c.label().endswith("-bs")
+        assert c.split_k >= 1
+    assert not any(c.b_stream for c in C.candidates(prob, C.PART_BY_TARGET["gfx942"]))
+    pipelined = C.GemmConfig("tiled", 16, 64, 128, num_stages=3, b_stream=True)
+    assert not C.b_stream_possible(pipelined, H200)
+    assert not C.b_stream_possible(C.GemmConfig("tiled", 16, 64, 128, num_stages=1, tma=True, b_stream=True), H200)
+
+
+def test_b_stream_split_counts_register_limited_programs():
+    # 16x64x128 at 4 warps: ~160 registers a thread -> 3 programs an SM, so 128 column tiles split 3 ways fill
+    # one wave of 396; at 8 warps and 64x256 one program an SM, so no split
+    prob = C.GemmProblem(1, 8192, 8192, 1, "bfloat16", "bfloat16", "bfloat16", False, False, True, "plain")
+    small = C.GemmConfig("tiled", 16, 64, 128, num_warps=4, num_stages=1, split_k=C.AUTO_SPLIT, b_stream=True)
+    wide = C.GemmConfig("tiled", 16, 64, 256, num_warps=8, num_stages=1, split_k=C.AUTO_SPLIT, b_stream=True)
+    assert C.b_stream_ctas_per_sm(small, prob) == 3 and C.fill_split_k(small, prob, H200).split_k == 3
+    assert C.b_stream_ctas_per_sm(wide, prob) == 1 and C.fill_split_k(wide, prob, H200).split_k == 1
+
+
+_HINT_CHILD = r"""
+import json
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from tilefuse import targets
+from tilefuse.kernels import gemm_targets
+spec = targets.kernels()["gemm_decode_stream"]
+ex = spec.examples("sm_90a")[0]
+out = {}
+for stream in (True, False):
+    consts = dict(ex.constexprs, B_STREAM=stream)
+    src = ASTSource(spec.fn, ex.signature, constexprs=consts, attrs=targets._attrs_for(spec.fn, ex))
+    ptx = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=dict(ex.options)).asm["ptx"]
+    out[str(stream)] = {"hinted_loads": sum("ld.global" in l and "L2::cache_hint" in l for l in ptx.splitlines()),
+                        "evict_first_policy": "createpolicy.fractional.L2::evict_first" in ptx}
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.slow
+def test_b_stream_loads_carry_the_l2_evict_first_hint_on_sm90a():
+    """What b_stream claims, read from the PTX: B's loads are ld.global with an L2 cache-hint operand made by
+    createpolicy evict_first; the same kernel without B_STREAM has neither (a triton that drops the hint
+    from loads into registers too fails here)."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["TILEFUSE_INTERPRET"] = "0"
+    proc = subprocess.run([sys.executable, "-c", _HINT_CHILD], capture_output=True, text=True, env=env, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    got = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert got["True"]["evict_first_policy"] and got["True"]["hinted_loads"] >= 1, got
+    assert not got["False"]["evict_first_policy"] and got["False"]["hinted_loads"] == 0, got

@@ -55,8 +55,14 @@ def tile_coords(tile, num_pid_m, num_pid_n, GROUP_M: tl.constexpr):
 def mainloop_pointers(a_ptr, b_ptr, offs_m, offs_n, mask_m, mask_n, kt0, kt1, K,
                       stride_am, stride_ak, stride_bk, stride_bn,
                       BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                      ACC_INT: tl.constexpr, INPUT_PRECISION: tl.constexpr, EVEN_K: tl.constexpr):
-    """K steps kt0 .. kt1-1 with masked pointer loads (cp.async pipelining on NVIDIA)."""
+                      ACC_INT: tl.constexpr, INPUT_PRECISION: tl.constexpr, EVEN_K: tl.constexpr,
+                      B_STREAM: tl.constexpr = False):
+    """K steps kt0 .. kt1-1 with masked pointer loads (cp.async pipelining on NVIDIA).
+
+    B_STREAM (decode: B is read once): B's loads carry an L2 evict-first hint, so streaming B through L2
+    evicts B's own earlier lines rather than what L2 already holds, and the next step's B tile is loaded
+    into registers before this step's dot. Triton 3.6 keeps the hint only on loads into registers (its
+    cp.async and TMA pipelines drop it), so these configs run at num_stages=1 with that one-step lead."""
     offs_k = kt0 * BLOCK_K + tl.arange(0, BLOCK_K)
     a_ptrs = a_ptr + offs_m[:, None] * stride_am + offs_k[None, :] * stride_ak
     b_ptrs = b_ptr + offs_k[:, None] * stride_bk + offs_n[None, :] * stride_bn
@@ -64,6 +70,30 @@ def mainloop_pointers(a_ptr, b_ptr, offs_m, offs_n, mask_m, mask_n, kt0, kt1, K,
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.int32)
     else:
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    if B_STREAM:
+        # (EVEN_K: no mask along K, which keeps a K-contiguous B's loads 16 bytes wide)
+        if EVEN_K:
+            b_next = tl.load(b_ptrs, mask=mask_n[None, :] & (kt0 < kt1), other=0.0, eviction_policy="evict_first")
+        else:
+            k_ok = tl.arange(0, BLOCK_K) < K - kt0 * BLOCK_K
+            b_next = tl.load(b_ptrs, mask=k_ok[:, None] & mask_n[None, :] & (kt0 < kt1), other=0.0,
+                             eviction_policy="evict_first")
+        for kt in range(kt0, kt1):
+            b = b_next
+            b_ptrs += BLOCK_K * stride_bk
+            if EVEN_K:
+                b_next = tl.load(b_ptrs, mask=mask_n[None, :] & (kt + 1 < kt1), other=0.0,
+                                 eviction_policy="evict_first")
+                a = tl.load(a_ptrs, mask=mask_m[:, None], other=0.0)
+            else:
+                k_next = tl.arange(0, BLOCK_K) < K - (kt + 1) * BLOCK_K
+                b_next = tl.load(b_ptrs, mask=k_next[:, None] & mask_n[None, :] & (kt + 1 < kt1), other=0.0,
+                                 eviction_policy="evict_first")
+                k_ok = tl.arange(0, BLOCK_K) < K - kt * BLOCK_K
+                a = tl.load(a_ptrs, mask=mask_m[:, None] & k_ok[None, :], other=0.0)
+            acc = tl.dot(a, b, acc, input_precision=INPUT_PRECISION, out_dtype=acc.dtype)
+            a_ptrs += BLOCK_K * stride_ak
+        return acc
     for kt in range(kt0, kt1):
         if EVEN_K:
             a = tl.load(a_ptrs, mask=mask_m[:, None], other=0.0)
@@ -193,7 +223,7 @@ def gemm_tiled_kernel(
         Q_GRID_MANT: tl.constexpr, Q_GRID_EMIN: tl.constexpr, RAW_INT: tl.constexpr, ACC_INT: tl.constexpr, INPUT_PRECISION: tl.constexpr, EVEN_K: tl.constexpr,
         USE_TMA: tl.constexpr, A_T: tl.constexpr, B_T: tl.constexpr,
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
-        SPLIT_K: tl.constexpr, WARP_SPECIALIZE: tl.constexpr):
+        SPLIT_K: tl.constexpr, WARP_SPECIALIZE: tl.constexpr, B_STREAM: tl.constexpr):
     """One tile a program (grid: tiles x SPLIT_K, Z); SPLIT_K > 1 is the split-K variant.
     WARP_SPECIALIZE (TMA, SPLIT_K == 1 only: the split-K atomics abort triton 3.6's data partitioning)
     specialises the K loop's warps."""
@@ -222,7 +252,7 @@ def gemm_tiled_kernel(
         z64 = z.to(tl.int64)
         acc = mainloop_pointers(a_ptr + z64 * stride_az, b_ptr + z64 * stride_bz, offs_m, offs_n,
                                 offs_m < M, offs_n < N, kt0, kt1, K, stride_am, stride_ak, stride_bk, stride_bn,
-                                BLOCK_M, BLOCK_N, BLOCK_K, ACC_INT, INPUT_PRECISION, EVEN_K)
+                                BLOCK_M, BLOCK_N, BLOCK_K, ACC_INT, INPUT_PRECISION, EVEN_K, B_STREAM)
     if SPLIT_K > 1:
         tile_id = z * num_tiles + tile
         offs_t = tl.arange(0, BLOCK_M)[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]

@@ -44,6 +44,7 @@ class GemmConfig:
     epi_subtile: int = 1  # persistent: the epilogue runs on this many column slices of the tile
     warp_specialize: bool = False  # Hopper, TMA, num_warps=4: a producer warp group + two consumers (see WS_*)
     stream_k: bool = False  # persistent, not warp-specialised: the last partial round's K steps shared by all SMs
+    b_stream: bool = False  # tiled pointer kernel at num_stages=1: B read with an L2 evict-first hint (see B_STREAM)
     waves_per_eu: int = 0  # AMD only
     matrix_instr_nonkdim: int = 0  # AMD only (16: 16x16 MFMA)
     kpack: int = 0  # AMD only
@@ -64,6 +65,8 @@ class GemmConfig:
             s += "-ws"
         if self.stream_k:
             s += "-sk"
+        if self.b_stream:
+            s += "-bs"
         if self.waves_per_eu or self.matrix_instr_nonkdim or self.kpack:
             s += f"-wpe{self.waves_per_eu}-nk{self.matrix_instr_nonkdim}-kp{self.kpack}"
         return s
@@ -281,6 +284,12 @@ NVIDIA_SPACE: dict[str, tuple[GemmConfig, ...]] = {
         C("tiled", DECODE_M, 64, 128, 4, 8, group_m=1, split_k=AUTO_SPLIT),
         C("tiled", DECODE_M, 64, 256, 8, 4, group_m=1, split_k=AUTO_SPLIT),
         C("tiled", DECODE_M, 128, 128, 4, 4, group_m=1, split_k=AUTO_SPLIT),  # r1 M=1: 0.981x, M=16: 0.411x
+        # B streamed into registers with an L2 evict-first hint (b_stream, num_stages=1; not yet measured)
+        C("tiled", DECODE_M, 64, 128, 4, 1, group_m=1, split_k=AUTO_SPLIT, b_stream=True),
+        C("tiled", DECODE_M, 64, 256, 8, 1, group_m=1, split_k=AUTO_SPLIT, b_stream=True),
+        C("tiled", DECODE_M, 128, 128, 8, 1, group_m=1, split_k=AUTO_SPLIT, b_stream=True),
+        C("tiled", DECODE_M, 32, 256, 4, 1, group_m=1, split_k=AUTO_SPLIT, b_stream=True),
+        C("tiled", DECODE_M, 64, 64, 4, 1, group_m=1, split_k=AUTO_SPLIT, b_stream=True),
         # (run 12 swept 256/128-column strips split along K, and TMA-loaded B: all slower at M = 1/16/64,
         # 0.81-0.98x cuBLAS against the leaders' 0.96-1.00x; notes/gemm.md)
     ),
@@ -297,6 +306,11 @@ NVIDIA_SPACE: dict[str, tuple[GemmConfig, ...]] = {
         C("tiled", 128, 128, 64, 4, 4, group_m=8, tma=True, warp_specialize=True),
         C("tiled", 128, 64, 128, 4, 4, group_m=8, split_k=AUTO_SPLIT),  # r1 M=128: 0.909x
         C("tiled", 128, 128, 64, 8, 4, group_m=8, split_k=AUTO_SPLIT),  # r1 M=256: 0.757x
+        # B streamed with the L2 evict-first hint (see decode; not yet measured)
+        C("tiled", 64, 128, 64, 4, 1, group_m=8, split_k=AUTO_SPLIT, b_stream=True),
+        C("tiled", 128, 64, 64, 8, 1, group_m=8, split_k=AUTO_SPLIT, b_stream=True),
+        C("tiled", 128, 128, 64, 8, 1, group_m=8, split_k=AUTO_SPLIT, b_stream=True),
+        C("tiled", 64, 64, 128, 4, 1, group_m=8, split_k=AUTO_SPLIT, b_stream=True),
         # (P128x128x64-w4-s6-tma-ws, the warp-specialised form of the second config here, returned inf on the
         # H200 in device run 32, test_every_candidate_config_is_correct[skinny]: triton 3.6's warp
         # specialisation at 6 stages is wrong; 4 stages are right. Not offered.)
@@ -528,11 +542,27 @@ def fill_split_k(cfg: GemmConfig, problem: GemmProblem, part: Part) -> GemmConfi
     if cfg.split_k != AUTO_SPLIT:
         return cfg
     tiles = math.ceil(problem.M / cfg.block_m) * math.ceil(problem.N / cfg.block_n) * problem.Z
-    slots = part.multiprocessors * max(1, part.smem_bytes // max(1, smem_estimate(cfg, problem)))
+    per_sm = part.smem_bytes // max(1, smem_estimate(cfg, problem))
+    if cfg.b_stream:
+        per_sm = min(per_sm, b_stream_ctas_per_sm(cfg, problem))
+    slots = part.multiprocessors * max(1, per_sm)
     want = max(1, int(SPLIT_TARGET_WAVES * slots // tiles))
     most = max(1, k_tiles(problem, cfg) // MIN_K_TILES_PER_SPLIT)
     split = max(1, min(want, most, MAX_SPLIT_K))
     return dataclasses.replace(cfg, split_k=split)
+
+
+REGISTERS_PER_SM = 65536  # every NVIDIA part since sm_50
+
+
+def b_stream_ctas_per_sm(cfg: GemmConfig, problem: GemmProblem) -> int:
+    """Programs an SM holds of a b_stream config, which registers limit rather than shared memory: the B
+    tile and the next one live in registers (2 x BLOCK_N x BLOCK_K elements over the program's threads) on
+    top of ~96 a thread for the rest (sm_90a builds of the decode configs: 96-183 registers, estimate within
+    ~15 %)."""
+    threads = 32 * cfg.num_warps
+    b_regs = 2 * cfg.block_n * cfg.block_k * dtype_bytes(problem.b_dtype) // (4 * threads)
+    return max(1, REGISTERS_PER_SM // (threads * min(255, 96 + b_regs)))
 
 
 def fill_block_m(cfg: GemmConfig, problem: GemmProblem) -> GemmConfig:
@@ -572,6 +602,13 @@ def ws_possible(cfg: GemmConfig, part: Part, hooked: bool) -> bool:
             and cfg.kernel == "persistent")
 
 
+def b_stream_possible(cfg: GemmConfig, part: Part) -> bool:
+    """B_STREAM's evict-first hint reaches the hardware only on NVIDIA and only from loads into registers:
+    triton 3.6 drops it from its cp.async and TMA pipelines, so the config must be the tiled pointer kernel at
+    num_stages=1 (its own one-step register lead replaces the pipeline)."""
+    return part.vendor == "nvidia" and cfg.kernel == "tiled" and not cfg.tma and cfg.num_stages == 1
+
+
 def tma_allowed(part: Part) -> bool:
     return part.has_tma and tma_supported()
 
@@ -607,6 +644,8 @@ def candidates(problem: GemmProblem, part: Part | None = None, limit: int | None
         if cfg.stream_k and (cfg.kernel != "persistent" or cfg.warp_specialize):
             continue  # the tail's atomics abort triton 3.6's warp specialisation, as split-K's do
         if cfg.stream_k and not stream_k_worth_it(cfg, problem, part):
+            continue
+        if cfg.b_stream and not b_stream_possible(cfg, part):
             continue
         if cfg.warp_specialize and four_byte and not k_major_operands(problem):
             continue  # triton 3.6 fails to compile it (see NVIDIA_SPACE_4B)

@@ -199,6 +199,7 @@ def launches(ops: Operands, cfg: GemmConfig) -> tuple[list[Launch], Callable[[],
         kernel = gemm_tiled_kernel
         args["SPLIT_K"] = cfg.split_k
         args["WARP_SPECIALIZE"] = specialise and cfg.split_k == 1
+        args["B_STREAM"] = cfg.b_stream and not use_tma
         grid: tuple[int, ...] = (tiles * cfg.split_k, ops.Z)
     else:
         kernel = gemm_persistent_kernel

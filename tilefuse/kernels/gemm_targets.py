@@ -41,6 +41,7 @@ def _example(fn, label: str, target: str, cfg: GemmConfig, *, a="bf16", out="bf1
     if fn is gemm_tiled_kernel:
         constexprs["SPLIT_K"] = split_k
         constexprs["WARP_SPECIALIZE"] = ws and split_k == 1
+        constexprs["B_STREAM"] = cfg.b_stream and not use_tma
     else:
         constexprs.update(NUM_PROGRAMS=part.multiprocessors, C_TMA=use_tma and out != "i32",
                           EPI_SUBTILE=cfg.epi_subtile, FLATTEN=cfg.flatten, WARP_SPECIALIZE=ws,
@@ -128,6 +129,14 @@ def _splitk_examples(target: str) -> list[targets.Example]:
                      epilogue={"QUANT": QUANT_DIRECT, "QMAX": 127.0, "Q_INT": True})]
 
 
+def _decode_stream_examples(target: str) -> list[targets.Example]:
+    # decode (M <= 16): 16-row tiles, B streamed into registers with the L2 evict-first hint (b_stream), K-major B
+    # as nn.Linear's weight gives it; split-K with a bias epilogue
+    cfg = GemmConfig("tiled", 16, 64, 256, 1, split_k=4, num_warps=4, num_stages=1, b_stream=True)
+    return [_example(gemm_tiled_kernel, "bf16 B streamed, split-K 4 bias", target, cfg, b_t=True, split_k=4,
+                     epilogue={"BIAS_MODE": 1})]
+
+
 def _persistent_examples(target: str) -> list[targets.Example]:
     part = PART_BY_TARGET[target]
     if part.vendor == "amd":
@@ -185,6 +194,11 @@ def _register() -> None:
     targets.register(targets.KernelSpec(
         "gemm_splitk", fn=gemm_tiled_kernel, examples=_splitk_examples,
         description="split-K GEMM for M <= 256: partials reduced by the last split (atomic counter)", **common))
+    # 16-row tiles are below wgmma's and tcgen05's 64: mma.sync on every NVIDIA target (memory-bound code)
+    targets.register(targets.KernelSpec(
+        "gemm_decode_stream", fn=gemm_tiled_kernel, examples=_decode_stream_examples, family="gemm",
+        targets=("sm_80", "sm_90a", "sm_100a"), expect_mma={t: "mma.sync" for t in ("sm_80", "sm_90a", "sm_100a")},
+        description="decode GEMM (M <= 64): B streamed once with an L2 evict-first hint, split-K; NVIDIA only"))
     targets.register(targets.KernelSpec(
         "gemm_persistent", fn=gemm_persistent_kernel, examples=_persistent_examples,
         description="persistent GEMM, one program an SM; TMA loads and store on sm_90a/sm_100a", **common))

@@ -1,0 +1,125 @@
+"""Decode GEMMs under three L2 states: what the benchmark's L2 flush costs a kernel that streams B once.
+
+GPU (an H200 image: system python, PYTHONPATH=checkout)::
+
+    python scripts/l2_flush_probe.py [--m 1,16,64,128] [--nk 8192] [--config LABEL ...] [--reps 60]
+
+``triton.testing.do_bench`` (the suites' timer) clears L2 before every timed call by zeroing a 256 MB buffer,
+which leaves L2 full of dirty lines. A decode GEMM (M <= 128, N = K = 8192 bf16) reads 128 MiB of B once; if
+its loads evict those dirty lines, it pays for writing them back (up to the L2's size) inside its own time.
+This times cuBLAS and the given tilefuse configs (default: the decode class's first candidate and every
+``b_stream`` candidate, whose B loads carry an L2 evict-first hint) after three flushes, interleaved, CUDA
+events around each call, median of ``--reps``:
+
+- ``write``: zero a 256 MB buffer, as do_bench does (dirty L2);
+- ``read``: sum the same buffer (L2 full of clean lines);
+- ``none``: no flush (B is larger than L2, so it still comes from HBM; A and the outputs stay hot).
+
+It prints each time and its read rate of B (GB/s). One table a shape; nothing is written unless ``--csv``.
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import statistics
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+FLUSHES = ("write", "read", "none")
+
+
+def _timer(torch, fn, flush, reps: int) -> float:
+    times = []
+    for _ in range(reps):
+        flush()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    return statistics.median(times)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--m", default="1,16,64,128", help="comma-separated M values (default 1,16,64,128)")
+    p.add_argument("--nk", type=int, default=8192, help="N = K (default 8192)")
+    p.add_argument("--config", action="append", default=[], help="config labels (default: see the module doc)")
+    p.add_argument("--reps", type=int, default=60)
+    p.add_argument("--rounds", type=int, default=3, help="interleaved rounds (median of their medians)")
+    p.add_argument("--csv", default=None)
+    opts = p.parse_args(argv)
+
+    import torch
+
+    from tilefuse import device
+    from tilefuse.kernels import gemm, gemm_configs, gemm_launch, gemm_tuning
+
+    dev = device.current()
+    if not dev.is_gpu or dev.interpreter:
+        print(f"needs a GPU ({dev.describe()})")
+        return 2
+    part = gemm_configs.current_part()
+    cache = torch.empty(int(256e6 // 4), dtype=torch.int32, device="cuda")
+    flushes = {"write": cache.zero_, "read": lambda: cache.sum(), "none": lambda: None}
+    rows = []
+    for m in (int(x) for x in opts.m.split(",")):
+        n = k = opts.nk
+        a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+        b = torch.randn(k, n, device="cuda", dtype=torch.bfloat16)
+        ops = gemm.prepare(a, b)
+        cands = gemm_configs.candidates(ops.problem, part)
+        if opts.config:
+            known = {c.label(): c for c in cands}
+            cfgs = [known[x] for x in opts.config if x in known]
+            missing = [x for x in opts.config if x not in known]
+            if missing:
+                print(f"M={m}: not configs of this shape here: {', '.join(missing)}")
+        else:
+            cfgs = [cands[0]] + [c for c in cands if c.b_stream and c != cands[0]]
+        failed = gemm_tuning.compile_all(ops, cfgs)
+        ref = a.float() @ b.float()
+        entries = [("cuBLAS", lambda: torch.matmul(a, b))]
+        for cfg in cfgs:
+            if cfg in failed:
+                print(f"  {cfg.label()}: compile FAILED {failed[cfg]}")
+                continue
+            scratch = gemm.scratch_operands(ops)
+            run = gemm_launch.bound(scratch, cfg)
+            run()
+            err = float((scratch.c[0].float() - ref).abs().max() / ref.abs().max())
+            if not err < 1e-2:
+                print(f"  {cfg.label()}: WRONG (max error {err:.2e} of the largest output), not timed")
+                continue
+            entries.append((cfg.label(), run))
+        samples = {(name, f): [] for name, _ in entries for f in FLUSHES}
+        for r in range(opts.rounds):
+            for f in FLUSHES:
+                for name, fn in entries[r % len(entries):] + entries[:r % len(entries)]:
+                    samples[(name, f)].append(_timer(torch, fn, flushes[f], opts.reps))
+        gb = k * n * b.element_size() / 1e9
+        print(f"\n== {m}x{n}x{k} bf16: ms (B GB/s) after each flush")
+        print(f"  {'impl':<34}" + "".join(f"{f:>20}" for f in FLUSHES))
+        for name, _ in entries:
+            line = f"  {name:<34}"
+            for f in FLUSHES:
+                ms = statistics.median(samples[(name, f)])
+                line += f"{ms:10.4f} ({gb / ms * 1e3:5.0f})"
+                rows.append({"m": m, "n": n, "k": k, "impl": name, "flush": f, "ms": ms, "b_gbps": gb / ms * 1e3})
+            print(line, flush=True)
+        del ref, ops
+        torch.cuda.empty_cache()
+    if opts.csv:
+        with open(opts.csv, "w", newline="") as fh:
+            w = csv.DictWriter(fh, fieldnames=list(rows[0]))
+            w.writeheader()
+            w.writerows(rows)
+        print(f"wrote {opts.csv}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
