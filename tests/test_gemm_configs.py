@@ -194,7 +194,8 @@ def test_every_tf32_candidate_is_correct_on_the_gpu(cls, layout):
 # ------------------------------------------------------------------------------------ b_stream (decode)
 def test_b_stream_configs_only_where_the_hint_survives():
     """The evict-first hint reaches the hardware only from triton 3.6's loads into registers: b_stream
-    configs are offered on NVIDIA parts as the tiled pointer kernel at one stage, never on AMD."""
+    configs are offered on NVIDIA parts as the tiled pointer kernel at one stage with 16-row tiles, never
+    on AMD."""
     prob = C.GemmProblem(16, 8192, 8192, 1, "bfloat16", "bfloat16", "bfloat16", False, True, True, "plain")
     streamed = [c for c in C.candidates(prob, H200) if c.b_stream]
     assert streamed, "the decode class offers no b_stream config"
@@ -202,6 +203,10 @@ def test_b_stream_configs_only_where_the_hint_survives():
         assert c.kernel == "tiled" and not c.tma and c.num_stages == 1 and c.label().endswith("-bs")
         assert c.split_k >= 1
     assert not any(c.b_stream for c in C.candidates(prob, C.PART_BY_TARGET["gfx942"]))
+    # 64-row tiles and more lost to the pipelined configs on the H200 (device run 36): not offered from M = 17 on
+    for m in (17, 64, 128, 256):
+        wide = C.GemmProblem(m, 8192, 8192, 1, "bfloat16", "bfloat16", "bfloat16", False, True, True, "plain")
+        assert not any(c.b_stream for c in C.candidates(wide, H200)), m
     pipelined = C.GemmConfig("tiled", 16, 64, 128, num_stages=3, b_stream=True)
     assert not C.b_stream_possible(pipelined, H200)
     assert not C.b_stream_possible(C.GemmConfig("tiled", 16, 64, 128, num_stages=1, tma=True, b_stream=True), H200)

@@ -277,6 +277,9 @@ NVIDIA_SPACE: dict[str, tuple[GemmConfig, ...]] = {
     "decode": (
         # B dominates: BLOCK_N x BLOCK_K x 2 bytes a stage; 3-4 stages in flight keep ~100 KB a SM moving.
         C("tiled", DECODE_M, 64, 256, 4, 4, group_m=1, split_k=AUTO_SPLIT),  # r1 M=1: 1.018x
+        # r36 (scripts/l2_flush_probe.py, after do_bench's zeroing flush): M=1 0.0417 ms against cuBLAS 0.0429
+        # and the config above 0.0430; M=16 0.0423 against 0.0424 / 0.0435 (M <= 16 only: see b_stream_possible)
+        C("tiled", DECODE_M, 64, 128, 4, 1, group_m=1, split_k=AUTO_SPLIT, b_stream=True),
         C("tiled", DECODE_M, 64, 128, 4, 6, group_m=1, split_k=AUTO_SPLIT),  # r1 M=16: 0.961x
         C("tiled", DECODE_M, 128, 256, 8, 3, group_m=1, split_k=AUTO_SPLIT),  # r1 M=16: 0.947x
         C("tiled", DECODE_M, 128, 128, 8, 5, group_m=1, split_k=AUTO_SPLIT),
@@ -284,12 +287,9 @@ NVIDIA_SPACE: dict[str, tuple[GemmConfig, ...]] = {
         C("tiled", DECODE_M, 64, 128, 4, 8, group_m=1, split_k=AUTO_SPLIT),
         C("tiled", DECODE_M, 64, 256, 8, 4, group_m=1, split_k=AUTO_SPLIT),
         C("tiled", DECODE_M, 128, 128, 4, 4, group_m=1, split_k=AUTO_SPLIT),  # r1 M=1: 0.981x, M=16: 0.411x
-        # B streamed into registers with an L2 evict-first hint (b_stream, num_stages=1; not yet measured)
-        C("tiled", DECODE_M, 64, 128, 4, 1, group_m=1, split_k=AUTO_SPLIT, b_stream=True),
-        C("tiled", DECODE_M, 64, 256, 8, 1, group_m=1, split_k=AUTO_SPLIT, b_stream=True),
-        C("tiled", DECODE_M, 128, 128, 8, 1, group_m=1, split_k=AUTO_SPLIT, b_stream=True),
-        C("tiled", DECODE_M, 32, 256, 4, 1, group_m=1, split_k=AUTO_SPLIT, b_stream=True),
-        C("tiled", DECODE_M, 64, 64, 4, 1, group_m=1, split_k=AUTO_SPLIT, b_stream=True),
+        C("tiled", DECODE_M, 128, 128, 8, 1, group_m=1, split_k=AUTO_SPLIT, b_stream=True),  # r36 M=1: 0.0425 ms
+        # (r36, b_stream, M=1/16 ms: 16x64x64 w4 0.0442/0.0448, 16x64x256 w8 0.0456/0.0550, 16x32x256 w4
+        # 0.0473/0.0634; at M=64 every b_stream config lost 25-190 %, at M=128/256 45-200 %: notes/gemm.md)
         # (run 12 swept 256/128-column strips split along K, and TMA-loaded B: all slower at M = 1/16/64,
         # 0.81-0.98x cuBLAS against the leaders' 0.96-1.00x; notes/gemm.md)
     ),
@@ -306,11 +306,9 @@ NVIDIA_SPACE: dict[str, tuple[GemmConfig, ...]] = {
         C("tiled", 128, 128, 64, 4, 4, group_m=8, tma=True, warp_specialize=True),
         C("tiled", 128, 64, 128, 4, 4, group_m=8, split_k=AUTO_SPLIT),  # r1 M=128: 0.909x
         C("tiled", 128, 128, 64, 8, 4, group_m=8, split_k=AUTO_SPLIT),  # r1 M=256: 0.757x
-        # B streamed with the L2 evict-first hint (see decode; not yet measured)
-        C("tiled", 64, 128, 64, 4, 1, group_m=8, split_k=AUTO_SPLIT, b_stream=True),
-        C("tiled", 128, 64, 64, 8, 1, group_m=8, split_k=AUTO_SPLIT, b_stream=True),
-        C("tiled", 128, 128, 64, 8, 1, group_m=8, split_k=AUTO_SPLIT, b_stream=True),
-        C("tiled", 64, 64, 128, 4, 1, group_m=8, split_k=AUTO_SPLIT, b_stream=True),
+        C("tiled", DECODE_M, 128, 128, 8, 1, group_m=1, split_k=AUTO_SPLIT, b_stream=True),  # r36 M=1: 0.0425 ms
+        # (r36, b_stream, M=1/16 ms: 16x64x64 w4 0.0442/0.0448, 16x64x256 w8 0.0456/0.0550, 16x32x256 w4
+        # 0.0473/0.0634; at M=64 every b_stream config lost 25-190 %, at M=128/256 45-200 %: notes/gemm.md)
         # (P128x128x64-w4-s6-tma-ws, the warp-specialised form of the second config here, returned inf on the
         # H200 in device run 32, test_every_candidate_config_is_correct[skinny]: triton 3.6's warp
         # specialisation at 6 stages is wrong; 4 stages are right. Not offered.)
@@ -606,7 +604,13 @@ def b_stream_possible(cfg: GemmConfig, part: Part) -> bool:
     """B_STREAM's evict-first hint reaches the hardware only on NVIDIA and only from loads into registers:
     triton 3.6 drops it from its cp.async and TMA pipelines, so the config must be the tiled pointer kernel at
     num_stages=1 (its own one-step register lead replaces the pipeline)."""
-    return part.vendor == "nvidia" and cfg.kernel == "tiled" and not cfg.tma and cfg.num_stages == 1
+    return (part.vendor == "nvidia" and cfg.kernel == "tiled" and not cfg.tma and cfg.num_stages == 1
+            and cfg.block_m <= B_STREAM_MAX_BLOCK_M)
+
+
+# Device run 36: with 16-row tiles the register-fed dot is cheap and b_stream led at M = 1 and 16; with 64 rows
+# and more (M = 64 ... 256) every b_stream config lost to the pipelined ones by 25-200 %.
+B_STREAM_MAX_BLOCK_M = 16
 
 
 def tma_allowed(part: Part) -> bool:
@@ -645,13 +649,13 @@ def candidates(problem: GemmProblem, part: Part | None = None, limit: int | None
             continue  # the tail's atomics abort triton 3.6's warp specialisation, as split-K's do
         if cfg.stream_k and not stream_k_worth_it(cfg, problem, part):
             continue
-        if cfg.b_stream and not b_stream_possible(cfg, part):
-            continue
         if cfg.warp_specialize and four_byte and not k_major_operands(problem):
             continue  # triton 3.6 fails to compile it (see NVIDIA_SPACE_4B)
         if cfg.kpack > 1 and part.arch == "gfx950":
             cfg = dataclasses.replace(cfg, kpack=1)  # deprecated from gfx950 on (the compiler forces 1)
         cfg = fill_block_m(cfg, problem)
+        if cfg.b_stream and not b_stream_possible(cfg, part):
+            continue
         if one_byte:
             # 1-byte inputs: twice the K a stage for the same bytes (wgmma's K step is 32 for 8-bit types)
             wide = dataclasses.replace(cfg, block_k=cfg.block_k * 2)
