@@ -209,3 +209,28 @@ def test_recorder_measures_missing_ceilings_on_a_gpu(monkeypatch):
     monkeypatch.setattr(device, "current", lambda: device.Device("cpu", "cpu", "cpu", 8, 32, True, "cpu"))
     rec = runner.SuiteOptions(log=logged.append).recorder("compiler", compute_bound=False)
     assert calls == [1, 1] and rec.ceiling_gbps is None
+
+
+def test_rows_option_is_the_compiler_suites_alone(monkeypatch):
+    """--rows sets the compiler suite's row count, for its timed graphs and its compile-time child alike; with
+    another suite, --smoke or a count below 1 it is an error that names the option, before anything runs."""
+    from tilefuse.bench import compiler_suite as cs
+
+    for suites, smoke, rows in ((["gemm"], False, 65536), (["compiler", "ladder"], False, 65536),
+                                (["compiler"], True, 65536), (["compiler"], False, -4)):
+        args = argparse.Namespace(suites=suites, out="/nonexistent", quick=False, smoke=smoke, only=[], rep_ms=100,
+                                  rows=rows)
+        with pytest.raises(ValueError, match="--rows"):
+            runner.main(args)
+    assert cs._sizes(runner.SuiteOptions(rows=65536))[0] == 65536
+    assert cs._sizes(runner.SuiteOptions())[0] == cs.ROWS == 32768
+    seen = []
+
+    def fake_run(cmd, **kw):
+        seen.append(cmd)
+        return argparse.Namespace(returncode=1, stdout="", stderr="stopped here")
+
+    monkeypatch.setattr(cs.subprocess, "run", fake_run)
+    cs._child("tilefuse", ["softmax"], False, {}, lambda s: None, 65536)
+    cs._child("tilefuse", ["softmax"], False, {}, lambda s: None)
+    assert seen[0][-2:] == ["--rows", "65536"] and "--rows" not in seen[1]

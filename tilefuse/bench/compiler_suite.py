@@ -286,7 +286,7 @@ def _l2_bytes() -> int:
 def _sizes(opts: runner.SuiteOptions) -> tuple[int, int, int, torch.dtype]:
     if opts.smoke:
         return SMOKE_ROWS, SMOKE_COLS, SMOKE_VOCAB, SMOKE_DTYPE
-    return ROWS, COLS, VOCAB, DTYPE
+    return opts.rows or ROWS, COLS, VOCAB, DTYPE
 
 
 def selected(opts: runner.SuiteOptions) -> list[Graph]:
@@ -411,11 +411,12 @@ def record_kernel_time(rec: harness.Recorder, graph: Graph, impl: str, step: Cal
 
 
 # ------------------------------------------------------------------------------------ compile time
-def compile_times(backend: str, cases: Sequence[str], smoke: bool) -> dict[str, float | str]:
+def compile_times(backend: str, cases: Sequence[str], smoke: bool, n_rows: int = 0) -> dict[str, float | str]:
     """Seconds from torch.compile to the end of the first call (forward, or forward + backward) per case, in
     this process; a throw-away graph first pays the backend's one-time imports and initialisation."""
     device = "cpu" if smoke else "cuda"
-    rows, cols, vocab, dtype = (SMOKE_ROWS, SMOKE_COLS, SMOKE_VOCAB, SMOKE_DTYPE) if smoke else (ROWS, COLS, VOCAB, DTYPE)
+    rows, cols, vocab, dtype = (SMOKE_ROWS, SMOKE_COLS, SMOKE_VOCAB, SMOKE_DTYPE) if smoke else \
+        (n_rows or ROWS, COLS, VOCAB, DTYPE)
     sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
     warm = torch.compile(lambda t: (t.cos() * 3).sum(-1), backend=backend)
     warm(torch.randn(8, 8, device=device))
@@ -439,12 +440,12 @@ def compile_times(backend: str, cases: Sequence[str], smoke: bool) -> dict[str, 
     return results
 
 
-def _child(backend: str, cases: Sequence[str], smoke: bool, dirs: dict[str, Path], log) -> dict:
+def _child(backend: str, cases: Sequence[str], smoke: bool, dirs: dict[str, Path], log, rows: int = 0) -> dict:
     """Run compile_times in a fresh process whose caches are ``dirs``. The variables go in through ``env`` on
     the command line (config.py is the only module that reads os.environ)."""
     assign = [f"{k}={v}" for k, v in dirs.items()]
     cmd = ["env", *assign, sys.executable, "-m", "tilefuse.bench.compiler_suite", "--compile-child", backend,
-           ",".join(cases)] + (["--smoke"] if smoke else [])
+           ",".join(cases)] + (["--smoke"] if smoke else []) + (["--rows", str(rows)] if rows else [])
     root = Path(__file__).resolve().parents[2]
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=COMPILE_CHILD_TIMEOUT_S, cwd=root)
@@ -481,7 +482,7 @@ def record_compile_times(rec: harness.Recorder, graphs: Sequence[Graph], opts: r
                              dtype=dtype, shape=shapes[c])
                 continue
             rec.log(f"  compile time: {impl} ({len(cases)} graphs in a child process)")
-            results = _child(backend, cases, opts.smoke, dirs, rec.log)
+            results = _child(backend, cases, opts.smoke, dirs, rec.log, 0 if opts.smoke else rows)
             for c in cases:
                 value = results.get(c, "error: no result")
                 if isinstance(value, str):
@@ -513,11 +514,12 @@ def _main(argv: Sequence[str]) -> int:
     p = argparse.ArgumentParser(description="compile-time child of `tilefuse bench compiler` (internal)")
     p.add_argument("--compile-child", nargs=2, metavar=("BACKEND", "CASES"), required=True)
     p.add_argument("--smoke", action="store_true")
+    p.add_argument("--rows", type=int, default=0)
     args = p.parse_args(argv)
     backend, cases = args.compile_child
     import tilefuse  # noqa: F401  (the backend name; device.py decides the interpreter first)
 
-    results = compile_times(backend, cases.split(","), args.smoke)
+    results = compile_times(backend, cases.split(","), args.smoke, args.rows)
     print("COMPILE_TIMES " + json.dumps(results), flush=True)
     return 0
 

@@ -33,6 +33,7 @@ class SuiteOptions:
     only: tuple[str, ...] = ()  # keep cases whose name contains one of these
     warmup_ms: int = 25
     rep_ms: int = 100
+    rows: int = 0  # compiler suite: rows of its 2-D graphs (0: the suite's own, 32768)
     log: Callable[[str], None] = print
 
     def wants(self, case: str) -> bool:
@@ -62,6 +63,8 @@ def add_arguments(p) -> None:
     p.add_argument("--smoke", action="store_true", help="without a GPU: tiny shapes on the interpreter (times mean nothing)")
     p.add_argument("--only", action="append", default=[], metavar="TEXT", help="only cases whose name contains TEXT")
     p.add_argument("--rep-ms", type=int, default=100, help="do_bench repetition time per measurement (ms)")
+    p.add_argument("--rows", type=int, default=0, metavar="N",
+                   help="compiler suite only: rows of its graphs (default 32768; each is N x 4096, cross-entropy N x 32000)")
 
 
 def run_suite(name: str, opts: SuiteOptions) -> list[harness.Row]:
@@ -77,13 +80,17 @@ def main(args) -> int:
     for name in args.suites:
         if name not in SUITES:
             raise ValueError(f"unknown suite {name!r}: accepted values are {', '.join(SUITES)}")
+    rows = getattr(args, "rows", 0) or 0
+    if rows and (rows < 1 or args.smoke or set(args.suites) != {"compiler"}):
+        raise ValueError(f"--rows {rows}: accepted for the compiler suite alone, without --smoke, as a positive row "
+                         f"count (got suites {', '.join(args.suites)})")
     dev = device.current()
     if (not dev.is_gpu or dev.interpreter) and not args.smoke:
         print(f"tilefuse bench: not run: {dev.describe()}; timings need a GPU "
               "(--smoke runs tiny shapes on the interpreter to check the suites' code, with no timing value)",
               file=sys.stderr)
         return 1
-    opts = SuiteOptions(quick=args.quick, smoke=args.smoke, only=tuple(args.only), rep_ms=args.rep_ms)
+    opts = SuiteOptions(quick=args.quick, smoke=args.smoke, only=tuple(args.only), rep_ms=args.rep_ms, rows=rows)
     status = 0
     for name in args.suites:
         print(f"== bench {name}: {SUITES[name]} on {dev.describe()}", flush=True)
