@@ -100,6 +100,19 @@ def test_suite_smoke_run_writes_sane_rows(name, tmp_path, capsys):
     cases = {r.case for r in rows}
     absent = REQUIRED_CASES.get(name, set()) - cases
     assert not absent, f"{name}: cases missing: {sorted(absent)}"
+    if name == "compiler":
+        # the compile-time rows say what the child's cache did: the cold process writes the kernels' sources,
+        # the warm one (same cache) writes none and reads them back
+        written = {}
+        for r in rows:
+            m = re.search(r"kernel sources written (\d+), read from the disk cache (\d+)", r.note)
+            if r.impl in ("tilefuse-compile-cold", "tilefuse-compile-warm") and r.ok:
+                assert m, f"{r.case}/{r.impl}: no kernel counts in the note {r.note!r}"
+                written[(r.case, r.impl)] = (int(m.group(1)), int(m.group(2)))
+        assert written and any(w > 0 for (c, i), (w, _) in written.items() if i == "tilefuse-compile-cold")
+        warm = {c: v for (c, i), v in written.items() if i == "tilefuse-compile-warm"}
+        assert warm and all(w == 0 for w, _ in warm.values()), f"the warm compile wrote kernel sources: {warm}"
+        assert any(hits > 0 for _, hits in warm.values()), warm  # (a kernel an earlier case loaded is not read again)
 
 
 def test_compiler_suite_bytes_are_the_minimum():

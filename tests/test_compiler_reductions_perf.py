@@ -186,7 +186,8 @@ def test_gelu_backward_gradient_and_column_sums_in_one_kernel(gpu_forms, persist
         _check(gelu_chain, _mats(rows, cols, 1, 2))
     backward = gpu_forms[1:]
     big = [f for f in backward if f in ("looped", "persistent")]
-    assert len(backward) == 3, f"expected the fused first stage and two second stages, got {backward}"
+    # (the two second stages, b's and s's column sums over the partial rows, share one kernel: join_small)
+    assert len(backward) == 2, f"expected the fused first stage and the second stages' kernel, got {backward}"
     assert big and big[0] == ("looped" if persistent_rows == 16 else "persistent"), backward
 
 
@@ -200,11 +201,29 @@ def test_gelu_backward_first_stage_as_a_row_loop(gpu_kernels, rows, cols, exact)
     with codegen.tuning(rowloop_exact_rows=exact):
         _check(gelu_chain, _mats(rows, cols, 1, 2))
     backward = [k.form for k in gpu_kernels[1:]]
-    assert backward == ["rowloop", "persistent", "persistent"], backward
+    assert backward == ["rowloop", "persistent"], backward  # both second stages in one kernel (join_small)
     rowloop = [k for k in gpu_kernels if k.form == "rowloop"][0]
     assert "tl.sum(" in rowloop.source and ", 1, keep_dims" not in rowloop.source  # column sums only
     assert ("range(0, tl.minimum(xchunk, xnumel - xstart), XBLOCK)" in rowloop.source) == exact, rowloop.source
     assert ("(xindex < xnumel)" in rowloop.source) != exact, rowloop.source
+
+
+@pytest.mark.parametrize("join", [True, False])
+def test_independent_small_second_stages_share_a_kernel(gpu_kernels, join):
+    """The bias's and the scale's gradients are two column reductions over the same partial rows that read
+    different buffers: nothing to save in bytes, one launch to save. Joined, one kernel computes and stores
+    both; with join_small_reductions off (or above join_small_bytes) each has its own, as before."""
+    with codegen.tuning(join_small_reductions=join):
+        _check(gelu_chain, _mats(200, 67, 1, 2))
+    second = [k for k in gpu_kernels[1:] if k.form == "persistent"]
+    assert len(second) == (1 if join else 2), [k.form for k in gpu_kernels]
+    if join:
+        assert second[0].source.count("tl.store(") == 2 and second[0].source.count("tl.sum(") == 2
+    gpu_kernels.clear()
+    reset()  # a fresh compile (Dynamo's own cache would reuse the graph above)
+    with codegen.tuning(join_small_bytes=0):
+        _check(gelu_chain, _mats(200, 67, 1, 2))
+    assert len([k for k in gpu_kernels[1:] if k.form == "persistent"]) == 2
 
 
 def test_gelu_backward_split_siblings_off(gpu_forms):
@@ -246,7 +265,7 @@ def test_column_first_stage_with_many_programs_loops_and_second_stage_stays_pers
     with codegen.tuning(outer_persistent_max_waves=0.1, stages_as_rows=False):
         _check(gelu_chain, _mats(1000, 300, 1, 2))
     backward = [k for k in gpu_kernels[1:] if k.form in ("looped", "persistent")]
-    assert [k.form for k in backward] == ["looped", "persistent", "persistent"], [k.form for k in backward]
+    assert [k.form for k in backward] == ["looped", "persistent"], [k.form for k in backward]
     first = backward[0]
     blocks = dict(first.constexprs)  # 38 programs < 132 SMs: the columns a program halve (to 32)
     assert blocks["RBLOCK"] == codegen.OUTER_RBLOCK and blocks["XBLOCK"] in (32, codegen.OUTER_XBLOCK), blocks

@@ -421,12 +421,15 @@ def compile_times(backend: str, cases: Sequence[str], smoke: bool, n_rows: int =
     warm = torch.compile(lambda t: (t.cos() * 3).sum(-1), backend=backend)
     warm(torch.randn(8, 8, device=device))
     sync()
+    from ..compiler import records
+
     results: dict[str, float | str] = {}
     by_case = {g.case: g for g in GRAPHS}
     for case in cases:
         graph = by_case[case]
         args = prepare(graph, graph.inputs(rows, cols, vocab, dtype, device))
         sync()
+        before = records.snapshot()
         try:
             torch._dynamo.reset()
             start = time.perf_counter()
@@ -436,8 +439,17 @@ def compile_times(backend: str, cases: Sequence[str], smoke: bool, n_rows: int =
             results[case] = time.perf_counter() - start
         except Exception as exc:
             results[case] = f"error: {type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"[:300]
+        after = records.snapshot()
+        if backend == "tilefuse":
+            KERNEL_COUNTS[case] = (after["kernels_compiled"] - before["kernels_compiled"],
+                                   after["cache_hits"] - before["cache_hits"])
         del args
     return results
+
+
+# case -> (kernel sources written, kernels read from the disk cache) in compile_times' last tilefuse run: a warm
+# cache writes none (the issue's "a second process with a warm cache compiles nothing", in each row's note)
+KERNEL_COUNTS: dict[str, tuple[int, int]] = {}
 
 
 def _child(backend: str, cases: Sequence[str], smoke: bool, dirs: dict[str, Path], log, rows: int = 0) -> dict:
@@ -456,6 +468,10 @@ def _child(backend: str, cases: Sequence[str], smoke: bool, dirs: dict[str, Path
         tail = (proc.stderr.strip().splitlines() or ["no output"])[-1][:250]
         log(f"  compile child ({backend}) failed: {proc.stderr[-2000:]}")
         return {c: f"error: compile child exit {proc.returncode}: {tail}" for c in cases}
+    counts = [ln for ln in proc.stdout.splitlines() if ln.startswith("KERNEL_COUNTS ")]
+    KERNEL_COUNTS.clear()
+    if counts:
+        KERNEL_COUNTS.update({c: tuple(v) for c, v in json.loads(counts[-1][len("KERNEL_COUNTS "):]).items()})
     return json.loads(lines[-1][len("COMPILE_TIMES "):])
 
 
@@ -489,9 +505,13 @@ def record_compile_times(rec: harness.Recorder, graphs: Sequence[Graph], opts: r
                     rec._row(c, impl, dtype, shapes[c], status=value, baseline=baseline, note=note)
                     rec.log(f"  {c:<28} {impl:<20} {value}")
                 else:
+                    kernels = ""
+                    if backend == "tilefuse" and c in KERNEL_COUNTS:
+                        written, cached = KERNEL_COUNTS[c]
+                        kernels = f"; kernel sources written {written}, read from the disk cache {cached}"
                     rec._row(c, impl, dtype, shapes[c], ms_p50=value * 1e3, baseline=baseline,
-                             note=f"{note}; {what}")
-                    rec.log(f"  {c:<28} {impl:<20} {value:9.3f} s")
+                             note=f"{note}; {what}{kernels}")
+                    rec.log(f"  {c:<28} {impl:<20} {value:9.3f} s{kernels}")
 
 
 # ------------------------------------------------------------------------------------------- entry
@@ -520,6 +540,7 @@ def _main(argv: Sequence[str]) -> int:
     import tilefuse  # noqa: F401  (the backend name; device.py decides the interpreter first)
 
     results = compile_times(backend, cases.split(","), args.smoke, args.rows)
+    print("KERNEL_COUNTS " + json.dumps(KERNEL_COUNTS), flush=True)
     print("COMPILE_TIMES " + json.dumps(results), flush=True)
     return 0
 

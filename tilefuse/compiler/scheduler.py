@@ -58,6 +58,10 @@ TUNING = {
     # ... when the row-loop kernel then has at least this many programs (one per chunk of rows): about two
     # per SM on a 132-SM H200; fewer leaves SMs idle for the whole (memory-bound) kernel
     "rowloop_min_programs": 256,
+    # independent reductions over the same small space (a norm backward's weight and bias gradients, summed
+    # over the row loop's partial rows) share one kernel: nothing is saved in bytes, a launch is
+    "join_small_reductions": True,
+    "join_small_bytes": 64 << 20,  # ... when the joined kernel reads and writes at most this much
 }
 
 
@@ -268,6 +272,8 @@ class Scheduler:
             gain = fusion_benefit(self, g, draft, node)
             if gain > best_gain:
                 best, best_gain, best_draft = idx, gain, draft
+        if best is None and TUNING["join_small_reductions"]:
+            best, best_draft = self._join_small(node, steps, dep_steps)
         if best is not None:
             steps[best] = best_draft
             where[node.name] = best
@@ -276,6 +282,32 @@ class Scheduler:
         steps.append(g)
         where[node.name] = len(steps) - 1
         del latest_dep
+
+    def _join_small(self, node, steps, dep_steps) -> tuple[Optional[int], Optional[dict]]:
+        """A reduction that saves no bytes anywhere may still share a kernel with an earlier, independent
+        reduction group over the same space and reduced dims when both are small (:data:`TUNING`
+        ``join_small_bytes``): one launch instead of two, which for kernels of a few microseconds is most of
+        their cost. Legality is :func:`fusion_legality`'s, as for any join."""
+        if not isinstance(node, ir.Reduction):
+            return None, None
+        space, reduced = tuple(node.space), tuple(node.reduced)
+        for idx in range(len(steps) - 1, -1, -1):
+            g = steps[idx]
+            if isinstance(g, ExternStep):
+                continue
+            if any(d > idx for d in dep_steps):
+                break
+            if g["kind"] != "reduction" or g["space"] != space or g["reduced"] != reduced or g.get("columns"):
+                continue
+            draft = self.try_join(g, node)
+            if draft is not None and self._group_bytes(draft) <= TUNING["join_small_bytes"]:
+                return idx, draft
+        return None, None
+
+    def _group_bytes(self, g: dict) -> int:
+        """What a group reads (each buffer once) and writes (each root once): an upper bound of its traffic."""
+        reads = {ld.buffer for r in g["roots"] for ld in ir.loads(g["bodies"][r])}
+        return sum(nbytes(ir.node_meta(self.table[b], b)) for b in reads | set(g["roots"]))
 
     def new_group(self, node) -> dict:
         if isinstance(node, ir.Reduction):
