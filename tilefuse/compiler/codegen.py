@@ -876,8 +876,10 @@ class KernelWriter:
         # the loop is the row level (row values are per step); a value the same for every row (a norm's
         # weight) goes before the loop (expr())
         loop = _Scope(top, "        ", True)
-        if xb == 1 and TUNING["rowloop_exact_rows"]:
-            # every step's row is in range (the chunk's rows below xnumel): no row mask (Triton folds it)
+        if TUNING["rowloop_exact_rows"] and (xb == 1 or (xnumel % xb == 0 and chunk % xb == 0)):
+            # every step's rows are in range (the chunk's rows below xnumel; with XBLOCK > 1, when the rows and
+            # the chunk are whole steps): no row mask (Triton folds it). The kernel text then depends on that
+            # evenness, as the row mask's does on RBLOCK == rnumel.
             loop.lines += ["    for xoffset in range(0, tl.minimum(xchunk, xnumel - xstart), XBLOCK):",
                            "        xindex = xstart + xoffset + tl.arange(0, XBLOCK)[:, None]",
                            "        xmask = tl.full([XBLOCK, 1], 1, tl.int1)",
