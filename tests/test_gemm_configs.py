@@ -238,6 +238,8 @@ for stream in (True, False):
     ptx = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=dict(ex.options)).asm["ptx"]
     out[str(stream)] = {"hinted_loads": sum("ld.global" in l and "L2::cache_hint" in l for l in ptx.splitlines()),
                         "evict_first_policy": "createpolicy.fractional.L2::evict_first" in ptx}
+res = targets.compile_example(spec, ex, "sm_90a")
+out["resources"] = {"ok": res.ok, "mma": res.mma, "spills": res.spills, "registers": res.registers}
 print(json.dumps(out))
 """
 
@@ -254,3 +256,5 @@ def test_b_stream_loads_carry_the_l2_evict_first_hint_on_sm90a():
     got = json.loads(proc.stdout.strip().splitlines()[-1])
     assert got["True"]["evict_first_policy"] and got["True"]["hinted_loads"] >= 1, got
     assert not got["False"]["evict_first_policy"] and got["False"]["hinted_loads"] == 0, got
+    # the example is the decode class's b_stream config: mma.sync on 16-row tiles, and nothing spilled
+    assert got["resources"]["ok"] and got["resources"]["mma"] == "mma.sync" and got["resources"]["spills"] == 0, got

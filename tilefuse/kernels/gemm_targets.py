@@ -130,10 +130,10 @@ def _splitk_examples(target: str) -> list[targets.Example]:
 
 
 def _decode_stream_examples(target: str) -> list[targets.Example]:
-    # decode (M <= 16): 16-row tiles, B streamed into registers with the L2 evict-first hint (b_stream), K-major B
-    # as nn.Linear's weight gives it; split-K with a bias epilogue
-    cfg = GemmConfig("tiled", 16, 64, 256, 1, split_k=4, num_warps=4, num_stages=1, b_stream=True)
-    return [_example(gemm_tiled_kernel, "bf16 B streamed, split-K 4 bias", target, cfg, b_t=True, split_k=4,
+    # decode (M <= 16): the decode class's b_stream config (16-row tiles, B streamed into registers with the L2
+    # evict-first hint), K-major B as nn.Linear's weight gives it; split-K 3 (its H200 split) with a bias epilogue
+    cfg = GemmConfig("tiled", 16, 64, 128, 1, split_k=3, num_warps=4, num_stages=1, b_stream=True)
+    return [_example(gemm_tiled_kernel, "bf16 B streamed, split-K 3 bias", target, cfg, b_t=True, split_k=3,
                      epilogue={"BIAS_MODE": 1})]
 
 
