@@ -203,6 +203,8 @@ def test_b_stream_configs_only_where_the_hint_survives():
         assert c.kernel == "tiled" and not c.tma and c.num_stages == 1 and c.label().endswith("-bs")
         assert c.split_k >= 1
     assert not any(c.b_stream for c in C.candidates(prob, C.PART_BY_TARGET["gfx942"]))
+    # only the decode class holds them (a b_stream entry elsewhere would be pruned: dead data)
+    assert {cls for cls, cfgs in C.NVIDIA_SPACE.items() if any(c.b_stream for c in cfgs)} == {"decode"}
     # 64-row tiles and more lost to the pipelined configs on the H200 (device run 36): not offered from M = 17 on
     for m in (17, 64, 128, 256):
         wide = C.GemmProblem(m, 8192, 8192, 1, "bfloat16", "bfloat16", "bfloat16", False, True, True, "plain")

@@ -306,9 +306,7 @@ NVIDIA_SPACE: dict[str, tuple[GemmConfig, ...]] = {
         C("tiled", 128, 128, 64, 4, 4, group_m=8, tma=True, warp_specialize=True),
         C("tiled", 128, 64, 128, 4, 4, group_m=8, split_k=AUTO_SPLIT),  # r1 M=128: 0.909x
         C("tiled", 128, 128, 64, 8, 4, group_m=8, split_k=AUTO_SPLIT),  # r1 M=256: 0.757x
-        C("tiled", DECODE_M, 128, 128, 8, 1, group_m=1, split_k=AUTO_SPLIT, b_stream=True),  # r36 M=1: 0.0425 ms
-        # (r36, b_stream, M=1/16 ms: 16x64x64 w4 0.0442/0.0448, 16x64x256 w8 0.0456/0.0550, 16x32x256 w4
-        # 0.0473/0.0634; at M=64 every b_stream config lost 25-190 %, at M=128/256 45-200 %: notes/gemm.md)
+        # (r36: four b_stream configs, 64- and 128-row tiles, lost 45-200 % at M = 128 and 256: not offered)
         # (P128x128x64-w4-s6-tma-ws, the warp-specialised form of the second config here, returned inf on the
         # H200 in device run 32, test_every_candidate_config_is_correct[skinny]: triton 3.6's warp
         # specialisation at 6 stages is wrong; 4 stages are right. Not offered.)
