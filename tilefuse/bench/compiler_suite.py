@@ -411,9 +411,12 @@ def record_kernel_time(rec: harness.Recorder, graph: Graph, impl: str, step: Cal
 
 
 # ------------------------------------------------------------------------------------ compile time
-def compile_times(backend: str, cases: Sequence[str], smoke: bool, n_rows: int = 0) -> dict[str, float | str]:
+def compile_times(backend: str, cases: Sequence[str], smoke: bool,
+                  n_rows: int = 0) -> tuple[dict[str, float | str], dict[str, tuple[int, int]]]:
     """Seconds from torch.compile to the end of the first call (forward, or forward + backward) per case, in
-    this process; a throw-away graph first pays the backend's one-time imports and initialisation."""
+    this process; a throw-away graph first pays the backend's one-time imports and initialisation. Also, for
+    tilefuse, (kernel sources written, kernels read from the disk cache) per case: a warm cache writes none
+    (the issue's "a second process with a warm cache compiles nothing", shown in each row's note)."""
     device = "cpu" if smoke else "cuda"
     rows, cols, vocab, dtype = (SMOKE_ROWS, SMOKE_COLS, SMOKE_VOCAB, SMOKE_DTYPE) if smoke else \
         (n_rows or ROWS, COLS, VOCAB, DTYPE)
@@ -424,6 +427,7 @@ def compile_times(backend: str, cases: Sequence[str], smoke: bool, n_rows: int =
     from ..compiler import records
 
     results: dict[str, float | str] = {}
+    counts: dict[str, tuple[int, int]] = {}
     by_case = {g.case: g for g in GRAPHS}
     for case in cases:
         graph = by_case[case]
@@ -441,20 +445,16 @@ def compile_times(backend: str, cases: Sequence[str], smoke: bool, n_rows: int =
             results[case] = f"error: {type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"[:300]
         after = records.snapshot()
         if backend == "tilefuse":
-            KERNEL_COUNTS[case] = (after["kernels_compiled"] - before["kernels_compiled"],
-                                   after["cache_hits"] - before["cache_hits"])
+            counts[case] = (after["kernels_compiled"] - before["kernels_compiled"],
+                            after["cache_hits"] - before["cache_hits"])
         del args
-    return results
+    return results, counts
 
 
-# case -> (kernel sources written, kernels read from the disk cache) in compile_times' last tilefuse run: a warm
-# cache writes none (the issue's "a second process with a warm cache compiles nothing", in each row's note)
-KERNEL_COUNTS: dict[str, tuple[int, int]] = {}
-
-
-def _child(backend: str, cases: Sequence[str], smoke: bool, dirs: dict[str, Path], log, rows: int = 0) -> dict:
-    """Run compile_times in a fresh process whose caches are ``dirs``. The variables go in through ``env`` on
-    the command line (config.py is the only module that reads os.environ)."""
+def _child(backend: str, cases: Sequence[str], smoke: bool, dirs: dict[str, Path], log,
+           rows: int = 0) -> tuple[dict, dict]:
+    """Run compile_times in a fresh process whose caches are ``dirs``: its (results, kernel counts). The
+    variables go in through ``env`` on the command line (config.py is the only module that reads os.environ)."""
     assign = [f"{k}={v}" for k, v in dirs.items()]
     cmd = ["env", *assign, sys.executable, "-m", "tilefuse.bench.compiler_suite", "--compile-child", backend,
            ",".join(cases)] + (["--smoke"] if smoke else []) + (["--rows", str(rows)] if rows else [])
@@ -462,17 +462,15 @@ def _child(backend: str, cases: Sequence[str], smoke: bool, dirs: dict[str, Path
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=COMPILE_CHILD_TIMEOUT_S, cwd=root)
     except subprocess.TimeoutExpired:
-        return {c: f"error: compile child timed out after {COMPILE_CHILD_TIMEOUT_S} s" for c in cases}
+        return {c: f"error: compile child timed out after {COMPILE_CHILD_TIMEOUT_S} s" for c in cases}, {}
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("COMPILE_TIMES ")]
     if proc.returncode != 0 or not lines:
         tail = (proc.stderr.strip().splitlines() or ["no output"])[-1][:250]
         log(f"  compile child ({backend}) failed: {proc.stderr[-2000:]}")
-        return {c: f"error: compile child exit {proc.returncode}: {tail}" for c in cases}
-    counts = [ln for ln in proc.stdout.splitlines() if ln.startswith("KERNEL_COUNTS ")]
-    KERNEL_COUNTS.clear()
-    if counts:
-        KERNEL_COUNTS.update({c: tuple(v) for c, v in json.loads(counts[-1][len("KERNEL_COUNTS "):]).items()})
-    return json.loads(lines[-1][len("COMPILE_TIMES "):])
+        return {c: f"error: compile child exit {proc.returncode}: {tail}" for c in cases}, {}
+    found = [ln for ln in proc.stdout.splitlines() if ln.startswith("KERNEL_COUNTS ")]
+    kernels = {c: tuple(v) for c, v in json.loads(found[-1][len("KERNEL_COUNTS "):]).items()} if found else {}
+    return json.loads(lines[-1][len("COMPILE_TIMES "):]), kernels
 
 
 def record_compile_times(rec: harness.Recorder, graphs: Sequence[Graph], opts: runner.SuiteOptions) -> None:
@@ -498,7 +496,7 @@ def record_compile_times(rec: harness.Recorder, graphs: Sequence[Graph], opts: r
                              dtype=dtype, shape=shapes[c])
                 continue
             rec.log(f"  compile time: {impl} ({len(cases)} graphs in a child process)")
-            results = _child(backend, cases, opts.smoke, dirs, rec.log, 0 if opts.smoke else rows)
+            results, counts = _child(backend, cases, opts.smoke, dirs, rec.log, 0 if opts.smoke else rows)
             for c in cases:
                 value = results.get(c, "error: no result")
                 if isinstance(value, str):
@@ -506,8 +504,8 @@ def record_compile_times(rec: harness.Recorder, graphs: Sequence[Graph], opts: r
                     rec.log(f"  {c:<28} {impl:<20} {value}")
                 else:
                     kernels = ""
-                    if backend == "tilefuse" and c in KERNEL_COUNTS:
-                        written, cached = KERNEL_COUNTS[c]
+                    if c in counts:
+                        written, cached = counts[c]
                         kernels = f"; kernel sources written {written}, read from the disk cache {cached}"
                     rec._row(c, impl, dtype, shapes[c], ms_p50=value * 1e3, baseline=baseline,
                              note=f"{note}; {what}{kernels}")
@@ -539,8 +537,8 @@ def _main(argv: Sequence[str]) -> int:
     backend, cases = args.compile_child
     import tilefuse  # noqa: F401  (the backend name; device.py decides the interpreter first)
 
-    results = compile_times(backend, cases.split(","), args.smoke, args.rows)
-    print("KERNEL_COUNTS " + json.dumps(KERNEL_COUNTS), flush=True)
+    results, counts = compile_times(backend, cases.split(","), args.smoke, args.rows)
+    print("KERNEL_COUNTS " + json.dumps(counts), flush=True)
     print("COMPILE_TIMES " + json.dumps(results), flush=True)
     return 0
 

@@ -18,7 +18,7 @@
    gradient's partials). Both need S*C to be exactly the rows (no masked tail); the row loop also needs
    ``rowloop_min_programs`` chunks (profitability). A reduction that saves no bytes in any group may still
    join an independent reduction group of the same space and reduced dims when the joined kernel moves at
-   most ``join_small_bytes`` (:meth:`Scheduler._join_small`): a norm backward's weight and bias gradients'
+   most ``join_small_bytes`` (:meth:`Scheduler._small_twin`): a norm backward's weight and bias gradients'
    second stages, one launch instead of two.
 3. **Materialize what is shared.** A non-root pointwise node inlined into several groups is recomputed in
    each; when that re-reads more bytes than writing it once and reading it back, it becomes a root and the
@@ -263,6 +263,7 @@ class Scheduler:
         dep_steps = {where[d] for d in deps if d in where}
         latest_dep = max(dep_steps, default=-1)
         best, best_gain, best_draft = None, 0, None
+        small = None  # (idx, draft): the latest legal join of no gain that _small_twin allows
         for idx in range(len(steps) - 1, -1, -1):
             g = steps[idx]
             if isinstance(g, ExternStep):
@@ -275,8 +276,10 @@ class Scheduler:
             gain = fusion_benefit(self, g, draft, node)
             if gain > best_gain:
                 best, best_gain, best_draft = idx, gain, draft
-        if best is None and TUNING["join_small_reductions"]:
-            best, best_draft = self._join_small(node, steps, dep_steps)
+            if best is None and small is None and self._small_twin(g, node, draft):
+                small = (idx, draft)
+        if best is None and small is not None:
+            best, best_draft = small
         if best is not None:
             steps[best] = best_draft
             where[node.name] = best
@@ -286,26 +289,14 @@ class Scheduler:
         where[node.name] = len(steps) - 1
         del latest_dep
 
-    def _join_small(self, node, steps, dep_steps) -> tuple[Optional[int], Optional[dict]]:
+    def _small_twin(self, g: dict, node, draft: dict) -> bool:
         """A reduction that saves no bytes anywhere may still share a kernel with an earlier, independent
-        reduction group over the same space and reduced dims when both are small (:data:`TUNING`
+        reduction group over the same space and reduced dims when the joined kernel is small (:data:`TUNING`
         ``join_small_bytes``): one launch instead of two, which for kernels of a few microseconds is most of
-        their cost. Legality is :func:`fusion_legality`'s, as for any join."""
-        if not isinstance(node, ir.Reduction):
-            return None, None
-        space, reduced = tuple(node.space), tuple(node.reduced)
-        for idx in range(len(steps) - 1, -1, -1):
-            g = steps[idx]
-            if isinstance(g, ExternStep):
-                continue
-            if any(d > idx for d in dep_steps):
-                break
-            if g["kind"] != "reduction" or g["space"] != space or g["reduced"] != reduced or g.get("columns"):
-                continue
-            draft = self.try_join(g, node)
-            if draft is not None and self._group_bytes(draft) <= TUNING["join_small_bytes"]:
-                return idx, draft
-        return None, None
+        their cost. ``draft`` is the join :func:`fusion_legality` allowed, as for any join."""
+        return (TUNING["join_small_reductions"] and isinstance(node, ir.Reduction) and g["kind"] == "reduction"
+                and g["space"] == tuple(node.space) and g["reduced"] == tuple(node.reduced) and not g.get("columns")
+                and self._group_bytes(draft) <= TUNING["join_small_bytes"])
 
     def _group_bytes(self, g: dict) -> int:
         """What a group reads (each buffer once) and writes (each root once): an upper bound of its traffic."""
