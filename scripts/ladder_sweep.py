@@ -59,8 +59,9 @@ DEBUG_NO_MULTICAST, DEBUG_NOT_PERSISTENT, DEBUG_DIRECT_STORE = 1, 2, 4
 @dataclasses.dataclass(frozen=True)
 class Setting:
     """One rung-9 configuration: debug flags, tilefuse_rung9_set_schedule(clusters, group_m, order,
-    cluster_size) (0 = the default of a field), tilefuse_rung9_set_pingpong(pingpong) and
-    tilefuse_rung9_set_stores(warp_stores)."""
+    cluster_size) (0 = the default of a field), tilefuse_rung9_set_pingpong(pingpong),
+    tilefuse_rung9_set_stores(warp_stores) and tilefuse_rung9_set_streamk(streamk) (1, the library's default: the
+    last round's tiles split by k-tiles where that pays)."""
     name: str
     debug: int = 0
     clusters: int = 0
@@ -69,6 +70,7 @@ class Setting:
     cluster_size: int = 0
     pingpong: int = 0
     warp_stores: int = 0
+    streamk: int = 1
     why: str = ""
 
     @property
@@ -77,14 +79,16 @@ class Setting:
 
     @property
     def is_default(self) -> bool:
-        return self.debug == 0 and self.schedule == (0, 0, 0, 0) and self.pingpong == 0 and self.warp_stores == 0
+        return (self.debug == 0 and self.schedule == (0, 0, 0, 0) and self.pingpong == 0 and self.warp_stores == 0
+                and self.streamk == 1)
 
 
 # Run 7 (benchmarks/results/run7/ladder_sweep.log) decided, and dropped from here: clusters-60 (66 clusters are
 # resident: 60 were 8-20 % slower), not-persistent, cluster-1-128, group-2, group-16, column-groups-2 (slower
 # everywhere or within noise of a setting kept). Kept: those that won or tied at one shape at least, as controls.
 SETTINGS = (
-    Setting("default", why="66 clusters of 2 (if resident), GROUP_M 8, row groups, multicast, TMA store"),
+    Setting("default", why="66 clusters of 2 (if resident), GROUP_M 8, row groups, multicast, TMA store, stream-K tail"),
+    Setting("no-streamk", streamk=0, why="the last round's tiles whole, as before stream-K (runs 7-40)"),
     Setting("warp-stores", warp_stores=1, why="each warp stores its own C rows: no warpgroup barrier in the epilogue"),
     Setting("pingpong", pingpong=1, why="each consumer its own 64x256 tile; one's epilogue under the other's MMA"),
     Setting("pingpong-group-16", pingpong=1, group_m=16, why="ping-pong, 16 cluster-rows of 128: default's A span"),
@@ -163,6 +167,10 @@ def rung9_abi(lib):
     lib.tilefuse_rung9_set_stores.argtypes = [ctypes.c_int]
     lib.tilefuse_rung9_get_stores.restype = ctypes.c_int
     lib.tilefuse_rung9_get_stores.argtypes = []
+    lib.tilefuse_rung9_set_streamk.restype = ctypes.c_int
+    lib.tilefuse_rung9_set_streamk.argtypes = [ctypes.c_int]
+    lib.tilefuse_rung9_get_streamk.restype = ctypes.c_int
+    lib.tilefuse_rung9_get_streamk.argtypes = []
     lib.tilefuse_rung9_occupancy.restype = ctypes.c_int
     lib.tilefuse_rung9_occupancy.argtypes = [ctypes.c_int] + [ctypes.POINTER(ctypes.c_int)] * 4
     return lib
@@ -177,15 +185,21 @@ def applied(lib, s: Setting):
     err = lib.tilefuse_rung9_set_pingpong(s.pingpong)
     if err == 0:
         err = lib.tilefuse_rung9_set_stores(s.warp_stores)
+    if err == 0:
+        err = lib.tilefuse_rung9_set_streamk(s.streamk)
     if err != 0:
         lib.tilefuse_rung9_set_schedule(0, 0, 0, 0)
         lib.tilefuse_rung9_set_pingpong(0)
-        raise ValueError(f"tilefuse_rung9_set_pingpong({s.pingpong}) / set_stores({s.warp_stores}) returned {err}")
+        lib.tilefuse_rung9_set_stores(0)
+        lib.tilefuse_rung9_set_streamk(1)
+        raise ValueError(f"tilefuse_rung9_set_pingpong({s.pingpong}) / set_stores({s.warp_stores}) / "
+                         f"set_streamk({s.streamk}) returned {err}")
     old = lib.tilefuse_rung9_set_debug(s.debug)
     try:
         yield
     finally:
         lib.tilefuse_rung9_set_debug(old)
+        lib.tilefuse_rung9_set_streamk(1)
         lib.tilefuse_rung9_set_stores(0)
         lib.tilefuse_rung9_set_pingpong(0)
         lib.tilefuse_rung9_set_schedule(0, 0, 0, 0)

@@ -351,6 +351,115 @@ def test_rung9_on_off_switches(switch):
         assert set_(0) == 0
 
 
+def _streamk_abi(lib):
+    lib.tilefuse_rung9_set_streamk.restype = ctypes.c_int
+    lib.tilefuse_rung9_set_streamk.argtypes = [ctypes.c_int]
+    lib.tilefuse_rung9_get_streamk.restype = ctypes.c_int
+    lib.tilefuse_rung9_get_streamk.argtypes = []
+    lib.tilefuse_rung9_streamk_plan.restype = ctypes.c_int
+    lib.tilefuse_rung9_streamk_plan.argtypes = [ctypes.c_int] * 4 + [ctypes.POINTER(ctypes.c_int)] * 2 + [ctypes.c_int]
+    return lib
+
+
+@needs_nvcc
+def test_rung9_streamk_switch():
+    """tilefuse_rung9_set_streamk: on by default (measured: benchmarks/notes/hopper_rungs.md), 0 or 1 only, a refused
+    value changes nothing."""
+    lib = _streamk_abi(_load(9))
+    assert lib.tilefuse_rung9_get_streamk() == 1
+    for bad in (-1, 2):
+        assert lib.tilefuse_rung9_set_streamk(bad) == CUDA_ERROR_INVALID_VALUE
+        assert lib.tilefuse_rung9_get_streamk() == 1
+    try:
+        assert lib.tilefuse_rung9_set_streamk(0) == 0 and lib.tilefuse_rung9_get_streamk() == 0
+    finally:
+        assert lib.tilefuse_rung9_set_streamk(1) == 0
+
+
+def _streamk_items(lib, tiles: int, clusters: int, k_tiles: int):
+    """{cluster: [(tile, kb, ke, waits)]} as the kernel walks them (tilefuse_rung9_streamk_plan), and the split."""
+    split = lib.tilefuse_rung9_streamk_plan(tiles, clusters, k_tiles, 0, None, None, 0)
+    assert split in (0, 1)
+    cap = tiles + 4
+    out = {}
+    for c in range(clusters):
+        items, waits = (ctypes.c_int * (3 * cap))(), (ctypes.c_int * (4 * cap))()
+        n = lib.tilefuse_rung9_streamk_plan(tiles, clusters, k_tiles, c, items, waits, cap)
+        assert n >= 0, (tiles, clusters, k_tiles, c)
+        out[c] = [(items[3 * i], items[3 * i + 1], items[3 * i + 2], [w for w in waits[4 * i:4 * i + 4] if w >= 0])
+                  for i in range(n)]
+    return out, bool(split)
+
+
+# (cluster-tiles, clusters, k-tiles): the H200's 66 clusters at 4096^3, 8192^3, 16384x4096x4096 and the GPU test's
+# shapes; whole rounds; fewer tiles than clusters; 3-piece tiles; the policy's edges; small odd grids
+# small grids that split ((13, 8, 16) has a tile in 3 pieces), for the protocol simulation too
+STREAMK_SPLITS = [(5, 3, 16), (11, 4, 24), (11, 7, 20), (13, 8, 16), (6, 4, 10)]
+STREAMK_PLANS = [(256, 66, 64), (1024, 66, 128), (1024, 66, 64), (106, 66, 16), (132, 66, 64), (64, 66, 32),
+                 (16, 66, 16), (7, 3, 8), (11, 4, 9), (23, 7, 5), (3, 2, 1), (1, 1, 7)] + STREAMK_SPLITS
+
+
+@needs_nvcc
+@pytest.mark.parametrize("tiles,clusters,k_tiles", STREAMK_PLANS)
+def test_rung9_streamk_plan(tiles, clusters, k_tiles):
+    """The stream-K plan as the kernel walks it: every k-tile of every tile exactly once; whole tiles round-robin as
+    before; where it splits, a cluster leaves at most one partial sum (its first split piece, without the tile's first
+    k-tile), every tile in at most 3 pieces, and the piece with a split tile's first k-tile adds exactly the sums of
+    the tile's other pieces, each written by the first piece of a later cluster."""
+    lib = _streamk_abi(_load(9))
+    plan, split = _streamk_items(lib, tiles, clusters, k_tiles)
+    seen = {}
+    for c, items in plan.items():
+        for t, kb, ke, _ in items:
+            assert 0 <= t < tiles and 0 <= kb < ke <= k_tiles, (c, t, kb, ke)
+            for k in range(kb, ke):
+                assert (t, k) not in seen, f"k-tile {k} of tile {t}: clusters {seen[(t, k)]} and {c}"
+                seen[(t, k)] = c
+    assert len(seen) == tiles * k_tiles
+    whole_end = tiles // clusters * clusters if split else tiles
+    for c, items in plan.items():
+        whole = [it for it in items if it[0] < whole_end]
+        assert [it[0] for it in whole] == list(range(c, whole_end, clusters))
+        assert all(kb == 0 and ke == k_tiles and not waits for _, kb, ke, waits in whole)
+        pieces = items[len(whole):]
+        assert split or not pieces
+        partial = [i for i, (_, kb, _, _) in enumerate(pieces) if kb > 0]
+        assert partial in ([], [0]), f"cluster {c}: partial sums from pieces {partial}"
+    if not split:
+        return
+    # ranges of whole k-tiles laid end to end over the split tiles, each cluster's at least half a tile
+    owners = {}
+    for c, items in plan.items():
+        for t, kb, ke, waits in items:
+            if t >= whole_end:
+                owners.setdefault(t, []).append((kb, c, ke, waits))
+    for t, pieces in owners.items():
+        pieces.sort()
+        assert len(pieces) <= 3, f"tile {t} in {len(pieces)} pieces"
+        head = pieces[0]
+        assert head[0] == 0
+        if len(pieces) == 1:
+            assert head[3] == []
+            continue
+        assert head[3] == [c for _, c, _, _ in pieces[1:]], f"tile {t}: adds {head[3]}, pieces {pieces}"
+        for kb, c, ke, waits in pieces[1:]:
+            first_split = plan[c][len([it for it in plan[c] if it[0] < whole_end])]
+            assert waits == [] and first_split[:3] == (t, kb, ke), f"tile {t}: cluster {c}'s piece is not its first"
+
+
+def test_rung9_streamk_policy_cases():
+    """streamk_split at the shapes that matter, through the planner: 4096^3, 8192^3 and 16384x4096x4096 split on the
+    H200's 66 clusters; whole rounds, 2048^3 (a 32-k-tile round would shrink by one k-tile) and tiny grids do not."""
+    if not _have_nvcc():
+        pytest.skip("nvcc is not on the PATH (TILEFUSE_NVCC)")
+    lib = _streamk_abi(_load(9))
+    def split(*a):
+        return lib.tilefuse_rung9_streamk_plan(*a, 0, None, None, 0)
+    assert split(256, 66, 64) == split(1024, 66, 128) == split(1024, 66, 64) == split(106, 66, 16) == 1
+    assert split(132, 66, 64) == split(64, 66, 32) == split(16, 66, 16) == 0
+    assert lib.tilefuse_rung9_streamk_plan(5, 0, 4, 0, None, None, 0) == -1  # bad arguments
+
+
 # ------------------------------------------------------------------------------- layout models (CPU)
 # These restate, in Python, the hardware behaviour the kernels rely on (PTX ISA: tensor-map swizzle modes,
 # the wgmma matrix descriptor and canonical K-major layouts, the m64nNk16 accumulator fragment) and the
@@ -640,14 +749,18 @@ def run(actors, world: World, max_steps: int = 2_000_000) -> None:
 def simulate_warp_specialised(*, seed: int, stages: int, k_tiles: int, tiles: int, clusters: int, cluster: int,
                               persistent: bool, multicast: bool, c_chunks: int = 4, c_buffers: int = 2,
                               release_last: bool = True, remote_release: bool = True, pingpong: bool = False,
-                              hand_over: bool = True, warp_stores: bool = False, store_wait: bool = True) -> World:
+                              hand_over: bool = True, warp_stores: bool = False, store_wait: bool = True,
+                              items: dict | None = None, flag_wait: bool = True) -> World:
     """Rung 9 (cluster=2, persistent) or rung 8 (cluster=1, one tile a CTA, release_last irrelevant).
     pingpong: rung 9's tilefuse_rung9_set_pingpong(1): consumer c takes the CTA's tiles j = c, c+2, ... (each a
     whole 64-row tile: 8 KB of A a stage), a stage is released by one consumer's 4 warps of each CTA, and a
     consumer waits on turn[c] (the other consumer's arrivals after its last stage) before each tile's mainloop;
     hand_over=False leaves that wait out. warp_stores: tilefuse_rung9_set_stores(1): each warp stores its own 16
     rows of a chunk after waiting for its own earlier stores only (no warpgroup barrier); store_wait=False leaves
-    that wait out."""
+    that wait out. items: stream-K (tilefuse_rung9_set_streamk, cooperative only): cluster -> [(tile, kb, ke, waits)]
+    from tilefuse_rung9_streamk_plan instead of whole tiles round-robin; a piece without its tile's first k-tile sets
+    its flag (no epilogue), the piece with it waits for the flags of `waits` (flag_wait=False leaves that out) and
+    checks that every other piece of the tile had finished."""
     rng = random.Random(seed)
     consumers, warps = 2, 4
     world = World(rng=rng)
@@ -659,19 +772,24 @@ def simulate_warp_specialised(*, seed: int, stages: int, k_tiles: int, tiles: in
     turn = [[Mbarrier(warps) for _ in range(consumers)] for _ in range(ctas)]
     a_bytes, b_part_bytes = (8192 if pingpong else 16384), 32768 // cluster
 
-    def my_tiles(cl):
-        return list(range(cl, tiles, clusters)) if persistent else [cl]
+    def my_items(cl):  # (tile, kb, ke, waits)
+        if items is not None:
+            return items[cl]
+        return [(t, 0, k_tiles, []) for t in (range(cl, tiles, clusters) if persistent else [cl])]
 
-    def consumer_tiles(cl, c):  # (j, tile): the CTA's j-th tile, for consumer c
-        mine = list(enumerate(my_tiles(cl)))
+    def consumer_tiles(cl, c):  # (j, item): the CTA's j-th work item, for consumer c
+        mine = list(enumerate(my_items(cl)))
         return mine[c::2] if pingpong else mine
+
+    flags = set()  # (cluster, rank, consumer) whose partial sum is written
+    finished = set()  # (cta, consumer, tile, kb): pieces whose mainloop ended
 
     def producer(cta):
         cl, rank = divmod(cta, cluster)
         peers = [cl * cluster + r for r in range(cluster)]
         s, phase = 0, 0
-        for t in my_tiles(cl):
-            for kt in range(k_tiles):
+        for t, kb, ke, _ in my_items(cl):
+            for kt in range(kb, ke):
                 bar_e = empty[cta][s]
                 yield (lambda b=bar_e, p=phase ^ 1: b.passed(p))          # mbar_wait(empty, phase ^ 1)
                 full[cta][s].arrive(expect_tx=a_bytes + cluster * b_part_bytes)  # arrive.expect_tx
@@ -716,24 +834,24 @@ def simulate_warp_specialised(*, seed: int, stages: int, k_tiles: int, tiles: in
                 st, t0, k0 = reading.pop(0)
                 check_stage(cta, st, t0, k0, rank)                  # nobody overwrote it while it was read
 
-        for j, t in consumer_tiles(cl, c):
+        for j, (t, kb, ke, waits) in consumer_tiles(cl, c):
             if pingpong:                                            # the ring position of tile j's k-tile 0
                 s, phase = (j * k_tiles) % stages, ((j * k_tiles) // stages) & 1
                 if j > 0 and hand_over:                             # mbar_wait(turn[c], ((j-1)>>1) & 1)
                     yield (lambda b=turn[cta][c], p=((j - 1) >> 1) & 1: b.passed(p))
             prev = None
-            for kt in range(k_tiles):
+            for kt in range(kb, ke):
                 bar_f = full[cta][s]
                 yield (lambda b=bar_f, p=phase: b.passed(p))        # mbar_wait(full, phase)
                 check_stage(cta, s, t, kt, rank)
                 reading.append((s, t, kt))                          # 4 x wgmma, commit
                 world.consumed.append((cta, c, t, kt))
-                if pingpong and kt == k_tiles - 1:
+                if pingpong and kt == ke - 1:
                     for _ in range(warps):                          # lane 0 of each warp: the other's turn
                         turn[cta][1 - c].arrive()
                 yield None
                 let_go(1)                                           # wgmma_wait<1>
-                if kt > 0:
+                if kt > kb:
                     release(prev)
                 prev = s
                 s += 1
@@ -742,7 +860,20 @@ def simulate_warp_specialised(*, seed: int, stages: int, k_tiles: int, tiles: in
             let_go(0)                                               # wgmma_wait<0>
             if release_last and persistent:
                 release(prev)
-            # TMA-store epilogue: c_chunks chunks, c_buffers staging buffers; by warpgroup (one committing
+            finished.add((cta, c, t, kb))
+            if kb > 0:                                              # stream-K: a later piece's partial sum
+                flags.add((cl, rank, c))
+                yield None
+                continue
+            if ke < k_tiles:                                        # the piece with the tile's first k-tile
+                for w in waits:
+                    if flag_wait:
+                        yield (lambda key=(w, rank, c): key in flags)
+                for w in waits:
+                    later = [(x, y, tt, b) for (x, y, tt, b) in finished if tt == t and x == w * cluster + rank and y == c]
+                    if not later:
+                        raise ProtocolError(f"CTA {cta} consumer {c} adds tile {t}'s piece from cluster {w} before "
+                                            "it was computed")            # TMA-store epilogue: c_chunks chunks, c_buffers staging buffers; by warpgroup (one committing
             # thread), or with warp_stores by warp (each warp's lane 0 commits the stores of its own rows).
             for _ in range(c_chunks):
                 for w in (range(warps) if warp_stores else [None]):
@@ -774,7 +905,7 @@ def simulate_warp_specialised(*, seed: int, stages: int, k_tiles: int, tiles: in
         cl = cta // cluster
         for c in range(consumers):
             seen = [(t, kt) for (x, y, t, kt) in world.consumed if x == cta and y == c]
-            want = [(t, kt) for _, t in consumer_tiles(cl, c) for kt in range(k_tiles)]
+            want = [(t, kt) for _, (t, kb, ke, _) in consumer_tiles(cl, c) for kt in range(kb, ke)]
             if seen != want:
                 raise ProtocolError(f"CTA {cta} consumer {c} consumed {seen[:8]}... instead of {want[:8]}...")
     return world
@@ -873,6 +1004,30 @@ def test_rung9_warp_stores_protocol(k_tiles, tiles, clusters, pingpong):
         simulate_warp_specialised(seed=seed, stages=5 if pingpong else 4, k_tiles=k_tiles, tiles=tiles,
                                   clusters=clusters, cluster=2, persistent=True, multicast=True,
                                   c_buffers=1 if pingpong else 2, pingpong=pingpong, warp_stores=True)
+
+
+@needs_nvcc
+@pytest.mark.parametrize("tiles,clusters,k_tiles", STREAMK_SPLITS)
+@pytest.mark.parametrize("warp_stores", [False, True])
+def test_rung9_streamk_protocol(tiles, clusters, k_tiles, warp_stores):
+    """tilefuse_rung9_set_streamk(1): the planner's work items through the ring (pieces of a tile of any length,
+    back to back), partial sums flagged and waited for; no deadlock, no stage overwritten while read."""
+    lib = _streamk_abi(_load(9))
+    plan, split = _streamk_items(lib, tiles, clusters, k_tiles)
+    assert split, (tiles, clusters, k_tiles)
+    for seed in range(SIM_SEEDS):
+        simulate_warp_specialised(seed=seed, stages=4, k_tiles=k_tiles, tiles=tiles, clusters=clusters, cluster=2,
+                                  persistent=True, multicast=True, items=plan, warp_stores=warp_stores)
+
+
+@needs_nvcc
+def test_the_streamk_model_catches_a_missing_flag_wait():
+    lib = _streamk_abi(_load(9))
+    plan, _ = _streamk_items(lib, 5, 3, 16)
+    with pytest.raises(ProtocolError, match="before it was computed"):
+        for seed in range(SIM_SEEDS):
+            simulate_warp_specialised(seed=seed, stages=4, k_tiles=16, tiles=5, clusters=3, cluster=2, persistent=True,
+                                      multicast=True, items=plan, flag_wait=False)
 
 
 def test_the_warp_stores_model_catches_a_missing_wait():
@@ -1162,6 +1317,75 @@ def test_rung9_warp_stores(name):
         lib.tilefuse_rung9_set_stores(0)
         lib.tilefuse_rung9_set_pingpong(0)
         lib.tilefuse_rung9_set_schedule(0, 0, 0, 0)
+
+
+# (M, N, K): ragged on all three sides with 16 k-tiles (53 x 2 cluster-tiles on 66 clusters: 40 tiles split), and the
+# bar's shapes (4096^3 has tiles in 3 pieces)
+STREAMK_GPU_SHAPES = [(13468, 504, 1000), (4096, 4096, 4096), (16384, 4096, 4096), (8192, 8192, 8192)]
+
+
+def _rung9_splits(lib, M: int, N: int, K: int) -> bool:
+    """Whether tilefuse_rung9 splits this shape on this GPU (the default schedule: clusters of 2, all resident)."""
+    got = [ctypes.c_int() for _ in range(4)]
+    lib.tilefuse_rung9_occupancy.restype = ctypes.c_int
+    lib.tilefuse_rung9_occupancy.argtypes = [ctypes.c_int] + [ctypes.POINTER(ctypes.c_int)] * 4
+    assert lib.tilefuse_rung9_occupancy(2, *[ctypes.byref(v) for v in got]) == 0
+    resident = got[0].value or got[1].value // 2
+    tiles = -(-M // 256) * -(-N // 256)
+    return lib.tilefuse_rung9_streamk_plan(tiles, min(resident, tiles), -(-K // 64), 0, None, None, 0) == 1
+
+
+@pytest.mark.gpu
+def test_rung9_streamk():
+    """Stream-K (on by default) where it splits: the float32 reference's result with C poisoned, plain and + bias,
+    bf16 and fp16; the same bits on a second call (a head adding a partial sum before it was written would show up
+    as noise); close to the unsplit kernel's result; and correct when calls alternate between two streams (the
+    second waits for the first's use of the workspace)."""
+    _in_child(9)
+    torch = _torch()
+    lib = _streamk_abi(_load(9))
+    assert lib.tilefuse_rung9_get_streamk() == 1
+    split = [shape for shape in STREAMK_GPU_SHAPES if _rung9_splits(lib, *shape)]
+    assert split, f"none of {STREAMK_GPU_SHAPES} splits on this GPU: the test would not exercise stream-K"
+    for M, N, K in split:
+        for dt, epilogue in ((torch.bfloat16, 0), (torch.float16, 1)):
+            a = torch.randn(M, K, device="cuda", dtype=dt)
+            b_nk = torch.randn(N, K, device="cuda", dtype=dt) / K ** 0.5
+            bias = torch.randn(N, device="cuda", dtype=dt)
+            ref = _reference(a, b_nk, bias, epilogue)
+            c = poisoned_empty(M, N, dtype=dt, device="cuda")
+            _run(9, a, b_nk, c, bias if epilogue else None, epilogue)
+            what = f"rung 9 stream-K {M}x{N}x{K} epilogue {epilogue}"
+            assert_close(c, ref, dtype=dt, what=what)
+            again = poisoned_empty(M, N, dtype=dt, device="cuda")
+            _run(9, a, b_nk, again, bias if epilogue else None, epilogue)
+            assert torch.equal(c, again), f"{what}: not deterministic"
+            assert lib.tilefuse_rung9_set_streamk(0) == 0
+            try:
+                whole = poisoned_empty(M, N, dtype=dt, device="cuda")
+                _run(9, a, b_nk, whole, bias if epilogue else None, epilogue)
+            finally:
+                assert lib.tilefuse_rung9_set_streamk(1) == 0
+            assert_close(whole, ref, dtype=dt, what=f"{what} with stream-K off")
+    # two streams, alternating, no synchronisation between the calls but the library's own
+    M, N, K = split[0]
+    a = torch.randn(M, K, device="cuda", dtype=torch.bfloat16)
+    b_nk = torch.randn(N, K, device="cuda", dtype=torch.bfloat16) / K ** 0.5
+    ref = _reference(a, b_nk)
+    side = torch.cuda.Stream()
+    fn = _load(9).tilefuse_rung9
+    outs = []
+    for i in range(6):
+        stream = side if i % 2 else torch.cuda.current_stream()
+        c = poisoned_empty(M, N, dtype=torch.bfloat16, device="cuda")
+        side.wait_stream(torch.cuda.current_stream())  # the inputs and the poisoned C exist before the side stream runs
+        err = fn(a.data_ptr(), b_nk.data_ptr(), c.data_ptr(), None, M, N, K, K, K, N, 0, 0, stream.cuda_stream)
+        assert err == 0
+        outs.append(c)
+    torch.cuda.synchronize()
+    for c in outs:
+        assert_close(c, ref, dtype=torch.bfloat16, what=f"rung 9 stream-K {M}x{N}x{K} on alternating streams")
+        assert torch.equal(c, outs[0]), "rung 9 stream-K on alternating streams: not deterministic"
 
 
 @pytest.mark.gpu

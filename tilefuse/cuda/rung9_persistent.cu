@@ -59,6 +59,23 @@
 // 5 stages instead of 4 in the same shared memory; one C staging chunk a consumer; always the TMA-store epilogue
 // (debug flag 4 is ignored: a direct-store copy of the ping-pong path made the kernel spill).
 //
+// Stream-K: tilefuse_rung9_set_streamk(0 or 1; 1, the default; not part of the ladder ABI; measured in
+// benchmarks/notes/hopper_rungs.md, "Stream-K"). A persistent grid of C clusters runs `tiles` cluster-tiles in ceil(tiles / C) rounds;
+// when tiles % C is small the last round leaves clusters idle (4096^3: 256 cluster-tiles on 66 clusters, 3.88
+// rounds; 8192^3: 15.5). With stream-K the whole rounds stay whole tiles and the tiles of the last, partial round are
+// cut by k-tiles into C equal ranges, one a cluster, laid end to end over those tiles (tile-major, k-minor). A
+// cluster's range starts in the middle of a tile (its first piece: the tile's later k-tiles) and ends in the
+// middle of another (its last piece: that tile's first k-tiles). A piece without the tile's first k-tile writes
+// its fp32 accumulators to a workspace slot of its own (each thread its 128 values as 32 coalesced float4) and
+// sets its flag (release, gpu scope); the piece with the first k-tile, which its cluster runs last, waits for the
+// flags of the tile's other pieces (acquire), adds their partial sums and runs the epilogue. A cluster writes at
+// most one partial (its first piece), so the workspace is one 64 KB slot a consumer warpgroup of each CTA. Flags
+// hold the launch's epoch (a per-device counter), so no launch has to clear them. The host splits only when the
+// last round gets shorter by more than the fix-up costs (streamk_split) and every cluster is resident (a head
+// waits on later clusters), never in ping-pong, with the debug flag 2, or while the stream is being captured into
+// a CUDA graph (a replay would reuse the epoch); launches on another stream first wait for the last one that used
+// the device's workspace.
+//
 // Stores: tilefuse_rung9_set_stores(1) (not part of the ladder ABI; default 0: within noise in run 31). The TMA-store
 // epilogue writes a consumer's 64x64 C chunk into staging and, by default, meets the other warps of its warpgroup
 // at a named barrier before and after (8 barriers a tile), one thread issuing the chunk's stores (4 boxes of 16
@@ -200,7 +217,23 @@ struct Schedule {
     int order;    // ORDER_ROW_GROUPS or ORDER_COLUMN_GROUPS
     int pingpong; // 0: both consumers on one 128x256 tile (cooperative); 1: each on its own 64x256 tile
     int warp_stores;  // 1: each warp stores its own rows of a C chunk (no warpgroup barrier; see the header)
+    int streamk;      // 1: the last, partial round's tiles are split by k-tiles over the clusters (see the header)
 };
+
+// Stream-K's global memory (see the header): CONSUMERS x 128 threads x 128 floats a CTA, and a flag each.
+struct StreamK {
+    float* workspace;  // [slot][32 float4][128 threads] of float4; slot = (cluster * csize + rank) * CONSUMERS + consumer
+    int* flags;        // [slot]: the epoch of the launch that last wrote the slot
+    int epoch;         // this launch's, > 0
+    int dp_end;        // the first split tile: tiles / clusters * clusters
+    int units;         // k-tiles of the split tiles, (tiles - dp_end) * k_tiles; units * clusters < 2^31 (the host checks)
+};
+constexpr int SK_SLOT_FLOATS = 128 * 128;  // one consumer warpgroup's accumulators
+constexpr int PIECE_LATER = 1;       // a work item without its tile's first k-tile: it leaves a partial sum
+constexpr int PIECE_UNFINISHED = 2;  // a work item without its tile's last k-tile: it adds the later ones' sums
+// Stream-K pays off when the last round gets shorter by more than its fix-up (one 64 KB partial written and read
+// back a consumer, ~2-3 us, about 4 k-tiles of a 128x256 tile): see streamk_split.
+constexpr int SK_FIXUP_K_TILES = 4;
 
 // ---------------------------------------------------------------------------------------------------------
 // PTX wrappers.
@@ -303,16 +336,18 @@ __device__ __forceinline__ uint32_t map_to_rank(uint32_t addr, uint32_t rank) {
 __device__ __forceinline__ void mbar_arrive_cluster(uint32_t cluster_addr) {
     asm volatile("mbarrier.arrive.shared::cluster.b64 _, [%0];" ::"r"(cluster_addr) : "memory");
 }
-// Release a stage to the producers of every CTA of the cluster: lane r (< csize: `releaser`) of the warp
+// Release a stage to the producers of every CTA of the cluster: lane r (< csize: a releaser) of the warp
 // arrives on CTA r's barrier, so a warp still counts one arrival on each CTA's barrier. One predicated arrive
 // a lane instead of a loop over ranks on lane 0, which ptxas unrolled 16-fold behind a divergent branch
 // (31 arrive instructions in each k-loop's SASS, ~30 issued a k-tile for a cluster of 2). `target` is the
 // lane's CTA's stage-0 empty barrier in the cluster window (mapa once, before the loop: a stage's barrier is
 // `stage` x 8 bytes further, the window maps a CTA's shared memory as one block). With the lane mapped inside
 // the loop ptxas re-read SR_TID (S2R) every k-tile of a loop that released the stage just read (a variant tried
-// in runs 29-31 and removed: benchmarks/notes/hopper_rungs.md).
-__device__ __forceinline__ void release_stage(uint32_t target, uint32_t stage, bool releaser) {
-    if (releaser) mbar_arrive_cluster(target + 8 * stage);
+// in runs 29-31 and removed: benchmarks/notes/hopper_rungs.md). Lanes that release nothing hold target 0 (no
+// barrier of the window is at 0): the predicate comes from a register the loop holds anyway, where a separate
+// `lane < csize` made ptxas either rebuild it from SR_TID every k-tile or spill it (with stream-K's registers).
+__device__ __forceinline__ void release_stage(uint32_t target, uint32_t stage) {
+    if (target != 0) mbar_arrive_cluster(target + 8 * stage);
 }
 // A value the whole warp holds, as the compiler can see (a broadcast from lane 0): what is computed from it may
 // live in uniform registers, as wgmma's descriptors must.
@@ -352,6 +387,15 @@ __device__ __forceinline__ void named_barrier_sync(int id, int threads) {
 }
 __device__ __forceinline__ void st_shared_u32(uint32_t addr, uint32_t v) {
     asm volatile("st.shared.b32 [%0], %1;" ::"r"(addr), "r"(v) : "memory");
+}
+// Stream-K's flags: set after a partial sum is written, read before it is added (see the header).
+__device__ __forceinline__ void flag_release(int* flag, int v) {
+    asm volatile("st.release.gpu.global.b32 [%0], %1;" ::"l"(flag), "r"(v) : "memory");
+}
+__device__ __forceinline__ int flag_acquire(const int* flag) {
+    int v;
+    asm volatile("ld.acquire.gpu.global.b32 %0, [%1];" : "=r"(v) : "l"(flag) : "memory");
+    return v;
 }
 
 // setmaxnreg: executed by all threads of a warpgroup; takes effect only because the kernel has a register
@@ -474,21 +518,105 @@ constexpr uint32_t TURN_OFFSET = EMPTY_OFFSET + MAX_STAGES * 8;
 
 // Where a CTA's tiles are, for the producer and the consumers; each computes its own copy from the kernel's
 // arguments (values carried from before the role branch into the consumers cost registers they don't have).
+// Work item j of a cluster (work_item): its j-th whole tile while j < dp_count, then the pieces of its stream-K
+// range [sk_lo, sk_hi) over the split tiles' k-tiles (tile-major: unit u is k-tile u % k_tiles of tile
+// dp_end + u / k_tiles).
 struct Walk {
     uint32_t rank;  // this CTA in its cluster
     int first_tile, tile_step, tiles, tiles_m, tiles_n, k_tiles, csize;
+    int dp_end;    // tiles before it run whole (all of them without stream-K)
+    int dp_count;  // whole tiles this cluster runs
+    int sk_units, sk_lo, sk_hi;  // k-tiles of the split tiles, this cluster's range of them
 };
-__device__ __forceinline__ Walk make_walk(int M, int N, int K, int rows, int csize) {
+// First unit of cluster c's stream-K range: C equal ranges, the first ones a unit shorter where units % C != 0.
+// 32-bit: the host splits only where units * clusters < 2^31 (a 64-bit division here spilled).
+__host__ __device__ __forceinline__ int sk_range_start(int units, int c, int clusters) { return units * c / clusters; }
+// split: the host's plan (dp_end and units of StreamK) applies; otherwise every tile runs whole.
+__host__ __device__ __forceinline__ Walk walk_for(int cluster, int clusters, uint32_t rank, int M, int N, int K, int rows,
+                                                  int csize, bool split, int dp_end, int units) {
     Walk w;
-    w.rank = cluster_ctarank();
-    w.first_tile = (int)cluster_index();
-    w.tile_step = (int)cluster_count();
+    w.rank = rank;
+    w.first_tile = cluster;
+    w.tile_step = clusters;
     w.k_tiles = (K + BK - 1) / BK;
     w.csize = csize;                                      // 2, or 1 without a cluster
     w.tiles_m = (M + rows * csize - 1) / (rows * csize);  // cluster-rows of 256 (128 / 64 otherwise)
     w.tiles_n = (N + BN - 1) / BN;
     w.tiles = w.tiles_m * w.tiles_n;
+    w.dp_end = split ? dp_end : w.tiles;
+    w.sk_units = split ? units : 0;
+    w.sk_lo = sk_range_start(w.sk_units, cluster, clusters);
+    w.sk_hi = sk_range_start(w.sk_units, cluster + 1, clusters);
+    w.dp_count = cluster < w.dp_end ? (w.dp_end - cluster + clusters - 1) / clusters : 0;
     return w;
+}
+__device__ __forceinline__ Walk make_walk(int M, int N, int K, int rows, int csize, bool split, int dp_end, int units) {
+    return walk_for((int)cluster_index(), (int)cluster_count(), cluster_ctarank(), M, N, K, rows, csize, split, dp_end,
+                    units);
+}
+// The cluster's j-th work item: tile t, k-tiles [kb, ke). false past the last one.
+__host__ __device__ __forceinline__ bool work_item(const Walk& w, int j, int& t, int& kb, int& ke) {
+    if (j < w.dp_count) {
+        t = w.first_tile + j * w.tile_step;
+        kb = 0;
+        ke = w.k_tiles;
+        return true;
+    }
+    const int p = j - w.dp_count;  // piece p of the stream-K range
+    const int rel = w.sk_lo / w.k_tiles + p;
+    const int u0 = p == 0 ? w.sk_lo : rel * w.k_tiles;
+    if (u0 >= w.sk_hi) return false;
+    const int end = (rel + 1) * w.k_tiles;
+    t = w.dp_end + rel;
+    kb = u0 - rel * w.k_tiles;
+    ke = (end < w.sk_hi ? end : w.sk_hi) - rel * w.k_tiles;
+    return true;
+}
+// The host's choice: split the last round when it leaves clusters idle, each tile in at most 3 pieces (a
+// cluster's range is at least half a tile), and the round gets shorter by more than the fix-up's SK_FIXUP_K_TILES;
+// and the units fit the kernel's 32-bit arithmetic.
+__host__ __device__ constexpr bool streamk_split(long long tiles, long long clusters, long long k_tiles) {
+    return clusters > 0 && tiles % clusters != 0 && tiles % clusters * k_tiles * clusters < 0x7fffffffLL &&
+           2 * (tiles % clusters * k_tiles / clusters) >= k_tiles &&
+           k_tiles - (tiles % clusters * k_tiles + clusters - 1) / clusters > SK_FIXUP_K_TILES;
+}
+// The split's extent, for StreamK (where streamk_split said yes): whole rounds first, the rest split.
+__host__ __device__ inline StreamK streamk_extent(int tiles, int clusters, int k_tiles) {
+    const int dp_end = tiles / clusters * clusters;
+    return StreamK{nullptr, nullptr, 0, dp_end, (tiles - dp_end) * k_tiles};
+}
+// 4096^3 (256 cluster-tiles of 128x256 x 2, 64 k-tiles, 66 clusters), 8192^3, 16384x4096x4096: split;
+// 2048^3 (64 tiles on 66 clusters: a 32-k-tile round would become 31) and whole rounds: not.
+static_assert(streamk_split(256, 66, 64) && streamk_split(1024, 66, 128) && streamk_split(1024, 66, 64) &&
+                  !streamk_split(64, 66, 32) && !streamk_split(132, 66, 64) && !streamk_split(16, 66, 16),
+              "stream-K policy");
+
+// Stream-K: wait for slot's flag to hold this launch's epoch (thread 0 of the consumer warpgroup, acquire), then
+// add the slot's partial sums to the accumulators (every thread its own 128, as sk_store wrote them).
+__device__ __forceinline__ void add_partial(float (&acc)[128], const StreamK& sk, int slot, int tid, int consumer) {
+    if (tid == 0) {
+        const unsigned long long start = global_timer_ns();
+        while (flag_acquire(sk.flags + slot) != sk.epoch) {
+            if (global_timer_ns() - start > WAIT_TIMEOUT_NS) __trap();
+        }
+    }
+    named_barrier_sync(1 + consumer, 128);  // thread 0's acquire before everyone's loads
+    const float4* src = reinterpret_cast<const float4*>(sk.workspace + (size_t)slot * SK_SLOT_FLOATS) + tid;
+#pragma unroll
+    for (int i = 0; i < 32; ++i) {
+        // One float4 loaded and added in one asm statement, eight in flight at a time (the barrier: ptxas does not
+        // move a load above one). Written as loads and adds in C++, ptxas hoisted the loads and spilled.
+        if (i % 8 == 0 && i > 0) named_barrier_sync(1 + consumer, 128);
+        asm volatile(
+            "{\n.reg .f32 x, y, z, w;\n"
+            "ld.global.cg.v4.f32 {x, y, z, w}, [%4];\n"
+            "add.f32 %0, %0, x;\nadd.f32 %1, %1, y;\nadd.f32 %2, %2, z;\nadd.f32 %3, %3, w;\n}\n"
+            : "+f"(acc[4 * i]), "+f"(acc[4 * i + 1]), "+f"(acc[4 * i + 2]), "+f"(acc[4 * i + 3])
+            : "l"(src + i * 128)
+            : "memory");
+    }
+    // (and none of the epilogue's bias loads above this point: hoisted into the adds, they spilled too)
+    named_barrier_sync(1 + consumer, 128);
 }
 
 // Consumers. Cooperative (PP = false): every tile of the CTA, warpgroup 1 its rows 0..63, warpgroup 2 rows
@@ -498,14 +626,23 @@ __device__ __forceinline__ Walk make_walk(int M, int N, int K, int rows, int csi
 // each one's epilogue runs under the other's mainloop. The hand-over also keeps the parity waits exact: no
 // consumer waits on a stage more than one phase ahead of it. Compile-time PP keeps each path's registers as
 // they were (a run-time switch cost a spill in the GeLU epilogue).
+// Stream-K (see the header) in the cooperative kernels without GeLU: in the GeLU kernel the fix-up's adds made ptxas
+// spill 16 bytes, whatever the form of the adds, and the host does not split there.
+template <int EPI, bool PP>
+__host__ __device__ constexpr bool consumer_splits() { return !PP && EPI != 2; }
+
 template <int DT, int EPI, bool PP>
 __device__ __forceinline__ void consume(const void* smem_raw, const CUtensorMap* tm_c, void* C, const void* bias,
-                                        int M, int N, int K, long long ldc, int debug, const Schedule& sched) {
+                                        int M, int N, int K, long long ldc, int debug, const Schedule& sched,
+                                        const StreamK& sk) {
     constexpr int stages = PP ? PP_STAGES : STAGES;
     constexpr int rows = PP ? PP_BM : BM;  // rows of C a CTA's tile has
+    constexpr bool SPLITS = consumer_splits<EPI, PP>();
     constexpr uint32_t a_bytes = PP ? PP_A_TILE_BYTES : A_TILE_BYTES;
     constexpr int c_buffers = PP ? PP_C_BUFFERS : C_BUFFERS;
-    const Walk w = make_walk(M, N, K, rows, sched.cluster);
+    // The walk (make_walk) is rebuilt for each work item and again after its mainloop, from the kernel's arguments
+    // and the cluster registers: held across the mainloop, stream-K's part of it spilled 40-100 bytes.
+    const bool split = SPLITS && sched.streamk != 0;
     // The shared-memory base and the consumer index as warp-uniform values (broadcast from lane 0): the wgmma
     // descriptors derived from them then stay in uniform registers across the k-loop. Without it ptxas built
     // the A descriptor in ordinary registers and moved it with R2UR before every HGMMA (8 a k-tile, 16 in
@@ -522,26 +659,37 @@ __device__ __forceinline__ void consume(const void* smem_raw, const CUtensorMap*
     const bool tma_store = PP || (debug & DEBUG_DIRECT_STORE) == 0;
     const bool warp_stores = sched.warp_stores != 0;
     const uint32_t a_off = PP ? 0u : (uint32_t)(consumer * CONSUMER_A_BYTES);  // my rows of the stage's A
-    const int csize = w.csize, k_tiles = w.k_tiles;
+    const int csize = sched.cluster, k_tiles = (K + BK - 1) / BK;
     // Stage 0's descriptors; stage s adds s tiles (the 14-bit address field cannot carry: the ring ends below
     // 256 KB). Lane r < csize releases a stage to CTA r (see release_stage).
     const uint64_t desc_a0 = make_desc_sw128(s_a + a_off), desc_b0 = make_desc_sw128(s_b);
     constexpr uint64_t DESC_A_STAGE = desc_field(a_bytes), DESC_B_STAGE = desc_field(B_TILE_BYTES);
-    const bool releaser = lane < csize;
-    const uint32_t release_target = map_to_rank(empty, releaser ? (uint32_t)lane : 0u);
+    const uint32_t release_target = lane < csize ? map_to_rank(empty, (uint32_t)lane) : 0u;
     float acc[128];
 #pragma unroll
     for (int i = 0; i < 128; ++i) acc[i] = 0.f;
 
     int s = 0;
     uint32_t phase = 0;
-    uint32_t chunk = 0;  // C chunks this consumer has stored: chunk % c_buffers picks the staging buffer
-    for (int j = PP ? consumer : 0;; j += PP ? 2 : 1) {  // j: the CTA's j-th tile
-        const int t = w.first_tile + j * w.tile_step;
-        if (t >= w.tiles) break;
-        const TileRC tile = tile_at(t, w.tiles_m, w.tiles_n, sched.group_m, sched.order);
-        const int m0 = tile.row * (rows * csize) + (int)w.rank * rows + (PP ? 0 : consumer * 64);  // my rows
-        const int n0 = tile.col * BN;
+    // A tile's 4 chunks take the staging buffers in turn (jc % c_buffers): with 1 or 2 buffers each tile starts on
+    // buffer 0 again, so no count of chunks is carried from tile to tile.
+    static_assert((BN / C_CHUNK_COLS) % C_BUFFERS == 0 && (BN / C_CHUNK_COLS) % PP_C_BUFFERS == 0, "buffer turns");
+    uint32_t chunk = 0;
+    for (int j = PP ? consumer : 0;; j += PP ? 2 : 1) {  // j: the CTA's j-th work item (whole tiles in ping-pong)
+        // Tile t, k-tiles [kb, ke); my rows from m0, the tile's columns from n0. What the code after the mainloop
+        // needs of kb and ke is two bits of `piece` (registers: with stream-K's values the consumers came close to
+        // running out of them, and ptxas spilled in some variants of this code).
+        int t, m0, n0, left, piece;
+        {
+            int kb, ke;
+            const Walk w = make_walk(M, N, K, rows, csize, split, sk.dp_end, sk.units);
+            if (!work_item(w, j, t, kb, ke)) break;
+            const TileRC tile = tile_at(t, w.tiles_m, w.tiles_n, sched.group_m, sched.order);
+            m0 = tile.row * (rows * csize) + (int)w.rank * rows + (PP ? 0 : consumer * 64);
+            n0 = tile.col * BN;
+            left = ke - kb;
+            piece = (kb > 0 ? PIECE_LATER : 0) | (ke < k_tiles ? PIECE_UNFINISHED : 0);
+        }
         if (PP) {
             // The producer's ring position at this tile's first k-tile (it walks every tile of the CTA), and
             // the other consumer's ((j-1)/2)-th turn arrival: the end of tile j-1's mainloop.
@@ -551,8 +699,9 @@ __device__ __forceinline__ void consume(const void* smem_raw, const CUtensorMap*
             if (j > 0) mbar_wait(turn + 8 * consumer, (uint32_t)((j - 1) >> 1) & 1u);
         }
 
-        int prev = 0;
-        for (int kt = 0; kt < k_tiles; ++kt) {
+        // A count of the item's k-tiles left, and the previous k-tile's stage (-1 before the first).
+        int prev = -1;
+        for (; left > 0; --left) {
             mbar_wait(full + 8 * s, phase);
             const uint64_t da = desc_a0 + (uint64_t)s * DESC_A_STAGE;
             const uint64_t db = desc_b0 + (uint64_t)s * DESC_B_STAGE;
@@ -560,10 +709,10 @@ __device__ __forceinline__ void consume(const void* smem_raw, const CUtensorMap*
             wgmma_fence();
 #pragma unroll
             for (int kk = 0; kk < BK / WGMMA_K; ++kk) {
-                wgmma_m64n256k16<DT>(acc, da + kk * DESC_K_STEP, db + kk * DESC_K_STEP, (kt > 0 || kk > 0) ? 1u : 0u);
+                wgmma_m64n256k16<DT>(acc, da + kk * DESC_K_STEP, db + kk * DESC_K_STEP, (prev >= 0 || kk > 0) ? 1u : 0u);
             }
             wgmma_commit();
-            if (PP && kt == k_tiles - 1) {  // my last stage has landed: the other consumer's turn
+            if (PP && left == 1) {  // my last stage has landed: the other consumer's turn
                 if (lane == 0) mbar_arrive(turn + 8 * (1 - consumer));
                 __syncwarp();
             }
@@ -572,15 +721,43 @@ __device__ __forceinline__ void consume(const void* smem_raw, const CUtensorMap*
             // stage at once after a wait_group 0, a stage more of lead, measured within noise in runs 30-31.)
             wgmma_wait<1>();
             fence_accumulators(acc);
-            if (kt > 0) release_stage(release_target, (uint32_t)prev, releaser);
+            if (prev >= 0) release_stage(release_target, (uint32_t)prev);
             __syncwarp();  // the warp whole again before the next .sync.aligned wgmma instructions
             prev = s;
             if (++s == stages) { s = 0; phase ^= 1u; }
         }
         wgmma_wait<0>();
         fence_accumulators(acc);
-        release_stage(release_target, (uint32_t)prev, releaser);  // the producer goes on into the next tile
+        release_stage(release_target, (uint32_t)prev);  // the producer goes on into the next tile
         __syncwarp();
+
+
+        if constexpr (SPLITS) {
+            // Stream-K (see the header): a piece without the tile's first k-tile leaves its sums in its slot; the
+            // piece with it adds the tile's other pieces' sums before the epilogue. Whole tiles do neither.
+            const int cl = (int)cluster_index(), clusters = (int)cluster_count(), rank = (int)cluster_ctarank();
+            const int slot = (cl * csize + rank) * CONSUMERS + consumer;
+            if (piece & PIECE_LATER) {
+                float4* dst = reinterpret_cast<float4*>(sk.workspace + (size_t)slot * SK_SLOT_FLOATS) + tid;
+#pragma unroll
+                for (int i = 0; i < 32; ++i)
+                    __stcg(dst + i * 128, make_float4(acc[4 * i], acc[4 * i + 1], acc[4 * i + 2], acc[4 * i + 3]));
+                named_barrier_sync(1 + consumer, 128);  // every thread's stores before the flag
+                if (tid == 0) {
+                    __threadfence();
+                    flag_release(sk.flags + slot, sk.epoch);
+                }
+                continue;
+            }
+            if (piece & PIECE_UNFINISHED) {
+                // The tile's later pieces are the first pieces of the next clusters' ranges: cluster cl + 1's, and
+                // cl + 2's too where cl + 1's range ends inside this tile (streamk_split keeps a tile in <= 3 pieces).
+                const int tile_end = (t - sk.dp_end + 1) * k_tiles;
+                add_partial(acc, sk, (((cl + 1) * csize + rank) * CONSUMERS + consumer), tid, consumer);
+                if (cl + 2 < clusters && sk_range_start(sk.units, cl + 2, clusters) < tile_end)
+                    add_partial(acc, sk, (((cl + 2) * csize + rank) * CONSUMERS + consumer), tid, consumer);
+            }
+        }
 
         if (!tma_store) {
             store_fragment<DT, EPI>(acc, C, bias, M, N, ldc, m0, n0, true);
@@ -654,7 +831,7 @@ template <int DT, int EPI>
 __global__ void __launch_bounds__(THREADS, 1)
 rung9_kernel(const __grid_constant__ CUtensorMap tm_a, const __grid_constant__ CUtensorMap tm_b,
              const __grid_constant__ CUtensorMap tm_c, void* C, const void* bias, int M, int N, int K, long long ldc,
-             int debug, Schedule sched) {
+             int debug, Schedule sched, StreamK sk) {
     extern __shared__ __align__(16) uint8_t smem_raw[];
     // Cooperative or ping-pong (see the header): the layout is chosen once at entry.
     const bool pp = sched.pingpong != 0;
@@ -684,18 +861,20 @@ rung9_kernel(const __grid_constant__ CUtensorMap tm_a, const __grid_constant__ C
         if (threadIdx.x == 0) {
             const int rows = pp ? PP_BM : BM;  // rows of C a CTA's tile has
             const uint32_t a_bytes = pp ? PP_A_TILE_BYTES : A_TILE_BYTES;
-            const Walk w = make_walk(M, N, K, rows, sched.cluster);
+            const bool split = (pp ? consumer_splits<EPI, true>() : consumer_splits<EPI, false>()) && sched.streamk != 0;
+            const Walk w = make_walk(M, N, K, rows, sched.cluster, split, sk.dp_end, sk.units);
             const bool multicast = (debug & DEBUG_NO_MULTICAST) == 0 && w.csize == CLUSTER;
             const uint32_t s_a = smem_base(smem_raw), s_b = s_a + stages * a_bytes;
             const uint32_t full = s_a + FULL_OFFSET, empty = s_a + EMPTY_OFFSET;
             const uint32_t stage_tx = a_bytes + B_TILE_BYTES;  // own A, both B parts
             int s = 0;
             uint32_t phase = 0;
-            for (int t = w.first_tile; t < w.tiles; t += w.tile_step) {
+            int t, kb, ke;  // the consumers' work items: tile t, k-tiles [kb, ke)
+            for (int j = 0; work_item(w, j, t, kb, ke); ++j) {
                 const TileRC tile = tile_at(t, w.tiles_m, w.tiles_n, sched.group_m, sched.order);
                 const int m0 = tile.row * (rows * w.csize) + (int)w.rank * rows;
                 const int n0 = tile.col * BN;
-                for (int kt = 0; kt < w.k_tiles; ++kt) {
+                for (int kt = kb; kt < ke; ++kt) {
                     // Both CTAs' consumers released this stage (first lap: parity 1 of a fresh barrier passes).
                     mbar_wait(empty + 8 * s, phase ^ 1u);
                     mbar_arrive_expect_tx(full + 8 * s, stage_tx);
@@ -718,8 +897,8 @@ rung9_kernel(const __grid_constant__ CUtensorMap tm_a, const __grid_constant__ C
         }
     } else {
         regs_claim<CONSUMER_REGS>();
-        if (pp) consume<DT, EPI, true>(smem_raw, &tm_c, C, bias, M, N, K, ldc, debug, sched);
-        else consume<DT, EPI, false>(smem_raw, &tm_c, C, bias, M, N, K, ldc, debug, sched);
+        if (pp) consume<DT, EPI, true>(smem_raw, &tm_c, C, bias, M, N, K, ldc, debug, sched, sk);
+        else consume<DT, EPI, false>(smem_raw, &tm_c, C, bias, M, N, K, ldc, debug, sched, sk);
     }
     // No CTA may exit while its peer can still arrive on its barriers.
     __syncwarp();
@@ -769,6 +948,7 @@ int g_order = 0;         // ORDER_ROW_GROUPS
 int g_cluster_size = 0;  // 0: CLUSTER
 int g_pingpong = 0;      // tilefuse_rung9_set_pingpong: 0 cooperative consumers (the default), 1 ping-pong
 int g_warp_stores = 0;   // tilefuse_rung9_set_stores: 0 one store thread a consumer (the default), 1 one a warp
+int g_streamk = 1;       // tilefuse_rung9_set_streamk: 1 (the default) splits the last round's tiles where it pays
 constexpr int MAX_GROUP_M = 1 << 16;
 constexpr int MAX_DEVICES = 64;
 // Per device and cluster size (index csize - 1): clusters of this kernel resident at once (0: not asked yet).
@@ -777,7 +957,7 @@ int g_resident_clusters[MAX_DEVICES][CLUSTER] = {};
 bool g_smem_set[MAX_DEVICES][6] = {};  // [kernel_slot(dtype, epilogue)]
 
 using KernelFn = void (*)(const CUtensorMap, const CUtensorMap, const CUtensorMap, void*, const void*, int, int, int,
-                          long long, int, Schedule);
+                          long long, int, Schedule, StreamK);
 
 // The kernel for a dtype and an epilogue (each holds the cooperative and the ping-pong consumers).
 template <int DT>
@@ -786,6 +966,67 @@ KernelFn kernel_for_epi(int epilogue) {
 }
 KernelFn kernel_for(int dtype, int epilogue) { return dtype == 0 ? kernel_for_epi<0>(epilogue) : kernel_for_epi<1>(epilogue); }
 int kernel_slot(int dtype, int epilogue) { return dtype + 2 * epilogue; }
+
+// Stream-K's per-device workspace (see the header): allocated at the first launch that splits, for every SM's
+// two consumer slots; flags zeroed then and whenever the epoch counter wraps. `last` is the stream of the last
+// launch that used it and `done` an event recorded after that launch: a launch on another stream waits for it.
+struct SkState {
+    float* workspace = nullptr;
+    int* flags = nullptr;
+    int slots = 0;
+    int epoch = 0;
+    cudaEvent_t done = nullptr;
+    cudaStream_t last = nullptr;
+    bool used = false;  // `last` and `done` are set
+};
+SkState g_sk[MAX_DEVICES];
+
+cudaError_t streamk_begin(int device, int slots, cudaStream_t stream, StreamK* out) {
+    if (device < 0 || device >= MAX_DEVICES) return cudaErrorInvalidDevice;
+    SkState& st = g_sk[device];
+    cudaError_t e;
+    if (st.slots < slots) {
+        if (st.workspace != nullptr) {  // a bigger grid than before (cannot happen on one device; kept general)
+            e = cudaDeviceSynchronize();
+            if (e != cudaSuccess) return e;
+            cudaFree(st.workspace);
+            cudaFree(st.flags);
+            st.workspace = nullptr;
+            st.flags = nullptr;
+            st.slots = 0;
+        }
+        e = cudaMalloc(&st.workspace, (size_t)slots * SK_SLOT_FLOATS * sizeof(float));
+        if (e != cudaSuccess) return e;
+        e = cudaMalloc(&st.flags, (size_t)slots * sizeof(int));
+        if (e != cudaSuccess) return e;
+        e = cudaMemset(st.flags, 0, (size_t)slots * sizeof(int));
+        if (e != cudaSuccess) return e;
+        st.slots = slots;
+        st.epoch = 0;
+        if (st.done == nullptr) {
+            e = cudaEventCreateWithFlags(&st.done, cudaEventDisableTiming);
+            if (e != cudaSuccess) return e;
+        }
+    }
+    if (st.used && st.last != stream) {
+        e = cudaStreamWaitEvent(stream, st.done, 0);
+        if (e != cudaSuccess) return e;
+    }
+    if (st.epoch == 0x7fffffff) {  // wrapped: no flag may hold a future epoch
+        e = cudaMemsetAsync(st.flags, 0, (size_t)st.slots * sizeof(int), stream);
+        if (e != cudaSuccess) return e;
+        st.epoch = 0;
+    }
+    *out = StreamK{st.workspace, st.flags, ++st.epoch, 0, 0};
+    return cudaSuccess;
+}
+
+cudaError_t streamk_end(int device, cudaStream_t stream) {
+    SkState& st = g_sk[device];
+    st.last = stream;
+    st.used = true;
+    return cudaEventRecord(st.done, stream);
+}
 
 cudaError_t allow_smem(KernelFn kernel, int device, int slot) {
     const bool cached = device >= 0 && device < MAX_DEVICES;
@@ -890,6 +1131,47 @@ extern "C" int tilefuse_rung9_set_stores(int per_warp) {
 }
 extern "C" int tilefuse_rung9_get_stores(void) { return g_warp_stores; }
 
+// Not part of the ladder ABI: stream-K for later launches (see the header, "Stream-K"): 0 off, 1 (the default)
+// where streamk_split says it pays. Returns cudaErrorInvalidValue (and changes nothing) for anything but 0 or 1.
+extern "C" int tilefuse_rung9_set_streamk(int on) {
+    if (on != 0 && on != 1) return cudaErrorInvalidValue;
+    g_streamk = on;
+    return cudaSuccess;
+}
+extern "C" int tilefuse_rung9_get_streamk(void) { return g_streamk; }
+
+// Not part of the ladder ABI, and needs no GPU: the stream-K plan as the kernel walks it, for tests.
+// streamk_split's answer for (tiles, clusters, k_tiles) (1 or 0); with items != nullptr also cluster `cluster`'s
+// work items with the split applied, 3 ints each (tile, first k-tile, end k-tile), at most `cap` of them, and with
+// waits != nullptr, for each item, the clusters whose partial sums the item adds before its epilogue (4 ints an
+// item, -1 for none; the kernel adds at most 2). Returns the item count, or -1 for bad arguments or a full `cap`.
+extern "C" int tilefuse_rung9_streamk_plan(int tiles, int clusters, int k_tiles, int cluster, int* items, int* waits,
+                                           int cap) {
+    if (tiles < 0 || clusters < 1 || k_tiles < 1 || cluster < 0 || cluster >= clusters || cap < 0) return -1;
+    const bool split = streamk_split(tiles, clusters, k_tiles);
+    if (items == nullptr) return split ? 1 : 0;
+    // a Walk for (tiles x 1) cluster-tiles of 128 x 2 rows, K = k_tiles * BK, as the kernel builds it
+    const StreamK extent = streamk_extent(tiles, clusters, k_tiles);
+    const Walk w = walk_for(cluster, clusters, 0, tiles * BM * CLUSTER, BN, k_tiles * BK, BM, CLUSTER, split,
+                            extent.dp_end, extent.units);
+    int n = 0, t, kb, ke;
+    for (int j = 0; work_item(w, j, t, kb, ke); ++j, ++n) {
+        if (n >= cap) return -1;
+        items[3 * n] = t;
+        items[3 * n + 1] = kb;
+        items[3 * n + 2] = ke;
+        if (waits == nullptr) continue;
+        for (int i = 0; i < 4; ++i) waits[4 * n + i] = -1;
+        if (kb > 0 || ke == k_tiles) continue;
+        // the kernel's two add_partial calls, as written there
+        const int tile_end = (t - extent.dp_end + 1) * k_tiles;
+        waits[4 * n] = cluster + 1;
+        if (cluster + 2 < clusters && sk_range_start(extent.units, cluster + 2, clusters) < tile_end)
+            waits[4 * n + 1] = cluster + 2;
+    }
+    return n;
+}
+
 // Not part of the ladder ABI: the current schedule as set (out[0..3] = clusters, group_m, order, cluster_size,
 // 0 meaning the default) and the defaults they stand for (out[4..6] = GROUP_M, ORDER_ROW_GROUPS, CLUSTER).
 extern "C" int tilefuse_rung9_get_schedule(int* out) {
@@ -950,8 +1232,8 @@ extern "C" int tilefuse_rung9(const void* A, const void* B, void* C, const void*
     e = allow_smem(kernel, device, kernel_slot(dtype, epilogue));
     if (e != cudaSuccess) return e;
 
-    const Schedule sched{g_cluster_size == 0 ? CLUSTER : g_cluster_size, g_group_m == 0 ? GROUP_M : g_group_m,
-                         g_order, pingpong, g_warp_stores};
+    Schedule sched{g_cluster_size == 0 ? CLUSTER : g_cluster_size, g_group_m == 0 ? GROUP_M : g_group_m,
+                   g_order, pingpong, g_warp_stores, 0};
     const int csize = sched.cluster;
     const long long tiles = (long long)((M + rows * csize - 1) / (rows * csize)) * ((N + BN - 1) / BN);
     const int debug = g_debug_flags;
@@ -963,19 +1245,40 @@ extern "C" int tilefuse_rung9(const void* A, const void* B, void* C, const void*
     // Persistent: as many clusters as can be resident at once (one CTA an SM) unless the schedule says how
     // many, never more than the tiles.
     long long clusters = tiles;
+    bool all_resident = false;  // every cluster of the grid resident at once (stream-K's heads wait on later ones)
     if ((debug & DEBUG_NOT_PERSISTENT) == 0) {
-        int resident = g_clusters;
-        if (resident <= 0) {
-            e = resident_clusters(device, dtype, csize, &resident, nullptr, nullptr);
-            if (e != cudaSuccess) return e;
-        }
-        if (resident < clusters) clusters = resident;
+        int resident = 0;
+        e = resident_clusters(device, dtype, csize, &resident, nullptr, nullptr);
+        if (e != cudaSuccess) return e;
+        const int want = g_clusters > 0 ? g_clusters : resident;
+        all_resident = want <= resident;
+        if (want < clusters) clusters = want;
     }
     if (clusters < 1) clusters = 1;
     if (clusters * csize > 0x7fffffffLL) return cudaErrorInvalidValue;
     cfg.gridDim = dim3((unsigned)(clusters * csize));
 
-    e = cudaLaunchKernelEx(&cfg, kernel, tm_a, tm_b, tm_c, C, bias, M, N, K, ldc, debug, sched);
+    StreamK sk{nullptr, nullptr, 0, 0, 0};
+    const cudaStream_t st = reinterpret_cast<cudaStream_t>(stream);
+    if (g_streamk && !pingpong && epilogue != 2 && all_resident && streamk_split(tiles, clusters, (K + BK - 1) / BK)) {
+        cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+        e = cudaStreamIsCapturing(st, &capture);
+        if (e != cudaSuccess) return e;
+        if (capture == cudaStreamCaptureStatusNone) {
+            e = streamk_begin(device, (int)(clusters * csize) * CONSUMERS, st, &sk);
+            if (e != cudaSuccess) return e;
+            const StreamK extent = streamk_extent((int)tiles, (int)clusters, (K + BK - 1) / BK);
+            sk.dp_end = extent.dp_end;
+            sk.units = extent.units;
+            sched.streamk = 1;
+        }
+    }
+
+    e = cudaLaunchKernelEx(&cfg, kernel, tm_a, tm_b, tm_c, C, bias, M, N, K, ldc, debug, sched, sk);
     if (e != cudaSuccess) return e;
+    if (sched.streamk) {
+        e = streamk_end(device, st);
+        if (e != cudaSuccess) return e;
+    }
     return (int)cudaGetLastError();
 }
