@@ -14,8 +14,13 @@ causes apart (benchmarks/notes/ladder.md has the predictions it tests):
 * rung 9's settings: debug flags (1 no multicast, 2 not persistent, 4 direct stores) and the run-time
   schedule (``tilefuse_rung9_set_schedule``: clusters in the persistent grid, GROUP_M, tile order, cluster
   size 1 or 2), the ping-pong consumers (``tilefuse_rung9_set_pingpong``: each consumer warpgroup its own
-  64x256 tile, one's epilogue under the other's mainloop; opt-in until measured), the per-warp C stores (``tilefuse_rung9_set_stores``: no warpgroup barrier in the epilogue),
-  plus the occupancy facts they depend on (cudaOccupancyMaxActiveClusters, tiles, rounds).
+  64x256 tile, one's epilogue under the other's mainloop; opt-in until measured), the per-warp C stores
+  (``tilefuse_rung9_set_stores``: no warpgroup barrier in the epilogue), stream-K (``tilefuse_rung9_set_streamk``,
+  on by default: the ``no-streamk`` setting turns it off), plus the occupancy facts they depend on
+  (cudaOccupancyMaxActiveClusters, tiles, rounds).
+* ``--ab SETTING``: instead of the sweep, rung 9's default against one setting in interleaved rounds (cuBLAS,
+  default, setting; the order of the two alternating), for a difference smaller than the clock's drift between
+  two sequential timings (the H200 runs at its power limit in these GEMMs).
 
 Every impl's output is checked against a float32 reference (output poisoned with NaN first) before it is
 timed. Rung 9's non-default settings are first run in a child process on a small ragged problem: a setting
@@ -23,6 +28,7 @@ that traps (a deadlock ends in a trap after 5 s and kills the process's CUDA con
 there, so the sweep itself goes on. A watchdog ends the whole run after --budget-s.
 
 GPU machine:   python3 scripts/ladder_sweep.py            (PYTHONPATH = the checkout; ~30-45 s, builds cached)
+               python3 scripts/ladder_sweep.py --ab no-streamk [--rounds 8] [--shapes ...] [--csv PATH]
 CPU (no GPU):  python3 scripts/ladder_sweep.py --list | --build-only
 """
 from __future__ import annotations
@@ -53,6 +59,7 @@ DEFAULT_BUDGET_S = 120            # the watchdog: the whole run, builds included
 WARMUP_MS, REP_MS = 10, 50        # do_bench per impl (~57 impls at 3 shapes)
 GRAPH_CALLS, GRAPH_REPLAYS = 10, 3
 HOST_CALLS = 30
+AB_ROUNDS, AB_REP_MS = 8, 10      # --ab: rounds, and do_bench's rep per impl and round
 DEBUG_NO_MULTICAST, DEBUG_NOT_PERSISTENT, DEBUG_DIRECT_STORE = 1, 2, 4
 
 
@@ -465,9 +472,20 @@ def parse_args(argv=None):
     p.add_argument("--budget-s", type=float, default=DEFAULT_BUDGET_S, help="the watchdog ends the run after this")
     p.add_argument("--csv", type=Path, default=None, help="also write tidy rows here")
     p.add_argument("--list", action="store_true", help="print the rung-9 settings and exit (no GPU needed)")
+    p.add_argument("--ab", default=None, metavar="SETTING",
+                   help="interleaved A/B instead of the sweep: rung 9's default against SETTING, --rounds rounds of "
+                        "cuBLAS (K-major B), default and SETTING, each timed --rep-ms by do_bench (default 10)")
+    p.add_argument("--rounds", type=int, default=AB_ROUNDS, help=f"rounds of --ab (default {AB_ROUNDS})")
     p.add_argument("--build-only", action="store_true", help="build rungs 7-9 for sm_90a and exit (no GPU needed)")
     p.add_argument("--probe-child", default=None, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
+    if args.ab is not None:
+        if args.ab not in BY_NAME or args.ab == "default":
+            p.error(f"--ab: {args.ab!r} is not a non-default setting; accepted: {', '.join(BY_NAME)}")
+        if args.rounds < 1:
+            p.error("--rounds: at least 1")
+        if "--rep-ms" not in (argv if argv is not None else sys.argv[1:]):
+            args.rep_ms = AB_REP_MS
     args.shape_list = []
     for tok in filter(None, (t.strip() for t in args.shapes.split(","))):
         if tok in SHAPES:
@@ -491,6 +509,85 @@ def parse_args(argv=None):
     return args
 
 
+def ab_main(args, builds, dog: Watchdog) -> int:
+    """--ab: rung 9 (the C launcher) under its default and under one other setting, and cuBLAS with a K-major B, in
+    interleaved rounds, so that the clock's drift (the H200 at its power limit) falls on all three alike. Prints each
+    round's times and, a shape, the medians and the median of the rounds' ratios setting / default."""
+    import statistics
+
+    import torch
+
+    from tilefuse.bench import harness
+    from tilefuse.cuda import launch
+
+    if not torch.cuda.is_available():
+        log("no CUDA GPU here: nothing to time")
+        return 2
+    if isinstance(builds.get("9"), Exception):
+        log(f"rung 9 did not build: {builds['9']}")
+        return 1
+    rl = launch.load(builds["9"])
+    lib9 = rung9_abi(rl.lib)
+    other = BY_NAME[args.ab]
+    log(f"A/B: default against {other.name} ({other.why}); {args.rounds} rounds of do_bench rep {args.rep_ms} ms; "
+        f"nvidia-smi: {smi()}")
+    rows = []
+    status = 0
+    for m, n, k in args.shape_list:
+        shape = f"{m}x{n}x{k}"
+        if dog.left() < 15:
+            log(f"{shape}: not run: {dog.left():.0f} s of the budget left")
+            continue
+        torch.manual_seed(0)
+        a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+        w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16)
+        c = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
+        ref = a.float() @ w.float().t()
+
+        def r9():
+            rl(a.data_ptr(), w.data_ptr(), c.data_ptr(), None, m, n, k, k, k, n, "bfloat16", 0,
+               torch.cuda.current_stream().cuda_stream)
+
+        times: dict[str, list[float]] = {"cublas_nt": [], "default": [], other.name: []}
+        for setting in (BY_NAME["default"], other):  # both checked before any timing
+            with applied(lib9, setting):
+                c.fill_(float("nan"))
+                r9()
+                torch.cuda.synchronize()
+                err = harness.rel_error(c, ref)
+            if err > CHECK_TOLERANCE:
+                log(f"{shape} {setting.name}: WRONG, relative error {err:.3g}")
+                status = 1
+        for rnd in range(args.rounds):
+            dog.step = f"{shape} round {rnd}"
+            times["cublas_nt"].append(do_bench_ms(lambda: torch.matmul(a, w.t()), 5, args.rep_ms)[0])
+            for setting in (BY_NAME["default"], other) if rnd % 2 == 0 else (other, BY_NAME["default"]):
+                with applied(lib9, setting):
+                    times[setting.name].append(do_bench_ms(r9, 5, args.rep_ms)[0])
+            log(f"{shape} round {rnd}: " + ", ".join(f"{key} {v[-1]:.4f}" for key, v in times.items()))
+        med = {key: statistics.median(v) for key, v in times.items()}
+        ratio = statistics.median(o / d for o, d in zip(times[other.name], times["default"]))
+        nt = {key: statistics.median(b / t for b, t in zip(times["cublas_nt"], v)) for key, v in times.items()
+              if key != "cublas_nt"}
+        log(f"{shape}: medians " + ", ".join(f"{key} {v:.4f} ms" for key, v in med.items()) +
+            f"; {other.name} / default {ratio:.4f} (median of rounds); x cublas_nt " +
+            ", ".join(f"{key} {v:.4f}" for key, v in nt.items()))
+        for key, v in med.items():
+            rows.append({"shape": shape, "impl": key, "ms_p50": v, "x_cublas_nt": nt.get(key),
+                         "rounds": len(times[key]), "round_ms": " ".join(f"{t:.4f}" for t in times[key])})
+    if args.csv is not None and rows:
+        import csv
+
+        args.csv.parent.mkdir(parents=True, exist_ok=True)
+        with open(args.csv, "w", newline="") as f:
+            wr = csv.DictWriter(f, fieldnames=list(rows[0]) + ["git_sha"])
+            wr.writeheader()
+            for row in rows:
+                wr.writerow({**row, "git_sha": git_sha()})
+    log(f"nvidia-smi after: {smi()}")
+    return status
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
     if args.probe_child is not None:
@@ -503,9 +600,11 @@ def main(argv=None) -> int:
     dog = Watchdog(args.budget_s)
     t0 = time.monotonic()
     dog.step = "builds"
-    builds = build_rungs()
+    builds = build_rungs(("9",) if args.ab else ("7", "8", "9"))
     if args.build_only:
         return 0 if all(not isinstance(b, Exception) for b in builds.values()) else 1
+    if args.ab:
+        return ab_main(args, builds, dog)
 
     dog.step = "import torch"
     import torch

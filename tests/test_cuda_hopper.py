@@ -1430,6 +1430,12 @@ def test_ladder_sweep_arguments():
     for bad in (["--shapes", "4096x4096"], ["--shapes", "100x100x100"], ["--settings", "nope"]):
         with pytest.raises(SystemExit):
             sweep.parse_args(bad)
+    args = sweep.parse_args(["--ab", "no-streamk", "--rounds", "3"])
+    assert args.ab == "no-streamk" and args.rounds == 3 and args.rep_ms == sweep.AB_REP_MS
+    assert sweep.parse_args(["--ab", "no-streamk", "--rep-ms", "20"]).rep_ms == 20
+    for bad in (["--ab", "default"], ["--ab", "nope"], ["--ab", "no-streamk", "--rounds", "0"]):
+        with pytest.raises(SystemExit):
+            sweep.parse_args(bad)
     names = [s.name for s in sweep.SETTINGS]
     assert len(set(names)) == len(names) and sweep.SETTINGS[0].is_default
     assert sum(s.is_default for s in sweep.SETTINGS) == 1  # every other setting changes something
@@ -1439,7 +1445,7 @@ def test_ladder_sweep_arguments():
 def test_ladder_sweep_settings_are_accepted_by_rung9():
     """Every schedule the sweep sets is one the library takes (host code: no GPU needed)."""
     sweep = _sweep_module()
-    lib = _switches_abi(_schedule_abi(_load(9)))
+    lib = _streamk_abi(_switches_abi(_schedule_abi(_load(9))))
     try:
         for s in sweep.SETTINGS:
             assert lib.tilefuse_rung9_set_schedule(*s.schedule) == 0, s
@@ -1448,11 +1454,14 @@ def test_ladder_sweep_settings_are_accepted_by_rung9():
             assert lib.tilefuse_rung9_get_pingpong() == s.pingpong
             assert lib.tilefuse_rung9_set_stores(s.warp_stores) == 0, s
             assert lib.tilefuse_rung9_get_stores() == s.warp_stores
+            assert lib.tilefuse_rung9_set_streamk(s.streamk) == 0, s
+            assert lib.tilefuse_rung9_get_streamk() == s.streamk
     finally:
         lib.tilefuse_rung9_set_schedule(0, 0, 0, 0)
         lib.tilefuse_rung9_set_pingpong(0)
         lib.tilefuse_rung9_set_stores(0)
-    assert {"pingpong", "direct-store", "default", "warp-stores"} <= {s.name for s in sweep.SETTINGS}
+        lib.tilefuse_rung9_set_streamk(1)
+    assert {"pingpong", "direct-store", "default", "warp-stores", "no-streamk"} <= {s.name for s in sweep.SETTINGS}
 
 
 @needs_nvcc

@@ -742,11 +742,10 @@ __device__ __forceinline__ void consume(const void* smem_raw, const CUtensorMap*
 #pragma unroll
                 for (int i = 0; i < 32; ++i)
                     __stcg(dst + i * 128, make_float4(acc[4 * i], acc[4 * i + 1], acc[4 * i + 2], acc[4 * i + 3]));
-                named_barrier_sync(1 + consumer, 128);  // every thread's stores before the flag
-                if (tid == 0) {
-                    __threadfence();
-                    flag_release(sk.flags + slot, sk.epoch);
-                }
+                // Every thread's stores before the flag: the barrier orders them before thread 0's release store, and
+                // a release is cumulative (a __threadfence before it would be a second fence on this warp's path).
+                named_barrier_sync(1 + consumer, 128);
+                if (tid == 0) flag_release(sk.flags + slot, sk.epoch);
                 continue;
             }
             if (piece & PIECE_UNFINISHED) {
