@@ -59,22 +59,24 @@
 // 5 stages instead of 4 in the same shared memory; one C staging chunk a consumer; always the TMA-store epilogue
 // (debug flag 4 is ignored: a direct-store copy of the ping-pong path made the kernel spill).
 //
-// Stream-K: tilefuse_rung9_set_streamk(0 or 1; 1, the default; not part of the ladder ABI; measured in
-// benchmarks/notes/hopper_rungs.md, "Stream-K"). A persistent grid of C clusters runs `tiles` cluster-tiles in ceil(tiles / C) rounds;
-// when tiles % C is small the last round leaves clusters idle (4096^3: 256 cluster-tiles on 66 clusters, 3.88
-// rounds; 8192^3: 15.5). With stream-K the whole rounds stay whole tiles and the tiles of the last, partial round are
-// cut by k-tiles into C equal ranges, one a cluster, laid end to end over those tiles (tile-major, k-minor). A
-// cluster's range starts in the middle of a tile (its first piece: the tile's later k-tiles) and ends in the
-// middle of another (its last piece: that tile's first k-tiles). A piece without the tile's first k-tile writes
-// its fp32 accumulators to a workspace slot of its own (each thread its 128 values as 32 coalesced float4) and
-// sets its flag (release, gpu scope); the piece with the first k-tile, which its cluster runs last, waits for the
-// flags of the tile's other pieces (acquire), adds their partial sums and runs the epilogue. A cluster writes at
-// most one partial (its first piece), so the workspace is one 64 KB slot a consumer warpgroup of each CTA. Flags
-// hold the launch's epoch (a per-device counter), so no launch has to clear them. The host splits only when the
-// last round gets shorter by more than the fix-up costs (streamk_split) and every cluster is resident (a head
-// waits on later clusters), never in ping-pong, with the debug flag 2, or while the stream is being captured into
-// a CUDA graph (a replay would reuse the epoch); launches on another stream first wait for the last one that used
-// the device's workspace.
+// Stream-K: tilefuse_rung9_set_streamk(0 or 1; 1, the default; not part of the ladder ABI). A persistent grid of C
+// clusters runs `tiles` cluster-tiles in ceil(tiles / C) rounds, and the last round can leave many clusters idle
+// (8192^3 and 16384x4096x4096: 1024 cluster-tiles on 66 clusters, the 16th round 34 of 66 busy). With stream-K the
+// whole rounds stay whole tiles and the tiles of the last, partial round are cut by k-tiles into C equal ranges,
+// one a cluster, laid end to end over those tiles (tile-major, k-minor). A cluster's range starts in the middle
+// of a tile (its first piece: the tile's later k-tiles) and ends in the middle of another (its last piece: that
+// tile's first k-tiles). A piece without the tile's first k-tile writes its fp32 accumulators to a workspace slot
+// of its own (each thread its 128 values as 32 coalesced float4) and sets its flag (release, gpu scope); the piece
+// with the first k-tile, which its cluster runs last, waits for the flags of the tile's other pieces (acquire),
+// adds their partial sums and runs the epilogue. A cluster writes at most one partial (its first piece), so the
+// workspace is one 64 KB slot a consumer warpgroup of each CTA. Flags hold the launch's epoch (a per-device
+// counter), so no launch has to clear them. The split costs ~10 us (measured), so the host splits only where the
+// last round gets shorter by more than 16 k-tiles (streamk_split: not at 4096^3, where the 4th round has 58 of 66
+// clusters busy), every cluster is resident (a head waits on later clusters), and never in ping-pong, with the
+// GeLU epilogue (its fix-up spilled), with the debug flag 2, or while the stream is being captured into a CUDA
+// graph (a replay would reuse the epoch); a launch on another stream first waits for the last one that used the
+// device's workspace. Measured (device run 42, interleaved with the unsplit kernel and cuBLAS): 8192^3 2.3 %
+// faster (1.039x cublas_nt, 1.018x unsplit), 16384x4096x4096 2.3 % (1.029x), 4096^3 2.2 % slower (not split).
 //
 // Stores: tilefuse_rung9_set_stores(1) (not part of the ladder ABI; default 0: within noise in run 31). The TMA-store
 // epilogue writes a consumer's 64x64 C chunk into staging and, by default, meets the other warps of its warpgroup
@@ -231,9 +233,10 @@ struct StreamK {
 constexpr int SK_SLOT_FLOATS = 128 * 128;  // one consumer warpgroup's accumulators
 constexpr int PIECE_LATER = 1;       // a work item without its tile's first k-tile: it leaves a partial sum
 constexpr int PIECE_UNFINISHED = 2;  // a work item without its tile's last k-tile: it adds the later ones' sums
-// Stream-K pays off when the last round gets shorter by more than its fix-up (one 64 KB partial written and read
-// back a consumer, ~2-3 us, about 4 k-tiles of a 128x256 tile): see streamk_split.
-constexpr int SK_FIXUP_K_TILES = 4;
+// Stream-K pays off when the last round gets shorter by more than what the split costs: measured (device run 42,
+// interleaved against the unsplit kernel) ~10 us, 13-14 k-tiles of a 128x256 tile at 4096^3 and 8192^3, where the
+// partial sums' writes and reads alone were estimated at 2-3 us. See streamk_split.
+constexpr int SK_FIXUP_K_TILES = 16;
 
 // ---------------------------------------------------------------------------------------------------------
 // PTX wrappers.
@@ -585,9 +588,10 @@ __host__ __device__ inline StreamK streamk_extent(int tiles, int clusters, int k
     const int dp_end = tiles / clusters * clusters;
     return StreamK{nullptr, nullptr, 0, dp_end, (tiles - dp_end) * k_tiles};
 }
-// 4096^3 (256 cluster-tiles of 128x256 x 2, 64 k-tiles, 66 clusters), 8192^3, 16384x4096x4096: split;
-// 2048^3 (64 tiles on 66 clusters: a 32-k-tile round would become 31) and whole rounds: not.
-static_assert(streamk_split(256, 66, 64) && streamk_split(1024, 66, 128) && streamk_split(1024, 66, 64) &&
+// 8192^3 (1024 cluster-tiles of 128x256 x 2, 128 k-tiles, 66 clusters: the 16th round 34/66 busy) and
+// 16384x4096x4096 split. 4096^3 (256 tiles: the 4th round 58/66 busy, 64 -> 57 k-tiles) does not: it measured 2 %
+// slower split (run 42). Nor 2048^3 (64 tiles on 66 clusters) or whole rounds.
+static_assert(streamk_split(1024, 66, 128) && streamk_split(1024, 66, 64) && !streamk_split(256, 66, 64) &&
                   !streamk_split(64, 66, 32) && !streamk_split(132, 66, 64) && !streamk_split(16, 66, 16),
               "stream-K policy");
 
