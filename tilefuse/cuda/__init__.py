@@ -62,6 +62,12 @@ def gemm(a: torch.Tensor, b: torch.Tensor, rung: int | str = 9, bias: Optional[t
     also need 16-byte aligned operands with leading dimensions a multiple of 8 elements; other views are
     copied. Shape multiples (e.g. N and K % 8 for rungs 4-6) are checked, not padded.
 
+    Rung 9 splits the tiles of a mostly empty last round of its persistent grid by k-tiles (stream-K, where the
+    round shrinks by more than 16 k-tiles: 8192^3 and 16384x4096x4096 on an H200, not 4096^3; never with GeLU or
+    under CUDA-graph capture). Split results are deterministic but may differ in the last bits from an unsplit
+    run's (fp32 partial sums added in another order). The first split call on a device allocates a ~17 MB
+    workspace with cudaMalloc, outside torch's allocator, kept for the process.
+
     Raises TypeError/ValueError naming the argument and the accepted values before anything is launched;
     :class:`BuildError` when a rung does not compile; :class:`CudaError` with the CUDA error string when a
     launcher fails.
