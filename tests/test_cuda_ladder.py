@@ -628,6 +628,17 @@ for rung in (6, 7, 8, 9):
         out = tc.gemm(a, b, rung=rung, bias=bias, activation="gelu")
         torch.cuda.synchronize()
         assert torch.isfinite(out).all(), rung
+# rung 9's stream-K split (plain and + bias; not with GeLU): 53 x 2 cluster-tiles, ragged on every side, which
+# splits on an H200's 66 clusters (the workspace's writes and reads and the flags under memcheck)
+m, n, k = 13468, 504, 4000
+a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) / k ** 0.5
+bias = torch.randn(n, device="cuda", dtype=torch.bfloat16)
+for bias_or_none in (None, bias):
+    out = tc.gemm(a, w.t(), rung=9, bias=bias_or_none)
+    torch.cuda.synchronize()
+    ref = a.float() @ w.float().t() + (0 if bias_or_none is None else bias.float())
+    assert ((out.float() - ref).norm() / ref.norm()).item() < 1e-2, "rung 9 stream-K"
 print("sanitized ok")
 """
 
