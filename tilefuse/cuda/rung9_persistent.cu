@@ -596,7 +596,7 @@ static_assert(streamk_split(1024, 66, 128) && streamk_split(1024, 66, 64) && !st
               "stream-K policy");
 
 // Stream-K: wait for slot's flag to hold this launch's epoch (thread 0 of the consumer warpgroup, acquire), then
-// add the slot's partial sums to the accumulators (every thread its own 128, as sk_store wrote them).
+// add the slot's partial sums to the accumulators (every thread its own 128, in the layout the writer stored).
 __device__ __forceinline__ void add_partial(float (&acc)[128], const StreamK& sk, int slot, int tid, int consumer) {
     if (tid == 0) {
         const unsigned long long start = global_timer_ns();
@@ -644,8 +644,8 @@ __device__ __forceinline__ void consume(const void* smem_raw, const CUtensorMap*
     constexpr bool SPLITS = consumer_splits<EPI, PP>();
     constexpr uint32_t a_bytes = PP ? PP_A_TILE_BYTES : A_TILE_BYTES;
     constexpr int c_buffers = PP ? PP_C_BUFFERS : C_BUFFERS;
-    // The walk (make_walk) is rebuilt for each work item and again after its mainloop, from the kernel's arguments
-    // and the cluster registers: held across the mainloop, stream-K's part of it spilled 40-100 bytes.
+    // The walk (make_walk) is rebuilt for each work item from the kernel's arguments and the cluster registers:
+    // held across the mainloop, stream-K's part of it spilled 40-100 bytes.
     const bool split = SPLITS && sched.streamk != 0;
     // The shared-memory base and the consumer index as warp-uniform values (broadcast from lane 0): the wgmma
     // descriptors derived from them then stay in uniform registers across the k-loop. Without it ptxas built
@@ -675,10 +675,7 @@ __device__ __forceinline__ void consume(const void* smem_raw, const CUtensorMap*
 
     int s = 0;
     uint32_t phase = 0;
-    // A tile's 4 chunks take the staging buffers in turn (jc % c_buffers): with 1 or 2 buffers each tile starts on
-    // buffer 0 again, so no count of chunks is carried from tile to tile.
-    static_assert((BN / C_CHUNK_COLS) % C_BUFFERS == 0 && (BN / C_CHUNK_COLS) % PP_C_BUFFERS == 0, "buffer turns");
-    uint32_t chunk = 0;
+    uint32_t chunk = 0;  // C chunks this consumer has stored: chunk % c_buffers picks the staging buffer
     for (int j = PP ? consumer : 0;; j += PP ? 2 : 1) {  // j: the CTA's j-th work item (whole tiles in ping-pong)
         // Tile t, k-tiles [kb, ke); my rows from m0, the tile's columns from n0. What the code after the mainloop
         // needs of kb and ke is two bits of `piece` (registers: with stream-K's values the consumers came close to
