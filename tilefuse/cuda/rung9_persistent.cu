@@ -90,6 +90,8 @@
 #include <cuda_runtime.h>
 #include <stdint.h>
 
+#include <mutex>
+
 #include "gelu_erfc.cuh"
 
 namespace {
@@ -980,6 +982,7 @@ struct SkState {
     bool used = false;  // `last` and `done` are set
 };
 SkState g_sk[MAX_DEVICES];
+std::mutex g_sk_mutex;  // held by a splitting launch from streamk_begin to streamk_end
 
 cudaError_t streamk_begin(int device, int slots, cudaStream_t stream, StreamK* out) {
     if (device < 0 || device >= MAX_DEVICES) return cudaErrorInvalidDevice;
@@ -996,9 +999,17 @@ cudaError_t streamk_begin(int device, int slots, cudaStream_t stream, StreamK* o
             st.slots = 0;
         }
         e = cudaMalloc(&st.workspace, (size_t)slots * SK_SLOT_FLOATS * sizeof(float));
-        if (e != cudaSuccess) return e;
+        if (e != cudaSuccess) {
+            st.workspace = nullptr;
+            return e;
+        }
         e = cudaMalloc(&st.flags, (size_t)slots * sizeof(int));
-        if (e != cudaSuccess) return e;
+        if (e != cudaSuccess) {
+            cudaFree(st.workspace);
+            st.workspace = nullptr;
+            st.flags = nullptr;
+            return e;
+        }
         e = cudaMemset(st.flags, 0, (size_t)slots * sizeof(int));
         if (e != cudaSuccess) return e;
         st.slots = slots;
@@ -1260,17 +1271,28 @@ extern "C" int tilefuse_rung9(const void* A, const void* B, void* C, const void*
 
     StreamK sk{nullptr, nullptr, 0, 0, 0};
     const cudaStream_t st = reinterpret_cast<cudaStream_t>(stream);
+    // Stream-K's workspace, epoch and last stream are per device and shared by every host thread (ctypes releases
+    // the GIL): one launch at a time holds them from the epoch's increment to the event after the launch.
+    std::unique_lock<std::mutex> sk_lock;
     if (g_streamk && !pingpong && epilogue != 2 && all_resident && streamk_split(tiles, clusters, (K + BK - 1) / BK)) {
         cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
         e = cudaStreamIsCapturing(st, &capture);
         if (e != cudaSuccess) return e;
         if (capture == cudaStreamCaptureStatusNone) {
+            sk_lock = std::unique_lock<std::mutex>(g_sk_mutex);
             e = streamk_begin(device, (int)(clusters * csize) * CONSUMERS, st, &sk);
-            if (e != cudaSuccess) return e;
-            const StreamK extent = streamk_extent((int)tiles, (int)clusters, (K + BK - 1) / BK);
-            sk.dp_end = extent.dp_end;
-            sk.units = extent.units;
-            sched.streamk = 1;
+            if (e == cudaErrorMemoryAllocation) {
+                // no memory for the workspace: the unsplit kernel, which needs none
+                (void)cudaGetLastError();
+                sk_lock.unlock();
+            } else if (e != cudaSuccess) {
+                return e;
+            } else {
+                const StreamK extent = streamk_extent((int)tiles, (int)clusters, (K + BK - 1) / BK);
+                sk.dp_end = extent.dp_end;
+                sk.units = extent.units;
+                sched.streamk = 1;
+            }
         }
     }
 
