@@ -356,6 +356,8 @@ def _streamk_abi(lib):
     lib.tilefuse_rung9_set_streamk.argtypes = [ctypes.c_int]
     lib.tilefuse_rung9_get_streamk.restype = ctypes.c_int
     lib.tilefuse_rung9_get_streamk.argtypes = []
+    lib.tilefuse_rung9_streamk_launches.restype = ctypes.c_longlong
+    lib.tilefuse_rung9_streamk_launches.argtypes = []
     lib.tilefuse_rung9_streamk_plan.restype = ctypes.c_int
     lib.tilefuse_rung9_streamk_plan.argtypes = [ctypes.c_int] * 4 + [ctypes.POINTER(ctypes.c_int)] * 2 + [ctypes.c_int]
     return lib
@@ -366,7 +368,7 @@ def test_rung9_streamk_switch():
     """tilefuse_rung9_set_streamk: on by default (measured: benchmarks/notes/hopper_rungs.md), 0 or 1 only, a refused
     value changes nothing."""
     lib = _streamk_abi(_load(9))
-    assert lib.tilefuse_rung9_get_streamk() == 1
+    assert lib.tilefuse_rung9_get_streamk() == 1 and lib.tilefuse_rung9_streamk_launches() >= 0
     for bad in (-1, 2):
         assert lib.tilefuse_rung9_set_streamk(bad) == CUDA_ERROR_INVALID_VALUE
         assert lib.tilefuse_rung9_get_streamk() == 1
@@ -1356,8 +1358,10 @@ def test_rung9_streamk():
             bias = torch.randn(N, device="cuda", dtype=dt)
             ref = _reference(a, b_nk, bias, epilogue)
             c = poisoned_empty(M, N, dtype=dt, device="cuda")
+            launches = lib.tilefuse_rung9_streamk_launches()
             _run(9, a, b_nk, c, bias if epilogue else None, epilogue)
             what = f"rung 9 stream-K {M}x{N}x{K} epilogue {epilogue}"
+            assert lib.tilefuse_rung9_streamk_launches() == launches + 1, f"{what}: the launch did not split"
             assert_close(c, ref, dtype=dt, what=what)
             again = poisoned_empty(M, N, dtype=dt, device="cuda")
             _run(9, a, b_nk, again, bias if epilogue else None, epilogue)
@@ -1365,7 +1369,9 @@ def test_rung9_streamk():
             assert lib.tilefuse_rung9_set_streamk(0) == 0
             try:
                 whole = poisoned_empty(M, N, dtype=dt, device="cuda")
+                launches = lib.tilefuse_rung9_streamk_launches()
                 _run(9, a, b_nk, whole, bias if epilogue else None, epilogue)
+                assert lib.tilefuse_rung9_streamk_launches() == launches, f"{what}: split with stream-K off"
             finally:
                 assert lib.tilefuse_rung9_set_streamk(1) == 0
             assert_close(whole, ref, dtype=dt, what=f"{what} with stream-K off")

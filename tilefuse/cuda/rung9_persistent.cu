@@ -983,6 +983,7 @@ struct SkState {
 };
 SkState g_sk[MAX_DEVICES];
 std::mutex g_sk_mutex;  // held by a splitting launch from streamk_begin to streamk_end
+long long g_sk_launches = 0;  // launches that split (tilefuse_rung9_streamk_launches), under g_sk_mutex
 
 cudaError_t streamk_begin(int device, int slots, cudaStream_t stream, StreamK* out) {
     if (device < 0 || device >= MAX_DEVICES) return cudaErrorInvalidDevice;
@@ -1151,6 +1152,13 @@ extern "C" int tilefuse_rung9_set_streamk(int on) {
 }
 extern "C" int tilefuse_rung9_get_streamk(void) { return g_streamk; }
 
+// Not part of the ladder ABI: how many launches of this process split their last round (stream-K), so a test or a
+// benchmark can tell that a shape was split rather than infer it from the policy.
+extern "C" long long tilefuse_rung9_streamk_launches(void) {
+    std::lock_guard<std::mutex> lock(g_sk_mutex);
+    return g_sk_launches;
+}
+
 // Not part of the ladder ABI, and needs no GPU: the stream-K plan as the kernel walks it, for tests.
 // streamk_split's answer for (tiles, clusters, k_tiles) (1 or 0); with items != nullptr also cluster `cluster`'s
 // work items with the split applied, 3 ints each (tile, first k-tile, end k-tile), at most `cap` of them, and with
@@ -1299,6 +1307,7 @@ extern "C" int tilefuse_rung9(const void* A, const void* B, void* C, const void*
     e = cudaLaunchKernelEx(&cfg, kernel, tm_a, tm_b, tm_c, C, bias, M, N, K, ldc, debug, sched, sk);
     if (e != cudaSuccess) return e;
     if (sched.streamk) {
+        ++g_sk_launches;
         e = streamk_end(device, st);
         if (e != cudaSuccess) return e;
     }
