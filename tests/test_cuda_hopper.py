@@ -393,10 +393,10 @@ def _streamk_items(lib, tiles: int, clusters: int, k_tiles: int):
     return out, bool(split)
 
 
-# (cluster-tiles, clusters, k-tiles): the H200's 66 clusters at 4096^3, 8192^3, 16384x4096x4096 and the GPU test's
-# shapes; whole rounds; fewer tiles than clusters; 3-piece tiles; the policy's edges; small odd grids
-# small grids that split ((13, 8, 48) has a tile in 3 pieces), for the protocol simulation too
+# (cluster-tiles, clusters, k-tiles). Small grids that split, for the protocol simulation too:
 STREAMK_SPLITS = [(5, 3, 64), (11, 4, 80), (11, 7, 48), (13, 8, 48), (6, 4, 40)]
+# ... and the H200's 66 clusters at 4096^3, 8192^3, 16384x4096x4096 and the GPU test's ragged shape; whole
+# rounds; fewer tiles than clusters; the policy's edges; small odd grids that do not split
 STREAMK_PLANS = [(256, 66, 64), (1024, 66, 128), (1024, 66, 64), (106, 66, 63), (132, 66, 64), (64, 66, 32),
                  (16, 66, 16), (7, 3, 8), (11, 4, 9), (23, 7, 5), (3, 2, 1), (1, 1, 7)] + STREAMK_SPLITS
 
@@ -447,6 +447,21 @@ def test_rung9_streamk_plan(tiles, clusters, k_tiles):
         for kb, c, ke, waits in pieces[1:]:
             first_split = plan[c][len([it for it in plan[c] if it[0] < whole_end])]
             assert waits == [] and first_split[:3] == (t, kb, ke), f"tile {t}: cluster {c}'s piece is not its first"
+
+
+@needs_nvcc
+def test_rung9_streamk_plans_cover_every_piece_kind():
+    """The plans above reach every case of the kernel's fix-up: a tile in 2 pieces (one partial added), a tile in 3
+    (two partials added), and a cluster whose whole range lies inside one tile (a middle piece)."""
+    lib = _streamk_abi(_load(9))
+    adds, middle = set(), False
+    for shape in STREAMK_PLANS:
+        plan, split = _streamk_items(lib, *shape)
+        for items in plan.values():
+            adds.update(len(waits) for _, kb, ke, waits in items if kb == 0 and ke < shape[2])
+            split_items = [it for it in items if it[1] > 0 or it[2] < shape[2]]
+            middle |= len(split_items) == 1 and split_items[0][1] > 0 and split_items[0][2] < shape[2]
+    assert adds == {1, 2} and middle, (adds, middle)
 
 
 def test_rung9_streamk_policy_cases():
