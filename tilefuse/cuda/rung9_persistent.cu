@@ -577,6 +577,13 @@ __host__ __device__ __forceinline__ bool work_item(const Walk& w, int j, int& t,
     ke = (end < w.sk_hi ? end : w.sk_hi) - rel * w.k_tiles;
     return true;
 }
+// Whether the head of split tile t (its piece with k-tile 0, the last piece of cluster cl's range) adds a second
+// partial sum besides cluster cl + 1's: cluster cl + 2's range starts inside the tile too (a tile in 3 pieces).
+// The kernel's fix-up and the host planner (tilefuse_rung9_streamk_plan) both ask this.
+__host__ __device__ __forceinline__ bool sk_third_piece(int units, int dp_end, int k_tiles, int t, int cl,
+                                                        int clusters) {
+    return cl + 2 < clusters && sk_range_start(units, cl + 2, clusters) < (t - dp_end + 1) * k_tiles;
+}
 // The host's choice: split the last round when it leaves clusters idle, each tile in at most 3 pieces (a
 // cluster's range is at least half a tile), and the round gets shorter by more than the fix-up's SK_FIXUP_K_TILES;
 // and the units fit the kernel's 32-bit arithmetic.
@@ -754,9 +761,9 @@ __device__ __forceinline__ void consume(const void* smem_raw, const CUtensorMap*
             if (piece & PIECE_UNFINISHED) {
                 // The tile's later pieces are the first pieces of the next clusters' ranges: cluster cl + 1's, and
                 // cl + 2's too where cl + 1's range ends inside this tile (streamk_split keeps a tile in <= 3 pieces).
-                const int tile_end = (t - sk.dp_end + 1) * k_tiles;
+                const bool third = sk_third_piece(sk.units, sk.dp_end, k_tiles, t, cl, clusters);
                 add_partial(acc, sk, (((cl + 1) * csize + rank) * CONSUMERS + consumer), tid, consumer);
-                if (cl + 2 < clusters && sk_range_start(sk.units, cl + 2, clusters) < tile_end)
+                if (third)
                     add_partial(acc, sk, (((cl + 2) * csize + rank) * CONSUMERS + consumer), tid, consumer);
             }
         }
@@ -1182,11 +1189,9 @@ extern "C" int tilefuse_rung9_streamk_plan(int tiles, int clusters, int k_tiles,
         if (waits == nullptr) continue;
         for (int i = 0; i < 4; ++i) waits[4 * n + i] = -1;
         if (kb > 0 || ke == k_tiles) continue;
-        // the kernel's two add_partial calls, as written there
-        const int tile_end = (t - extent.dp_end + 1) * k_tiles;
+        // the kernel's two add_partial calls: cluster + 1's slot, and cluster + 2's where sk_third_piece says so
         waits[4 * n] = cluster + 1;
-        if (cluster + 2 < clusters && sk_range_start(extent.units, cluster + 2, clusters) < tile_end)
-            waits[4 * n + 1] = cluster + 2;
+        if (sk_third_piece(extent.units, extent.dp_end, k_tiles, t, cluster, clusters)) waits[4 * n + 1] = cluster + 2;
     }
     return n;
 }
