@@ -75,7 +75,7 @@ def test_both_texts_are_one_function():
     """The portable and the GPU text differ only in the reciprocal and the exp."""
     port = special.erfc_f32_source("f", "f_poly", interpreter=True)
     fast = special.erfc_f32_source("f", "f_poly", interpreter=False)
-    assert "f_poly(t)" in port and "f_poly(t)" in fast and "erfc_poly" not in port + fast
+    assert "f_poly(t, 1.0)" in port and "f_poly(t, 1.0)" in fast and "erfc_poly" not in port + fast
     assert port.startswith("def f(x):") and fast.startswith("def f(x):")
     strip = [ln.strip() for ln in port.splitlines() if ln.strip() and not ln.strip().startswith("#")]
     strip_fast = [ln.strip() for ln in fast.splitlines() if ln.strip() and not ln.strip().startswith("#")]
@@ -92,8 +92,8 @@ def test_the_cuda_ladders_gelu_uses_the_same_fit():
 
     number = r"-?\d+\.\d+(?:e-?\d+)?"
     py_src = inspect.getsource(special.erfc_poly.fn)
-    py = [float(c) for c in re.findall(rf"q = ({number})\n", py_src)]
-    py += [float(sign + c) for sign, c in re.findall(rf"q \* t ([-+]) ({number})", py_src)]
+    py = [float(c) for c in re.findall(rf"q = ({number}) \* H\n", py_src)]
+    py += [float(sign + c) for sign, c in re.findall(rf"q \* t ([-+]) ({number}) \* H", py_src)]
     cu = (Path(special.__file__).parents[1] / "cuda" / "gelu_erfc.cuh").read_text()
     body = cu[cu.index("gelu_erfc(float x)"):]
     coeffs = [float(a or b) for a, b in re.findall(rf"float q = ({number})f;|fmaf\(q, t, ({number})f\)", body)]
@@ -122,8 +122,10 @@ def test_compiled_gelu_writes_erfc_and_keeps_the_tail(dtype):
     x = noncontiguous(torch.linspace(-9, 4, 3000).reshape(30, 100).to(dtype).to(DEV))
     got, text = _compiled_sources(torch.nn.functional.gelu, x)
     got, x = got.cpu(), x.cpu()
-    # the GeLU's erfc(-x / sqrt 2) straight from x (no multiply by 1/sqrt 2 first)
-    assert "_tf_erfc_f32(" in text and ", 0.28284271247461906)" in text and "tl.erf(" not in text \
+    # the GeLU's erfc(-x / sqrt 2) straight from x (no multiply by 1/sqrt 2 first), its 0.5 in the erfc's
+    # polynomial (no multiply by 0.5 either)
+    assert "_tf_erfc_f32(" in text and ", 0.28284271247461906, 0.5)" in text and "tl.erf(" not in text \
+        and "* 0.5)" not in text \
         and "0.7071067811865476" not in text
     ref = torch.tensor([0.5 * v * math.erfc(-v / math.sqrt(2)) for v in x.double().flatten().tolist()],
                        dtype=torch.float64).reshape(x.shape)
@@ -168,7 +170,7 @@ def test_float64_keeps_libdevice_erf_and_erfc_op_uses_the_fast_form():
 # ------------------------------------------------------------------ the half-precision polynomial
 @triton.jit
 def _erfc_half(z):
-    return special.erfc_poly_half(1.0 / (1.0 + 0.4 * z)) * tl.exp(-z * z)
+    return special.erfc_poly_half(1.0 / (1.0 + 0.4 * z), 1.0) * tl.exp(-z * z)
 
 
 @pytest.mark.parametrize("lo, hi, bound", [(0.0, 4.0, 1e-5), (4.0, 9.0, 4e-5)])
@@ -200,7 +202,7 @@ def test_half_kernels_take_the_half_polynomial(dtype, out, upcast, degree6):
         y = torch.nn.functional.gelu(t.float() if upcast else t)
         return y if out is None else y.to(out)
     got, text = _compiled_sources(fn, x)
-    assert "_tf_erfc_f32(" in text and ", 0.28284271247461906)" in text
+    assert "_tf_erfc_f32(" in text and ", 0.28284271247461906, 0.5)" in text
     assert (first6 in text) == degree6, text
     ref = torch.tensor([0.5 * v * math.erfc(-v / math.sqrt(2)) for v in x.cpu().double().flatten().tolist()],
                        dtype=torch.float64).reshape(x.shape)
@@ -327,3 +329,73 @@ def test_gelu_backward_takes_one_exp(monkeypatch, shared):
     assert err < 1e-5, err
     if shared:
         assert torch.allclose(s.grad.cpu().double(), sd.grad, rtol=1e-5, atol=1e-6)
+
+
+# ------------------------------------------------------------------ the 0.5 in the erfc's polynomial
+@triton.jit
+def _halved_pair_kernel(x_ptr, full_ptr, half_ptr, n, FN: tl.constexpr, E: tl.constexpr, K: tl.constexpr,
+                        BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    x = tl.load(x_ptr + offs, mask=mask, other=0.0)
+    e = E(x)
+    tl.store(full_ptr + offs, FN(x, e, K, 1.0), mask=mask)
+    tl.store(half_ptr + offs, FN(x, e, K, 0.5), mask=mask)
+
+
+@pytest.mark.parametrize("k, exp_name", [(0.4, "exp_neg_sq"), (0.28284271247461906, "exp_neg_half_sq")])
+def test_halved_erfc_is_the_erfc_halved_bit_for_bit(k, exp_name):
+    """H = 0.5 halves the polynomial's coefficients at compile time: every Horner step is exactly half of
+    the H = 1 one, so the result is the erfc's bits halved (both signs, the tails, the specials), for the
+    text this machine runs (the interpreter's, or the GPU's approximate reciprocal and exp). Only a result
+    below float32's normal range (erfc under 2.4e-38, x > 9.15) can round differently, by a subnormal's ulp."""
+    gpu = not device.interpreting()
+    fn = special.erfc_e_f32_fast if gpu else special.erfc_e_f32_portable
+    exp_fn = getattr(special, exp_name + ("_fast" if gpu else "_portable"))
+    z = torch.cat([torch.linspace(0, 12, 30001), torch.tensor([float("inf"), float("nan"), 1e-30, 0.0])])
+    x = torch.cat([z, -z]).to(DEV)
+    full, half = (torch.full_like(x, float("nan")) for _ in range(2))
+    _halved_pair_kernel[(triton.cdiv(x.numel(), 1024),)](x, full, half, x.numel(), FN=fn, E=exp_fn, K=k, BLOCK=1024)
+    full, half = full.cpu(), half.cpu()
+    assert full.isnan().sum().item() == 2 and torch.equal(half.isnan(), full.isnan())  # the two NaN inputs
+    ok = ~full.isnan()
+    normal = ok & ((full * 0.5).abs() >= torch.finfo(torch.float32).tiny)
+    assert torch.equal(half[normal], full[normal] * 0.5)
+    assert ((half[ok] - full[ok] * 0.5).abs() <= 2e-45).all()
+
+
+def _erfc_calls(text: str) -> list[str]:
+    return re.findall(r"= _tf_erfc_f32\(.*\)", text)
+
+
+@pytest.mark.parametrize("case", ["gelu", "gelu_and_grad", "half_x_shared", "one_plus_erf_shared"])
+def test_the_gelus_half_goes_into_the_erfc_only_where_nothing_else_needs_it(monkeypatch, case):
+    """The GeLU's (x * 0.5) * erfc and gelu_backward's erfc * 0.5 take the halved erfc (no multiply by 0.5).
+    Where the kernel needs the unhalved value too (x * 0.5 used elsewhere, or 1 + erf(u) used other than
+    halved) it keeps one erfc and the multiply: never two erfcs of one argument. Each result against float64."""
+    x = torch.linspace(-8, 5, 2600, dtype=torch.float32).reshape(26, 100).to(DEV).requires_grad_()
+    r2 = 0.7071067811865476
+
+    def fn(t):
+        if case == "half_x_shared":
+            h = t * 0.5
+            return (h * (1 + torch.erf(t * r2)) + h).sum()
+        if case == "one_plus_erf_shared":
+            c = 1 + torch.erf(t * r2)
+            return (c * 0.5 + c * c).sum()
+        return torch.nn.functional.gelu(t).sum() if case == "gelu" else \
+            (torch.nn.functional.gelu(t) * torch.linspace(0.5, 1.5, 100, device=t.device)).sum()
+    text = _backward_kernel_sources(monkeypatch, fn, x)
+    for kernel in text.split("# tilefuse generated kernel")[1:]:
+        calls = _erfc_calls(kernel)
+        assert len(calls) <= 1, kernel
+        if calls and case in ("gelu", "gelu_and_grad"):
+            assert calls[0].endswith(", 0.5)") and "* 0.5)" not in kernel.split("def tfk_")[1], kernel
+    if case in ("half_x_shared", "one_plus_erf_shared"):
+        forward = [k for k in text.split("# tilefuse generated kernel")[1:] if _erfc_calls(k)][0]
+        assert _erfc_calls(forward)[0].endswith(", 1.0)"), forward
+    xd = x.detach().cpu().double().requires_grad_()
+    want = fn(xd)
+    want.backward()
+    err = ((x.grad.cpu().double() - xd.grad).abs() / xd.grad.abs().clamp(min=0.1)).max().item()
+    assert err < 1e-5, err

@@ -255,7 +255,7 @@ class KernelWriter:
         self.table = sched.graph.by_name()
         self.helpers: set[str] = set()
         self.peepholes: dict[int, ir.Expr] = {}  # id(Op) -> what P.peephole writes for it
-        self._users: Optional[dict[int, set[int]]] = None  # user_count()
+        self._users: Optional[dict[int, dict[int, ir.Expr]]] = None  # user_count(), users_of()
         self.sizes: dict[int, str] = {}  # value -> argument name
         self.size_order: list[tuple[str, int]] = []
         self.buffers: dict[tuple[str, str], str] = {}  # (kind, buffer) -> pointer arg
@@ -399,7 +399,7 @@ class KernelWriter:
         if isinstance(e, ir.Op):
             better = self.peepholes.get(key)
             if better is None:
-                better = P.peephole(e, self.user_count)
+                better = P.peephole(e, self.user_count, self.users_of)
                 if better is e:
                     better = self.softmax_reciprocal(e)
                 self.peepholes[key] = better
@@ -441,14 +441,21 @@ class KernelWriter:
     def user_count(self, e: ir.Expr) -> int:
         """How many distinct expressions of the kernel's bodies use ``e`` (expressions are interned: one
         object a value), so a peephole can tell a value shared with another use from one it may replace."""
+        return len(self._user_map().get(id(e), ()))
+
+    def users_of(self, e: ir.Expr) -> list:
+        """The distinct expressions of the kernel's bodies that use ``e``."""
+        return list(self._user_map().get(id(e), {}).values())
+
+    def _user_map(self) -> dict:
         if self._users is None:
-            users: dict[int, set[int]] = {}
+            users: dict[int, dict[int, ir.Expr]] = {}
             for body in self.bodies.values():
                 for node in ir.walk(body):
                     for c in ir.children(node):
-                        users.setdefault(id(c), set()).add(id(node))
+                        users.setdefault(id(c), {})[id(node)] = node
             self._users = users
-        return len(self._users.get(id(e), ()))
+        return self._users
 
     def softmax_reciprocal(self, e: ir.Op) -> ir.Expr:
         """``a / s`` by a softmax denominator of this kernel, ``s = sum(exp(x - max(x)))``, as ``a * (1 / s)``:

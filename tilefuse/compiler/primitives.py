@@ -93,11 +93,17 @@ PRIMITIVES: dict[str, Primitive] = {
     "erfc": P(1, "_tf_erfc({0})", ("_tf_erfc",), floats_only=True),
     # float32 erfc (what "erfc" and "1 + erf(u)" become in float32): one exp, one reciprocal, no cancellation;
     # its exp(-x^2) is the second operand (an exp_neg_sq_f32), so a density of the same argument shares it
-    "erfc_f32": P(2, "_tf_erfc_f32({0}, {1}, 0.4)", ("_tf_erfc_f32",), floats_only=True),
+    "erfc_f32": P(2, "_tf_erfc_f32({0}, {1}, 0.4, 1.0)", ("_tf_erfc_f32",), floats_only=True),
+    # erfc / 2 in the same instructions (the polynomial's coefficients halved: the same bits, halved), for a
+    # kernel that multiplies the erfc by 0.5 (the normal cdf Phi(x) = erfc(-x / sqrt 2) / 2)
+    "erfc_half_f32": P(2, "_tf_erfc_f32({0}, {1}, 0.4, 0.5)", ("_tf_erfc_f32",), floats_only=True),
     "exp_neg_sq_f32": P(1, "_tf_exp_neg_sq({0})", ("_tf_exp_neg_sq",), floats_only=True),
     # the same helper for erfc(y / sqrt 2), the GeLU's, from y itself (its scale 0.4 / sqrt 2 a constexpr);
     # its exp(-y^2 / 2) is the normal density's
-    "erfc_rsqrt2_f32": P(2, "_tf_erfc_f32({0}, {1}, 0.28284271247461906)", ("_tf_erfc_f32",), floats_only=True),
+    "erfc_rsqrt2_f32": P(2, "_tf_erfc_f32({0}, {1}, 0.28284271247461906, 1.0)", ("_tf_erfc_f32",),
+                         floats_only=True),
+    "erfc_rsqrt2_half_f32": P(2, "_tf_erfc_f32({0}, {1}, 0.28284271247461906, 0.5)", ("_tf_erfc_f32",),
+                              floats_only=True),
     "exp_neg_half_sq_f32": P(1, "_tf_exp_neg_half_sq({0})", ("_tf_exp_neg_half_sq",), floats_only=True),
     # float32 d/dx gelu(x) = Phi(x) + x phi(x) (what torch's gelu_backward decomposition becomes): one exp
     "gelu_grad_f32": P(1, "_tf_gelu_grad_f32({0})", ("_tf_gelu_grad_f32",), floats_only=True),
@@ -197,19 +203,24 @@ def build(name: str, *args: ir.Expr, dtype: Optional[torch.dtype] = None) -> ir.
     return ir.Op.make(name, tuple(args), dtype)
 
 
-def peephole(e: ir.Op, user_count: Optional[Callable[[ir.Expr], int]] = None) -> ir.Expr:
+def peephole(e: ir.Op, user_count: Optional[Callable[[ir.Expr], int]] = None,
+             users: Optional[Callable[[ir.Expr], list]] = None) -> ir.Expr:
     """What code generation writes for ``e`` instead, on the fused expression (inlining a producer forms
     patterns no single lowering rule sees): in float32, ``erfc`` and ``1 + erf(u)`` / ``1 - erf(u)`` become
     the float32 erfc of :mod:`tilefuse.kernels.special`, and gelu_backward's ``cdf + x * pdf`` one
     ``gelu_grad_f32(x)`` when ``user_count`` (distinct users of an expression in the kernel) says its cdf is
     used nowhere else (a GeLU forward recomputed in the same kernel shares that erfc; replacing the pair would
-    compute it twice). ``e`` itself when nothing applies."""
+    compute it twice); and a GeLU's ``0.5`` goes into its erfc (:func:`_halved_erfc`, which ``users``, the
+    expressions using a value, lets see past a shared ``1 + erf``). ``e`` itself when nothing applies."""
     if e.dtype != torch.float32:
         return e
     if e.name == "erfc":
         return erfc_f32(e.args[0])
     if e.name == "mul" and user_count is not None:
         halved = _half_times_shared_half(e, user_count)
+        if halved is not None:
+            return halved
+        halved = _halved_erfc(e, user_count, users)
         if halved is not None:
             return halved
     if e.name == "add" and user_count is not None:
@@ -248,17 +259,70 @@ def _half_times_shared_half(e: ir.Op, user_count: Callable[[ir.Expr], int]) -> O
     return None
 
 
-def erfc_f32(w: ir.Expr) -> ir.Expr:
-    """The float32 erfc of ``w`` with its ``exp(-w^2)`` as an operand of its own, taken of ``u`` where ``w`` is
-    ``-u`` (the same value), so that the density of gelu_backward (exp of ``-u^2``) finds it interned. Where
-    ``u`` is ``y / sqrt 2`` (the GeLU's erfc) it is computed from ``y``, one multiply fewer, its exp
-    ``exp(-y^2 / 2)`` (:func:`gauss_exp`)."""
+def _halved_erfc(e: ir.Op, user_count: Callable[[ir.Expr], int],
+                 users: Optional[Callable[[ir.Expr], list]]) -> Optional[ir.Expr]:
+    """The 0.5 of a GeLU folded into its erfc's polynomial (``erfc_half_f32``: the same instructions, the
+    same bits halved, one multiply an element fewer), for ``e`` either
+    - ``y * 0.5``, ``y = 1 + erf(u)`` or ``1 - erf(u)`` (the normal cdf of gelu_backward), where every other
+      use of ``y`` is a ``(x * 0.5) * y`` that :func:`_half_times_shared_half` turns into ``x * (y * 0.5)``, or
+    - ``(x * 0.5) * y`` (the GeLU), ``x * 0.5`` and ``y`` used nowhere else: ``x * (erfc / 2)``.
+    Either way no second erfc of ``u`` is computed beside it. None otherwise."""
+    for y, c in (e.args, e.args[::-1]):
+        w = _erfc_argument(y)
+        if w is None or not _is_half(c, e.dtype):
+            continue
+        if user_count(y) == 1 or (users is not None and all(
+                o is e or _shared_half_user(o, y, user_count) for o in users(y))):
+            return erfc_f32(w, half=True)
+    for half_x, y in (e.args, e.args[::-1]):
+        w = _erfc_argument(y)
+        if w is None or user_count(y) != 1 or not (isinstance(half_x, ir.Op) and half_x.name == "mul") \
+                or user_count(half_x) != 1:
+            continue
+        for x, c in (half_x.args, half_x.args[::-1]):
+            if _is_half(c, e.dtype):
+                return build("mul", x, erfc_f32(w, half=True))
+    return None
+
+
+def _shared_half_user(o: ir.Expr, y: ir.Expr, user_count) -> bool:
+    """``o`` is ``(x * 0.5) * y`` with ``x * 0.5`` used nowhere else (what :func:`_half_times_shared_half`
+    rewrites to use the shared ``y * 0.5``)."""
+    if not (isinstance(o, ir.Op) and o.name == "mul" and any(a is y for a in o.args)):
+        return False
+    half_x = o.args[1] if o.args[0] is y else o.args[0]
+    return (isinstance(half_x, ir.Op) and half_x.name == "mul" and user_count(half_x) == 1
+            and any(_is_half(c, o.dtype) for c in half_x.args))
+
+
+def _is_half(c: ir.Expr, dtype) -> bool:
+    return isinstance(c, ir.Const) and not c.from_size and c.value == 0.5 and c.dtype == dtype
+
+
+def _erfc_argument(y: ir.Expr) -> Optional[ir.Expr]:
+    """``w`` for ``y = 1 + erf(u)`` (``w = -u``) or ``1 - erf(u)`` (``w = u``), float32: ``y`` is erfc(w)."""
+    if not (isinstance(y, ir.Op) and y.name in ("add", "sub") and y.dtype == torch.float32):
+        return None
+    a, b = y.args
+    if y.name == "add":
+        u = _erf_operand(b) if _is_one(a) else (_erf_operand(a) if _is_one(b) else None)
+        return None if u is None else build("neg", u)
+    u = _erf_operand(b) if _is_one(a) else None
+    return u
+
+
+def erfc_f32(w: ir.Expr, half: bool = False) -> ir.Expr:
+    """The float32 erfc of ``w`` (``erfc(w) / 2`` with ``half``) with its ``exp(-w^2)`` as an operand of its
+    own, taken of ``u`` where ``w`` is ``-u`` (the same value), so that the density of gelu_backward (exp of
+    ``-u^2``) finds it interned. Where ``u`` is ``y / sqrt 2`` (the GeLU's erfc) it is computed from ``y``,
+    one multiply fewer, its exp ``exp(-y^2 / 2)`` (:func:`gauss_exp`)."""
     neg = isinstance(w, ir.Op) and w.name == "neg"
     v = w.args[0] if neg else w
     y = _times_const(v, 0.7071067811865476)
     if y is not None and y.dtype == torch.float32:
-        return build("erfc_rsqrt2_f32", build("neg", y) if neg else y, gauss_exp(y))
-    return build("erfc_f32", w, build("exp_neg_sq_f32", v))
+        return build("erfc_rsqrt2_half_f32" if half else "erfc_rsqrt2_f32", build("neg", y) if neg else y,
+                     gauss_exp(y))
+    return build("erfc_half_f32" if half else "erfc_f32", w, build("exp_neg_sq_f32", v))
 
 
 def gauss_exp(y: ir.Expr) -> ir.Expr:
@@ -316,12 +380,8 @@ def _one_plus_erf(name: str, args) -> Optional[ir.Expr]:
     """In float32, ``1 + erf(u)`` is ``erfc(-u)`` and ``1 - erf(u)`` is ``erfc(u)``, computed without the
     cancellation (the exact GeLU's ``1 + erf(x / sqrt(2))`` for negative x) and in fewer instructions than
     libdevice's erf (tilefuse.kernels.special). None when ``args`` are not of that form."""
-    a, b = args
-    if name == "add":
-        u = _erf_operand(b) if _is_one(a) else (_erf_operand(a) if _is_one(b) else None)
-        return None if u is None else erfc_f32(build("neg", u))
-    u = _erf_operand(b) if _is_one(a) else None
-    return None if u is None else erfc_f32(u)
+    w = _erfc_argument(ir.Op.make(name, tuple(args), torch.float32))
+    return None if w is None else erfc_f32(w)
 
 
 def where(cond, a, b):

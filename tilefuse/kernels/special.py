@@ -28,7 +28,9 @@ and 47 with libdevice's erff (SASS counts); with the exp2, the half polynomial a
 an argument, so that a kernel needing the same exp elsewhere computes it once: :func:`erfc_e_f32_portable`
 (and its ``_fast`` text), ``erfc(x)`` with ``exp(-x^2)`` (:func:`exp_neg_sq_portable`), or the GeLU's
 ``erfc(y / sqrt 2)`` straight from ``y`` with the normal density's ``exp(-y^2 / 2)``
-(:func:`exp_neg_half_sq_portable`), chosen by a constexpr scale.
+(:func:`exp_neg_half_sq_portable`), chosen by a constexpr scale; a second constexpr, ``H``, scales the
+result by 0.5 through the polynomial's coefficients (the normal cdf ``erfc(-y / sqrt 2) / 2`` of a GeLU in the
+instructions of the erfc, bit for bit half of it down to float32's normal range).
 """
 from __future__ import annotations
 
@@ -43,36 +45,38 @@ from .. import device
 
 
 @triton.jit
-def erfc_poly(t):
-    # Q(t), t = 1 / (1 + 0.4 |x|): erfc(|x|) = exp(-x^2) * Q(t)
-    q = 0.0706699788570404
-    q = q * t - 0.38097816705703735
-    q = q * t + 0.6661408543586731
-    q = q * t - 0.3663370907306671
-    q = q * t + 0.4144163131713867
-    q = q * t + 0.13168321549892426
-    q = q * t + 0.2402118444442749
-    q = q * t + 0.2241220921278
-    return q * t + 7.086526602506638e-05
+def erfc_poly(t, H: tl.constexpr):
+    # H * Q(t), t = 1 / (1 + 0.4 |x|): erfc(|x|) = exp(-x^2) * Q(t). H = 0.5 gives erfc / 2 in the same
+    # instructions (coefficients halved at compile time: every step exactly half, so the same bits halved
+    # wherever the result is a normal float32)
+    q = 0.0706699788570404 * H
+    q = q * t - 0.38097816705703735 * H
+    q = q * t + 0.6661408543586731 * H
+    q = q * t - 0.3663370907306671 * H
+    q = q * t + 0.4144163131713867 * H
+    q = q * t + 0.13168321549892426 * H
+    q = q * t + 0.2402118444442749 * H
+    q = q * t + 0.2241220921278 * H
+    return q * t + 7.086526602506638e-05 * H
 
 
 @triton.jit
-def erfc_poly_half(t):
+def erfc_poly_half(t, H: tl.constexpr):
     # Q(t) of degree 6 (relative error 6.2e-6; 1.8e-5 evaluated in float32 out to the underflow), for
     # kernels that round every value computed from it to float16 or bfloat16: 80 times below their rounding
-    q = -0.18153536319732666
-    q = q * t + 0.6511033773422241
-    q = q * t - 0.3056814968585968
-    q = q * t + 0.43909844756126404
-    q = q * t + 0.16296277940273285
-    q = q * t + 0.23457090556621552
-    return q * t - 0.0005124799790792167
+    q = -0.18153536319732666 * H
+    q = q * t + 0.6511033773422241 * H
+    q = q * t - 0.3056814968585968 * H
+    q = q * t + 0.43909844756126404 * H
+    q = q * t + 0.16296277940273285 * H
+    q = q * t + 0.23457090556621552 * H
+    return q * t - 0.0005124799790792167 * H
 
 
 @triton.jit
 def erfc_f32_portable(x):
     t = 1.0 / (1.0 + 0.4 * tl.abs(x))
-    e = erfc_poly(t) * tl.exp(-x * x)
+    e = erfc_poly(t, 1.0) * tl.exp(-x * x)
     return tl.where(x < 0, 2.0 - e, e)
 
 
@@ -84,7 +88,7 @@ def erfc_f32_fast(x):
     # exp(-x^2) as exp2(x * x * -log2(e)): the sign rides on the multiply (one instruction fewer than a
     # negation, a multiply and libdevice's fast_expf's own multiply by log2(e))
     t = libdevice.fast_dividef(1.0, 1.0 + 0.4 * tl.abs(x))
-    e = erfc_poly(t) * tl.exp2(x * x * -1.4426950408889634)
+    e = erfc_poly(t, 1.0) * tl.exp2(x * x * -1.4426950408889634)
     return tl.where(x < 0, 2.0 - e, e)
 
 
@@ -100,21 +104,21 @@ def exp_neg_sq_fast(x):
 
 
 @triton.jit
-def erfc_e_f32_portable(x, e, K: tl.constexpr):
-    # erfc(x * K / 0.4) with its exp e = exp(-(x * K / 0.4)^2) given, so that a kernel needing that exp
+def erfc_e_f32_portable(x, e, K: tl.constexpr, H: tl.constexpr):
+    # H * erfc(x * K / 0.4) with its exp e = exp(-(x * K / 0.4)^2) given, so that a kernel needing that exp
     # elsewhere computes it once: K = 0.4 is erfc(x) (e = exp_neg_sq(x)); K = 0.4 / sqrt(2) the GeLU's
     # erfc(x / sqrt(2)) straight from x, no multiply by 1/sqrt(2) first (e = exp_neg_half_sq(x), the normal
-    # density's exp)
+    # density's exp). H = 1, or 0.5 for the normal cdf Phi(-x) = erfc(x / sqrt 2) / 2 without a multiply
     t = 1.0 / (1.0 + K * tl.abs(x))
-    r = erfc_poly(t) * e
-    return tl.where(x < 0, 2.0 - r, r)
+    r = erfc_poly(t, H) * e
+    return tl.where(x < 0, 2.0 * H - r, r)
 
 
 @triton.jit
-def erfc_e_f32_fast(x, e, K: tl.constexpr):
+def erfc_e_f32_fast(x, e, K: tl.constexpr, H: tl.constexpr):
     t = libdevice.fast_dividef(1.0, 1.0 + K * tl.abs(x))
-    r = erfc_poly(t) * e
-    return tl.where(x < 0, 2.0 - r, r)
+    r = erfc_poly(t, H) * e
+    return tl.where(x < 0, 2.0 * H - r, r)
 
 
 @triton.jit
@@ -134,7 +138,7 @@ def gelu_grad_f32_portable(x):
     # exp(-z^2) = exp(-x^2 / 2) is also sqrt(2 pi) phi(x); Phi(-|x|) = erfc(z) / 2, Phi(|x|) = 1 - that
     t = 1.0 / (1.0 + 0.28284271247461906 * tl.abs(x))
     e = tl.exp(x * x * -0.5)
-    h = erfc_poly(t) * (e * 0.5)
+    h = erfc_poly(t, 0.5) * e
     return tl.where(x < 0, h, 1.0 - h) + x * (e * 0.3989422804014327)
 
 
@@ -143,7 +147,7 @@ def gelu_grad_f32_fast(x):
     # the same with the approximate reciprocal and exp (see erfc_f32_fast)
     t = libdevice.fast_dividef(1.0, 1.0 + 0.28284271247461906 * tl.abs(x))
     e = tl.exp2(x * x * -0.7213475204444817)
-    h = erfc_poly(t) * (e * 0.5)
+    h = erfc_poly(t, 0.5) * e
     return tl.where(x < 0, h, 1.0 - h) + x * (e * 0.3989422804014327)
 
 
