@@ -233,11 +233,8 @@ def peephole(e: ir.Op, user_count: Optional[Callable[[ir.Expr], int]] = None,
             # second operand of its erfc of x / sqrt 2: one exp for both)
             pdf = build("mul", gauss_exp(x), ir.Const(0.3989422804014327, torch.float32))
             return build("add", cdf, build("mul", x, pdf))
-    if e.name in ("add", "sub"):
-        rewritten = _one_plus_erf(e.name, e.args)
-        if rewritten is not None:
-            return rewritten
-    return e
+    w = _erfc_argument(e)  # 1 + erf(u), 1 - erf(u)
+    return e if w is None else erfc_f32(w)
 
 
 def _half_times_shared_half(e: ir.Op, user_count: Callable[[ir.Expr], int]) -> Optional[ir.Expr]:
@@ -300,7 +297,9 @@ def _is_half(c: ir.Expr, dtype) -> bool:
 
 
 def _erfc_argument(y: ir.Expr) -> Optional[ir.Expr]:
-    """``w`` for ``y = 1 + erf(u)`` (``w = -u``) or ``1 - erf(u)`` (``w = u``), float32: ``y`` is erfc(w)."""
+    """``w`` for ``y = 1 + erf(u)`` (``w = -u``) or ``1 - erf(u)`` (``w = u``) in float32: ``y`` is ``erfc(w)``,
+    computed as such without the cancellation (the exact GeLU's ``1 + erf(x / sqrt(2))`` for negative x) and in
+    fewer instructions than libdevice's erf (tilefuse.kernels.special). None when ``y`` is not of that form."""
     if not (isinstance(y, ir.Op) and y.name in ("add", "sub") and y.dtype == torch.float32):
         return None
     a, b = y.args
@@ -374,14 +373,6 @@ def _is_one(e: ir.Expr) -> bool:
 
 def _erf_operand(e: ir.Expr) -> Optional[ir.Expr]:
     return e.args[0] if isinstance(e, ir.Op) and e.name == "erf" and e.dtype == torch.float32 else None
-
-
-def _one_plus_erf(name: str, args) -> Optional[ir.Expr]:
-    """In float32, ``1 + erf(u)`` is ``erfc(-u)`` and ``1 - erf(u)`` is ``erfc(u)``, computed without the
-    cancellation (the exact GeLU's ``1 + erf(x / sqrt(2))`` for negative x) and in fewer instructions than
-    libdevice's erf (tilefuse.kernels.special). None when ``args`` are not of that form."""
-    w = _erfc_argument(ir.Op.make(name, tuple(args), torch.float32))
-    return None if w is None else erfc_f32(w)
 
 
 def where(cond, a, b):
