@@ -84,6 +84,11 @@ SETTINGS = {
     # partial sums a thread, fewer cross-warp exchanges a row sum), alone and with the paired row sums
     "no_prefetch": (dict(rowloop_prefetch=False), NORMS + GELU),
     "rowloop_4warps": (dict(rowloop_warps=4), NORMS),
+    # a 1024-thread program (64 registers a thread at most): layer_norm_gelu's two-row step at 8 elements a
+    # thread, 32 warps an SM instead of 16 (its backward is latency-bound at 16: run 43), with and without
+    # the prefetch (whose registers then spill: 32 bytes of stack with it, 8 without; sm_90a)
+    "rowloop_32warps": (dict(rowloop_warps=32, rowloop_prefetch=False), NORMS),
+    "rowloop_32warps_prefetch": (dict(rowloop_warps=32), NORMS),
     "rowloop_t8": (dict(rowloop_thread_elems=8), NORMS),  # 8 elements a thread (16 warps a row: before run 22)
     "rowloop_wide3": (dict(rowloop_wide_max_loads=3), NORMS),  # 16 a thread with three row operands too
     "pair_8warps": (dict(pair_row_sums=True, rowloop_warps=8), NORMS),
