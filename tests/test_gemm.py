@@ -27,6 +27,8 @@ VARIANTS = {
     "tiled_tma": GemmConfig("tiled", 32, 32, 16, tma=True),
     "splitk_tma": GemmConfig("tiled", 16, 32, 32, split_k=2, tma=True),
     "persistent_tma": GemmConfig("persistent", 32, 32, 16, tma=True, epi_subtile=2),
+    # tile and K loops flattened (the interpreter runs the same loops; the GPU pipelines them as one)
+    "persistent_flat": GemmConfig("persistent", 32, 32, 16, tma=True, flatten=True),
     # B streamed into registers a step ahead (the L2 hint itself is a no-op here), whole K and split-K
     "b_stream": GemmConfig("tiled", 16, 32, 16, num_stages=1, b_stream=True),
     "b_stream_splitk": GemmConfig("tiled", 16, 32, 16, split_k=3, num_stages=1, b_stream=True),
@@ -85,7 +87,8 @@ def test_kernel_variants(variant, layout):
     assert_close(res.out[0], ref_mm(a, b), torch.float16)
 
 
-@pytest.mark.parametrize("variant", ["tiled", "splitk", "persistent_sub2", "b_stream", "b_stream_splitk"])
+@pytest.mark.parametrize("variant", ["tiled", "splitk", "persistent_sub2", "b_stream", "b_stream_splitk",
+                                     "persistent_flat"])
 def test_variants_odd_edges(variant):
     a, b = rand(45, 27), rand(27, 71)  # no TMA (odd strides): pointer loads with every mask live
     res = G.gemm_raw(a, b, config=VARIANTS[variant])

@@ -260,3 +260,88 @@ def test_b_stream_loads_carry_the_l2_evict_first_hint_on_sm90a():
     assert not got["False"]["evict_first_policy"] and got["False"]["hinted_loads"] == 0, got
     # the example is the decode class's b_stream config: mma.sync on 16-row tiles, and nothing spilled
     assert got["resources"]["ok"] and got["resources"]["mma"] == "mma.sync" and got["resources"]["spills"] == 0, got
+
+
+# ------------------------------------------------------------------ flattened persistent loops (FLATTEN_NOTE)
+def test_flattened_configs_only_where_offered():
+    """``flatten`` configs reach the candidates only as NVIDIA persistent kernels without warp
+    specialisation or a stream-K tail; a flattened form of anything else is pruned, and AMD gets none."""
+    offered = []
+    for m, n, k in ((4096, 4096, 4096), (256, 8192, 8192), (16384, 8192, 28672), (8192, 8192, 1024)):
+        prob = C.GemmProblem(m, n, k, 1, "bfloat16", "bfloat16", "bfloat16", False, True, True, "plain")
+        flat = [c for c in C.candidates(prob, H200) if c.flatten]
+        offered += flat
+        for c in flat:
+            assert c.kernel == "persistent" and not c.warp_specialize and not c.stream_k and "-flat" in c.label()
+        assert not any(c.flatten for c in C.candidates(prob, C.PART_BY_TARGET["gfx942"]))
+    assert offered, "no flattened config offered for the large and skinny shapes"
+    space = (C.NVIDIA_SPACE["large"][0],)
+    for bad in (C.GemmConfig("tiled", 128, 128, 64, flatten=True),
+                C.GemmConfig("persistent", 128, 256, 64, num_warps=4, tma=True, warp_specialize=True, flatten=True),
+                C.GemmConfig("persistent", 128, 256, 64, num_warps=8, tma=True, stream_k=True, flatten=True)):
+        prob = C.GemmProblem(16384, 8192, 28672, 1, "bfloat16", "bfloat16", "bfloat16", False, True, True, "plain")
+        orig = C.space_of
+        try:
+            C.space_of = lambda problem, part, _bad=bad: space + (_bad,)
+            assert bad not in C.candidates(prob, H200)
+        finally:
+            C.space_of = orig
+
+
+_FLAT_CHILD = r"""
+import dataclasses, json, re
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from tilefuse import targets
+from tilefuse.kernels import gemm_configs as C, gemm_targets
+
+def innermost_dot_loop(ttgir):
+    # the body of the innermost scf.for holding the wgmma, by brace depth
+    lines = ttgir.splitlines()
+    dot = next(i for i, l in enumerate(lines) if "ttng.warp_group_dot " in l)
+    start = max(i for i in range(dot) if "scf.for" in lines[i])
+    depth, body = 0, []
+    for l in lines[start:]:
+        depth += l.count("{") - l.count("}")
+        body.append(l)
+        if depth <= 0:
+            break
+    return "\n".join(body)
+
+out = {}
+flat = [c for cls in C.NVIDIA_SPACE.values() for c in cls if c.flatten]
+for cfg in flat:
+    for name, epi in (("plain", {}), ("bias+gelu", {"ACTIVATION": 2, "BIAS_MODE": 1})):
+        for f in (True, False):
+            c = dataclasses.replace(cfg, flatten=f)
+            fn, ex = gemm_targets.example_for(c, "sm_90a", epilogue=epi)
+            src = ASTSource(fn, ex.signature, constexprs=ex.constexprs, attrs=targets._attrs_for(fn, ex))
+            compiled = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=dict(ex.options))
+            loop = innermost_dot_loop(compiled.asm["ttgir"])
+            res = targets.cubin_resources(compiled.asm["cubin"])
+            out[f"{c.label()} {name}"] = {
+                "store_in_dot_loop": "async_tma_copy_local_to_global" in loop or "tt.store" in loop,
+                "loads_in_dot_loop": loop.count("async_tma_copy_global_to_local"),
+                "spills": res.get("STACK", 0) + res.get("LOCAL", 0)}
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.slow
+def test_flattened_persistent_kernel_prefetches_across_tiles_on_sm90a():
+    """What ``flatten`` claims, read from the sm_90a ttgir of every flattened config in the space, plain and
+    with bias + GeLU: the loop that issues the wgmma also holds the epilogue's store (one loop over every
+    tile's K steps, its loads running ahead into the next tile), where the unflattened kernel's K loop ends
+    before the store; and the flattened kernels spill nothing."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["TILEFUSE_INTERPRET"] = "0"
+    proc = subprocess.run([sys.executable, "-c", _FLAT_CHILD], capture_output=True, text=True, env=env, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    got = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert got
+    for key, r in got.items():
+        if "-flat" in key:
+            assert r["store_in_dot_loop"] and r["loads_in_dot_loop"] >= 2 and r["spills"] == 0, (key, r)
+        else:
+            assert not r["store_in_dot_loop"], (key, r)

@@ -71,6 +71,27 @@ def test_every_candidate_config_is_correct(shape):
         assert_close(out, ref, torch.bfloat16, what=cfg.label())
 
 
+@pytest.mark.parametrize("shape", [(1000, 1234, 70), (4096, 4096, 64), (777, 3000, 4096), (256, 8192, 333),
+                                   (8192, 8192, 1024)])
+def test_flattened_persistent_configs_are_correct(shape):
+    """Each flattened persistent config of the space (its next tile's loads issued during this tile's
+    epilogue) on ragged tiles, a K of one step, a K shorter than the pipeline and several tiles a program:
+    plain and with bias + GeLU, against float32, output poisoned."""
+    m, n, k = shape
+    a, b = rand(m, k), rand(k, n)
+    bias = rand(n)
+    flat = [c for cls in C.NVIDIA_SPACE.values() for c in cls if c.flatten]
+    assert flat
+    for cfg in flat:
+        for act in (None, "gelu"):
+            out = poisoned_empty(m, n, dtype=torch.bfloat16, device="cuda")
+            run = G.prepare(a, b, bias=bias if act else None, activation=act, out=out)
+            G.launch(run, cfg)
+            ref = ref_mm(a, b)
+            ref = F.gelu(ref + bias.float()) if act else ref
+            assert_close(out, ref, torch.bfloat16, what=f"{cfg.label()} {act} {shape}")
+
+
 def request_class(shape):
     return {16: "decode", 128: "skinny", 1024: "small", 4096: "large"}[shape[0]]
 

@@ -261,6 +261,11 @@ def stream_k_pieces(tiles: int, k_steps: int, programs: int, min_steps: int = ST
     return out
 
 
+# FLATTEN_NOTE: ``flatten=True`` (the persistent kernel's ``tl.range(..., flatten=True)``) has triton's pipeliner
+# treat the tile loop and the K loop as one, so the loads of the next tile's first K steps are issued before
+# this tile's epilogue (ttgir on sm_90a: one loop, the epilogue under an scf.if at a tile's last step) instead
+# of after it: without it every tile starts with an exposed pipeline fill. Offered on NVIDIA for the persistent
+# kernel without warp specialisation or a stream-K tail (triton's tutorial 09 flattens only those on Hopper).
 AUTO_SPLIT = -1  # split_k filled in from the SM count (see fill_split_k)
 DECODE_M = -1  # block_m filled in from M (16, 32 or 64)
 
@@ -298,6 +303,7 @@ NVIDIA_SPACE: dict[str, tuple[GemmConfig, ...]] = {
         # cuBLAS's pick at 256x8192x8192 (ncu, device run 29) is 128x128x64 tiles with 6 stages; ours at 6 stages
         # (229 KB of shared memory): r32 M=256 0.965x against 0.934x at 5 stages (M=128 0.830x: the 64x128 leads)
         C("persistent", 128, 128, 64, 4, 6, group_m=8, tma=True),
+        C("persistent", 128, 128, 64, 4, 6, group_m=8, tma=True, flatten=True),
         C("persistent", 128, 128, 64, 4, 5, group_m=8, tma=True),  # r10 M=256: 0.922x (next best 0.876x)
         C("tiled", 64, 128, 128, 4, 4, group_m=8, tma=True, warp_specialize=True),  # M=128: 128 tiles, no split
         C("persistent", 128, 128, 64, 4, 4, group_m=8, tma=True, warp_specialize=True),  # M=256: 128 tiles
@@ -329,11 +335,15 @@ NVIDIA_SPACE: dict[str, tuple[GemmConfig, ...]] = {
     ),
     "large": (
         C("persistent", 128, 256, 64, 8, 3, group_m=8, tma=True),  # r1 4096^3: 0.944x
+        # the tile and K loops flattened into one pipelined loop: the next tile's first stages load during
+        # this tile's epilogue instead of after it (a pipeline fill a tile; see FLATTEN_NOTE)
+        C("persistent", 128, 256, 64, 8, 3, group_m=8, tma=True, flatten=True),
         # stream-K, offered where the last round is nearly empty (stream_k_worth_it): r25 16384x8192x28672
         # 1.039x against 1.021x without it; where it is not offered it lost (4096^3 0.873x against 0.948x)
         C("persistent", 128, 256, 64, 8, 3, group_m=8, tma=True, stream_k=True),
         C("persistent", 128, 256, 64, 4, 3, group_m=8, tma=True, warp_specialize=True),
         C("persistent", 128, 256, 64, 8, 4, group_m=8, tma=True, epi_subtile=2),  # r1 8192^3: 0.979x
+        C("persistent", 128, 256, 64, 8, 4, group_m=8, tma=True, epi_subtile=2, flatten=True),
         C("persistent", 128, 256, 64, 8, 4, group_m=8, tma=True, epi_subtile=2, stream_k=True),  # r25 1.035x
         C("persistent", 128, 128, 64, 4, 4, group_m=8, tma=True, warp_specialize=True),
         C("tiled", 128, 256, 64, 4, 3, group_m=8, tma=True, warp_specialize=True),
@@ -645,6 +655,9 @@ def candidates(problem: GemmProblem, part: Part | None = None, limit: int | None
             continue
         if cfg.stream_k and (cfg.kernel != "persistent" or cfg.warp_specialize):
             continue  # the tail's atomics abort triton 3.6's warp specialisation, as split-K's do
+        if cfg.flatten and (cfg.kernel != "persistent" or cfg.warp_specialize or cfg.stream_k
+                            or part.vendor != "nvidia"):
+            continue  # see FLATTEN_NOTE
         if cfg.stream_k and not stream_k_worth_it(cfg, problem, part):
             continue
         if cfg.warp_specialize and four_byte and not k_major_operands(problem):
