@@ -303,7 +303,7 @@ NVIDIA_SPACE: dict[str, tuple[GemmConfig, ...]] = {
         # cuBLAS's pick at 256x8192x8192 (ncu, device run 29) is 128x128x64 tiles with 6 stages; ours at 6 stages
         # (229 KB of shared memory): r32 M=256 0.965x against 0.934x at 5 stages (M=128 0.830x: the 64x128 leads)
         C("persistent", 128, 128, 64, 4, 6, group_m=8, tma=True),
-        C("persistent", 128, 128, 64, 4, 6, group_m=8, tma=True, flatten=True),
+        C("persistent", 128, 128, 64, 4, 6, group_m=8, tma=True, flatten=True),  # r54 M=256: 0.976x against 0.973x
         C("persistent", 128, 128, 64, 4, 5, group_m=8, tma=True),  # r10 M=256: 0.922x (next best 0.876x)
         C("tiled", 64, 128, 128, 4, 4, group_m=8, tma=True, warp_specialize=True),  # M=128: 128 tiles, no split
         C("persistent", 128, 128, 64, 4, 4, group_m=8, tma=True, warp_specialize=True),  # M=256: 128 tiles
@@ -334,16 +334,19 @@ NVIDIA_SPACE: dict[str, tuple[GemmConfig, ...]] = {
         C("persistent", 128, 128, 64, 8, 4, group_m=8, tma=True),
     ),
     "large": (
-        C("persistent", 128, 256, 64, 8, 3, group_m=8, tma=True),  # r1 4096^3: 0.944x
         # the tile and K loops flattened into one pipelined loop: the next tile's first stages load during
-        # this tile's epilogue instead of after it (a pipeline fill a tile; see FLATTEN_NOTE)
+        # this tile's epilogue instead of after it (a pipeline fill a tile; see FLATTEN_NOTE). "r54": device
+        # run 54's sweep (benchmarks/results/run54/gemm-sweep.json, 6 interleaved rounds): 4096^3 0.972x
+        # against 0.944x unflattened, 8192^3 1.019x against 1.023x
         C("persistent", 128, 256, 64, 8, 3, group_m=8, tma=True, flatten=True),
+        C("persistent", 128, 256, 64, 8, 3, group_m=8, tma=True),  # r1 4096^3: 0.944x
         # stream-K, offered where the last round is nearly empty (stream_k_worth_it): r25 16384x8192x28672
         # 1.039x against 1.021x without it; where it is not offered it lost (4096^3 0.873x against 0.948x)
         C("persistent", 128, 256, 64, 8, 3, group_m=8, tma=True, stream_k=True),
         C("persistent", 128, 256, 64, 4, 3, group_m=8, tma=True, warp_specialize=True),
-        C("persistent", 128, 256, 64, 8, 4, group_m=8, tma=True, epi_subtile=2),  # r1 8192^3: 0.979x
+        # r54 8192^3: 1.042x flattened against 1.024x (4096^3 0.970x against 0.957x)
         C("persistent", 128, 256, 64, 8, 4, group_m=8, tma=True, epi_subtile=2, flatten=True),
+        C("persistent", 128, 256, 64, 8, 4, group_m=8, tma=True, epi_subtile=2),  # r1 8192^3: 0.979x
         C("persistent", 128, 256, 64, 8, 4, group_m=8, tma=True, epi_subtile=2, stream_k=True),  # r25 1.035x
         C("persistent", 128, 128, 64, 4, 4, group_m=8, tma=True, warp_specialize=True),
         C("tiled", 128, 256, 64, 4, 3, group_m=8, tma=True, warp_specialize=True),
