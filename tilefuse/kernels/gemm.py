@@ -11,6 +11,8 @@ Kernels
   the store go through TMA tensor descriptors made in the kernel (``tl.make_tensor_descriptor``, which
   needs :func:`triton.set_allocator`; detected, with a clean fallback to pointer loads). ``STREAM_K``
   deals the last, partial round of tiles out to every program as K steps (stream-K), reduced like split-K.
+  ``FLATTEN`` has triton pipeline the tile loop and the K loop as one, so a program's next tile loads
+  while this tile's epilogue runs (``gemm_configs.FLATTEN_NOTE``).
 - :func:`quantize_rows_kernel`: the second pass of output quantisation when a row spans several tiles.
 
 Both GEMM kernels take the same arguments in the same order and end in
