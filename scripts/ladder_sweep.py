@@ -579,11 +579,12 @@ def ab_main(args, builds, dog: Watchdog) -> int:
         import csv
 
         args.csv.parent.mkdir(parents=True, exist_ok=True)
+        sha = git_sha()
         with open(args.csv, "w", newline="") as f:
             wr = csv.DictWriter(f, fieldnames=list(rows[0]) + ["git_sha"])
             wr.writeheader()
             for row in rows:
-                wr.writerow({**row, "git_sha": git_sha()})
+                wr.writerow({**row, "git_sha": sha})
     log(f"nvidia-smi after: {smi()}")
     return status
 

@@ -243,16 +243,27 @@ def _half_times_shared_half(e: ir.Op, user_count: Callable[[ir.Expr], int]) -> O
     The GeLU recomputed in its backward is ``(x * 0.5) * (1 + erf(u))`` beside gelu_backward's cdf
     ``(1 + erf(u)) * 0.5``. (``y`` must be the ``1 + erf``: the rewritten product would match again.)"""
     for half_x, y in (e.args, e.args[::-1]):
-        if not (isinstance(half_x, ir.Op) and half_x.name == "mul") or user_count(half_x) != 1:
+        half = _half_operand(half_x, user_count, e.dtype)
+        if half is None:
             continue
         if not (isinstance(y, ir.Op) and y.name == "add" and any(_is_one(a) for a in y.args)
                 and any(_erf_operand(a) is not None for a in y.args)):
             continue
-        for x, c in (half_x.args, half_x.args[::-1]):
-            if isinstance(c, ir.Const) and not c.from_size and c.value == 0.5 and c.dtype == e.dtype:
-                for shared in (ir.Op.make("mul", (y, c), e.dtype), ir.Op.make("mul", (c, y), e.dtype)):
-                    if user_count(shared) >= 1:
-                        return build("mul", x, shared)
+        x, c = half
+        for shared in (ir.Op.make("mul", (y, c), e.dtype), ir.Op.make("mul", (c, y), e.dtype)):
+            if user_count(shared) >= 1:
+                return build("mul", x, shared)
+    return None
+
+
+def _half_operand(h: ir.Expr, user_count: Callable[[ir.Expr], int], dtype) -> Optional[tuple[ir.Expr, ir.Const]]:
+    """``(x, c)`` for ``h = x * c`` (either order), ``c`` the constant 0.5 of ``dtype``, when ``h`` has no other
+    use in the kernel; None otherwise."""
+    if not (isinstance(h, ir.Op) and h.name == "mul") or user_count(h) != 1:
+        return None
+    for x, c in (h.args, h.args[::-1]):
+        if _is_half(c, dtype):
+            return x, c
     return None
 
 
@@ -273,12 +284,9 @@ def _halved_erfc(e: ir.Op, user_count: Callable[[ir.Expr], int],
             return erfc_f32(w, half=True)
     for half_x, y in (e.args, e.args[::-1]):
         w = _erfc_argument(y)
-        if w is None or user_count(y) != 1 or not (isinstance(half_x, ir.Op) and half_x.name == "mul") \
-                or user_count(half_x) != 1:
-            continue
-        for x, c in (half_x.args, half_x.args[::-1]):
-            if _is_half(c, e.dtype):
-                return build("mul", x, erfc_f32(w, half=True))
+        half = _half_operand(half_x, user_count, e.dtype) if w is not None and user_count(y) == 1 else None
+        if half is not None:
+            return build("mul", half[0], erfc_f32(w, half=True))
     return None
 
 
@@ -288,8 +296,7 @@ def _shared_half_user(o: ir.Expr, y: ir.Expr, user_count) -> bool:
     if not (isinstance(o, ir.Op) and o.name == "mul" and any(a is y for a in o.args)):
         return False
     half_x = o.args[1] if o.args[0] is y else o.args[0]
-    return (isinstance(half_x, ir.Op) and half_x.name == "mul" and user_count(half_x) == 1
-            and any(_is_half(c, o.dtype) for c in half_x.args))
+    return _half_operand(half_x, user_count, o.dtype) is not None
 
 
 def _is_half(c: ir.Expr, dtype) -> bool:
