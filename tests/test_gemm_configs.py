@@ -36,7 +36,7 @@ def test_tf32_space_has_real_choices(cls):
         assert cfg.block_k * 4 <= 512, "a 4-byte stage sized like a 2-byte one"
     if cls == "large":
         # the 2-byte space kept one config here (T64x64x32, 0.14x cuBLAS in runs 3/5/7)
-        assert len(cands) == 10
+        assert len(cands) == 11
         assert any(c.block_m * c.block_n >= 128 * 256 for c in cands)
         assert any(c.kernel == "persistent" and c.tma for c in cands)
 
@@ -72,7 +72,7 @@ def test_exact_fp32_keeps_fma_sized_tiles():
     try:
         torch.backends.cuda.matmul.allow_tf32 = True
         assert C.fp32_precision(H200) == "tf32"
-        assert len(C.candidates(fp32(4096, 4096, 4096), H200)) == 10
+        assert len(C.candidates(fp32(4096, 4096, 4096), H200)) == 11
         torch.backends.cuda.matmul.allow_tf32 = False
         assert C.fp32_precision(H200) == "ieee"
         assert C.candidates(fp32(4096, 4096, 4096), H200) == C.candidates(fp32(4096, 4096, 4096), H200,
@@ -153,11 +153,53 @@ def test_tf32_large_candidates_cross_compile_for_sm90a():
                           timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert len(rows) == 21
+    assert len(rows) == 23  # 11 candidates with an N-major B, 12 with a K-major one (warp-specialised too)
     for r in rows:
         assert r["ok"] and r["mma"] == "wgmma", r
         assert (r["spills"] or 0) <= 8, r  # 8 B: the stack frame every kernel of this family has
         assert r["shared"] <= H200.smem_bytes and r["shared"] <= r["estimate"], r
+
+
+# ------------------------------------------------------------------------- tf32: operands copied K-major
+def _dev(vendor="nvidia", arch="sm_90", interpreter=False):
+    from tilefuse import device
+    return device.Device(vendor, "test part", arch, 132, 32 if vendor == "nvidia" else 64, interpreter, "cuda")
+
+
+def test_tf32_copies_an_n_major_b_and_an_m_major_a_on_hopper_only():
+    from tilefuse.kernels.gemm_plan import TF32_K_MAJOR_MIN as MIN, tf32_copies
+
+    m = n = k = MIN
+    a, a_t = torch.empty(m, k), torch.empty(k, m).t()
+    b, b_t = torch.empty(k, n), torch.empty(n, k).t()
+    hopper = _dev()
+    assert tf32_copies(a, b, hopper) == (False, True)  # the plain A @ B: B is N-major
+    assert tf32_copies(a, b_t, hopper) == (False, False)  # nn.Linear's weight.T is K-major already
+    assert tf32_copies(a_t, b_t, hopper) == (True, False)
+    assert tf32_copies(a_t, b, hopper) == (True, True)
+    # batched, and one batch of a broadcast operand (a copy would materialise every repeat)
+    assert tf32_copies(torch.empty(3, m, k), torch.empty(3, k, n), hopper) == (False, True)
+    assert tf32_copies(a, torch.empty(k, n).expand(3, k, n), hopper) == (False, False)
+    # below the size where the copy pays: rows for B, columns for A
+    assert tf32_copies(torch.empty(MIN - 1, k), b, hopper) == (False, False)
+    assert tf32_copies(a_t, torch.empty(MIN - 1, k).t(), hopper) == (False, False)
+    # elsewhere the kernels read the operands as they are
+    for other in (_dev(arch="sm_80"), _dev(arch="sm_100a"), _dev("amd", "gfx942"), _dev(interpreter=True),
+                  _dev("cpu", "cpu", True)):
+        assert tf32_copies(a_t, b, other) == (False, False), other
+
+
+def test_tf32_k_major_copies_only_when_tf32_is_allowed_on_a_gpu():
+    from tilefuse.kernels.gemm_plan import tf32_k_major
+
+    a, b = torch.randn(600, 70), torch.randn(70, 600)
+    saved = torch.backends.cuda.matmul.allow_tf32
+    try:
+        torch.backends.cuda.matmul.allow_tf32 = True
+        a2, b2 = tf32_k_major(a, b)  # CPU tensors (the interpreter): as they are
+        assert a2 is a and b2 is b
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = saved
 
 
 # ------------------------------------------------------------------------------------------- GPU
@@ -187,6 +229,31 @@ def test_every_tf32_candidate_is_correct_on_the_gpu(cls, layout):
                 G.launch(G.prepare(a, b, out=out), cfg)  # no fallback: a config that cannot launch fails here
                 tol = TF32_TOLERANCE if precision == "tf32" else TOLERANCE[torch.float32]
                 assert_close(out, ref, torch.float32, tol=tol, what=f"{precision} {cfg.label()}")
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = saved
+
+
+@pytest.mark.gpu
+def test_tf32_k_major_copies_are_right_and_taken():
+    """Ragged sizes past TF32_K_MAJOR_MIN with an N-major B and an M-major A: the call copies them K-major
+    (tf32_copies says so) and the result matches float64 within tf32's tolerance, output poisoned first."""
+    from tests.support import TF32_TOLERANCE
+    from tilefuse import device
+    from tilefuse.kernels.gemm_plan import tf32_copies
+    import tilefuse
+
+    m, n, k = 1037, 777, 523
+    saved = torch.backends.cuda.matmul.allow_tf32
+    try:
+        torch.backends.cuda.matmul.allow_tf32 = True
+        for a, b in ((torch.randn(m, k, device="cuda"), torch.randn(k, n, device="cuda")),
+                     (torch.randn(k, m, device="cuda").t(), torch.randn(k, n, device="cuda")),
+                     (torch.randn(2, k, m, device="cuda").mT, torch.randn(2, k, n, device="cuda"))):
+            if device.current().capability[0] == 9:
+                assert any(tf32_copies(a, b, device.current()))
+            out = torch.full(a.shape[:-2] + (m, n), float("nan"), device="cuda")
+            tilefuse.gemm(a, b, out=out)
+            assert_close(out, a.double() @ b.double(), torch.float32, tol=TF32_TOLERANCE, what="tf32 K-major copy")
     finally:
         torch.backends.cuda.matmul.allow_tf32 = saved
 

@@ -11,7 +11,8 @@ Cases (every implementation's output is checked against a float32 reference befo
 - ``fp8_rowwise/e4m3/...``: fp8 x fp8 -> bf16 with per-row/per-column scales vs ``torch._scaled_mm``
   (baseline: its default accumulation; its ``use_fast_accum=True`` is timed too: Triton's fp8 dot on
   sm_90 accumulates like that).
-- ``int8/...``: int8 x int8 -> int32 vs ``torch._int_mm``; ``tf32/...``: fp32 with tf32 allowed vs cuBLAS.
+- ``int8/...``: int8 x int8 -> int32 vs ``torch._int_mm``; ``tf32/...``: fp32 with tf32 allowed vs cuBLAS
+  (``tf32_nt/...``: B K-major).
 
 ``opts.quick``: the headline shapes; ``opts.smoke``: tiny shapes on the interpreter (fp16, since the
 interpreter's bf16 dot is broken), proving the code path only.
@@ -278,13 +279,14 @@ def run_tf32(rec: harness.Recorder, opts: SuiteOptions, dev) -> None:
 
     if opts.smoke:
         return
-    for m, n, k in TF32_SHAPES:
+    for (m, n, k), layout in ((shape, layout) for shape in TF32_SHAPES for layout in ("nn", "nt")):
         shape = _shape(m, n, k)
-        case = f"tf32/{shape}"
+        case = f"tf32/{shape}" if layout == "nn" else f"tf32_nt/{shape}"
         if not opts.wants(case):
             continue
         a = torch.randn(m, k, device=dev)
-        b = torch.randn(k, n, device=dev)
+        # nt: B K-major, as nn.Linear's weight.T (tf32 wgmma reads it as it is; an N-major B is copied first)
+        b = torch.randn(n, k, device=dev).t() if layout == "nt" else torch.randn(k, n, device=dev)
         ref = (a.double() @ b.double()).float()
         saved = torch.backends.cuda.matmul.allow_tf32
         torch.backends.cuda.matmul.allow_tf32 = True
@@ -349,12 +351,13 @@ def _parse_shape(text: str) -> tuple[int, int, int]:
 
 
 def sweep(shapes, dtype: torch.dtype, all_classes: bool, out: Path | None, rep_ms: int,
-          labels: list[str] | None = None, rounds: int = SWEEP_ROUNDS) -> list[dict]:
+          labels: list[str] | None = None, rounds: int = SWEEP_ROUNDS, layout: str = "nn") -> list[dict]:
     """Time every candidate config (of the shape's class, or of every class; or those named in ``labels``)
     against cuBLAS. cuBLAS and the configs are timed in ``rounds`` interleaved rounds, each round a
     do_bench of ``rep_ms / rounds`` per entry in an order rotated by one, and each entry scored by the
     median of its rounds' medians: on a GPU at its power limit the clocks drift through a sweep, and a
-    config timed a minute after cuBLAS would carry that drift in its ratio."""
+    config timed a minute after cuBLAS would carry that drift in its ratio. ``layout``: "nn" (A and B
+    row-major), "nt" (B K-major, nn.Linear's ``weight.T``), "tn" (A M-major), "tt"."""
     import dataclasses
     import statistics
 
@@ -369,12 +372,15 @@ def sweep(shapes, dtype: torch.dtype, all_classes: bool, out: Path | None, rep_m
     part = gemm_configs.current_part()
     results = []
     for m, n, k in shapes:
-        a = torch.randn(m, k, device="cuda", dtype=dtype)
-        b = torch.randn(k, n, device="cuda", dtype=dtype)
+        a = torch.randn(k, m, device="cuda", dtype=dtype).t() if layout[0] == "t" else \
+            torch.randn(m, k, device="cuda", dtype=dtype)
+        b = torch.randn(n, k, device="cuda", dtype=dtype).t() if layout[1] == "t" else \
+            torch.randn(k, n, device="cuda", dtype=dtype)
         ops = gemm.prepare(a, b)
         cfgs = gemm_configs.candidates(ops.problem, part)
         if all_classes or labels:
-            for cls in gemm_configs.SPACES[part.vendor].values():
+            spaces = gemm_configs.SPACES_4B if ops.problem.in_bytes == 4 else gemm_configs.SPACES
+            for cls in spaces[part.vendor].values():
                 probe = dataclasses.replace(ops.problem)
                 for c in cls:
                     c = gemm_configs.fill_split_k(gemm_configs.fill_block_m(c, probe), probe, part)
@@ -418,7 +424,7 @@ def sweep(shapes, dtype: torch.dtype, all_classes: bool, out: Path | None, rep_m
                 row.update(ms=ms, tflops=2 * m * n * k / ms / 1e9, vs_cublas=cublas / ms,
                            rounds_ms=samples[row["config"]])
         rows.sort(key=lambda r: r["ms"] if r.get("ms") else float("inf"))
-        print(f"\n== {m}x{n}x{k} {dtype} class={ops.problem.shape_class(part.multiprocessors)}: cuBLAS {cublas:.4f} ms "
+        print(f"\n== {m}x{n}x{k} {layout.upper()} {dtype} class={ops.problem.shape_class(part.multiprocessors)}: cuBLAS {cublas:.4f} ms "
               f"({2 * m * n * k / cublas / 1e9:.1f} TFLOP/s); {len(cfgs)} configs compiled in {compile_s:.0f} s; "
               f"{rounds} interleaved rounds", flush=True)
         for r in rows:
@@ -428,7 +434,7 @@ def sweep(shapes, dtype: torch.dtype, all_classes: bool, out: Path | None, rep_m
                       f"err {r['rel_error']:.1e}  rounds spread {spread:.1%}")
             else:
                 print(f"  {r['config']:<44} FAILED {r.get('error', '')}")
-        results.append({"shape": [m, n, k], "dtype": str(dtype), "cublas_ms": cublas,
+        results.append({"shape": [m, n, k], "layout": layout, "dtype": str(dtype), "cublas_ms": cublas,
                         "cublas_rounds_ms": samples["cuBLAS"], "configs": rows})
         del ref, ops
         torch.cuda.empty_cache()
@@ -488,6 +494,11 @@ def main(argv=None) -> int:
     p.add_argument("--target", default="sm_90a", help="--resources target (default sm_90a)")
     p.add_argument("--shape", action="append", default=[], metavar="MxNxK", help="sweep these shapes")
     p.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float16", "float32"))
+    p.add_argument("--layout", default="nn", choices=("nn", "nt", "tn", "tt"),
+                   help="--sweep operand layout: n = row-major, t = the transpose of a contiguous tensor "
+                        "(nt: B K-major, as nn.Linear's weight.T)")
+    p.add_argument("--ieee", action="store_true",
+                   help="--sweep --dtype float32: exact fp32 (default: tf32 allowed, for cuBLAS and tilefuse alike)")
     p.add_argument("--all", action="store_true", help="sweep the configs of every shape class, not only the shape's own")
     p.add_argument("--out", default=None, help="folder for gemm-sweep.json")
     p.add_argument("--config", action="append", default=[], metavar="LABEL",
@@ -499,8 +510,10 @@ def main(argv=None) -> int:
         return resources(args.target)
     if args.sweep:
         shapes = [_parse_shape(s) for s in args.shape] or list(SWEEP_SHAPES)
+        if args.dtype == "float32":
+            torch.backends.cuda.matmul.allow_tf32 = not args.ieee
         sweep(shapes, getattr(torch, args.dtype), args.all, Path(args.out) if args.out else None, args.rep_ms,
-              [c for x in args.config for c in x.split(",") if c], max(1, args.rounds))
+              [c for x in args.config for c in x.split(",") if c], max(1, args.rounds), args.layout)
         return 0
     p.print_help()
     return 2

@@ -441,6 +441,7 @@ NVIDIA_SPACE_4B: dict[str, tuple[GemmConfig, ...]] = {
         C("tiled", 128, 256, 32, 8, 4, group_m=8),  # 192 KB
         C("tiled", 256, 128, 32, 8, 3, group_m=8),
         C("persistent", 128, 256, 32, 8, 3, group_m=8, tma=True, epi_subtile=2),  # 144 + 64 KB store buffer
+        C("persistent", 128, 256, 32, 8, 3, group_m=8, tma=True, epi_subtile=2, flatten=True),
         C("persistent", 128, 128, 32, 8, 4, group_m=8, tma=True),  # 128 + 64 KB
         C("tiled", 128, 256, 32, 8, 3, group_m=8, tma=True),
         C("persistent", 128, 128, 32, 4, 4, group_m=8, tma=True, warp_specialize=True),  # K-major B only

@@ -22,6 +22,7 @@ import torch
 import triton
 
 from .. import config as tf_config
+from .. import device
 from . import gemm_launch as L
 from . import gemm_tuning
 from .gemm_checks import GemmOutputs, MNOperand, Operands, prepare, qmax
@@ -124,6 +125,8 @@ def gemm_call(a: Tensor, b: Tensor, *, out_dtype=None, bias=None, activation="no
     """C = epilogue(A @ B); returns ``(value, scale, pre)``: the result (2-D for 2-D operands, else 3-D;
     ``out`` itself when given), the per-row scales ((M, 1) or (Z, M, 1)) when quantising, the pre-activation
     values (Z, M, N) when ``store_pre``. Arguments as :func:`tilefuse.linalg.gemm`."""
+    if getattr(a, "dtype", None) is torch.float32 and getattr(b, "dtype", None) is torch.float32:
+        a, b = tf32_k_major(a, b)  # (not tensors: the checks below say so)
     if _owner[0] is not tf_config.get() or _owner[1] != gemm_tuning.generation:
         with _plans_lock:
             _plans.clear()
@@ -144,6 +147,42 @@ def gemm_call(a: Tensor, b: Tensor, *, out_dtype=None, bias=None, activation="no
                        alpha=alpha, beta=beta, scale_a=scale_a, scale_b=scale_b, quantize=quantize,
                        epilogue_fn=epilogue_fn, extra_operands=extra_operands, out=out, store_pre=store_pre,
                        config=config)
+
+
+# tf32 on Hopper: wgmma reads a tf32 operand from shared memory K-major only. An N-major B (a row-major
+# (K, N) tensor, the plain A @ B) is transposed on its way in: by the pointer kernels' 4-byte cp.async, or
+# through registers each K step after a TMA load; the best of those ran 140 TFLOP/s at 4096^3, 0.39x cuBLAS
+# (run 55). So an N-major B (an M-major A) is copied K-major first, one pass over K x N (M x K) elements,
+# when the other dimension is at least TF32_K_MAJOR_MIN: the copy costs about 400 / M of the GEMM's time at
+# tf32 rates (8 bytes an element at ~3 TB/s against 2M flops at ~300 TFLOP/s), so below a few hundred rows
+# the transposing kernels win; decode shapes stream B through mma.sync anyway.
+TF32_K_MAJOR_MIN = 512
+
+
+def tf32_copies(a: Tensor, b: Tensor, dev: device.Device) -> tuple[bool, bool]:
+    """(copy ``a``, copy ``b``): which fp32 operands :func:`tf32_k_major` copies K-major on ``dev``, from the
+    shapes and strides alone (tf32 allowed is the caller's check)."""
+    if dev.vendor != "nvidia" or dev.interpreter or (dev.capability or (0, 0))[0] != 9:
+        return False, False
+    if a.dim() not in (2, 3) or b.dim() not in (2, 3) or 0 in a.stride() or 0 in b.stride():
+        return False, False  # a broadcast operand: the copy would materialise every repeat
+    copy_b = a.shape[-2] >= TF32_K_MAJOR_MIN and b.stride(-1) == 1 and b.stride(-2) != 1 and b.shape[-1] > 1
+    copy_a = b.shape[-1] >= TF32_K_MAJOR_MIN and a.stride(-2) == 1 and a.stride(-1) != 1 and a.shape[-2] > 1
+    return copy_a, copy_b
+
+
+def tf32_k_major(a: Tensor, b: Tensor) -> tuple[Tensor, Tensor]:
+    """``(a, b)``, with an N-major ``b`` / M-major ``a`` replaced by a K-major copy where fp32 runs on tf32
+    tensor cores through wgmma (NVIDIA sm_90, ``torch.backends.cuda.matmul.allow_tf32``) and the copy pays
+    (see TF32_K_MAJOR_MIN). The values are the same; only the strides change."""
+    if not (a.is_cuda and torch.backends.cuda.matmul.allow_tf32):
+        return a, b
+    copy_a, copy_b = tf32_copies(a, b, device.current())
+    if copy_a:
+        a = a.contiguous()  # (M, K) row-major: K-major
+    if copy_b:
+        b = b.mT.contiguous().mT  # (K, N) with strides (1, K): K-major
+    return a, b
 
 
 _NUMBERS = frozenset((float, int))  # alpha/beta types the checks accept as they are (bool is not one)
