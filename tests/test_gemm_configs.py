@@ -202,6 +202,23 @@ def test_tf32_k_major_copies_only_when_tf32_is_allowed_on_a_gpu():
         torch.backends.cuda.matmul.allow_tf32 = saved
 
 
+@pytest.mark.parametrize("shape", [(70, 131), (3, 65, 129), (1, 1)])
+def test_relayout_copies_both_ways(shape):
+    """The transposing copy behind tf32_k_major, on the interpreter: ragged tiles, batched, both directions
+    (row-major into column-major and back), the output poisoned first."""
+    from tilefuse.kernels.gemm_plan import relayout
+
+    x = torch.randn(shape)
+    col = torch.full(shape[:-2] + shape[::-1][:2], float("nan")).mT  # same shape, column-major
+    assert relayout(x, col) is col and col.stride(-2) == 1
+    assert torch.equal(col, x)
+    back = torch.full(shape, float("nan"))
+    relayout(col, back)
+    assert torch.equal(back, x)
+    with pytest.raises(ValueError, match="same 2-D or 3-D shape"):
+        relayout(x, torch.empty(shape[:-1] + (shape[-1] + 1,)))
+
+
 # ------------------------------------------------------------------------------------------- GPU
 @pytest.mark.gpu
 @pytest.mark.parametrize("layout", ["nn", "nt"])

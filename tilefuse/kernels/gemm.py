@@ -14,6 +14,7 @@ Kernels
   ``FLATTEN`` has triton pipeline the tile loop and the K loop as one, so a program's next tile loads
   while this tile's epilogue runs (``gemm_configs.FLATTEN_NOTE``).
 - :func:`quantize_rows_kernel`: the second pass of output quantisation when a row spans several tiles.
+- :func:`relayout_kernel`: a transposing copy (an fp32 operand made K-major for tf32 on Hopper).
 
 Both GEMM kernels take the same arguments in the same order and end in
 :func:`tilefuse.kernels.gemm_epilogue.apply_epilogue` (bias, activation, residual, alpha/beta, fp8/int8
@@ -492,6 +493,21 @@ def quantize_rows_kernel(y_ptr, q_ptr, scale_ptr, amax_ptr, R, N, n_parts,
         q = quantize_values(y.to(tl.float32), scale[:, None], QMAX, Q_INT, Q_GRID_MANT, Q_GRID_EMIN)
         tl.store(q_ptr + rows[:, None] * stride_qr + cols[None, :] * stride_qn, q.to(q_ptr.dtype.element_ty),
                  mask=mask)
+
+
+@triton.jit
+def relayout_kernel(x_ptr, y_ptr, R, C, stride_xz, stride_xr, stride_xc, stride_yz, stride_yr, stride_yc,
+                    BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
+    """y[z, r, c] = x[z, r, c] where x is contiguous along one axis and y along the other: the transposing
+    copy that makes an operand K-major (tf32 on Hopper, see ``gemm_plan.tf32_k_major``). A tile goes through
+    shared memory (the compiler's layout conversion between the load and the store), so the reads and the
+    writes are both coalesced. 64-bit offsets: one batch of a large operand passes 2^31 elements."""
+    r = (tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)).to(tl.int64)
+    c = (tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)).to(tl.int64)
+    z = tl.program_id(2).to(tl.int64)
+    mask = (r[:, None] < R) & (c[None, :] < C)
+    v = tl.load(x_ptr + z * stride_xz + r[:, None] * stride_xr + c[None, :] * stride_xc, mask=mask)
+    tl.store(y_ptr + z * stride_yz + r[:, None] * stride_yr + c[None, :] * stride_yc, v, mask=mask)
 
 
 # ------------------------------------------------------------------------------------------ host side

@@ -11,7 +11,7 @@ import dataclasses
 from typing import Any
 
 from .. import targets
-from .gemm import gemm_persistent_kernel, gemm_tiled_kernel, quantize_rows_kernel
+from .gemm import gemm_persistent_kernel, gemm_tiled_kernel, quantize_rows_kernel, relayout_kernel
 from .gemm_configs import PART_BY_TARGET, STREAM_K_MIN_STEPS, WS_CAPABILITY, GemmConfig, ws_possible
 from .gemm_epilogue import ACTIVATIONS, QUANT_DIRECT, QUANT_TWO_PASS, example_silu_plus_e0
 
@@ -181,6 +181,16 @@ def _quantize_examples(target: str) -> list[targets.Example]:
     return [targets.Example("bf16->fp8 rows", sig, consts, {"num_warps": 4}, ("N", "stride_yr", "stride_qr"))]
 
 
+def _relayout_examples(target: str) -> list[targets.Example]:
+    sig = {n: "i32" for n in relayout_kernel.arg_names}
+    # an N-major (K, N) fp32 B copied into (N, K) rows: unit strides along c on the load side, r on the store
+    sig.update(x_ptr="*fp32", y_ptr="*fp32", stride_xc="constexpr", stride_yr="constexpr", BLOCK_R="constexpr",
+               BLOCK_C="constexpr")
+    consts = dict(stride_xc=1, stride_yr=1, BLOCK_R=64, BLOCK_C=64)
+    return [targets.Example("fp32 N-major -> K-major", sig, consts, {"num_warps": 4},
+                            ("R", "C", "stride_xz", "stride_xr", "stride_yz", "stride_yc"))]
+
+
 def _register() -> None:
     common = dict(family="gemm", expect_mma=EXPECT_MMA)
     targets.register(targets.KernelSpec(
@@ -205,6 +215,9 @@ def _register() -> None:
     targets.register(targets.KernelSpec(
         "gemm_quantize_rows", fn=quantize_rows_kernel, examples=_quantize_examples, family="gemm",
         description="second pass of per-row output quantisation (row amax from tile partials)"))
+    targets.register(targets.KernelSpec(
+        "gemm_relayout", fn=relayout_kernel, examples=_relayout_examples, family="gemm",
+        description="transposing copy: an fp32 operand made K-major for tf32 wgmma (sm_90)"))
 
 
 _register()
