@@ -400,10 +400,12 @@ SPACES = {"nvidia": NVIDIA_SPACE, "amd": AMD_SPACE}
 # B K-major only, so with an N-major B (the plain NN case) the pointer kernels' cp.async writes B
 # transposed into shared memory (4-byte copies) while a TMA-loaded B tile goes through registers to be
 # transposed each K step and the wgmma waits for it (ttgir: local_load + local_alloc, pendings=0);
-# :func:`candidates` puts the pointer configs first there and the TMA ones first for a K-major B (TMA
-# configs not sized for tf32 by a device run yet: the order is a prior, the tuner times 10 of them). The
-# warp-specialised persistent kernel fails to compile for an N-major tf32 B (PassManager, ConvertNVGPUToLLVM)
-# and is offered for a K-major B only.
+# :func:`candidates` puts the pointer configs first there and the TMA ones first for a K-major B. Run 56
+# at 4096^3: K-major, the flattened persistent 128x256 TMA config 0.96x cuBLAS, the pointer kernels
+# 0.53-0.80x; N-major, every config 0.18-0.35x. That is why gemm_plan.tf32_k_major copies an N-major B
+# K-major on sm_90 before the GEMM (the N-major order below serves what it leaves: small M, other parts).
+# The warp-specialised persistent kernel fails to compile for an N-major tf32 B (PassManager,
+# ConvertNVGPUToLLVM) and is offered for a K-major B only.
 NVIDIA_SPACE_4B: dict[str, tuple[GemmConfig, ...]] = {
     "decode": (
         # B is the cost (N=K=8192 fp32: 256 MiB, 63 us at 4.23 TB/s); mma.sync at BLOCK_M 16-64

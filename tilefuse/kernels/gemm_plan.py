@@ -151,11 +151,13 @@ def gemm_call(a: Tensor, b: Tensor, *, out_dtype=None, bias=None, activation="no
 
 # tf32 on Hopper: wgmma reads a tf32 operand from shared memory K-major only. An N-major B (a row-major
 # (K, N) tensor, the plain A @ B) is transposed on its way in: by the pointer kernels' 4-byte cp.async, or
-# through registers each K step after a TMA load; the best of those ran 140 TFLOP/s at 4096^3, 0.39x cuBLAS
-# (run 55). So an N-major B (an M-major A) is copied K-major first, one pass over K x N (M x K) elements,
-# when the other dimension is at least TF32_K_MAJOR_MIN: the copy costs about 400 / M of the GEMM's time at
-# tf32 rates (8 bytes an element at ~3 TB/s against 2M flops at ~300 TFLOP/s), so below a few hundred rows
-# the transposing kernels win; decode shapes stream B through mma.sync anyway.
+# through registers each K step after a TMA load; the best of those ran 0.35x cuBLAS at 4096^3, while the
+# K-major candidates reached 0.96x (run 56 sweeps). So an N-major B (an M-major A) is copied K-major first
+# (:func:`relayout`: 38 us at 4096^2, ~10 % of the GEMM; NN end to end 0.91x cuBLAS in run 57), when the
+# other dimension is at least TF32_K_MAJOR_MIN. The copy's share grows as ~400 / M (8 bytes an element at
+# ~3.5 TB/s against 2M flops at ~350 TFLOP/s), so at a few hundred rows it costs what the transposing
+# kernels lose; decode shapes stream B through mma.sync anyway. (512 is that estimate, not a measured
+# crossover.)
 TF32_K_MAJOR_MIN = 512
 
 
@@ -191,8 +193,8 @@ RELAYOUT_BLOCK = 64  # 64 x 64 fp32 tiles (16 KB) a program
 
 def relayout(x: Tensor, out: Tensor) -> Tensor:
     """``out[...] = x`` through :func:`~tilefuse.kernels.gemm.relayout_kernel` (2-D or 3-D, same shape and
-    dtype; out must not overlap x). torch's own transposing copy moved 4096 x 4096 fp32 at ~1.2 TB/s on the
-    H200 (run 56, 0.105 ms); a tiled copy reads and writes whole lines."""
+    dtype; out must not overlap x). On the H200 (run 57, ``scripts/relayout_probe.py``) it moved 4096 x 4096 fp32
+    in 38 us (3.5 TB/s, 97 % of a plain copy) where torch's own transposing copy took 128 us (1.05 TB/s)."""
     from .gemm import relayout_kernel
 
     if x.shape != out.shape or x.dtype != out.dtype or x.dim() not in (2, 3):
