@@ -34,7 +34,7 @@ WARMUP_CALLS = 3
 
 # (M, N, K) of the GEMM cases: the ladder's weak 4096^3 and the library's weak skinny and small rows
 GEMM_SHAPES = {"gemm4096": (4096, 4096, 4096), "gemm8192": (8192, 8192, 8192), "skinny256": (256, 8192, 8192),
-               "skinny128": (128, 8192, 8192), "small1024": (1024, 1024, 1024)}
+               "skinny128": (128, 8192, 8192), "small1024": (1024, 1024, 1024), "small2048": (2048, 2048, 2048)}
 COMPILER_CASES = ("layer_norm_gelu_fwd_bwd",)
 
 # The metrics --summary prints a row each for (ncu's "details" page: section, metric name)

@@ -3,12 +3,18 @@
 GPU (an H200 image: system python, PYTHONPATH=checkout)::
 
     python scripts/relayout_probe.py [--shape KxN ...] [--rounds 4] [--csv PATH]
+    python scripts/relayout_probe.py --crossover [--m 128,256,...] [--nk 4096] [--csv PATH]
 
 For each (K, N) it times, in interleaved rounds (do_bench median, the L2 flushed before each call):
 ``torch``: ``b.mT.contiguous()`` of a row-major (K, N) fp32 tensor; ``relayout``:
 ``gemm_plan.relayout`` into an (N, K) row-major buffer; ``copy``: a plain contiguous copy of the same bytes
 (the bandwidth ceiling a transposing copy can approach). Prints ms and GB/s (bytes read + written); both
 transposed results are checked against each other first.
+
+``--crossover``: where the copy starts to pay. For each M (N = K = ``--nk``, fp32, tf32 allowed, B
+row-major, i.e. N-major), interleaved: cuBLAS, ``tilefuse.gemm`` as shipped (B copied K-major when M >=
+``gemm_plan.TF32_K_MAJOR_MIN``) and forced each way (``copy``: threshold 1; ``as-is``: no copy, B read
+N-major by the transposing kernels). Each variant is tuned on its first call, outside the timing.
 """
 from __future__ import annotations
 
@@ -26,7 +32,12 @@ def main(argv=None) -> int:
     p.add_argument("--shape", action="append", default=[], metavar="KxN")
     p.add_argument("--rounds", type=int, default=4)
     p.add_argument("--csv", default=None)
+    p.add_argument("--crossover", action="store_true")
+    p.add_argument("--m", default="128,256,384,512,768,1024,2048")
+    p.add_argument("--nk", type=int, default=4096)
     args = p.parse_args(argv)
+    if args.crossover:
+        return crossover([int(m) for m in args.m.split(",")], args.nk, args.rounds, args.csv)
     import torch
     from triton.testing import do_bench
 
@@ -57,6 +68,57 @@ def main(argv=None) -> int:
             print(f"{k}x{n:<6} {name:<9} {ms:.4f} ms {moved / ms / 1e6:8.1f} GB/s", flush=True)
     if args.csv:
         with open(args.csv, "w", newline="") as f:
+            w = csv.DictWriter(f, fieldnames=list(rows[0]))
+            w.writeheader()
+            w.writerows(rows)
+    return 0
+
+
+def crossover(ms, nk: int, rounds: int, csv_path) -> int:
+    import torch
+    from triton.testing import do_bench
+
+    import tilefuse
+    from tilefuse.kernels import gemm_plan
+
+    if not torch.cuda.is_available():
+        raise SystemExit("relayout_probe needs a GPU")
+    torch.backends.cuda.matmul.allow_tf32 = True
+    shipped = gemm_plan.TF32_K_MAJOR_MIN
+    rows = []
+
+    def with_min(value, fn):
+        def run():
+            gemm_plan.TF32_K_MAJOR_MIN = value
+            try:
+                return fn()
+            finally:
+                gemm_plan.TF32_K_MAJOR_MIN = shipped
+        return run
+
+    for m in ms:
+        a = torch.randn(m, nk, device="cuda")
+        b = torch.randn(nk, nk, device="cuda")
+        ref = a.double() @ b.double()
+        entries = [("cublas", lambda: torch.matmul(a, b)), ("shipped", lambda: tilefuse.gemm(a, b)),
+                   ("copy", with_min(1, lambda: tilefuse.gemm(a, b))),
+                   ("as-is", with_min(1 << 62, lambda: tilefuse.gemm(a, b)))]
+        for name, fn in entries:  # tune (and check) outside the timing
+            err = ((fn().double() - ref).norm() / ref.norm()).item()
+            if err > 5e-3:
+                raise SystemExit(f"M={m} {name}: relative error {err:.1e}")
+        samples = {name: [] for name, _ in entries}
+        for r in range(rounds):
+            for name, fn in entries[r % 4:] + entries[:r % 4]:
+                samples[name].append(do_bench(fn, warmup=5, rep=40, return_mode="median"))
+        base = statistics.median(samples["cublas"])
+        for name, _ in entries:
+            ms_ = statistics.median(samples[name])
+            rows.append({"m": m, "nk": nk, "impl": name, "ms": round(ms_, 5), "vs_cublas": round(base / ms_, 3)})
+            print(f"M={m:<5} {name:<8} {ms_:.4f} ms {base / ms_:6.3f}x cuBLAS", flush=True)
+        del a, b, ref
+    if csv_path:
+        with open(csv_path, "w", newline="") as f:
             w = csv.DictWriter(f, fieldnames=list(rows[0]))
             w.writeheader()
             w.writerows(rows)
