@@ -153,12 +153,11 @@ def gemm_call(a: Tensor, b: Tensor, *, out_dtype=None, bias=None, activation="no
 # (K, N) tensor, the plain A @ B) is transposed on its way in: by the pointer kernels' 4-byte cp.async, or
 # through registers each K step after a TMA load; the best of those ran 0.35x cuBLAS at 4096^3, while the
 # K-major candidates reached 0.96x (run 56 sweeps). So an N-major B (an M-major A) is copied K-major first
-# (:func:`relayout`: 38 us at 4096^2, ~10 % of the GEMM; NN end to end 0.91x cuBLAS in run 57), when the
-# other dimension is at least TF32_K_MAJOR_MIN. The copy's share grows as ~400 / M (8 bytes an element at
-# ~3.5 TB/s against 2M flops at ~350 TFLOP/s), so at a few hundred rows it costs what the transposing
-# kernels lose; decode shapes stream B through mma.sync anyway. (512 is that estimate, not a measured
-# crossover.)
-TF32_K_MAJOR_MIN = 512
+# (:func:`relayout`: 38 us at 4096^2; NN end to end 0.91x cuBLAS at 4096^3 in run 57), when the other
+# dimension is at least TF32_K_MAJOR_MIN. Measured at N = K = 4096 (run 58, scripts/relayout_probe.py
+# --crossover), copy against no copy: M = 128 0.0722 / 0.0719 ms (a tie), 256 0.079 / 0.122, 384 0.098 /
+# 0.205, 512 0.098 / 0.205, 1024 0.145 / 0.400 ms. Both grow with N x K, so the crossover is a row count.
+TF32_K_MAJOR_MIN = 256
 
 
 def tf32_copies(a: Tensor, b: Tensor, dev: device.Device) -> tuple[bool, bool]:
