@@ -160,6 +160,43 @@ def test_tf32_large_candidates_cross_compile_for_sm90a():
         assert r["shared"] <= H200.smem_bytes and r["shared"] <= r["estimate"], r
 
 
+_CLUSTER_CHILD = r"""
+import json, re, triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from tilefuse import targets
+from tilefuse.kernels import gemm_configs as C, gemm_targets
+rows = []
+for label in ("P128x256x64-w8-s3-tma-flat", "T128x256x64-w8-s3-tma"):
+    cfg = next(c for cls in C.NVIDIA_SPACE.values() for c in cls if c.label() == label)
+    fn, ex = gemm_targets.example_for(cfg, "sm_90a")
+    for ctas in (1, 2):
+        src = ASTSource(fn, ex.signature, constexprs=ex.constexprs, attrs=targets._attrs_for(fn, ex))
+        k = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={**ex.options, "num_ctas": ctas})
+        ptx = k.asm["ptx"]
+        rows.append({"label": label, "ctas": ctas, "shared": k.metadata.shared,
+                     "multicast": len(re.findall(r"multicast::cluster", ptx)), "tma": ptx.count("cp.async.bulk.tensor")})
+print(json.dumps(rows))
+"""
+
+
+@pytest.mark.slow
+def test_triton_clusters_do_not_multicast():
+    """The README's reason the bf16 bars are out of reach: triton 3.6 compiles num_ctas=2 into a cluster that
+    splits the tile (less shared memory a CTA) with no multicast TMA load, where cuBLAS multicasts one
+    operand across a 2-CTA cluster. If a Triton upgrade makes this fail, clustered configs are worth a sweep."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["TILEFUSE_INTERPRET"] = "0"
+    proc = subprocess.run([sys.executable, "-c", _CLUSTER_CHILD], capture_output=True, text=True, env=env,
+                          timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = json.loads(proc.stdout.strip().splitlines()[-1])
+    for one, two in zip(rows[::2], rows[1::2]):
+        assert one["ctas"] == 1 and two["ctas"] == 2 and one["tma"] > 0 and two["tma"] > 0, (one, two)
+        assert one["multicast"] == 0 and two["multicast"] == 0, two
+        assert two["shared"] < one["shared"], (one, two)  # the tile split between the cluster's CTAs
+
+
 # ------------------------------------------------------------------------- tf32: operands copied K-major
 def _dev(vendor="nvidia", arch="sm_90", interpreter=False):
     from tilefuse import device
@@ -253,7 +290,8 @@ def test_every_tf32_candidate_is_correct_on_the_gpu(cls, layout):
 @pytest.mark.gpu
 def test_tf32_k_major_copies_are_right_and_taken():
     """Ragged sizes past TF32_K_MAJOR_MIN with an N-major B and an M-major A: the call copies them K-major
-    (tf32_copies says so) and the result matches float64 within tf32's tolerance, output poisoned first."""
+    (tf32_copies says so) and the result matches float64 within tf32's tolerance, output poisoned first, on
+    the first call and on a repeat (the copy's kept launch site, the GEMM's plan)."""
     from tests.support import TF32_TOLERANCE
     from tilefuse import device
     from tilefuse.kernels.gemm_plan import tf32_copies
@@ -268,9 +306,11 @@ def test_tf32_k_major_copies_are_right_and_taken():
                      (torch.randn(2, k, m, device="cuda").mT, torch.randn(2, k, n, device="cuda"))):
             if device.current().capability[0] == 9:
                 assert any(tf32_copies(a, b, device.current()))
-            out = torch.full(a.shape[:-2] + (m, n), float("nan"), device="cuda")
-            tilefuse.gemm(a, b, out=out)
-            assert_close(out, a.double() @ b.double(), torch.float32, tol=TF32_TOLERANCE, what="tf32 K-major copy")
+            for call in ("first (JIT launches)", "repeat (kept launchers)"):
+                out = torch.full(a.shape[:-2] + (m, n), float("nan"), device="cuda")
+                tilefuse.gemm(a, b, out=out)
+                assert_close(out, a.double() @ b.double(), torch.float32, tol=TF32_TOLERANCE,
+                             what=f"tf32 K-major copy, {call}")
     finally:
         torch.backends.cuda.matmul.allow_tf32 = saved
 
