@@ -203,53 +203,56 @@ def _dev(vendor="nvidia", arch="sm_90", interpreter=False):
     return device.Device(vendor, "test part", arch, 132, 32 if vendor == "nvidia" else 64, interpreter, "cuda")
 
 
-def test_tf32_copies_an_n_major_b_and_an_m_major_a_on_hopper_only():
-    from tilefuse.kernels.gemm_plan import TF32_K_MAJOR_MIN as MIN, tf32_copies
+def test_k_major_copies_an_n_major_b_and_an_m_major_a_on_hopper_only():
+    from tilefuse.kernels.gemm_plan import K_MAJOR_MIN as MIN, k_major_copies
 
     m = n = k = MIN
     a, a_t = torch.empty(m, k), torch.empty(k, m).t()
     b, b_t = torch.empty(k, n), torch.empty(n, k).t()
     hopper = _dev()
-    assert tf32_copies(a, b, hopper) == (False, True)  # the plain A @ B: B is N-major
-    assert tf32_copies(a, b_t, hopper) == (False, False)  # nn.Linear's weight.T is K-major already
-    assert tf32_copies(a_t, b_t, hopper) == (True, False)
-    assert tf32_copies(a_t, b, hopper) == (True, True)
+    assert k_major_copies(a, b, hopper) == (False, True)  # the plain A @ B: B is N-major
+    assert k_major_copies(a, b_t, hopper) == (False, False)  # nn.Linear's weight.T is K-major already
+    assert k_major_copies(a_t, b_t, hopper) == (True, False)
+    assert k_major_copies(a_t, b, hopper) == (True, True)
     # batched, and one batch of a broadcast operand (a copy would materialise every repeat)
-    assert tf32_copies(torch.empty(3, m, k), torch.empty(3, k, n), hopper) == (False, True)
-    assert tf32_copies(a, torch.empty(k, n).expand(3, k, n), hopper) == (False, False)
+    assert k_major_copies(torch.empty(3, m, k), torch.empty(3, k, n), hopper) == (False, True)
+    assert k_major_copies(a, torch.empty(k, n).expand(3, k, n), hopper) == (False, False)
     # below the size where the copy pays: rows for B, columns for A
-    assert tf32_copies(torch.empty(MIN - 1, k), b, hopper) == (False, False)
-    assert tf32_copies(a_t, torch.empty(MIN - 1, k).t(), hopper) == (False, False)
+    assert k_major_copies(torch.empty(MIN - 1, k), b, hopper) == (False, False)
+    assert k_major_copies(a_t, torch.empty(MIN - 1, k).t(), hopper) == (False, False)
     # elsewhere the kernels read the operands as they are
     for other in (_dev(arch="sm_80"), _dev(arch="sm_100a"), _dev("amd", "gfx942"), _dev(interpreter=True),
                   _dev("cpu", "cpu", True)):
-        assert tf32_copies(a_t, b, other) == (False, False), other
+        assert k_major_copies(a_t, b, other) == (False, False), other
 
 
-def test_tf32_k_major_copies_only_when_tf32_is_allowed_on_a_gpu():
-    from tilefuse.kernels.gemm_plan import tf32_k_major
+def test_wgmma_copies_only_on_a_gpu_and_for_the_k_major_only_dtypes():
+    from tilefuse.kernels.gemm_plan import K_MAJOR_DTYPES, wgmma_copies
 
-    a, b = torch.randn(600, 70), torch.randn(70, 600)
+    assert torch.float16 not in K_MAJOR_DTYPES and torch.bfloat16 not in K_MAJOR_DTYPES  # wgmma transposes these
     saved = torch.backends.cuda.matmul.allow_tf32
     try:
         torch.backends.cuda.matmul.allow_tf32 = True
-        a2, b2 = tf32_k_major(a, b)  # CPU tensors (the interpreter): as they are
-        assert a2 is a and b2 is b
+        for dtype in (torch.float32, torch.float16):
+            a, b = torch.randn(600, 70).to(dtype), torch.randn(70, 600).to(dtype)
+            assert wgmma_copies(a, b) == (False, False)  # CPU tensors (the interpreter): read as they are
     finally:
         torch.backends.cuda.matmul.allow_tf32 = saved
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.int8])
 @pytest.mark.parametrize("shape", [(70, 131), (3, 65, 129), (1, 1)])
-def test_relayout_copies_both_ways(shape):
-    """The transposing copy behind tf32_k_major, on the interpreter: ragged tiles, batched, both directions
+def test_relayout_copies_both_ways(shape, dtype):
+    """The transposing copy behind wgmma_copies, on the interpreter: ragged tiles, batched, both directions
     (row-major into column-major and back), the output poisoned first."""
     from tilefuse.kernels.gemm_plan import relayout
 
-    x = torch.randn(shape)
-    col = torch.full(shape[:-2] + shape[::-1][:2], float("nan")).mT  # same shape, column-major
+    x = torch.randn(shape).to(dtype) if dtype.is_floating_point else torch.randint(-100, 100, shape, dtype=dtype)
+    poison = float("nan") if dtype.is_floating_point else -128
+    col = torch.full(shape[:-2] + shape[::-1][:2], poison, dtype=dtype).mT  # same shape, column-major
     assert relayout(x, col) is col and col.stride(-2) == 1
     assert torch.equal(col, x)
-    back = torch.full(shape, float("nan"))
+    back = torch.full(shape, poison, dtype=dtype)
     relayout(col, back)
     assert torch.equal(back, x)
     with pytest.raises(ValueError, match="same 2-D or 3-D shape"):
@@ -288,13 +291,14 @@ def test_every_tf32_candidate_is_correct_on_the_gpu(cls, layout):
 
 
 @pytest.mark.gpu
-def test_tf32_k_major_copies_are_right_and_taken():
-    """Ragged sizes past TF32_K_MAJOR_MIN with an N-major B and an M-major A: the call copies them K-major
-    (tf32_copies says so) and the result matches float64 within tf32's tolerance, output poisoned first, on
+def test_wgmma_k_major_copies_are_right_and_taken():
+    """Ragged sizes past K_MAJOR_MIN with an N-major B and an M-major A: the call copies them K-major
+    (k_major_copies says so) and the result matches float64 within tf32's tolerance, output poisoned first, on
     the first call and on a repeat (the copy's kept launch site, the GEMM's plan)."""
     from tests.support import TF32_TOLERANCE
     from tilefuse import device
-    from tilefuse.kernels.gemm_plan import tf32_copies
+    from tilefuse.kernels import gemm_plan
+    from tilefuse.kernels.gemm_plan import k_major_copies
     import tilefuse
 
     m, n, k = 1037, 777, 523
@@ -305,14 +309,46 @@ def test_tf32_k_major_copies_are_right_and_taken():
                      (torch.randn(k, m, device="cuda").t(), torch.randn(k, n, device="cuda")),
                      (torch.randn(2, k, m, device="cuda").mT, torch.randn(2, k, n, device="cuda"))):
             if device.current().capability[0] == 9:
-                assert any(tf32_copies(a, b, device.current()))
+                assert any(k_major_copies(a, b, device.current()))
             for call in ("first (JIT launches)", "repeat (kept launchers)"):
                 out = torch.full(a.shape[:-2] + (m, n), float("nan"), device="cuda")
                 tilefuse.gemm(a, b, out=out)
                 assert_close(out, a.double() @ b.double(), torch.float32, tol=TF32_TOLERANCE,
                              what=f"tf32 K-major copy, {call}")
+        # bad input raises before the copy would launch
+        sites = len(gemm_plan._relayout_sites)
+        with pytest.raises(ValueError, match="K"):
+            tilefuse.gemm(torch.randn(m + 1, k, device="cuda"), torch.randn(k + 1, n, device="cuda"))
+        assert len(gemm_plan._relayout_sites) == sites
     finally:
         torch.backends.cuda.matmul.allow_tf32 = saved
+
+
+@pytest.mark.gpu
+def test_wgmma_k_major_copies_of_8_bit_operands():
+    """fp8 (per-row / per-column scales) and int8 with an N-major B past K_MAJOR_MIN: copied K-major on sm_90,
+    right on the first call and on the plan's repeat (int8 exactly)."""
+    from tests.support import TOLERANCE
+    from tilefuse import device
+    from tilefuse.kernels.gemm_plan import wgmma_copies
+    import tilefuse
+
+    m, n, k = 1037, 776, 528
+    a8 = torch.randint(-8, 8, (m, k), device="cuda", dtype=torch.int8)
+    b8 = torch.randint(-8, 8, (k, n), device="cuda", dtype=torch.int8)
+    af = (torch.randn(m, k, device="cuda") * 2).to(torch.float8_e4m3fn)
+    bf = (torch.randn(k, n, device="cuda") * 2).to(torch.float8_e4m3fn)
+    sa, sb = torch.rand(m, 1, device="cuda") + 0.5, torch.rand(1, n, device="cuda") + 0.5
+    if device.current().capability[0] == 9:
+        assert wgmma_copies(a8, b8) == (False, True) and wgmma_copies(af, bf) == (False, True)
+    ref8 = (a8.double() @ b8.double())
+    reff = (af.double() * sa.double()) @ (bf.double() * sb.double())
+    for call in ("first", "repeat"):
+        out = torch.full((m, n), -1, device="cuda", dtype=torch.int32)
+        tilefuse.gemm(a8, b8, out=out)
+        assert torch.equal(out.double(), ref8), call
+        got = tilefuse.gemm(af, bf, scale_a=sa, scale_b=sb, out_dtype=torch.float32)
+        assert_close(got, reff, torch.float32, tol=TOLERANCE[torch.bfloat16], what=f"fp8 K-major copy, {call}")
 
 
 # ------------------------------------------------------------------------------------ b_stream (decode)

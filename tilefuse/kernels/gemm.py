@@ -14,7 +14,7 @@ Kernels
   ``FLATTEN`` has triton pipeline the tile loop and the K loop as one, so a program's next tile loads
   while this tile's epilogue runs (``gemm_configs.FLATTEN_NOTE``).
 - :func:`quantize_rows_kernel`: the second pass of output quantisation when a row spans several tiles.
-- :func:`relayout_kernel`: a transposing copy (an fp32 operand made K-major for tf32 on Hopper).
+- :func:`relayout_kernel`: a transposing copy (an operand made K-major for Hopper's tf32/fp8/int8 wgmma).
 
 Both GEMM kernels take the same arguments in the same order and end in
 :func:`tilefuse.kernels.gemm_epilogue.apply_epilogue` (bias, activation, residual, alpha/beta, fp8/int8
@@ -499,7 +499,7 @@ def quantize_rows_kernel(y_ptr, q_ptr, scale_ptr, amax_ptr, R, N, n_parts,
 def relayout_kernel(x_ptr, y_ptr, R, C, stride_xz, stride_xr, stride_xc, stride_yz, stride_yr, stride_yc,
                     BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
     """y[z, r, c] = x[z, r, c] where x is contiguous along one axis and y along the other: the transposing
-    copy that makes an operand K-major (tf32 on Hopper, see ``gemm_plan.tf32_k_major``). A tile goes through
+    copy that makes an operand K-major (tf32, fp8, int8 on Hopper, see ``gemm_plan.wgmma_copies``). A tile goes through
     shared memory (the compiler's layout conversion between the load and the store), so the reads and the
     writes are both coalesced. 64-bit offsets: one batch of a large operand passes 2^31 elements."""
     r = (tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)).to(tl.int64)

@@ -402,7 +402,7 @@ SPACES = {"nvidia": NVIDIA_SPACE, "amd": AMD_SPACE}
 # transposed each K step and the wgmma waits for it (ttgir: local_load + local_alloc, pendings=0);
 # :func:`candidates` puts the pointer configs first there and the TMA ones first for a K-major B. Run 56
 # at 4096^3: K-major, the flattened persistent 128x256 TMA config 0.96x cuBLAS, the pointer kernels
-# 0.53-0.80x; N-major, every config 0.18-0.35x. That is why gemm_plan.tf32_k_major copies an N-major B
+# 0.53-0.80x; N-major, every config 0.18-0.35x. That is why gemm_plan.wgmma_copies has an N-major B copied
 # K-major on sm_90 before the GEMM (the N-major order below serves what it leaves: small M, other parts).
 # The warp-specialised persistent kernel fails to compile for an N-major tf32 B (PassManager,
 # ConvertNVGPUToLLVM) and is offered for a K-major B only.

@@ -41,11 +41,12 @@ class Plan:
     """How to repeat one signature's call: output recipes and the compiled launches."""
 
     __slots__ = ("launches", "device", "device_index", "out_shape", "out_dtype", "scale_shape", "pre_shape",
-                 "pre_dtype", "temps", "ws", "lock", "dummy", "config", "hook", "more")
+                 "pre_dtype", "temps", "ws", "lock", "dummy", "config", "hook", "more", "copies")
 
     def __init__(self, ops: Operands, launches: list[L.Launch], cfg: GemmConfig, value_shape, scale_shape, pre_shape,
-                 hook):
+                 hook, copies: tuple[bool, bool] = (False, False)):
         self.config, self.hook = cfg, hook
+        self.copies = copies if any(copies) else None  # (a, b) copied K-major first (see wgmma_copies)
         self.launches = tuple(L.CompiledLaunch(x) for x in launches)
         self.device = ops.a.device
         self.device_index = ops.a.get_device()
@@ -71,6 +72,8 @@ class Plan:
         self.more = bool(self.scale_shape or self.pre_shape or self.temps or self.ws)
 
     def run(self, a, b, bias, residual, scale_a, scale_b, extras, out, alpha, beta):
+        if self.copies is not None:
+            a, b = k_major(a, b, self.copies)
         o = out if out is not None else a.new_empty(self.out_shape, dtype=self.out_dtype)
         values = [a, b, bias, residual, scale_a, scale_b, None, None, None, None, o, None, None, None, None, None,
                   None, self.dummy, None]
@@ -126,8 +129,6 @@ def gemm_call(a: Tensor, b: Tensor, *, out_dtype=None, bias=None, activation="no
     """C = epilogue(A @ B); returns ``(value, scale, pre)``: the result (2-D for 2-D operands, else 3-D;
     ``out`` itself when given), the per-row scales ((M, 1) or (Z, M, 1)) when quantising, the pre-activation
     values (Z, M, N) when ``store_pre``. Arguments as :func:`tilefuse.linalg.gemm`."""
-    if getattr(a, "dtype", None) is torch.float32 and getattr(b, "dtype", None) is torch.float32:
-        a, b = tf32_k_major(a, b)  # (not tensors: the checks below say so)
     if _owner[0] is not tf_config.get() or _owner[1] != gemm_tuning.generation:
         with _plans_lock:
             _plans.clear()
@@ -150,45 +151,54 @@ def gemm_call(a: Tensor, b: Tensor, *, out_dtype=None, bias=None, activation="no
                        config=config)
 
 
-# tf32 on Hopper: wgmma reads a tf32 operand from shared memory K-major only. An N-major B (a row-major
-# (K, N) tensor, the plain A @ B) is transposed on its way in: by the pointer kernels' 4-byte cp.async, or
-# through registers each K step after a TMA load; the best of those ran 0.35x cuBLAS at 4096^3, while the
-# K-major candidates reached 0.96x (run 56 sweeps). So an N-major B (an M-major A) is copied K-major first
-# (:func:`relayout`: 38 us at 4096^2; NN end to end 0.91x cuBLAS at 4096^3 in run 57), when the other
-# dimension is at least TF32_K_MAJOR_MIN. Measured at N = K = 4096 (run 58, scripts/relayout_probe.py
-# --crossover), copy against no copy: M = 128 0.0722 / 0.0719 ms (a tie), 256 0.079 / 0.122, 384 0.098 /
-# 0.205, 512 0.098 / 0.205, 1024 0.145 / 0.400 ms. Both grow with N x K, so the crossover is a row count.
-TF32_K_MAJOR_MIN = 256
+# Hopper's wgmma transposes 16-bit operands itself, but reads tf32, fp8 and int8 operands from shared memory
+# K-major only. An N-major B (a row-major (K, N) tensor, the plain A @ B) is transposed on its way in: by
+# the pointer kernels' cp.async, or through registers each K step after a TMA load. For tf32 the best of
+# those ran 0.35x cuBLAS at 4096^3, while the K-major candidates reached 0.96x (run 56 sweeps). So an
+# N-major B (an M-major A) is copied K-major first (:func:`relayout`: 38 us for 4096^2 fp32; tf32 NN end to
+# end 0.91x cuBLAS at 4096^3 in run 57), when the other dimension is at least K_MAJOR_MIN. Measured for
+# tf32 at N = K = 4096 (run 58, scripts/relayout_probe.py --crossover), copy against no copy: M = 128
+# 0.0722 / 0.0719 ms (a tie), 256 0.079 / 0.122, 384 0.098 / 0.205, 512 0.098 / 0.205, 1024 0.145 / 0.400
+# ms. Both grow with N x K, so the crossover is a row count. The 8-bit types move a quarter of the bytes
+# for a quarter of the time a flop, so the same count is the prior for them (run 59 measures it).
+K_MAJOR_MIN = 256
+K_MAJOR_DTYPES = frozenset((torch.float32, torch.float8_e4m3fn, torch.float8_e5m2, torch.int8))
 
 
-def tf32_copies(a: Tensor, b: Tensor, dev: device.Device) -> tuple[bool, bool]:
-    """(copy ``a``, copy ``b``): which fp32 operands :func:`tf32_k_major` copies K-major on ``dev``, from the
-    shapes and strides alone (tf32 allowed is the caller's check)."""
+def k_major_copies(a: Tensor, b: Tensor, dev: device.Device) -> tuple[bool, bool]:
+    """(copy ``a``, copy ``b``): which operands :func:`wgmma_copies` has copied K-major on ``dev``, from the
+    shapes and strides alone (the dtype and, for fp32, tf32 being allowed are the caller's checks)."""
     if dev.vendor != "nvidia" or dev.interpreter or (dev.capability or (0, 0))[0] != 9:
         return False, False
     if a.dim() not in (2, 3) or b.dim() not in (2, 3) or 0 in a.stride() or 0 in b.stride():
         return False, False  # a broadcast operand: the copy would materialise every repeat
-    copy_b = a.shape[-2] >= TF32_K_MAJOR_MIN and b.stride(-1) == 1 and b.stride(-2) != 1 and b.shape[-1] > 1
-    copy_a = b.shape[-1] >= TF32_K_MAJOR_MIN and a.stride(-2) == 1 and a.stride(-1) != 1 and a.shape[-2] > 1
+    copy_b = a.shape[-2] >= K_MAJOR_MIN and b.stride(-1) == 1 and b.stride(-2) != 1 and b.shape[-1] > 1
+    copy_a = b.shape[-1] >= K_MAJOR_MIN and a.stride(-2) == 1 and a.stride(-1) != 1 and a.shape[-2] > 1
     return copy_a, copy_b
 
 
-def tf32_k_major(a: Tensor, b: Tensor) -> tuple[Tensor, Tensor]:
-    """``(a, b)``, with an N-major ``b`` / M-major ``a`` replaced by a K-major copy where fp32 runs on tf32
-    tensor cores through wgmma (NVIDIA sm_90, ``torch.backends.cuda.matmul.allow_tf32``) and the copy pays
-    (see TF32_K_MAJOR_MIN). The values are the same; only the strides change."""
-    if not (a.is_cuda and torch.backends.cuda.matmul.allow_tf32):
-        return a, b
-    copy_a, copy_b = tf32_copies(a, b, device.current())
-    if copy_a:
-        a = relayout(a, torch.empty_like(a, memory_format=torch.contiguous_format))  # (M, K) row-major
-    if copy_b:
+def wgmma_copies(a: Tensor, b: Tensor) -> tuple[bool, bool]:
+    """(copy ``a``, copy ``b``) K-major before the GEMM: where wgmma reads them K-major only (NVIDIA sm_90:
+    tf32 when ``torch.backends.cuda.matmul.allow_tf32``, fp8, int8: K_MAJOR_DTYPES) and the copy pays (see
+    K_MAJOR_MIN). Checked operands only (a call's first run decides; its plan repeats the decision)."""
+    if not a.is_cuda or a.dtype not in K_MAJOR_DTYPES or b.dtype not in K_MAJOR_DTYPES \
+            or (a.dtype is torch.float32 and not torch.backends.cuda.matmul.allow_tf32):
+        return False, False
+    return k_major_copies(a, b, device.current())
+
+
+def k_major(a: Tensor, b: Tensor, copies: tuple[bool, bool]) -> tuple[Tensor, Tensor]:
+    """``(a, b)`` with the operands ``copies`` names copied K-major (same values, other strides): A into
+    (M, K) rows, B into (K, N) with strides (1, K)."""
+    if copies[0]:
+        a = relayout(a, torch.empty_like(a, memory_format=torch.contiguous_format))
+    if copies[1]:
         b = relayout(b, torch.empty(b.shape[:-2] + b.shape[-1:] + b.shape[-2:-1], dtype=b.dtype,
-                                    device=b.device).mT)  # (K, N) with strides (1, K)
+                                    device=b.device).mT)
     return a, b
 
 
-RELAYOUT_BLOCK = 64  # 64 x 64 fp32 tiles (16 KB) a program
+RELAYOUT_BLOCK = {4: 64, 2: 128, 1: 128}  # tile side by element size: 64 x 64 x 4 B, 128 x 128 x 1 B = 16 KB
 
 
 def relayout(x: Tensor, out: Tensor) -> Tensor:
@@ -210,9 +220,10 @@ def relayout(x: Tensor, out: Tensor) -> Tensor:
         if site is None:
             if len(_relayout_sites) >= MAX_PLANS:
                 _relayout_sites.clear()
-            grid = (triton.cdiv(R, RELAYOUT_BLOCK), triton.cdiv(C, RELAYOUT_BLOCK), Z)
+            block = RELAYOUT_BLOCK.get(x.element_size(), 64)
+            grid = (triton.cdiv(R, block), triton.cdiv(C, block), Z)
             site = _relayout_sites[key] = SiteLauncher(relayout_kernel, grid, {"num_warps": 4},
-                                                       {"BLOCK_R": RELAYOUT_BLOCK, "BLOCK_C": RELAYOUT_BLOCK})
+                                                       {"BLOCK_R": block, "BLOCK_C": block})
         site(x3, o3, R, C, *x3.stride(), *o3.stride())
     return out
 
@@ -230,9 +241,16 @@ def choose_config(ops: Operands) -> GemmConfig:
 
 def _first_call(key, a, b, *, out_dtype, bias, activation, residual, alpha, beta, scale_a, scale_b, quantize,
                 epilogue_fn, extra_operands, out, store_pre, config):
-    ops = prepare(a, b, out_dtype=out_dtype, bias=bias, activation=activation or "none", residual=residual,
-                  alpha=alpha, beta=beta, scale_a=scale_a, scale_b=scale_b, quantize=quantize,
-                  epilogue_fn=epilogue_fn, extra_operands=extra_operands, out=out, store_pre=store_pre)
+    checked = dict(out_dtype=out_dtype, bias=bias, activation=activation or "none", residual=residual, alpha=alpha,
+                   beta=beta, scale_a=scale_a, scale_b=scale_b, quantize=quantize, epilogue_fn=epilogue_fn,
+                   extra_operands=extra_operands, out=out, store_pre=store_pre)
+    copies = (False, False)
+    if getattr(a, "dtype", None) in K_MAJOR_DTYPES:
+        prepare(a, b, allocate=False, **checked)  # bad input raises here, before the copy's launch
+        copies = wgmma_copies(a, b)
+        if any(copies):
+            a, b = k_major(a, b, copies)
+    ops = prepare(a, b, **checked)
     two_d = a.dim() == 2 and b.dim() == 2
     a3 = a if a.dim() == 3 else a.unsqueeze(0)
     b3 = b if b.dim() == 3 else b.unsqueeze(0)
@@ -269,7 +287,7 @@ def _first_call(key, a, b, *, out_dtype, bias, activation, residual, alpha, beta
                 break
             if L.uses_tma(ls):
                 L.ensure_scratch_allocator()
-            plan = Plan(ops, ls, cfg, value_shape, scale_shape, (Z, M, N), epilogue_fn)
+            plan = Plan(ops, ls, cfg, value_shape, scale_shape, (Z, M, N), epilogue_fn, copies)
             values = L.role_values(ops, ls)
             stream = L.current_stream(plan.device_index)
             for c in plan.launches:

@@ -187,8 +187,11 @@ def _relayout_examples(target: str) -> list[targets.Example]:
     sig.update(x_ptr="*fp32", y_ptr="*fp32", stride_xc="constexpr", stride_yr="constexpr", BLOCK_R="constexpr",
                BLOCK_C="constexpr")
     consts = dict(stride_xc=1, stride_yr=1, BLOCK_R=64, BLOCK_C=64)
-    return [targets.Example("fp32 N-major -> K-major", sig, consts, {"num_warps": 4},
-                            ("R", "C", "stride_xz", "stride_xr", "stride_yz", "stride_yc"))]
+    divisible = ("R", "C", "stride_xz", "stride_xr", "stride_yz", "stride_yc")
+    one_byte = dict(sig, x_ptr="*i8", y_ptr="*i8")  # fp8 / int8 operands: 128 x 128 tiles
+    return [targets.Example("fp32 N-major -> K-major", sig, consts, {"num_warps": 4}, divisible),
+            targets.Example("1-byte N-major -> K-major", one_byte, dict(consts, BLOCK_R=128, BLOCK_C=128),
+                            {"num_warps": 4}, divisible)]
 
 
 def _register() -> None:
