@@ -56,6 +56,18 @@ def test_tf32_order_follows_the_layout():
     assert set(nn) <= set(nt)
 
 
+def test_no_warp_specialisation_for_an_n_major_8_bit_b():
+    """Triton 3.6 fails to compile the warp-specialised persistent kernel for an N-major fp8 or int8 B on
+    sm_90a (PassManager, ConvertNVGPUToLLVM; the tuner hit it in run 59), as for tf32: offered K-major only."""
+    for dtype in ("float8_e4m3fn", "int8"):
+        out = "int32" if dtype == "int8" else "bfloat16"
+        for shape in ((4096, 4096, 4096), (256, 4096, 4096)):
+            nn = C.GemmProblem(*shape, 1, dtype, dtype, out, False, False, True, "plain")
+            nt = C.GemmProblem(*shape, 1, dtype, dtype, out, False, True, True, "plain")
+            assert not any(c.warp_specialize for c in C.candidates(nn, H200)), (dtype, shape)
+            assert any(c.warp_specialize for c in C.candidates(nt, H200)), (dtype, shape)
+
+
 def test_exact_fp32_keeps_fma_sized_tiles():
     for cls, shape in SHAPES.items():
         for a_t, b_t in ((False, False), (False, True), (True, False)):

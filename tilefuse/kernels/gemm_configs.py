@@ -666,8 +666,8 @@ def candidates(problem: GemmProblem, part: Part | None = None, limit: int | None
             continue  # see FLATTEN_NOTE
         if cfg.stream_k and not stream_k_worth_it(cfg, problem, part):
             continue
-        if cfg.warp_specialize and four_byte and not k_major_operands(problem):
-            continue  # triton 3.6 fails to compile it (see NVIDIA_SPACE_4B)
+        if cfg.warp_specialize and (four_byte or one_byte) and not k_major_operands(problem):
+            continue  # triton 3.6 fails to compile it (see NVIDIA_SPACE_4B; fp8 likewise, run 59)
         if cfg.kpack > 1 and part.arch == "gfx950":
             cfg = dataclasses.replace(cfg, kpack=1)  # deprecated from gfx950 on (the compiler forces 1)
         cfg = fill_block_m(cfg, problem)

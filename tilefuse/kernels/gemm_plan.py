@@ -139,7 +139,8 @@ def gemm_call(a: Tensor, b: Tensor, *, out_dtype=None, bias=None, activation="no
                None if scale_a is None else _sig(scale_a), None if scale_b is None else _sig(scale_b), quantize,
                id(epilogue_fn), tuple(map(_sig, extra_operands)) if extra_operands else (),
                None if out is None else _sig(out), store_pre, config,
-               torch.backends.cuda.matmul.allow_tf32 if a.dtype is torch.float32 else None)
+               torch.backends.cuda.matmul.allow_tf32 if a.dtype is torch.float32 else None,
+               K_MAJOR_MIN)  # (the plan keeps the copy decision it implies; a probe may change it)
         plan = _plans.get(key)
     except Exception:  # not tensors, an unhashable argument, a tensor without storage: the full path says
         key, plan = None, None
