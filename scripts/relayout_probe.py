@@ -14,8 +14,9 @@ transposed results are checked against each other first.
 ``--crossover``: where the copy starts to pay. For each M (N = K = ``--nk``, B row-major, i.e. N-major;
 ``--dtype`` tf32, fp8 or int8), interleaved: the vendor peer, ``tilefuse.gemm`` as shipped (B copied
 K-major when M >= ``gemm_plan.K_MAJOR_MIN``) and forced each way (``copy``: threshold 1; ``as-is``: no
-copy, B read N-major by the transposing kernels). Each variant is tuned on its first call, outside the
-timing.
+copy, B read N-major by the transposing kernels), and the copy's two parts apart (``relayout-only``,
+``gemm-kmajor-only``: our GEMM on a K-major B made beforehand). Each variant is tuned on its first call,
+outside the timing.
 """
 from __future__ import annotations
 
@@ -84,6 +85,7 @@ def crossover(ms, nk: int, rounds: int, csv_path, dtype: str = "tf32") -> int:
 
     import tilefuse
     from tilefuse.kernels import gemm_plan
+    from tilefuse.kernels.gemm_plan import relayout
 
     if not torch.cuda.is_available():
         raise SystemExit("relayout_probe needs a GPU")
@@ -123,15 +125,25 @@ def crossover(ms, nk: int, rounds: int, csv_path, dtype: str = "tf32") -> int:
             bk = b.t().contiguous().t()
             peer_name, peer = "int_mm_kmajor", (lambda: torch._int_mm(a, bk))
             ref = a.double() @ b.double()
+        # the copy's two parts apart: the relayout alone, and our GEMM on a K-major B made beforehand
+        b_kmaj = torch.empty(b.shape[::-1], dtype=b.dtype, device="cuda").t()
+        relayout(b, b_kmaj)
+        if dtype == "fp8":
+            parts_gemm = lambda: tilefuse.gemm(a, b_kmaj, scale_a=sa, scale_b=sb)  # noqa: E731
+        else:
+            parts_gemm = lambda: tilefuse.gemm(a, b_kmaj)  # noqa: E731
         entries = [(peer_name, peer), ("shipped", ours), ("copy", with_min(1, ours)),
-                   ("as-is", with_min(1 << 62, ours))]
+                   ("as-is", with_min(1 << 62, ours)), ("relayout-only", lambda: relayout(b, b_kmaj)),
+                   ("gemm-kmajor-only", parts_gemm)]
         for name, fn in entries:  # tune (and check) outside the timing
+            if name == "relayout-only":
+                continue
             err = ((fn().double() - ref).norm() / ref.norm()).item()
             if err > 2e-2:
                 raise SystemExit(f"M={m} {name}: relative error {err:.1e}")
         samples = {name: [] for name, _ in entries}
         for r in range(rounds):
-            for name, fn in entries[r % 4:] + entries[:r % 4]:
+            for name, fn in entries[r % len(entries):] + entries[:r % len(entries)]:
                 samples[name].append(do_bench(fn, warmup=5, rep=40, return_mode="median"))
         base = statistics.median(samples[peer_name])
         for name, _ in entries:
