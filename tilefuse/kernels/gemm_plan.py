@@ -160,8 +160,8 @@ def gemm_call(a: Tensor, b: Tensor, *, out_dtype=None, bias=None, activation="no
 # end 0.91x cuBLAS at 4096^3 in run 57), when the other dimension is at least K_MAJOR_MIN. Measured for
 # tf32 at N = K = 4096 (run 58, scripts/relayout_probe.py --crossover), copy against no copy: M = 128
 # 0.0722 / 0.0719 ms (a tie), 256 0.079 / 0.122, 384 0.098 / 0.205, 512 0.098 / 0.205, 1024 0.145 / 0.400
-# ms. Both grow with N x K, so the crossover is a row count. The 8-bit types move a quarter of the bytes
-# for a quarter of the time a flop, so the same count is the prior for them (run 59 measures it).
+# ms. Both grow with N x K, so the crossover is a row count. fp8 and int8 (run 60, N = K = 4096, copy
+# against no copy): M = 256 0.045 / 0.061 and 0.027 / 0.060 ms, M = 4096 0.115 / 0.813 and 0.125 / 0.792 ms.
 K_MAJOR_MIN = 256
 K_MAJOR_DTYPES = frozenset((torch.float32, torch.float8_e4m3fn, torch.float8_e5m2, torch.int8))
 
