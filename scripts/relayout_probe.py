@@ -4,6 +4,7 @@ GPU (an H200 image: system python, PYTHONPATH=checkout)::
 
     python scripts/relayout_probe.py [--shape KxN ...] [--rounds 4] [--csv PATH]
     python scripts/relayout_probe.py --crossover [--m 128,256,...] [--nk 4096] [--csv PATH]
+    python scripts/relayout_probe.py --tiles [--csv PATH]
 
 For each (K, N) it times, in interleaved rounds (do_bench median, the L2 flushed before each call):
 ``torch``: ``b.mT.contiguous()`` of a row-major (K, N) fp32 tensor; ``relayout``:
@@ -17,6 +18,9 @@ K-major when M >= ``gemm_plan.K_MAJOR_MIN``) and forced each way (``copy``: thre
 copy, B read N-major by the transposing kernels), and the copy's two parts apart (``relayout-only``,
 ``gemm-kmajor-only``: our GEMM on a K-major B made beforehand). Each variant is tuned on its first call,
 outside the timing.
+
+``--tiles``: the relayout kernel's tile side and warps (32-256, 4/8/16 warps) for 4096 x 4096 int8 and fp32,
+launched directly, interleaved, against a plain copy of the same bytes.
 """
 from __future__ import annotations
 
@@ -40,7 +44,10 @@ def main(argv=None) -> int:
     p.add_argument("--dtype", default="tf32", choices=("tf32", "fp8", "int8"),
                    help="--crossover: tf32 (peer cuBLAS), fp8 e4m3 with row/column scales (peer torch._scaled_mm "
                         "on a K-major copy of B, which it requires), int8 (peer torch._int_mm, likewise)")
+    p.add_argument("--tiles", action="store_true")
     args = p.parse_args(argv)
+    if args.tiles:
+        return tiles(args.rounds, args.csv)
     if args.crossover:
         return crossover([int(m) for m in args.m.split(",")], args.nk, args.rounds, args.csv, args.dtype)
     import torch
@@ -73,6 +80,52 @@ def main(argv=None) -> int:
             print(f"{k}x{n:<6} {name:<9} {ms:.4f} ms {moved / ms / 1e6:8.1f} GB/s", flush=True)
     if args.csv:
         with open(args.csv, "w", newline="") as f:
+            w = csv.DictWriter(f, fieldnames=list(rows[0]))
+            w.writeheader()
+            w.writerows(rows)
+    return 0
+
+
+def tiles(rounds: int, csv_path) -> int:
+    import torch
+    import triton
+    from triton.testing import do_bench
+
+    from tilefuse.kernels.gemm import relayout_kernel
+
+    rows = []
+    for dtype in (torch.int8, torch.float32):
+        x = torch.randint(-100, 100, (4096, 4096), device="cuda", dtype=torch.int8).to(dtype)
+        y = torch.empty(4096, 4096, device="cuda", dtype=dtype)
+        flat = torch.empty_like(x)
+        ref = x.t().contiguous()
+        entries = [("copy", lambda: flat.copy_(x))]
+        for block in (32, 64, 128, 256):
+            for warps in (4, 8, 16):
+                if block * block * x.element_size() > 64 * 1024 or (block == 32 and warps > 4):
+                    continue
+                grid = (triton.cdiv(4096, block), triton.cdiv(4096, block), 1)
+
+                def run(block=block, warps=warps, grid=grid):
+                    relayout_kernel[grid](x, y, 4096, 4096, 0, 4096, 1, 0, 1, 4096, BLOCK_R=block, BLOCK_C=block,
+                                          num_warps=warps)
+                y.zero_()
+                run()
+                if not torch.equal(y.t(), x) or not torch.equal(y, ref):
+                    raise SystemExit(f"{dtype} block {block} warps {warps}: wrong")
+                entries.append((f"b{block}-w{warps}", run))
+        samples = {name: [] for name, _ in entries}
+        for r in range(rounds):
+            for name, fn in entries[r % len(entries):] + entries[:r % len(entries)]:
+                samples[name].append(do_bench(fn, warmup=5, rep=30, return_mode="median"))
+        moved = 2 * x.numel() * x.element_size()
+        for name, _ in entries:
+            ms = statistics.median(samples[name])
+            rows.append({"dtype": str(dtype).split(".")[-1], "impl": name, "ms": round(ms, 5),
+                         "gbps": round(moved / ms / 1e6, 1)})
+            print(f"{rows[-1]['dtype']:<8} {name:<10} {ms:.4f} ms {moved / ms / 1e6:8.1f} GB/s", flush=True)
+    if csv_path:
+        with open(csv_path, "w", newline="") as f:
             w = csv.DictWriter(f, fieldnames=list(rows[0]))
             w.writeheader()
             w.writerows(rows)
