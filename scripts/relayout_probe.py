@@ -78,12 +78,16 @@ def main(argv=None) -> int:
             ms = statistics.median(samples[name])
             rows.append({"shape": f"{k}x{n}", "impl": name, "ms": round(ms, 5), "gbps": round(moved / ms / 1e6, 1)})
             print(f"{k}x{n:<6} {name:<9} {ms:.4f} ms {moved / ms / 1e6:8.1f} GB/s", flush=True)
-    if args.csv:
-        with open(args.csv, "w", newline="") as f:
+    _write_csv(rows, args.csv)
+    return 0
+
+
+def _write_csv(rows: list[dict], path) -> None:
+    if path and rows:
+        with open(path, "w", newline="") as f:
             w = csv.DictWriter(f, fieldnames=list(rows[0]))
             w.writeheader()
             w.writerows(rows)
-    return 0
 
 
 def tiles(rounds: int, csv_path) -> int:
@@ -124,11 +128,7 @@ def tiles(rounds: int, csv_path) -> int:
             rows.append({"dtype": str(dtype).split(".")[-1], "impl": name, "ms": round(ms, 5),
                          "gbps": round(moved / ms / 1e6, 1)})
             print(f"{rows[-1]['dtype']:<8} {name:<10} {ms:.4f} ms {moved / ms / 1e6:8.1f} GB/s", flush=True)
-    if csv_path:
-        with open(csv_path, "w", newline="") as f:
-            w = csv.DictWriter(f, fieldnames=list(rows[0]))
-            w.writeheader()
-            w.writerows(rows)
+    _write_csv(rows, csv_path)
     return 0
 
 
@@ -205,11 +205,7 @@ def crossover(ms, nk: int, rounds: int, csv_path, dtype: str = "tf32") -> int:
                          "vs_peer": round(base / ms_, 3), "peer": peer_name})
             print(f"{dtype} M={m:<5} {name:<16} {ms_:.4f} ms {base / ms_:6.3f}x {peer_name}", flush=True)
         del a, b, ref
-    if csv_path:
-        with open(csv_path, "w", newline="") as f:
-            w = csv.DictWriter(f, fieldnames=list(rows[0]))
-            w.writeheader()
-            w.writerows(rows)
+    _write_csv(rows, csv_path)
     return 0
 
 

@@ -156,15 +156,20 @@ print(json.dumps(rows))
 """
 
 
+def _compile_child(code: str) -> list[dict]:
+    """Run ``code`` in a child off the interpreter (cross-compiling needs the real JIT) and return the JSON
+    rows it prints last."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["TILEFUSE_INTERPRET"] = "0"
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
 @pytest.mark.slow
 def test_tf32_large_candidates_cross_compile_for_sm90a():
     """wgmma (tf32), no spills, and shared memory within the part and the estimate pruning relies on."""
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["TILEFUSE_INTERPRET"] = "0"
-    proc = subprocess.run([sys.executable, "-c", _COMPILE_CHILD], capture_output=True, text=True, env=env,
-                          timeout=900)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    rows = json.loads(proc.stdout.strip().splitlines()[-1])
+    rows = _compile_child(_COMPILE_CHILD)
     assert len(rows) == 23  # 11 candidates with an N-major B, 12 with a K-major one (warp-specialised too)
     for r in rows:
         assert r["ok"] and r["mma"] == "wgmma", r
@@ -197,12 +202,7 @@ def test_triton_clusters_do_not_multicast():
     """The README's reason the bf16 bars are out of reach: triton 3.6 compiles num_ctas=2 into a cluster that
     splits the tile (less shared memory a CTA) with no multicast TMA load, where cuBLAS multicasts one
     operand across a 2-CTA cluster. If a Triton upgrade makes this fail, clustered configs are worth a sweep."""
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["TILEFUSE_INTERPRET"] = "0"
-    proc = subprocess.run([sys.executable, "-c", _CLUSTER_CHILD], capture_output=True, text=True, env=env,
-                          timeout=900)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    rows = json.loads(proc.stdout.strip().splitlines()[-1])
+    rows = _compile_child(_CLUSTER_CHILD)
     for one, two in zip(rows[::2], rows[1::2]):
         assert one["ctas"] == 1 and two["ctas"] == 2 and one["tma"] > 0 and two["tma"] > 0, (one, two)
         assert one["multicast"] == 0 and two["multicast"] == 0, two
