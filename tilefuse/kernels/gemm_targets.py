@@ -220,7 +220,7 @@ def _register() -> None:
         description="second pass of per-row output quantisation (row amax from tile partials)"))
     targets.register(targets.KernelSpec(
         "gemm_relayout", fn=relayout_kernel, examples=_relayout_examples, family="gemm",
-        description="transposing copy: an fp32 operand made K-major for tf32 wgmma (sm_90)"))
+        description="transposing copy: an operand made K-major for tf32, fp8 and int8 wgmma (sm_90)"))
 
 
 _register()
