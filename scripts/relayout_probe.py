@@ -51,7 +51,7 @@ def main(argv=None) -> int:
     if args.crossover:
         return crossover([int(m) for m in args.m.split(",")], args.nk, args.rounds, args.csv, args.dtype)
     import torch
-    from triton.testing import do_bench
+    from tilefuse.bench.harness import interleaved_medians
 
     from tilefuse.kernels.gemm_plan import relayout
 
@@ -69,10 +69,7 @@ def main(argv=None) -> int:
             raise SystemExit(f"{k}x{n}: relayout differs from torch's copy")
         entries = [("torch", lambda: b.mT.contiguous()), ("relayout", lambda: relayout(b, out.mT)),
                    ("copy", lambda: flat.copy_(b))]
-        samples = {name: [] for name, _ in entries}
-        for r in range(args.rounds):
-            for name, fn in entries[r % 3:] + entries[:r % 3]:
-                samples[name].append(do_bench(fn, warmup=5, rep=40, return_mode="median"))
+        samples = interleaved_medians(entries, args.rounds, 40)
         moved = 2 * b.numel() * b.element_size()
         for name, _ in entries:
             ms = statistics.median(samples[name])
@@ -93,7 +90,7 @@ def _write_csv(rows: list[dict], path) -> None:
 def tiles(rounds: int, csv_path) -> int:
     import torch
     import triton
-    from triton.testing import do_bench
+    from tilefuse.bench.harness import interleaved_medians
 
     from tilefuse.kernels.gemm import relayout_kernel
 
@@ -118,10 +115,7 @@ def tiles(rounds: int, csv_path) -> int:
                 if not torch.equal(y.t(), x) or not torch.equal(y, ref):
                     raise SystemExit(f"{dtype} block {block} warps {warps}: wrong")
                 entries.append((f"b{block}-w{warps}", run))
-        samples = {name: [] for name, _ in entries}
-        for r in range(rounds):
-            for name, fn in entries[r % len(entries):] + entries[:r % len(entries)]:
-                samples[name].append(do_bench(fn, warmup=5, rep=30, return_mode="median"))
+        samples = interleaved_medians(entries, rounds, 30)
         moved = 2 * x.numel() * x.element_size()
         for name, _ in entries:
             ms = statistics.median(samples[name])
@@ -134,7 +128,7 @@ def tiles(rounds: int, csv_path) -> int:
 
 def crossover(ms, nk: int, rounds: int, csv_path, dtype: str = "tf32") -> int:
     import torch
-    from triton.testing import do_bench
+    from tilefuse.bench.harness import interleaved_medians
 
     import tilefuse
     from tilefuse.kernels import gemm_plan
@@ -194,10 +188,7 @@ def crossover(ms, nk: int, rounds: int, csv_path, dtype: str = "tf32") -> int:
             err = ((fn().double() - ref).norm() / ref.norm()).item()
             if err > 2e-2:
                 raise SystemExit(f"M={m} {name}: relative error {err:.1e}")
-        samples = {name: [] for name, _ in entries}
-        for r in range(rounds):
-            for name, fn in entries[r % len(entries):] + entries[:r % len(entries)]:
-                samples[name].append(do_bench(fn, warmup=5, rep=40, return_mode="median"))
+        samples = interleaved_medians(entries, rounds, 40)
         base = statistics.median(samples[peer_name])
         for name, _ in entries:
             ms_ = statistics.median(samples[name])

@@ -96,6 +96,19 @@ def test_interleaved_rounds_cancel_a_drift(monkeypatch):
     assert abs(rec2.rows[1].vs_baseline - 0.5) > 0.04
 
 
+def test_interleaved_medians_rotate_the_order(monkeypatch):
+    """The sweeps' and probes' rounds: each round starts one entry later, every entry once a round."""
+    import triton.testing
+
+    calls = []
+    monkeypatch.setattr(triton.testing, "do_bench",
+                        lambda fn, warmup, rep, return_mode: calls.append((fn(), rep)) or float(len(calls)))
+    samples = harness.interleaved_medians([("a", lambda: "a"), ("b", lambda: "b"), ("c", lambda: "c")], 3, 7)
+    assert [c[0] for c in calls] == ["a", "b", "c", "b", "c", "a", "c", "a", "b"]
+    assert all(c[1] == 7 for c in calls)
+    assert samples == {"a": [1.0, 6.0, 8.0], "b": [2.0, 4.0, 9.0], "c": [3.0, 5.0, 7.0]}
+
+
 def test_interleaved_wrong_and_failing_impls_are_rows(monkeypatch):
     calls = []
     monkeypatch.setattr(harness, "bench", _drifting_bench({"a": 1.0, "c": 1.0}, calls))

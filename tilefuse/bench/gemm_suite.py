@@ -361,8 +361,6 @@ def sweep(shapes, dtype: torch.dtype, all_classes: bool, out: Path | None, rep_m
     import dataclasses
     import statistics
 
-    from triton.testing import do_bench
-
     from .. import device
     from ..kernels import gemm, gemm_configs, gemm_launch, gemm_tuning
 
@@ -413,10 +411,7 @@ def sweep(shapes, dtype: torch.dtype, all_classes: bool, out: Path | None, rep_m
                 entries.append((cfg.label(), run))
             except Exception as exc:  # report and go on: the sweep is for information
                 rows.append({"config": cfg.label(), "ms": None, "error": f"{type(exc).__name__}: {exc}"[:200]})
-        samples: dict[str, list[float]] = {name: [] for name, _ in entries}
-        for r in range(rounds):
-            for name, fn in entries[r % len(entries):] + entries[:r % len(entries)]:
-                samples[name].append(do_bench(fn, warmup=5, rep=max(1, rep_ms // rounds), return_mode="median"))
+        samples = harness.interleaved_medians(entries, rounds, max(1, rep_ms // rounds))
         cublas = statistics.median(samples["cuBLAS"])
         for row in rows:
             if row["config"] in samples and "error" not in row:

@@ -102,6 +102,20 @@ def bench(fn: Callable[[], Any], *, warmup_ms: int = 25, rep_ms: int = 100, smok
     return float(p50), float(p20), float(p80)
 
 
+def interleaved_medians(entries: Sequence[tuple[str, Callable[[], Any]]], rounds: int, rep_ms: int,
+                        warmup_ms: int = 5) -> dict[str, list[float]]:
+    """Each entry's ``do_bench`` medians over ``rounds`` rounds, the order rotated by one each round (A B C,
+    B C A, ...), so a drift of the GPU's clocks lands on every entry alike (as :meth:`Recorder.time_interleaved`
+    does for the suites' rows). ``rep_ms`` a do_bench each."""
+    from triton.testing import do_bench
+
+    samples: dict[str, list[float]] = {name: [] for name, _ in entries}
+    for r in range(rounds):
+        k = r % len(entries) if entries else 0
+        for name, fn in list(entries[k:]) + list(entries[:k]):
+            samples[name].append(do_bench(fn, warmup=warmup_ms, rep=rep_ms, return_mode="median"))
+    return samples
+
 def rotation_sets(bytes_per_set: int, l2_bytes: int, budget_bytes: int = 8 << 30) -> int:
     """How many input sets to rotate through so that the working set is several times the L2."""
     want = math.ceil(ROTATE_L2_FACTOR * max(l2_bytes, 1) / max(bytes_per_set, 1))
