@@ -515,3 +515,31 @@ def test_rel_error_helper_sanity():
     x = rand(4, 4)
     assert rel_error(torch.full_like(x, float("nan")), x) == float("inf")
     assert TOLERANCE[torch.float16] > TOLERANCE[torch.float32]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.int8])
+def test_two_way_split_sums_in_registers_with_the_strip_path_bits(monkeypatch, dtype):
+    """A 2-way split with a small accumulator sums in registers (the last split adds the other's partial to
+    its own); the result is the same bits as the strip path's partial 0 + partial 1, whichever split
+    arrives last, and the counters are reset for the next launch."""
+    from tilefuse.kernels import gemm_configs, gemm_plan
+    cfg = GemmConfig("tiled", 16, 32, 16, split_k=2)
+    assert gemm_configs.split_in_registers(cfg)
+    m, n, k = 37, 70, 90  # ragged in every dimension, odd K tiles: the two splits have 3 and 3 steps
+    if dtype == torch.int8:
+        a = torch.randint(-128, 128, (m, k), dtype=torch.int8)
+        b = torch.randint(-128, 128, (n, k), dtype=torch.int8).t()
+    else:
+        a, b = rand(k, m).t(), rand(k, n)  # a column-major A
+    bias = rand(n) if dtype == torch.float32 else None
+    regs = G.gemm_raw(a, b, bias=bias, config=cfg).out[0].clone()
+    again = G.gemm_raw(a, b, bias=bias, config=cfg).out[0]
+    monkeypatch.setattr(gemm_configs, "SPLIT_REG_ACC", 0)
+    assert not gemm_configs.split_in_registers(cfg)
+    gemm_plan.forget_plans()  # the kept plans carry the launch's SPLIT_IN_REGS
+    strips = G.gemm_raw(a, b, bias=bias, config=cfg).out[0]
+    assert torch.equal(regs, strips) and torch.equal(again, regs)
+    if dtype == torch.int8:
+        assert torch.equal(regs, (a.long() @ b.long()).int())
+    else:
+        assert_close(regs, ref_mm(a, b) + bias.double(), torch.float32)

@@ -517,3 +517,24 @@ def test_flattened_persistent_kernel_prefetches_across_tiles_on_sm90a():
             assert r["store_in_dot_loop"] and r["loads_in_dot_loop"] >= 2 and r["spills"] == 0, (key, r)
         else:
             assert not r["store_in_dot_loop"], (key, r)
+
+
+def test_a_config_label_reads_back_as_the_config():
+    every = {c for spaces in (C.SPACES, C.SPACES_4B) for space in spaces.values() for cls in space.values() for c in cls}
+    every.add(C.GemmConfig("tiled", 128, 128, 64, group_m=1, split_k=2, num_warps=8, num_stages=6, tma=True))
+    every = {c for c in every if c.split_k >= 1 and c.block_m >= 1}  # AUTO_SPLIT / DECODE_M are placeholders
+    assert len(every) > 40
+    for cfg in every:
+        assert C.GemmConfig.from_label(cfg.label()) == cfg, cfg.label()
+    for bad in ("T128x128x64", "X64x64x32-w4-s2", "T64x64x32-w4-s2-tma-k2", "T64x64x32-w4-s2-bogus"):
+        with pytest.raises(ValueError, match="expected"):
+            C.GemmConfig.from_label(bad)
+
+
+def test_two_way_splits_sum_in_registers_only_with_room_for_a_second_accumulator():
+    cfg = C.GemmConfig("tiled", 128, 128, 64, split_k=2, num_warps=8)  # 64 fp32 a thread
+    assert C.split_in_registers(cfg)
+    assert not C.split_in_registers(C.GemmConfig("tiled", 128, 128, 64, split_k=2, num_warps=4))  # 128 a thread
+    assert C.split_in_registers(C.GemmConfig("tiled", 64, 128, 64, split_k=2, num_warps=4))
+    assert not C.split_in_registers(C.GemmConfig("tiled", 64, 128, 64, split_k=3, num_warps=4))  # order would vary
+    assert not C.split_in_registers(C.GemmConfig("tiled", 64, 128, 64, split_k=1, num_warps=4))

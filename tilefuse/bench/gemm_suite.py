@@ -351,13 +351,15 @@ def _parse_shape(text: str) -> tuple[int, int, int]:
 
 
 def sweep(shapes, dtype: torch.dtype, all_classes: bool, out: Path | None, rep_ms: int,
-          labels: list[str] | None = None, rounds: int = SWEEP_ROUNDS, layout: str = "nn") -> list[dict]:
+          labels: list[str] | None = None, rounds: int = SWEEP_ROUNDS, layout: str = "nn",
+          extra: list[str] | None = None) -> list[dict]:
     """Time every candidate config (of the shape's class, or of every class; or those named in ``labels``)
     against cuBLAS. cuBLAS and the configs are timed in ``rounds`` interleaved rounds, each round a
     do_bench of ``rep_ms / rounds`` per entry in an order rotated by one, and each entry scored by the
     median of its rounds' medians: on a GPU at its power limit the clocks drift through a sweep, and a
     config timed a minute after cuBLAS would carry that drift in its ratio. ``layout``: "nn" (A and B
-    row-major), "nt" (B K-major, nn.Linear's ``weight.T``), "tn" (A M-major), "tt"."""
+    row-major), "nt" (B K-major, nn.Linear's ``weight.T``), "tn" (A M-major), "tt". ``extra``: labels of
+    configs outside the spaces (``GemmConfig.from_label``), timed beside the others where they fit."""
     import dataclasses
     import statistics
 
@@ -368,6 +370,7 @@ def sweep(shapes, dtype: torch.dtype, all_classes: bool, out: Path | None, rep_m
     if not dev.is_gpu or dev.interpreter:
         raise SystemExit(f"--sweep needs a GPU ({dev.describe()}); --resources runs without one")
     part = gemm_configs.current_part()
+    extra_cfgs = [gemm_configs.GemmConfig.from_label(x) for x in extra or ()]  # a bad label fails before any work
     results = []
     for m, n, k in shapes:
         a = torch.randn(k, m, device="cuda", dtype=dtype).t() if layout[0] == "t" else \
@@ -394,6 +397,12 @@ def sweep(shapes, dtype: torch.dtype, all_classes: bool, out: Path | None, rep_m
                 raise SystemExit(f"--config {', '.join(missing)}: not a config of {_shape(m, n, k)} here; "
                                  f"its configs: {', '.join(known)}")
             cfgs = [known[x] for x in labels]
+        for c in extra_cfgs:
+            if not gemm_configs.fits_shape(c, ops.problem) or gemm_configs.smem_estimate(c, ops.problem) > part.smem_bytes:
+                print(f"--extra {c.label()}: does not fit {_shape(m, n, k)} on this part (shape or shared memory); "
+                      "not timed", flush=True)
+            elif c not in cfgs:
+                cfgs.append(c)
         t0 = time.perf_counter()
         failed = gemm_tuning.compile_all(ops, cfgs)
         compile_s = time.perf_counter() - t0
@@ -498,6 +507,9 @@ def main(argv=None) -> int:
     p.add_argument("--out", default=None, help="folder for gemm-sweep.json")
     p.add_argument("--config", action="append", default=[], metavar="LABEL",
                    help="sweep only these configs (labels as the sweep prints them), with cuBLAS")
+    p.add_argument("--extra", action="append", default=[], metavar="LABEL",
+                   help="also time these configs, named as GemmConfig.label writes them, even outside the spaces "
+                        "(comma-separated or repeated; e.g. T128x128x64-w8-s6-k2-tma)")
     p.add_argument("--rounds", type=int, default=SWEEP_ROUNDS, help="interleaved timing rounds (default 4)")
     p.add_argument("--rep-ms", type=int, default=60)
     args = p.parse_args(argv)
@@ -508,7 +520,8 @@ def main(argv=None) -> int:
         if args.dtype == "float32":
             torch.backends.cuda.matmul.allow_tf32 = not args.ieee
         sweep(shapes, getattr(torch, args.dtype), args.all, Path(args.out) if args.out else None, args.rep_ms,
-              [c for x in args.config for c in x.split(",") if c], max(1, args.rounds), args.layout)
+              [c for x in args.config for c in x.split(",") if c], max(1, args.rounds), args.layout,
+              [c for x in args.extra for c in x.split(",") if c])
         return 0
     p.print_help()
     return 2

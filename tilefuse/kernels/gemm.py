@@ -226,10 +226,13 @@ def gemm_tiled_kernel(
         Q_GRID_MANT: tl.constexpr, Q_GRID_EMIN: tl.constexpr, RAW_INT: tl.constexpr, ACC_INT: tl.constexpr, INPUT_PRECISION: tl.constexpr, EVEN_K: tl.constexpr,
         USE_TMA: tl.constexpr, A_T: tl.constexpr, B_T: tl.constexpr,
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
-        SPLIT_K: tl.constexpr, WARP_SPECIALIZE: tl.constexpr, B_STREAM: tl.constexpr):
+        SPLIT_K: tl.constexpr, WARP_SPECIALIZE: tl.constexpr, B_STREAM: tl.constexpr,
+        SPLIT_IN_REGS: tl.constexpr = False):
     """One tile a program (grid: tiles x SPLIT_K, Z); SPLIT_K > 1 is the split-K variant.
     WARP_SPECIALIZE (TMA, SPLIT_K == 1 only: the split-K atomics abort triton 3.6's data partitioning)
-    specialises the K loop's warps."""
+    specialises the K loop's warps. SPLIT_IN_REGS (SPLIT_K == 2, a small accumulator: see
+    ``gemm_configs.split_in_registers``): the last split adds the other's partial to its own accumulator in
+    one load and runs the epilogue on the whole tile, instead of re-reading both partials a strip at a time."""
     pid = tl.program_id(0)
     z = tl.program_id(1)
     num_pid_m = tl.cdiv(M, BLOCK_M)
@@ -263,7 +266,20 @@ def gemm_tiled_kernel(
         tl.store(ws_tile + pid_k * (BLOCK_M * BLOCK_N) + offs_t, acc)
         tl.debug_barrier()  # every thread's share of the partial is written before the counter moves
         arrived = tl.atomic_add(lock_ptr + tile_id, 1, sem="acq_rel", scope="gpu")
-        if arrived == SPLIT_K - 1:
+        if SPLIT_IN_REGS and arrived == SPLIT_K - 1:
+            # Two splits: own + other is the same sum (IEEE addition commutes) whichever arrives last, and the
+            # same bits as the strip path's partial 0 + partial 1.
+            acc += tl.load(ws_tile + (1 - pid_k) * (BLOCK_M * BLOCK_N) + offs_t, cache_modifier=".cg")
+            finish_tile(acc, m0, n0, offs_m, offs_n, z, pid_n, M, N, c_ptr, c_ptr, stride_cz, stride_cm, stride_cn,
+                        scale_a_ptr, scale_b_ptr, bias_ptr, stride_bias_z, stride_bias,
+                        res_ptr, stride_rz, stride_rm, stride_rn, pre_ptr, stride_pz, stride_pm, stride_pn,
+                        amax_ptr, stride_amax_p, alpha, beta,
+                        e0_ptr, e0_sz, e0_sm, e0_sn, e1_ptr, e1_sz, e1_sm, e1_sn,
+                        e2_ptr, e2_sz, e2_sm, e2_sn, e3_ptr, e3_sz, e3_sm, e3_sn,
+                        EPILOGUE, ACTIVATION, BIAS_MODE, HAS_RESIDUAL, SCALE_A_MODE, SCALE_B_MODE,
+                        HAS_ALPHA, STORE_PRE, QUANT, QMAX, Q_INT, Q_GRID_MANT, Q_GRID_EMIN, RAW_INT, False)
+            tl.atomic_xchg(lock_ptr + tile_id, 0)
+        elif arrived == SPLIT_K - 1:
             # The last split of this tile sums every partial in split order (the same result whichever
             # split arrives last), reading through L2 (.cg: other SMs wrote them), FIX_M rows at a time:
             # a whole second tile of partial sums would double the accumulator's registers (a 128x128

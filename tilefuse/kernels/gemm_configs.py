@@ -22,6 +22,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+import re
 from typing import Any, Iterable, Sequence
 
 # --------------------------------------------------------------------------------------------- config
@@ -71,6 +72,22 @@ class GemmConfig:
             s += f"-wpe{self.waves_per_eu}-nk{self.matrix_instr_nonkdim}-kp{self.kpack}"
         return s
 
+    @classmethod
+    def from_label(cls, label: str) -> "GemmConfig":
+        """The config a :meth:`label` names (``P128x256x64-w8-s3-tma-flat``), for timing configs outside the
+        spaces (``gemm_suite --sweep --extra``). Raises ValueError naming the label and the accepted form."""
+        m = _LABEL_RE.fullmatch(label.strip())
+        if m is None:
+            raise ValueError(f"config label {label!r}: expected {{T|P}}<BM>x<BN>x<BK>-w<warps>-s<stages> then any of "
+                             "-g<group_m> -k<split_k> -tma -flat -sub<n> -ws -sk -bs -wpe<n>-nk<n>-kp<n>, in that "
+                             "order (as GemmConfig.label writes them)")
+        g = m.groupdict()
+        return cls("tiled" if g["kernel"] == "T" else "persistent", int(g["bm"]), int(g["bn"]), int(g["bk"]),
+                   group_m=int(g["g"] or 8), split_k=int(g["k"] or 1), num_warps=int(g["w"]), num_stages=int(g["s"]),
+                   tma=bool(g["tma"]), flatten=bool(g["flat"]), epi_subtile=int(g["sub"] or 1),
+                   warp_specialize=bool(g["ws"]), stream_k=bool(g["sk"]), b_stream=bool(g["bs"]),
+                   waves_per_eu=int(g["wpe"] or 0), matrix_instr_nonkdim=int(g["nk"] or 0), kpack=int(g["kp"] or 0))
+
     def to_json(self) -> dict:
         return dataclasses.asdict(self)
 
@@ -90,6 +107,10 @@ class GemmConfig:
                 opts["kpack"] = self.kpack
         return opts
 
+
+_LABEL_RE = re.compile(r"(?P<kernel>[TP])(?P<bm>\d+)x(?P<bn>\d+)x(?P<bk>\d+)-w(?P<w>\d+)-s(?P<s>\d+)"
+                       r"(?:-g(?P<g>\d+))?(?:-k(?P<k>\d+))?(?P<tma>-tma)?(?P<flat>-flat)?(?:-sub(?P<sub>\d+))?"
+                       r"(?P<ws>-ws)?(?P<sk>-sk)?(?P<bs>-bs)?(?:-wpe(?P<wpe>\d+)-nk(?P<nk>\d+)-kp(?P<kp>\d+))?")
 
 # The interpreter runs a program at a time with numpy on whole blocks: big blocks mean few programs and
 # fast tests, and it never tunes. 64x64x32 keeps a 300^3 fp32 GEMM near a second on one core.
@@ -527,6 +548,14 @@ def fma_fits(cfg: GemmConfig, problem: "GemmProblem") -> bool:
             and cfg.block_m * cfg.block_n <= FMA_MAX_ACC_REGS * threads)
 
 MAX_SPLIT_K = 16
+SPLIT_REG_ACC = 64  # fp32 accumulator registers a thread up to which a 2-way split sums in registers
+
+
+def split_in_registers(cfg: GemmConfig) -> bool:
+    """A 2-way split whose accumulator is small enough to hold a second copy (the other split's partial)
+    without spilling: its last split sums in registers (``gemm_tiled_kernel``'s SPLIT_IN_REGS)."""
+    return cfg.kernel == "tiled" and cfg.split_k == 2 and \
+        cfg.block_m * cfg.block_n <= SPLIT_REG_ACC * 32 * cfg.num_warps
 MIN_K_TILES_PER_SPLIT = 4  # fewer K steps a split than this and the pipeline never fills
 SPLIT_TARGET_WAVES = 1.0  # aim at about one wave of programs: more waves add tail, fewer leave SMs idle
 

@@ -28,7 +28,7 @@ from .. import device
 from .launcher import Direct, current_stream, hooks_installed, stream_buffer  # current_stream, stream_buffer: also L.* in gemm_plan
 from .gemm import gemm_persistent_kernel, gemm_tiled_kernel, quantize_rows_kernel
 from .gemm_checks import TMA_ALIGN, Operands, fp8_grid, qmax
-from .gemm_configs import STREAM_K_MIN_STEPS, GemmConfig, current_part, ws_possible
+from .gemm_configs import STREAM_K_MIN_STEPS, GemmConfig, current_part, split_in_registers, ws_possible
 from .gemm_epilogue import (ACTIVATIONS, BIAS_MODES, NUM_EXTRA_OPERANDS, QUANT_DIRECT, QUANT_NONE, QUANT_TWO_PASS,
                             SCALE_MODES_A, SCALE_MODES_B)
 
@@ -200,6 +200,7 @@ def launches(ops: Operands, cfg: GemmConfig) -> tuple[list[Launch], Callable[[],
         args["SPLIT_K"] = cfg.split_k
         args["WARP_SPECIALIZE"] = specialise and cfg.split_k == 1
         args["B_STREAM"] = cfg.b_stream and not use_tma
+        args["SPLIT_IN_REGS"] = split_in_registers(cfg)
         grid: tuple[int, ...] = (tiles * cfg.split_k, ops.Z)
     else:
         kernel = gemm_persistent_kernel

@@ -12,7 +12,7 @@ from typing import Any
 
 from .. import targets
 from .gemm import gemm_persistent_kernel, gemm_tiled_kernel, quantize_rows_kernel, relayout_kernel
-from .gemm_configs import PART_BY_TARGET, STREAM_K_MIN_STEPS, WS_CAPABILITY, GemmConfig, ws_possible
+from .gemm_configs import PART_BY_TARGET, STREAM_K_MIN_STEPS, WS_CAPABILITY, GemmConfig, split_in_registers, ws_possible
 from .gemm_epilogue import ACTIVATIONS, QUANT_DIRECT, QUANT_TWO_PASS, example_silu_plus_e0
 
 # The target matrix (``tilefuse targets``) compiles these examples for every target and checks the MMA
@@ -42,6 +42,7 @@ def _example(fn, label: str, target: str, cfg: GemmConfig, *, a="bf16", out="bf1
         constexprs["SPLIT_K"] = split_k
         constexprs["WARP_SPECIALIZE"] = ws and split_k == 1
         constexprs["B_STREAM"] = cfg.b_stream and not use_tma
+        constexprs["SPLIT_IN_REGS"] = split_in_registers(dataclasses.replace(cfg, split_k=split_k))
     else:
         constexprs.update(NUM_PROGRAMS=part.multiprocessors, C_TMA=use_tma and out != "i32",
                           EPI_SUBTILE=cfg.epi_subtile, FLATTEN=cfg.flatten, WARP_SPECIALIZE=ws,
