@@ -538,3 +538,19 @@ def test_two_way_splits_sum_in_registers_only_with_room_for_a_second_accumulator
     assert C.split_in_registers(C.GemmConfig("tiled", 64, 128, 64, split_k=2, num_warps=4))
     assert not C.split_in_registers(C.GemmConfig("tiled", 64, 128, 64, split_k=3, num_warps=4))  # order would vary
     assert not C.split_in_registers(C.GemmConfig("tiled", 64, 128, 64, split_k=1, num_warps=4))
+
+
+def test_skinny_candidates_that_need_a_second_wave_come_later():
+    def first(m, n=8192):
+        prob = C.GemmProblem(m, n, 8192, 1, "bfloat16", "bfloat16", "bfloat16", False, False, True, "plain")
+        cands = C.candidates(prob, H200)
+        assert [C.waves(c, prob, H200) for c in cands] == sorted(C.waves(c, prob, H200) for c in cands)
+        return cands[0]
+    # M = 128: 64x128 tiles are 128 programs, one wave: the space's first config leads
+    assert first(128).label() == "T64x128x128-w4-s4-tma"
+    # M = 256 (and 200): 64-row tiles would be 256 programs at one a SM; the 7-stage 128x128 leads (run 65)
+    assert first(256).label() == first(200).label() == "T128x128x64-w4-s7-tma"
+    # N = 4096: 64x128 tiles are 128 programs again
+    assert first(256, 4096).label() == "T64x128x128-w4-s4-tma"
+    assert C.waves(C.GemmConfig("tiled", 64, 128, 128, num_stages=4), C.GemmProblem(
+        256, 8192, 8192, 1, "bfloat16", "bfloat16", "bfloat16", False, False, True, "plain"), H200) == 2

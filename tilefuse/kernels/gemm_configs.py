@@ -321,6 +321,12 @@ NVIDIA_SPACE: dict[str, tuple[GemmConfig, ...]] = {
     ),
     "skinny": (
         C("tiled", 64, 128, 128, 4, 4, group_m=8, split_k=AUTO_SPLIT, tma=True),  # r1 M=128: 0.951x
+        # r65 (benchmarks/results/run65, three interleaved sweeps): the tiled kernel has no TMA store buffer, so a
+        # 128x128x64 tile takes a seventh 32 KB stage (230 KB): M=256 bf16 1.018x / 1.010x cuBLAS, fp16 1.015x,
+        # where the persistent 6-stage configs below read 0.958-0.967x in the same sweeps (8 warps: 1.017x /
+        # 1.005x, fp16 0.993x / 1.003x). At M=128 (64 tiles) they leave half the SMs idle: the 64x128 leads.
+        C("tiled", 128, 128, 64, 4, 7, group_m=8, tma=True),
+        C("tiled", 128, 128, 64, 8, 7, group_m=8, tma=True),
         # cuBLAS's pick at 256x8192x8192 (ncu, device run 29) is 128x128x64 tiles with 6 stages; ours at 6 stages
         # (229 KB of shared memory): r32 M=256 0.965x against 0.934x at 5 stages (M=128 0.830x: the 64x128 leads)
         C("persistent", 128, 128, 64, 4, 6, group_m=8, tma=True),
@@ -334,6 +340,9 @@ NVIDIA_SPACE: dict[str, tuple[GemmConfig, ...]] = {
         C("tiled", 128, 64, 128, 4, 4, group_m=8, split_k=AUTO_SPLIT),  # r1 M=128: 0.909x
         C("tiled", 128, 128, 64, 8, 4, group_m=8, split_k=AUTO_SPLIT),  # r1 M=256: 0.757x
         # (r36: four b_stream configs, 64- and 128-row tiles, lost 45-200 % at M = 128 and 256: not offered)
+        # (r65 at M = 128, none better than the 64x128 leader's 0.942-0.947x: 64x128x64 at 7-9 stages and 4 or
+        # 8 warps 0.928-0.952x, 128x64x64 at 7-9 stages 0.907-0.920x, and every 2-way split of 128x128 tiles
+        # 0.83-0.88x, with the register fix-up or without, at 4, 6 or 7 stages, TMA or pointer loads)
         # (P128x128x64-w4-s6-tma-ws, the warp-specialised form of the second config here, returned inf on the
         # H200 in device run 32, test_every_candidate_config_is_correct[skinny]: triton 3.6's warp
         # specialisation at 6 stages is wrong; 4 stages are right. Not offered.)
@@ -577,6 +586,14 @@ def k_tiles(problem: GemmProblem, cfg: GemmConfig) -> int:
     return max(1, math.ceil(problem.K / cfg.block_k))
 
 
+def waves(cfg: GemmConfig, problem: GemmProblem, part: Part) -> int:
+    """Rounds of programs ``cfg`` runs on ``part`` (tiles x split over the SMs times the programs an SM holds by
+    shared memory; a persistent grid's rounds of tiles are the same count)."""
+    tiles = math.ceil(problem.M / cfg.block_m) * math.ceil(problem.N / cfg.block_n) * problem.Z * max(1, cfg.split_k)
+    per_sm = max(1, part.smem_bytes // max(1, smem_estimate(cfg, problem)))
+    return math.ceil(tiles / (part.multiprocessors * per_sm))
+
+
 def fill_split_k(cfg: GemmConfig, problem: GemmProblem, part: Part) -> GemmConfig:
     """Choose split_k so that tiles x split is about one wave of programs, keeping at least
     MIN_K_TILES_PER_SPLIT K steps a split."""
@@ -716,6 +733,11 @@ def candidates(problem: GemmProblem, part: Part | None = None, limit: int | None
             continue
         if cfg not in out:
             out.append(cfg)
+    if problem.shape_class(part.multiprocessors) == "skinny":
+        # 64 < M <= 256: a config that needs a second wave of programs where another runs in one is timed after
+        # it (M = 256 x 8192: 64-row tiles are 256 programs at one a SM, 128-row tiles 128), and the space's
+        # order decides among configs of the same wave count
+        out.sort(key=lambda c: waves(c, problem, part))
     if four_byte and part.vendor == "nvidia" and not fma:
         # tf32 wgmma wants its operands K-major: a TMA tile of an N-major B (or M-major A) is transposed
         # through registers each K step (see NVIDIA_SPACE_4B), so the pointer kernels lead there and the TMA
