@@ -58,8 +58,9 @@ SUMMARY = (
 )
 
 
-def gemm_impls(shape):
-    """(label, fn) of each implementation of C = A @ B at ``shape``, with its float32 reference check."""
+def gemm_impls(shape, configs=()):
+    """(label, fn) of each implementation of C = A @ B at ``shape``, with its float32 reference check.
+    ``configs``: labels of Triton GEMM configs (``GemmConfig.from_label``), each one more NN impl."""
     import torch
 
     import tilefuse
@@ -79,6 +80,11 @@ def gemm_impls(shape):
     ]
     if k % 8 == 0 and n % 8 == 0:
         impls.append(("rung9_nt", lambda: tcuda.gemm(a, w.t(), rung=9), ref_nt))
+    from tilefuse.kernels import gemm_plan
+    from tilefuse.kernels.gemm_configs import GemmConfig
+    for label in configs:
+        cfg = GemmConfig.from_label(label)
+        impls.append((f"nn[{label}]", lambda c=cfg: gemm_plan.gemm_raw(a, b_nn, config=c).out[0], ref_nn))
     return impls
 
 
@@ -97,14 +103,14 @@ def compiler_impls(case):
     return out
 
 
-def run(cases, profile: bool) -> int:
+def run(cases, profile: bool, configs=()) -> int:
     import torch
 
     from tilefuse.bench import harness
 
     plan = []
     for case in cases:
-        impls = gemm_impls(GEMM_SHAPES[case]) if case in GEMM_SHAPES else compiler_impls(case)
+        impls = gemm_impls(GEMM_SHAPES[case], configs) if case in GEMM_SHAPES else compiler_impls(case)
         for label, fn, ref in impls:
             for _ in range(WARMUP_CALLS):
                 out = fn()
@@ -280,6 +286,9 @@ def main(argv=None) -> int:
     p.add_argument("--sustained", type=float, default=0.0,
                    help="seconds a GEMM impl runs under NVML clock/power sampling (no ncu needed)")
     p.add_argument("--raw", type=Path, default=None, help="with --summary: ncu's raw page CSV of the same report")
+    p.add_argument("--config", action="append", default=[], metavar="LABEL",
+                   help="GEMM cases: also run the Triton GEMM with this config (as GemmConfig.label writes it; "
+                        "comma-separated or repeated), e.g. T128x128x64-w8-s4-k2-tma")
     opts = p.parse_args(argv)
     if opts.list:
         print("\n".join(list(GEMM_SHAPES) + list(COMPILER_CASES)))
@@ -289,9 +298,17 @@ def main(argv=None) -> int:
     bad = [c for c in opts.cases if c not in GEMM_SHAPES and c not in COMPILER_CASES]
     if bad:
         raise SystemExit(f"unknown cases {bad}; known: {', '.join(list(GEMM_SHAPES) + list(COMPILER_CASES))}")
+    configs = [c for x in opts.config for c in x.split(",") if c]
+    if configs:
+        from tilefuse.kernels.gemm_configs import GemmConfig
+        for label in configs:
+            try:
+                GemmConfig.from_label(label)
+            except ValueError as exc:
+                raise SystemExit(f"--config: {exc}") from None
     if opts.sustained > 0:
         return sustained(opts.cases, opts.sustained)
-    return run(opts.cases, opts.profile)
+    return run(opts.cases, opts.profile, configs)
 
 
 if __name__ == "__main__":

@@ -26,6 +26,8 @@ def test_list_and_unknown_cases(capsys):
     assert "gemm4096" in listed and "skinny256" in listed and "layer_norm_gelu_fwd_bwd" in listed
     with pytest.raises(SystemExit, match="unknown cases"):
         mod.main(["gemm4096", "nope"])
+    with pytest.raises(SystemExit, match="--config: config label 'T64x64'"):
+        mod.main(["small1024", "--config", "T64x128x128-w4-s4,T64x64"])
 
 
 DETAILS = '''"ID","Kernel Name","Section Name","Metric Name","Metric Unit","Metric Value"
