@@ -543,3 +543,31 @@ def test_two_way_split_sums_in_registers_with_the_strip_path_bits(monkeypatch, d
         assert torch.equal(regs, (a.long() @ b.long()).int())
     else:
         assert_close(regs, ref_mm(a, b) + bias.double(), torch.float32)
+
+
+@pytest.mark.parametrize("cfg", [GemmConfig("tiled", 32, 32, 16, tma=True),
+                                 GemmConfig("tiled", 16, 32, 32, split_k=2, tma=True),
+                                 GemmConfig("persistent", 32, 64, 16, tma=True, epi_subtile=2),
+                                 GemmConfig("persistent", 32, 32, 16, tma=True, flatten=True)], ids=lambda c: c.label())
+@pytest.mark.parametrize("layout", ["nn", "tn", "nt"])
+def test_tma_descriptors_made_on_the_host_or_in_the_kernel_agree(monkeypatch, cfg, layout):
+    """TMA loads (and the persistent kernel's TMA store) through descriptors made on the host (HOST_DESC, the
+    default) and made in the kernel: the same bits, on A or B stored transposed, replayed through the plan."""
+    from tilefuse.kernels import gemm_launch, gemm_plan
+    m, n, k = 40, 72, 100
+    a = rand(k, m).t() if layout[0] == "t" else rand(m, k)
+    b = rand(n, k).t() if layout[1] == "t" else rand(k, n)
+    bias = rand(n)
+    ops = G.prepare(a, b, bias=bias)
+    ls, _ = gemm_launch.launches(ops, cfg)
+    assert ls[0].args["USE_TMA"] and ls[0].args["HOST_DESC"]
+    assert set(ls[0].descs) == ({"a_desc_h", "b_desc_h", "c_desc_h"} if cfg.kernel == "persistent" else {"a_desc_h", "b_desc_h"})
+    gemm_plan.forget_plans()
+    host = [G.gemm_raw(a, b, bias=bias, config=cfg).out[0].clone() for _ in range(2)]  # first call, then the replay
+    monkeypatch.setattr(gemm_launch, "HOST_DESCRIPTORS", False)
+    gemm_plan.forget_plans()
+    assert not gemm_launch.launches(ops, cfg)[0][0].args["HOST_DESC"]
+    in_kernel = G.gemm_raw(a, b, bias=bias, config=cfg).out[0]
+    gemm_plan.forget_plans()
+    assert torch.equal(host[0], in_kernel) and torch.equal(host[1], in_kernel)
+    assert_close(in_kernel, ref_mm(a, b) + bias.double(), torch.float32)

@@ -8,8 +8,9 @@ Kernels
   the last to arrive at the tile's counter (an atomic) sums the partials in a fixed order, runs the
   epilogue, stores and resets the counter. No second launch, deterministic.
 - :func:`gemm_persistent_kernel`: one program an SM looping over tiles; on Hopper/Blackwell the loads and
-  the store go through TMA tensor descriptors made in the kernel (``tl.make_tensor_descriptor``, which
-  needs :func:`triton.set_allocator`; detected, with a clean fallback to pointer loads). ``STREAM_K``
+  the store go through TMA tensor descriptors, made on the host and passed in (``HOST_DESC``, the default
+  on NVIDIA) or made in the kernel (``tl.make_tensor_descriptor``, which needs :func:`triton.set_allocator`;
+  detected, with a clean fallback to pointer loads). ``STREAM_K``
   deals the last, partial round of tiles out to every program as K steps (stream-K), reduced like split-K.
   ``FLATTEN`` has triton pipeline the tile loop and the K loop as one, so a program's next tile loads
   while this tile's epilogue runs (``gemm_configs.FLATTEN_NOTE``).
@@ -128,19 +129,27 @@ def load_b_tile(b_desc, k0, n0, B_T: tl.constexpr):
 
 
 @triton.jit
-def make_ab_descriptors(a_ptr, b_ptr, M, N, K, stride_am, stride_ak, stride_bk, stride_bn,
+def make_ab_descriptors(a_ptr, b_ptr, a_desc_h, b_desc_h, M, N, K, stride_am, stride_ak, stride_bk, stride_bn,
                         A_T: tl.constexpr, B_T: tl.constexpr,
-                        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+                        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                        HOST_DESC: tl.constexpr):
     # A column-major / B K-contiguous are described transposed, so the unit stride is always last (TMA's
     # rule) and the tile is transposed in shared memory for free by the MMA's operand layout.
-    if A_T:
-        a_desc = tl.make_tensor_descriptor(a_ptr, [K, M], [stride_ak, 1], [BLOCK_K, BLOCK_M])
+    # HOST_DESC: the launch made the same descriptors on the host (gemm_launch.host_descriptors), and they
+    # arrive as kernel parameters: made here, each program writes and fences them before its first load,
+    # 1.4-3.6 us a call (device run 69, benchmarks/notes/gemm.md).
+    if HOST_DESC:
+        a_desc = a_desc_h
+        b_desc = b_desc_h
     else:
-        a_desc = tl.make_tensor_descriptor(a_ptr, [M, K], [stride_am, 1], [BLOCK_M, BLOCK_K])
-    if B_T:
-        b_desc = tl.make_tensor_descriptor(b_ptr, [N, K], [stride_bn, 1], [BLOCK_N, BLOCK_K])
-    else:
-        b_desc = tl.make_tensor_descriptor(b_ptr, [K, N], [stride_bk, 1], [BLOCK_K, BLOCK_N])
+        if A_T:
+            a_desc = tl.make_tensor_descriptor(a_ptr, [K, M], [stride_ak, 1], [BLOCK_K, BLOCK_M])
+        else:
+            a_desc = tl.make_tensor_descriptor(a_ptr, [M, K], [stride_am, 1], [BLOCK_M, BLOCK_K])
+        if B_T:
+            b_desc = tl.make_tensor_descriptor(b_ptr, [N, K], [stride_bn, 1], [BLOCK_N, BLOCK_K])
+        else:
+            b_desc = tl.make_tensor_descriptor(b_ptr, [K, N], [stride_bk, 1], [BLOCK_K, BLOCK_N])
     return a_desc, b_desc
 
 
@@ -219,7 +228,7 @@ def gemm_tiled_kernel(
         res_ptr, stride_rz, stride_rm, stride_rn, pre_ptr, stride_pz, stride_pm, stride_pn,
         amax_ptr, stride_amax_p, ws_ptr, lock_ptr, alpha, beta,
         e0_ptr, e0_sz, e0_sm, e0_sn, e1_ptr, e1_sz, e1_sm, e1_sn,
-        e2_ptr, e2_sz, e2_sm, e2_sn, e3_ptr, e3_sz, e3_sm, e3_sn,
+        e2_ptr, e2_sz, e2_sm, e2_sn, e3_ptr, e3_sz, e3_sm, e3_sn, a_desc_h, b_desc_h, c_desc_h,
         EPILOGUE: tl.constexpr, ACTIVATION: tl.constexpr, BIAS_MODE: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
         SCALE_A_MODE: tl.constexpr, SCALE_B_MODE: tl.constexpr, HAS_ALPHA: tl.constexpr,
         STORE_PRE: tl.constexpr, QUANT: tl.constexpr, QMAX: tl.constexpr, Q_INT: tl.constexpr,
@@ -227,7 +236,7 @@ def gemm_tiled_kernel(
         USE_TMA: tl.constexpr, A_T: tl.constexpr, B_T: tl.constexpr,
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
         SPLIT_K: tl.constexpr, WARP_SPECIALIZE: tl.constexpr, B_STREAM: tl.constexpr,
-        SPLIT_IN_REGS: tl.constexpr = False):
+        SPLIT_IN_REGS: tl.constexpr = False, HOST_DESC: tl.constexpr = False):
     """One tile a program (grid: tiles x SPLIT_K, Z); SPLIT_K > 1 is the split-K variant.
     WARP_SPECIALIZE (TMA, SPLIT_K == 1 only: the split-K atomics abort triton 3.6's data partitioning)
     specialises the K loop's warps. SPLIT_IN_REGS (SPLIT_K == 2, a small accumulator: see
@@ -250,8 +259,8 @@ def gemm_tiled_kernel(
     offs_m = m0 + tl.arange(0, BLOCK_M)
     offs_n = n0 + tl.arange(0, BLOCK_N)
     if USE_TMA:
-        a_desc, b_desc = make_ab_descriptors(a_ptr, b_ptr, M, N, K, stride_am, stride_ak, stride_bk, stride_bn,
-                                             A_T, B_T, BLOCK_M, BLOCK_N, BLOCK_K)
+        a_desc, b_desc = make_ab_descriptors(a_ptr, b_ptr, a_desc_h, b_desc_h, M, N, K, stride_am, stride_ak,
+                                             stride_bk, stride_bn, A_T, B_T, BLOCK_M, BLOCK_N, BLOCK_K, HOST_DESC)
         acc = mainloop_tma(a_desc, b_desc, m0, n0, kt0, kt1, BLOCK_M, BLOCK_N, BLOCK_K,
                            A_T, B_T, ACC_INT, INPUT_PRECISION, WARP_SPECIALIZE)
     else:
@@ -320,7 +329,7 @@ def gemm_persistent_kernel(
         res_ptr, stride_rz, stride_rm, stride_rn, pre_ptr, stride_pz, stride_pm, stride_pn,
         amax_ptr, stride_amax_p, ws_ptr, lock_ptr, alpha, beta,
         e0_ptr, e0_sz, e0_sm, e0_sn, e1_ptr, e1_sz, e1_sm, e1_sn,
-        e2_ptr, e2_sz, e2_sm, e2_sn, e3_ptr, e3_sz, e3_sm, e3_sn,
+        e2_ptr, e2_sz, e2_sm, e2_sn, e3_ptr, e3_sz, e3_sm, e3_sn, a_desc_h, b_desc_h, c_desc_h,
         EPILOGUE: tl.constexpr, ACTIVATION: tl.constexpr, BIAS_MODE: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
         SCALE_A_MODE: tl.constexpr, SCALE_B_MODE: tl.constexpr, HAS_ALPHA: tl.constexpr,
         STORE_PRE: tl.constexpr, QUANT: tl.constexpr, QMAX: tl.constexpr, Q_INT: tl.constexpr,
@@ -328,7 +337,8 @@ def gemm_persistent_kernel(
         USE_TMA: tl.constexpr, A_T: tl.constexpr, B_T: tl.constexpr,
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
         NUM_PROGRAMS: tl.constexpr, C_TMA: tl.constexpr, EPI_SUBTILE: tl.constexpr, FLATTEN: tl.constexpr,
-        WARP_SPECIALIZE: tl.constexpr, STREAM_K: tl.constexpr, SK_MIN_STEPS: tl.constexpr):
+        WARP_SPECIALIZE: tl.constexpr, STREAM_K: tl.constexpr, SK_MIN_STEPS: tl.constexpr,
+        HOST_DESC: tl.constexpr = False):
     """One program an SM (grid: min(NUM_PROGRAMS, tiles); NUM_PROGRAMS with STREAM_K), looping over the
     Z x tiles in grouped order.
 
@@ -349,9 +359,11 @@ def gemm_persistent_kernel(
         dp_end = num_tiles * Z
     SUB_N: tl.constexpr = BLOCK_N // EPI_SUBTILE
     if USE_TMA:
-        a_desc, b_desc = make_ab_descriptors(a_ptr, b_ptr, M, N, K, stride_am, stride_ak, stride_bk, stride_bn,
-                                             A_T, B_T, BLOCK_M, BLOCK_N, BLOCK_K)
-    if C_TMA:
+        a_desc, b_desc = make_ab_descriptors(a_ptr, b_ptr, a_desc_h, b_desc_h, M, N, K, stride_am, stride_ak,
+                                             stride_bk, stride_bn, A_T, B_T, BLOCK_M, BLOCK_N, BLOCK_K, HOST_DESC)
+    if C_TMA and HOST_DESC:
+        c_desc = c_desc_h
+    elif C_TMA:
         c_desc = tl.make_tensor_descriptor(c_ptr, [M, N], [stride_cm, 1], [BLOCK_M, SUB_N])
     else:
         c_desc = c_ptr

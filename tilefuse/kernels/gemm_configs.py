@@ -352,6 +352,9 @@ NVIDIA_SPACE: dict[str, tuple[GemmConfig, ...]] = {
         # of stack on sm_90a. "r14": device run 14's sweep (benchmarks/results/run14/gemm-sweep*.json, every
         # class's configs at 1024^3 and 2048^3): the 1024^3 leaders first, then 2048^3's (the tiled 128x256
         # with TMA led there at 0.910x bf16 / 0.927x fp16; the tuner's pick, P128x256 ws, 0.889x / 0.903x)
+        # r69 (scripts/tma_desc_probe.py): the same tile through TMA with descriptors made on the host, 8.64 us at
+        # 1024^3 against 9.55 with pointer loads and 11.06 with descriptors made in the kernel (cuBLAS 9.22)
+        C("tiled", 64, 128, 128, 4, 4, group_m=1, tma=True),
         C("tiled", 64, 128, 128, 4, 4, group_m=1),  # r10 1024^3: 0.907x (the split-K 64x128x64 0.643x)
         C("tiled", 128, 64, 128, 4, 4, group_m=8),  # r10 1024^3: 0.899x
         C("tiled", 128, 256, 64, 8, 3, group_m=8, split_k=AUTO_SPLIT, tma=True),  # r14 2048^3: 0.910x

@@ -50,6 +50,9 @@ class Launch:
     options: dict[str, Any]
     values: dict[str, str] = dataclasses.field(default_factory=dict)  # float parameter -> value role
     kept: dict[str, tuple[int, torch.dtype]] = dataclasses.field(default_factory=dict)  # "ws"/"lock" -> numel, dtype
+    # TMA descriptor parameter -> (role of the tensor it describes, shape, strides, block shape): made on the
+    # host for each launch from that role's tensor (the plan's signature fixes shape and strides)
+    descs: dict[str, tuple[str, tuple, tuple, tuple]] = dataclasses.field(default_factory=dict)
 
 
 # ------------------------------------------------------------------------------------ kept buffers
@@ -94,6 +97,55 @@ def ensure_scratch_allocator() -> None:
         pass
     triton.set_allocator(_scratch_allocator)
     _allocator_set = True
+
+
+# TMA descriptors made on the host and passed to the kernel (HOST_DESC), rather than made by every program in
+# the kernel: device run 69 (scripts/tma_desc_probe.py) measured the in-kernel ones at 1.4-3.6 us a call (1024^3:
+# 8.64 us with host descriptors, 11.06 with in-kernel ones, cuBLAS 9.22). NVIDIA and the interpreter; AMD keeps
+# the in-kernel path (its TMA-less parts never take it), and so do warp-specialised kernels (triton 3.6's
+# Hopper warp specialisation fails to compile with descriptor parameters). A switch for tests and A/B timing.
+HOST_DESCRIPTORS = True
+
+
+def host_descriptors(vendor: str) -> bool:
+    return HOST_DESCRIPTORS and (vendor == "nvidia" or device.current().interpreter)
+
+
+def ab_descriptor_specs(ops: Operands, cfg: GemmConfig) -> tuple[tuple, tuple]:
+    """(shape, strides, block) of A's and B's TMA descriptors, as ``gemm.make_ab_descriptors`` describes them:
+    the unit stride last, so a column-major A and a K-contiguous B are described transposed."""
+    sa, sb = ops.sa, ops.sb
+    if ops.problem.a_t:
+        a = ((ops.K, ops.M), (sa[2], 1), (cfg.block_k, cfg.block_m))
+    else:
+        a = ((ops.M, ops.K), (sa[1], 1), (cfg.block_m, cfg.block_k))
+    if ops.problem.b_t:
+        b = ((ops.N, ops.K), (sb[2], 1), (cfg.block_n, cfg.block_k))
+    else:
+        b = ((ops.K, ops.N), (sb[1], 1), (cfg.block_k, cfg.block_n))
+    return a, b
+
+
+class HostDescriptor:
+    """What Triton's launcher reads of a ``TensorDescriptor`` (base, shape, strides, padding), without the
+    dataclass's checks: a plan's replay makes one a descriptor parameter each call, for a tensor whose
+    shape, strides and alignment its signature already fixed."""
+
+    __slots__ = ("base", "shape", "strides", "padding")
+
+    def __init__(self, base, shape, strides):
+        self.base, self.shape, self.strides, self.padding = base, shape, strides, "zero"
+
+
+def make_descriptor(t: torch.Tensor, spec: tuple, checked: bool = True):
+    """A TMA descriptor parameter over ``t`` with ``spec`` = (shape, strides, block): Triton's own
+    ``TensorDescriptor`` (what the JIT specialises on) when ``checked``, else a :class:`HostDescriptor`."""
+    shape, strides, block = spec
+    if checked:
+        from triton.tools.tensor_descriptor import TensorDescriptor
+
+        return TensorDescriptor(t, list(shape), list(strides), list(block))
+    return HostDescriptor(t, shape, strides)
 
 
 # --------------------------------------------------------------------------------- what a call runs
@@ -169,6 +221,12 @@ def launches(ops: Operands, cfg: GemmConfig) -> tuple[list[Launch], Callable[[],
         "amax_ptr": (amax, amax_role), "ws_ptr": (dz, "dummy"), "lock_ptr": (dz, "dummy")}
     for i in range(NUM_EXTRA_OPERANDS):
         pointers[f"e{i}_ptr"] = opt(ops.extras[i] if i < len(ops.extras) else None, f"e{i}")
+    # (not under warp specialisation: triton 3.6's Hopper pass fails on descriptor parameters)
+    host_desc = use_tma and host_descriptors(device.current().vendor) and not specialise
+    descs: dict[str, tuple[str, tuple, tuple, tuple]] = {}
+    if host_desc:
+        a_spec, b_spec = ab_descriptor_specs(ops, cfg)
+        descs = {"a_desc_h": ("a", *a_spec), "b_desc_h": ("b", *b_spec)}
     args: dict[str, Any] = dict(
         M=ops.M, N=ops.N, K=ops.K, Z=ops.Z,
         stride_az=ops.sa[0], stride_am=ops.sa[1], stride_ak=ops.sa[2],
@@ -201,6 +259,7 @@ def launches(ops: Operands, cfg: GemmConfig) -> tuple[list[Launch], Callable[[],
         args["WARP_SPECIALIZE"] = specialise and cfg.split_k == 1
         args["B_STREAM"] = cfg.b_stream and not use_tma
         args["SPLIT_IN_REGS"] = split_in_registers(cfg)
+        args["HOST_DESC"] = host_desc
         grid: tuple[int, ...] = (tiles * cfg.split_k, ops.Z)
     else:
         kernel = gemm_persistent_kernel
@@ -214,16 +273,25 @@ def launches(ops: Operands, cfg: GemmConfig) -> tuple[list[Launch], Callable[[],
         if stream_k:
             kept = {"ws": (2 * nprog * cfg.block_m * cfg.block_n, ws_dtype), "lock": (nprog, torch.int32)}
         args.update(NUM_PROGRAMS=nprog, C_TMA=c_tma, EPI_SUBTILE=cfg.epi_subtile, FLATTEN=cfg.flatten,
-                    WARP_SPECIALIZE=specialise, STREAM_K=stream_k, SK_MIN_STEPS=STREAM_K_MIN_STEPS)
+                    WARP_SPECIALIZE=specialise, STREAM_K=stream_k, SK_MIN_STEPS=STREAM_K_MIN_STEPS,
+                    HOST_DESC=host_desc)
+        if host_desc and c_tma:
+            descs["c_desc_h"] = (c_role, (ops.M, ops.N), (sc[1], 1), (cfg.block_m, cfg.block_n // cfg.epi_subtile))
         grid = (nprog,) if stream_k else (max(1, min(nprog, tiles * ops.Z)),)
     if kept:
         stream = _stream_of(dev)
         pointers["ws_ptr"] = (stream_buffer("ws", dev, stream, *kept["ws"]), "ws")
         pointers["lock_ptr"] = (stream_buffer("lock", dev, stream, *kept["lock"]), "lock")
+    for name in ("a_desc_h", "b_desc_h", "c_desc_h"):
+        if name not in descs:
+            pointers[name] = (dz, "dummy")  # unused: HOST_DESC is off, or the store is not TMA's
     for name, (t, _) in pointers.items():
         args[name] = t
+    by_role = {r: t for t, r in pointers.values()}
+    for name, (role, *spec) in descs.items():
+        args[name] = make_descriptor(by_role[role] if role in by_role else c, tuple(spec))
     out = [Launch(kernel, grid, args, {n: r for n, (_, r) in pointers.items()},
-                  cfg.launch_options(device.current().vendor), {"alpha": "alpha", "beta": "beta"}, kept)]
+                  cfg.launch_options(device.current().vendor), {"alpha": "alpha", "beta": "beta"}, kept, descs)]
     post = None
     if qmode == QUANT_TWO_PASS:
         quant, post = _quantize_launch(ops, c, amax)
@@ -272,8 +340,8 @@ class CompiledLaunch:
     integers (the plan's signature fixed every tensor's dtype and alignment). On the interpreter every run
     goes through the JIT (there is nothing compiled to keep)."""
 
-    __slots__ = ("kernel", "grid", "options", "jit_args", "direct_args", "ptr_slots", "value_slots", "names",
-                 "direct", "interpret", "device_index")
+    __slots__ = ("kernel", "grid", "options", "jit_args", "direct_args", "ptr_slots", "value_slots", "desc_slots",
+                 "names", "direct", "interpret", "device_index")
 
     def __init__(self, launch: Launch):
         self.kernel, self.grid, self.options = launch.kernel, launch.grid, launch.options
@@ -291,6 +359,8 @@ class CompiledLaunch:
             else:
                 raise ValueError(f"role {role!r} of {n} cannot be replayed")
         self.value_slots = [(names.index(n), VALUE_ROLES.index(r)) for n, r in launch.values.items()]
+        # host-made TMA descriptors: made again each run over that run's tensor of the role
+        self.desc_slots = [(names.index(n), ROLE_INDEX[role], tuple(spec)) for n, (role, *spec) in launch.descs.items()]
         self.direct: Direct | None = None
         self.interpret = device.current().interpreter
         self.device_index = launch.args[names[0]].get_device() if hasattr(launch.args[names[0]], "get_device") else -1
@@ -301,6 +371,8 @@ class CompiledLaunch:
             args[i] = values[r]
         for i, r in self.value_slots:
             args[i] = floats[r]
+        for i, r, spec in self.desc_slots:
+            args[i] = make_descriptor(values[r], spec)
         compiled = self.kernel[self.grid](*args, **self.options)
         if self.interpret or compiled is None:
             return
@@ -315,6 +387,8 @@ class CompiledLaunch:
             args[i] = values[r].data_ptr()
         for i, r in self.value_slots:
             args[i] = floats[r]
+        for i, r, (shape, strides, _) in self.desc_slots:
+            args[i] = HostDescriptor(values[r], shape, strides)
         self.direct.launch(stream, args)
 
 

@@ -14,6 +14,7 @@ from .. import targets
 from .gemm import gemm_persistent_kernel, gemm_tiled_kernel, quantize_rows_kernel, relayout_kernel
 from .gemm_configs import PART_BY_TARGET, STREAM_K_MIN_STEPS, WS_CAPABILITY, GemmConfig, split_in_registers, ws_possible
 from .gemm_epilogue import ACTIVATIONS, QUANT_DIRECT, QUANT_TWO_PASS, example_silu_plus_e0
+from . import gemm_launch
 
 # The target matrix (``tilefuse targets``) compiles these examples for every target and checks the MMA
 # family in the assembly: the GEMM must reach the tensor cores / matrix cores everywhere.
@@ -38,6 +39,9 @@ def _example(fn, label: str, target: str, cfg: GemmConfig, *, a="bf16", out="bf1
     ws = bool(cfg.warp_specialize and use_tma and ws_possible(cfg, part, epi["EPILOGUE"] is not None))
     constexprs: dict[str, Any] = dict(epi, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
                                       GROUP_M=cfg.group_m)
+    # TMA descriptors made on the host, as the launches make them on NVIDIA (gemm_launch.host_descriptors)
+    host = bool(use_tma and part.vendor == "nvidia" and gemm_launch.HOST_DESCRIPTORS and not ws)
+    constexprs["HOST_DESC"] = host
     if fn is gemm_tiled_kernel:
         constexprs["SPLIT_K"] = split_k
         constexprs["WARP_SPECIALIZE"] = ws and split_k == 1
@@ -47,9 +51,20 @@ def _example(fn, label: str, target: str, cfg: GemmConfig, *, a="bf16", out="bf1
         constexprs.update(NUM_PROGRAMS=part.multiprocessors, C_TMA=use_tma and out != "i32",
                           EPI_SUBTILE=cfg.epi_subtile, FLATTEN=cfg.flatten, WARP_SPECIALIZE=ws,
                           STREAM_K=cfg.stream_k and not ws, SK_MIN_STEPS=STREAM_K_MIN_STEPS)
+    descs = {}
+    if host:
+        bm, bn, bk = cfg.block_m, cfg.block_n, cfg.block_k
+        descs["a_desc_h"] = f"tensordesc<{a}[{bm}, {bk}]>" if not epi["A_T"] else f"tensordesc<{a}[{bk}, {bm}]>"
+        descs["b_desc_h"] = f"tensordesc<{a}[{bn}, {bk}]>" if b_t else f"tensordesc<{a}[{bk}, {bn}]>"
+        if constexprs.get("C_TMA"):
+            descs["c_desc_h"] = f"tensordesc<{out}[{bm}, {bn // cfg.epi_subtile}]>"
     signature: dict[str, str] = {}
     for name in fn.arg_names:
-        if name in constexprs:
+        if name in descs:
+            signature[name] = descs[name]
+        elif name.endswith("_desc_h"):
+            signature[name] = "*fp32"  # unused: no descriptor made on the host for it
+        elif name in constexprs:
             signature[name] = "constexpr"
         elif name in unit:
             signature[name] = "constexpr"
