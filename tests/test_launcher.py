@@ -70,6 +70,38 @@ def test_direct_passes_grid_stream_function_and_arguments_in_the_launcher_order(
     assert call[13:] == (111, 222, 5, 256)
 
 
+def test_direct_expands_tensor_descriptors_itself_and_keeps_their_tensor_maps(monkeypatch):
+    """A kernel with descriptor parameters: Triton wraps its C launcher to encode each descriptor at every
+    launch. Direct keeps the launcher under the wrapper, expands the descriptors in place itself, and encodes
+    a (position, address, shape, strides) once."""
+    from triton.backends.nvidia import driver as nv
+
+    from tilefuse.kernels.gemm_launch import HostDescriptor
+
+    monkeypatch.setattr(triton, "__version__", "3.6.0")
+    encoded = []
+
+    def fake_encode(desc, meta):
+        encoded.append((desc.base.data_ptr(), meta["block"]))
+        return [f"map{len(encoded)}", *desc.shape, *desc.strides]
+
+    monkeypatch.setattr(nv, "make_tensordesc_arg", fake_encode)
+    compiled = _Compiled()
+    raw = compiled.run.launch
+    signature = {0: "*bf16", 1: "tensordesc<bf16[64, 64]>", 2: "i32", 3: "tensordesc<bf16[64, 32]>", 4: "constexpr"}
+    compiled.run.launch = nv.wrap_handle_tensordesc(raw, signature, [{"block": 64}, {"block": 32}])
+    d = launcher.Direct(compiled, (4,), -1)
+    assert d.fn is raw and [p for p, _ in d.desc_pos] == [1, 3]
+    x, y, z = torch.zeros(64, 64), torch.zeros(64, 32), torch.zeros(64, 32)
+    for second in (y, y, z):
+        d.launch(5, [111, HostDescriptor(x, (64, 64), (64, 1)), 7, HostDescriptor(second, (64, 32), (32, 1)), 16])
+    assert [c[13:] for c in compiled.run.calls] == [
+        (111, "map1", 64, 64, 64, 1, 7, "map2", 64, 32, 32, 1, 16),
+        (111, "map1", 64, 64, 64, 1, 7, "map2", 64, 32, 32, 1, 16),  # both kept
+        (111, "map1", 64, 64, 64, 1, 7, "map3", 64, 32, 32, 1, 16)]  # a new address: encoded again
+    assert encoded == [(x.data_ptr(), 64), (y.data_ptr(), 32), (z.data_ptr(), 32)]
+
+
 def test_direct_uses_the_launchers_own_call_on_other_triton_versions(monkeypatch):
     monkeypatch.setattr(triton, "__version__", "3.7.0")
     d = launcher.Direct(_Compiled(), (3,), -1)

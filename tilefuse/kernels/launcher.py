@@ -26,6 +26,7 @@ from triton.knobs import HookChain
 from .. import device
 
 RUNTIME = _knobs.runtime
+DESC_CACHE_MAX = 256  # encoded TMA tensor maps a launcher keeps (then starts again)
 DIRECT_TRITON = ("3.6.",)  # launcher argument order read from these versions' nvidia driver.py
 
 # ------------------------------------------------------------------------------------ kept buffers
@@ -81,7 +82,7 @@ class Direct:
     pointers as integers."""
 
     __slots__ = ("function", "packed", "fn", "via_run", "coop", "pdl", "scratch_bytes", "scratch_align",
-                 "g0", "g1", "g2", "device_index")
+                 "g0", "g1", "g2", "device_index", "desc_pos", "desc_cache")
 
     def __init__(self, compiled, grid: tuple, device_index: int):
         run = compiled.run  # loads the module (and checks resources) once
@@ -91,12 +92,42 @@ class Direct:
         self.scratch_bytes = self.scratch_align = 0
         self.g0, self.g1, self.g2 = grid[0], (grid[1] if len(grid) > 1 else 1), (grid[2] if len(grid) > 2 else 1)
         self.device_index = device_index
+        self.desc_pos: tuple = ()
+        self.desc_cache: dict = {}
         if (type(run).__name__ == "CudaLauncher" and triton.__version__.startswith(DIRECT_TRITON)
                 and not getattr(run, "profile_scratch_size", 0) and hasattr(run, "launch")):
             self.fn, self.via_run = run.launch, False
             self.coop, self.pdl = int(run.launch_cooperative_grid), int(run.launch_pdl)
             self.scratch_bytes = run.global_scratch_size * math.prod(grid) * run.num_ctas
             self.scratch_align = run.global_scratch_align
+            self._unwrap_descriptors(run.launch)
+
+    def _unwrap_descriptors(self, launch) -> None:
+        """A kernel with tensor-descriptor parameters gets a launcher wrapped by Triton
+        (``wrap_handle_tensordesc``), which encodes each descriptor's tensor map on the host at every launch
+        (~4 us a descriptor, device run 70). Keep the C launcher under it and the descriptors' positions:
+        :meth:`launch` expands them itself, keeping the encoded tensor map for a (position, address, shape,
+        strides) it has seen (the map holds only those)."""
+        code = getattr(launch, "__code__", None)
+        if code is None or code.co_freevars != ("launcher", "tensordesc_indices", "tensordesc_meta"):
+            return
+        cells = dict(zip(code.co_freevars, (c.cell_contents for c in launch.__closure__)))
+        metas = cells["tensordesc_meta"]
+        if not metas or any(m is None for m in metas):
+            return  # descriptors not lowered to tensor maps: the wrapper passes tensors, nothing to keep
+        self.desc_pos = tuple(zip(sorted(cells["tensordesc_indices"]), metas))
+        self.fn = cells["launcher"]
+
+    def _expand(self, pos: int, desc, meta) -> list:
+        key = (pos, desc.base.data_ptr(), tuple(desc.shape), tuple(desc.strides))
+        got = self.desc_cache.get(key)
+        if got is None:
+            from triton.backends.nvidia.driver import make_tensordesc_arg
+
+            if len(self.desc_cache) >= DESC_CACHE_MAX:
+                self.desc_cache.clear()
+            got = self.desc_cache[key] = make_tensordesc_arg(desc, meta)
+        return got
 
     def launch(self, stream: int, args) -> None:
         if self.via_run:
@@ -105,6 +136,14 @@ class Direct:
         scratch = None
         if self.scratch_bytes:
             scratch = scratch_pointer(self.device_index, stream, self.scratch_bytes, self.scratch_align)
+        if self.desc_pos:
+            flat, prev = [], 0
+            for pos, meta in self.desc_pos:
+                flat += args[prev:pos]
+                flat += self._expand(pos, args[pos], meta)
+                prev = pos + 1
+            flat += args[prev:]
+            args = flat
         self.fn(self.g0, self.g1, self.g2, stream, self.function, self.coop, self.pdl, scratch, None, self.packed,
                 None, None, None, *args)
 
