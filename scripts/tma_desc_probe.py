@@ -44,6 +44,7 @@ def _order(M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_M: tl.const
     size_m = tl.minimum(num_m - first_m, GROUP_M)
     return first_m + (pid % in_group) % size_m, (pid % in_group) // size_m
 
+
 @triton.jit
 def _store(acc, c_ptr, M, N, m0, n0, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     rm = m0 + tl.arange(0, BLOCK_M)
@@ -51,25 +52,31 @@ def _store(acc, c_ptr, M, N, m0, n0, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexp
     tl.store(c_ptr + rm[:, None] * N + rn[None, :], acc.to(c_ptr.dtype.element_ty),
              mask=(rm[:, None] < M) & (rn[None, :] < N))
 
+
 @triton.jit
-def in_kernel(a_ptr, b_ptr, c_ptr, M, N, K, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-              BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, STAGES: tl.constexpr):
+def _desc_gemm(a_desc, b_desc, c_ptr, M, N, K, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+               BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, STAGES: tl.constexpr):
+    """The tile loop of both descriptor kernels (inlined into each: the same code but for the descriptors)."""
     pid_m, pid_n = _order(M, N, BLOCK_M, BLOCK_N, GROUP_M)
-    a_desc = tl.make_tensor_descriptor(a_ptr, [M, K], [K, 1], [BLOCK_M, BLOCK_K])
-    b_desc = tl.make_tensor_descriptor(b_ptr, [K, N], [N, 1], [BLOCK_K, BLOCK_N])
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k in tl.range(0, tl.cdiv(K, BLOCK_K), num_stages=STAGES):
         acc = tl.dot(a_desc.load([pid_m * BLOCK_M, k * BLOCK_K]), b_desc.load([k * BLOCK_K, pid_n * BLOCK_N]), acc)
     _store(acc, c_ptr, M, N, pid_m * BLOCK_M, pid_n * BLOCK_N, BLOCK_M, BLOCK_N)
 
+
+@triton.jit
+def in_kernel(a_ptr, b_ptr, c_ptr, M, N, K, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+              BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, STAGES: tl.constexpr):
+    a_desc = tl.make_tensor_descriptor(a_ptr, [M, K], [K, 1], [BLOCK_M, BLOCK_K])
+    b_desc = tl.make_tensor_descriptor(b_ptr, [K, N], [N, 1], [BLOCK_K, BLOCK_N])
+    _desc_gemm(a_desc, b_desc, c_ptr, M, N, K, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, STAGES)
+
+
 @triton.jit
 def host(a_desc, b_desc, c_ptr, M, N, K, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
          BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, STAGES: tl.constexpr):
-    pid_m, pid_n = _order(M, N, BLOCK_M, BLOCK_N, GROUP_M)
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for k in tl.range(0, tl.cdiv(K, BLOCK_K), num_stages=STAGES):
-        acc = tl.dot(a_desc.load([pid_m * BLOCK_M, k * BLOCK_K]), b_desc.load([k * BLOCK_K, pid_n * BLOCK_N]), acc)
-    _store(acc, c_ptr, M, N, pid_m * BLOCK_M, pid_n * BLOCK_N, BLOCK_M, BLOCK_N)
+    _desc_gemm(a_desc, b_desc, c_ptr, M, N, K, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, STAGES)
+
 
 @triton.jit
 def pointers(a_ptr, b_ptr, c_ptr, M, N, K, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,

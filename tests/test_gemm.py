@@ -571,3 +571,19 @@ def test_tma_descriptors_made_on_the_host_or_in_the_kernel_agree(monkeypatch, cf
     gemm_plan.forget_plans()
     assert torch.equal(host[0], in_kernel) and torch.equal(host[1], in_kernel)
     assert_close(in_kernel, ref_mm(a, b) + bias.double(), torch.float32)
+
+
+def test_tma_descriptor_probe_kernels_agree_on_the_interpreter():
+    """scripts/tma_desc_probe.py's three kernels (descriptors in the kernel, on the host, pointer loads) against
+    float64 on a ragged shape: what its device timings compare must compute the same product."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=str(root))
+    got = subprocess.run([sys.executable, str(root / "scripts" / "tma_desc_probe.py"), "--check"], env=env,
+                         capture_output=True, text=True, timeout=300)
+    assert got.returncode == 0, got.stdout + got.stderr
+    assert got.stdout.count("rel err") == 6

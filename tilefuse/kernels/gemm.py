@@ -268,6 +268,7 @@ def gemm_tiled_kernel(
         acc = mainloop_pointers(a_ptr + z64 * stride_az, b_ptr + z64 * stride_bz, offs_m, offs_n,
                                 offs_m < M, offs_n < N, kt0, kt1, K, stride_am, stride_ak, stride_bk, stride_bn,
                                 BLOCK_M, BLOCK_N, BLOCK_K, ACC_INT, INPUT_PRECISION, EVEN_K, B_STREAM)
+    whole = True  # this program runs the epilogue on its whole accumulator
     if SPLIT_K > 1:
         tile_id = z * num_tiles + tile
         offs_t = tl.arange(0, BLOCK_M)[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
@@ -275,42 +276,38 @@ def gemm_tiled_kernel(
         tl.store(ws_tile + pid_k * (BLOCK_M * BLOCK_N) + offs_t, acc)
         tl.debug_barrier()  # every thread's share of the partial is written before the counter moves
         arrived = tl.atomic_add(lock_ptr + tile_id, 1, sem="acq_rel", scope="gpu")
-        if SPLIT_IN_REGS and arrived == SPLIT_K - 1:
+        last = arrived == SPLIT_K - 1
+        if SPLIT_IN_REGS:
             # Two splits: own + other is the same sum (IEEE addition commutes) whichever arrives last, and the
             # same bits as the strip path's partial 0 + partial 1.
-            acc += tl.load(ws_tile + (1 - pid_k) * (BLOCK_M * BLOCK_N) + offs_t, cache_modifier=".cg")
-            finish_tile(acc, m0, n0, offs_m, offs_n, z, pid_n, M, N, c_ptr, c_ptr, stride_cz, stride_cm, stride_cn,
-                        scale_a_ptr, scale_b_ptr, bias_ptr, stride_bias_z, stride_bias,
-                        res_ptr, stride_rz, stride_rm, stride_rn, pre_ptr, stride_pz, stride_pm, stride_pn,
-                        amax_ptr, stride_amax_p, alpha, beta,
-                        e0_ptr, e0_sz, e0_sm, e0_sn, e1_ptr, e1_sz, e1_sm, e1_sn,
-                        e2_ptr, e2_sz, e2_sm, e2_sn, e3_ptr, e3_sz, e3_sm, e3_sn,
-                        EPILOGUE, ACTIVATION, BIAS_MODE, HAS_RESIDUAL, SCALE_A_MODE, SCALE_B_MODE,
-                        HAS_ALPHA, STORE_PRE, QUANT, QMAX, Q_INT, Q_GRID_MANT, Q_GRID_EMIN, RAW_INT, False)
-            tl.atomic_xchg(lock_ptr + tile_id, 0)
-        elif arrived == SPLIT_K - 1:
-            # The last split of this tile sums every partial in split order (the same result whichever
-            # split arrives last), reading through L2 (.cg: other SMs wrote them), FIX_M rows at a time:
-            # a whole second tile of partial sums would double the accumulator's registers (a 128x128
-            # fp32 tile is 128 registers a thread at 4 warps; two spill).
-            FIX_M: tl.constexpr = 32 if BLOCK_M > 32 else BLOCK_M
-            offs_r = tl.arange(0, FIX_M)[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
-            for r0 in range(0, BLOCK_M, FIX_M):
-                part_ptr = ws_tile + r0 * BLOCK_N + offs_r
-                acc_r = tl.load(part_ptr, cache_modifier=".cg")
-                for s in tl.static_range(1, SPLIT_K):
-                    acc_r += tl.load(part_ptr + s * (BLOCK_M * BLOCK_N), cache_modifier=".cg")
-                finish_tile(acc_r, m0 + r0, n0, m0 + r0 + tl.arange(0, FIX_M), offs_n, z, pid_n, M, N, c_ptr, c_ptr,
-                            stride_cz, stride_cm, stride_cn,
-                            scale_a_ptr, scale_b_ptr, bias_ptr, stride_bias_z, stride_bias,
-                            res_ptr, stride_rz, stride_rm, stride_rn, pre_ptr, stride_pz, stride_pm, stride_pn,
-                            amax_ptr, stride_amax_p, alpha, beta,
-                            e0_ptr, e0_sz, e0_sm, e0_sn, e1_ptr, e1_sz, e1_sm, e1_sn,
-                            e2_ptr, e2_sz, e2_sm, e2_sn, e3_ptr, e3_sz, e3_sm, e3_sn,
-                            EPILOGUE, ACTIVATION, BIAS_MODE, HAS_RESIDUAL, SCALE_A_MODE, SCALE_B_MODE,
-                            HAS_ALPHA, STORE_PRE, QUANT, QMAX, Q_INT, Q_GRID_MANT, Q_GRID_EMIN, RAW_INT, False)
-            tl.atomic_xchg(lock_ptr + tile_id, 0)  # the counter is zero again for the next launch
-    else:
+            if last:
+                acc += tl.load(ws_tile + (1 - pid_k) * (BLOCK_M * BLOCK_N) + offs_t, cache_modifier=".cg")
+            whole = last
+        else:
+            whole = False
+            if last:
+                # The last split of this tile sums every partial in split order (the same result whichever
+                # split arrives last), reading through L2 (.cg: other SMs wrote them), FIX_M rows at a time:
+                # a whole second tile of partial sums would double the accumulator's registers (a 128x128
+                # fp32 tile is 128 registers a thread at 4 warps; two spill).
+                FIX_M: tl.constexpr = 32 if BLOCK_M > 32 else BLOCK_M
+                offs_r = tl.arange(0, FIX_M)[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
+                for r0 in range(0, BLOCK_M, FIX_M):
+                    part_ptr = ws_tile + r0 * BLOCK_N + offs_r
+                    acc_r = tl.load(part_ptr, cache_modifier=".cg")
+                    for s in tl.static_range(1, SPLIT_K):
+                        acc_r += tl.load(part_ptr + s * (BLOCK_M * BLOCK_N), cache_modifier=".cg")
+                    finish_tile(acc_r, m0 + r0, n0, m0 + r0 + tl.arange(0, FIX_M), offs_n, z, pid_n, M, N, c_ptr,
+                                c_ptr, stride_cz, stride_cm, stride_cn,
+                                scale_a_ptr, scale_b_ptr, bias_ptr, stride_bias_z, stride_bias,
+                                res_ptr, stride_rz, stride_rm, stride_rn, pre_ptr, stride_pz, stride_pm, stride_pn,
+                                amax_ptr, stride_amax_p, alpha, beta,
+                                e0_ptr, e0_sz, e0_sm, e0_sn, e1_ptr, e1_sz, e1_sm, e1_sn,
+                                e2_ptr, e2_sz, e2_sm, e2_sn, e3_ptr, e3_sz, e3_sm, e3_sn,
+                                EPILOGUE, ACTIVATION, BIAS_MODE, HAS_RESIDUAL, SCALE_A_MODE, SCALE_B_MODE,
+                                HAS_ALPHA, STORE_PRE, QUANT, QMAX, Q_INT, Q_GRID_MANT, Q_GRID_EMIN, RAW_INT, False)
+                tl.atomic_xchg(lock_ptr + tile_id, 0)  # the counter is zero again for the next launch
+    if whole:
         finish_tile(acc, m0, n0, offs_m, offs_n, z, pid_n, M, N, c_ptr, c_ptr, stride_cz, stride_cm, stride_cn,
                     scale_a_ptr, scale_b_ptr, bias_ptr, stride_bias_z, stride_bias,
                     res_ptr, stride_rz, stride_rm, stride_rn, pre_ptr, stride_pz, stride_pm, stride_pn,
@@ -319,6 +316,8 @@ def gemm_tiled_kernel(
                     e2_ptr, e2_sz, e2_sm, e2_sn, e3_ptr, e3_sz, e3_sm, e3_sn,
                     EPILOGUE, ACTIVATION, BIAS_MODE, HAS_RESIDUAL, SCALE_A_MODE, SCALE_B_MODE,
                     HAS_ALPHA, STORE_PRE, QUANT, QMAX, Q_INT, Q_GRID_MANT, Q_GRID_EMIN, RAW_INT, False)
+        if SPLIT_K > 1:
+            tl.atomic_xchg(lock_ptr + tile_id, 0)
 
 
 @triton.jit
