@@ -137,15 +137,13 @@ class HostDescriptor:
         self.base, self.shape, self.strides, self.padding = base, shape, strides, "zero"
 
 
-def make_descriptor(t: torch.Tensor, spec: tuple, checked: bool = True):
-    """A TMA descriptor parameter over ``t`` with ``spec`` = (shape, strides, block): Triton's own
-    ``TensorDescriptor`` (what the JIT specialises on) when ``checked``, else a :class:`HostDescriptor`."""
-    shape, strides, block = spec
-    if checked:
-        from triton.tools.tensor_descriptor import TensorDescriptor
+def make_descriptor(t: torch.Tensor, spec: tuple):
+    """Triton's ``TensorDescriptor`` over ``t`` with ``spec`` = (shape, strides, block): what the JIT specialises
+    a descriptor parameter on (its checks run here; a replay passes a :class:`HostDescriptor` instead)."""
+    from triton.tools.tensor_descriptor import TensorDescriptor
 
-        return TensorDescriptor(t, list(shape), list(strides), list(block))
-    return HostDescriptor(t, shape, strides)
+    shape, strides, block = spec
+    return TensorDescriptor(t, list(shape), list(strides), list(block))
 
 
 # --------------------------------------------------------------------------------- what a call runs
@@ -289,7 +287,7 @@ def launches(ops: Operands, cfg: GemmConfig) -> tuple[list[Launch], Callable[[],
         args[name] = t
     by_role = {r: t for t, r in pointers.values()}
     for name, (role, *spec) in descs.items():
-        args[name] = make_descriptor(by_role[role] if role in by_role else c, tuple(spec))
+        args[name] = make_descriptor(by_role[role], tuple(spec))
     out = [Launch(kernel, grid, args, {n: r for n, (_, r) in pointers.items()},
                   cfg.launch_options(device.current().vendor), {"alpha": "alpha", "beta": "beta"}, kept, descs)]
     post = None
