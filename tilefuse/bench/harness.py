@@ -116,6 +116,7 @@ def interleaved_medians(entries: Sequence[tuple[str, Callable[[], Any]]], rounds
             samples[name].append(do_bench(fn, warmup=warmup_ms, rep=rep_ms, return_mode="median"))
     return samples
 
+
 def rotation_sets(bytes_per_set: int, l2_bytes: int, budget_bytes: int = 8 << 30) -> int:
     """How many input sets to rotate through so that the working set is several times the L2."""
     want = math.ceil(ROTATE_L2_FACTOR * max(l2_bytes, 1) / max(bytes_per_set, 1))

@@ -111,19 +111,22 @@ def host_descriptors(vendor: str) -> bool:
     return HOST_DESCRIPTORS and (vendor == "nvidia" or device.current().interpreter)
 
 
+def descriptor_blocks(cfg: GemmConfig, a_t: bool, b_t: bool) -> tuple[tuple, tuple, tuple]:
+    """Block shapes of the A, B and C TMA descriptors, as ``gemm.make_ab_descriptors`` and the persistent
+    kernel's store describe them: the unit stride last, so a column-major A and a K-contiguous B are described
+    transposed; C in column slices of ``epi_subtile``. Shared by the launches and the target matrix's examples."""
+    a = (cfg.block_k, cfg.block_m) if a_t else (cfg.block_m, cfg.block_k)
+    b = (cfg.block_n, cfg.block_k) if b_t else (cfg.block_k, cfg.block_n)
+    return a, b, (cfg.block_m, cfg.block_n // cfg.epi_subtile)
+
+
 def ab_descriptor_specs(ops: Operands, cfg: GemmConfig) -> tuple[tuple, tuple]:
-    """(shape, strides, block) of A's and B's TMA descriptors, as ``gemm.make_ab_descriptors`` describes them:
-    the unit stride last, so a column-major A and a K-contiguous B are described transposed."""
+    """(shape, strides, block) of A's and B's TMA descriptors (see :func:`descriptor_blocks`)."""
     sa, sb = ops.sa, ops.sb
-    if ops.problem.a_t:
-        a = ((ops.K, ops.M), (sa[2], 1), (cfg.block_k, cfg.block_m))
-    else:
-        a = ((ops.M, ops.K), (sa[1], 1), (cfg.block_m, cfg.block_k))
-    if ops.problem.b_t:
-        b = ((ops.N, ops.K), (sb[2], 1), (cfg.block_n, cfg.block_k))
-    else:
-        b = ((ops.K, ops.N), (sb[1], 1), (cfg.block_k, cfg.block_n))
-    return a, b
+    a_block, b_block, _ = descriptor_blocks(cfg, ops.problem.a_t, ops.problem.b_t)
+    a = ((ops.K, ops.M), (sa[2], 1)) if ops.problem.a_t else ((ops.M, ops.K), (sa[1], 1))
+    b = ((ops.N, ops.K), (sb[2], 1)) if ops.problem.b_t else ((ops.K, ops.N), (sb[1], 1))
+    return (*a, a_block), (*b, b_block)
 
 
 class HostDescriptor:
@@ -274,7 +277,7 @@ def launches(ops: Operands, cfg: GemmConfig) -> tuple[list[Launch], Callable[[],
                     WARP_SPECIALIZE=specialise, STREAM_K=stream_k, SK_MIN_STEPS=STREAM_K_MIN_STEPS,
                     HOST_DESC=host_desc)
         if host_desc and c_tma:
-            descs["c_desc_h"] = (c_role, (ops.M, ops.N), (sc[1], 1), (cfg.block_m, cfg.block_n // cfg.epi_subtile))
+            descs["c_desc_h"] = (c_role, (ops.M, ops.N), (sc[1], 1), descriptor_blocks(cfg, False, False)[2])
         grid = (nprog,) if stream_k else (max(1, min(nprog, tiles * ops.Z)),)
     if kept:
         stream = _stream_of(dev)

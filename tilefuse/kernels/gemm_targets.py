@@ -53,11 +53,11 @@ def _example(fn, label: str, target: str, cfg: GemmConfig, *, a="bf16", out="bf1
                           STREAM_K=cfg.stream_k and not ws, SK_MIN_STEPS=STREAM_K_MIN_STEPS)
     descs = {}
     if host:
-        bm, bn, bk = cfg.block_m, cfg.block_n, cfg.block_k
-        descs["a_desc_h"] = f"tensordesc<{a}[{bm}, {bk}]>" if not epi["A_T"] else f"tensordesc<{a}[{bk}, {bm}]>"
-        descs["b_desc_h"] = f"tensordesc<{a}[{bn}, {bk}]>" if b_t else f"tensordesc<{a}[{bk}, {bn}]>"
+        a_block, b_block, c_block = gemm_launch.descriptor_blocks(cfg, epi["A_T"], b_t)
+        descs["a_desc_h"] = f"tensordesc<{a}[{a_block[0]}, {a_block[1]}]>"
+        descs["b_desc_h"] = f"tensordesc<{a}[{b_block[0]}, {b_block[1]}]>"
         if constexprs.get("C_TMA"):
-            descs["c_desc_h"] = f"tensordesc<{out}[{bm}, {bn // cfg.epi_subtile}]>"
+            descs["c_desc_h"] = f"tensordesc<{out}[{c_block[0]}, {c_block[1]}]>"
     signature: dict[str, str] = {}
     for name in fn.arg_names:
         if name in descs:
