@@ -589,12 +589,23 @@ def k_tiles(problem: GemmProblem, cfg: GemmConfig) -> int:
     return max(1, math.ceil(problem.K / cfg.block_k))
 
 
+def output_tiles(cfg: GemmConfig, problem: GemmProblem) -> int:
+    return math.ceil(problem.M / cfg.block_m) * math.ceil(problem.N / cfg.block_n) * problem.Z
+
+
+def program_slots(cfg: GemmConfig, problem: GemmProblem, part: Part) -> int:
+    """Programs of ``cfg`` that ``part`` runs at once: its SMs times the programs an SM holds by shared memory
+    (and, for ``b_stream``, by registers)."""
+    per_sm = part.smem_bytes // max(1, smem_estimate(cfg, problem))
+    if cfg.b_stream:
+        per_sm = min(per_sm, b_stream_ctas_per_sm(cfg, problem))
+    return part.multiprocessors * max(1, per_sm)
+
+
 def waves(cfg: GemmConfig, problem: GemmProblem, part: Part) -> int:
-    """Rounds of programs ``cfg`` runs on ``part`` (tiles x split over the SMs times the programs an SM holds by
-    shared memory; a persistent grid's rounds of tiles are the same count)."""
-    tiles = math.ceil(problem.M / cfg.block_m) * math.ceil(problem.N / cfg.block_n) * problem.Z * max(1, cfg.split_k)
-    per_sm = max(1, part.smem_bytes // max(1, smem_estimate(cfg, problem)))
-    return math.ceil(tiles / (part.multiprocessors * per_sm))
+    """Rounds of programs ``cfg`` runs on ``part`` (tiles x split over :func:`program_slots`; a persistent
+    grid's rounds of tiles are the same count)."""
+    return math.ceil(output_tiles(cfg, problem) * max(1, cfg.split_k) / program_slots(cfg, problem, part))
 
 
 def fill_split_k(cfg: GemmConfig, problem: GemmProblem, part: Part) -> GemmConfig:
@@ -602,12 +613,7 @@ def fill_split_k(cfg: GemmConfig, problem: GemmProblem, part: Part) -> GemmConfi
     MIN_K_TILES_PER_SPLIT K steps a split."""
     if cfg.split_k != AUTO_SPLIT:
         return cfg
-    tiles = math.ceil(problem.M / cfg.block_m) * math.ceil(problem.N / cfg.block_n) * problem.Z
-    per_sm = part.smem_bytes // max(1, smem_estimate(cfg, problem))
-    if cfg.b_stream:
-        per_sm = min(per_sm, b_stream_ctas_per_sm(cfg, problem))
-    slots = part.multiprocessors * max(1, per_sm)
-    want = max(1, int(SPLIT_TARGET_WAVES * slots // tiles))
+    want = max(1, int(SPLIT_TARGET_WAVES * program_slots(cfg, problem, part) // output_tiles(cfg, problem)))
     most = max(1, k_tiles(problem, cfg) // MIN_K_TILES_PER_SPLIT)
     split = max(1, min(want, most, MAX_SPLIT_K))
     return dataclasses.replace(cfg, split_k=split)
