@@ -16,6 +16,11 @@ events around each call, median of ``--reps``:
 - ``none``: no flush (B is larger than L2, so it still comes from HBM; A and the outputs stay hot).
 
 It prints each time and its read rate of B (GB/s). One table a shape; nothing is written unless ``--csv``.
+
+``--window`` adds each implementation a second time (``+win``) with a streaming L2 access-policy window over B
+set on the stream for its launch (``tilefuse.kernels.l2_window``): B's lines become the likeliest to be
+evicted, as with the evict-first hint, for every kernel, cuBLAS's too. ``--side-stream`` runs it all on a
+stream of its own instead of the default stream.
 """
 from __future__ import annotations
 
@@ -50,18 +55,42 @@ def main(argv=None) -> int:
     p.add_argument("--config", action="append", default=[], help="config labels (default: see the module doc)")
     p.add_argument("--reps", type=int, default=60)
     p.add_argument("--rounds", type=int, default=3, help="interleaved rounds (median of their medians)")
+    p.add_argument("--window", action="store_true", help="also time each with a streaming window over B")
+    p.add_argument("--side-stream", action="store_true", help="run on a non-default stream")
     p.add_argument("--csv", default=None)
     opts = p.parse_args(argv)
-
     import torch
 
     from tilefuse import device
-    from tilefuse.kernels import gemm, gemm_configs, gemm_launch, gemm_tuning
 
     dev = device.current()
     if not dev.is_gpu or dev.interpreter:
         print(f"needs a GPU ({dev.describe()})")
         return 2
+    if opts.side_stream:
+        with torch.cuda.stream(torch.cuda.Stream()):
+            return _run(opts)
+    return _run(opts)
+
+
+def _windowed(torch, fn, b):
+    from tilefuse.kernels import l2_window, launcher
+
+    dev = b.device.index
+    state = {}
+
+    def run():
+        with l2_window.streaming(launcher.current_stream(dev), dev, b.data_ptr(), b.numel() * b.element_size()) as on:
+            state["on"] = on
+            fn()
+    return run, state
+
+
+def _run(opts) -> int:
+    import torch
+
+    from tilefuse.kernels import gemm, gemm_configs, gemm_launch, gemm_tuning, l2_window
+
     part = gemm_configs.current_part()
     cache = torch.empty(int(256e6 // 4), dtype=torch.int32, device="cuda")
     flushes = {"write": cache.zero_, "read": lambda: cache.sum(), "none": lambda: None}
@@ -95,6 +124,14 @@ def main(argv=None) -> int:
                 print(f"  {cfg.label()}: WRONG (max error {err:.2e} of the largest output), not timed")
                 continue
             entries.append((cfg.label(), run))
+        if opts.window:
+            for name, fn in list(entries):
+                run, state = _windowed(torch, fn, b)
+                run()
+                torch.cuda.synchronize()
+                print(f"  {name}+win: window set: {state.get('on')} (max window "
+                      f"{l2_window.max_window_bytes(b.device.index)} B; {l2_window.available()[1] or 'driver ok'})")
+                entries.append((name + "+win", run))
         samples = {(name, f): [] for name, _ in entries for f in FLUSHES}
         for r in range(opts.rounds):
             for f in FLUSHES:
