@@ -587,3 +587,22 @@ def test_tma_descriptor_probe_kernels_agree_on_the_interpreter():
                          capture_output=True, text=True, timeout=300)
     assert got.returncode == 0, got.stdout + got.stderr
     assert got.stdout.count("rel err") == 6
+
+
+def test_l2_flush_probe_window_matches_the_driver_struct():
+    """scripts/l2_flush_probe.py --window hands the driver a CUstreamAttrValue by pointer: its access-policy
+    member must have cuda.h's CUaccessPolicyWindow layout (pointer, size_t, float, two enums) at offset 0 of a
+    64-byte union, or the driver reads a different window than the one the probe reports."""
+    import ctypes
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "scripts" / "l2_flush_probe.py"
+    spec = importlib.util.spec_from_file_location("l2_flush_probe", path)
+    probe = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(probe)
+    w = probe._Window
+    assert [(name, getattr(w, name).offset) for name, _ in w._fields_] == \
+        [("base_ptr", 0), ("num_bytes", 8), ("hitRatio", 16), ("hitProp", 20), ("missProp", 24)]
+    assert ctypes.sizeof(probe._AttrValue) == 64 and probe._AttrValue.window.offset == 0
+    assert (probe.ACCESS_POLICY_WINDOW, probe.MAX_WINDOW_SIZE, probe.STREAMING) == (1, 109, 1)  # cuda.h 13.0

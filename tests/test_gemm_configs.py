@@ -547,10 +547,10 @@ def test_skinny_candidates_that_need_a_second_wave_come_later():
         assert [C.waves(c, prob, H200) for c in cands] == sorted(C.waves(c, prob, H200) for c in cands)
         return cands[0]
     # M = 128: 64x128 tiles are 128 programs, one wave: the space's first config leads
-    assert first(128).label() == "T64x128x128-w4-s4-tma"
+    assert first(128).label() == "T64x128x64-w4-s8-tma"
     # M = 256 (and 200): 64-row tiles would be 256 programs at one a SM; the 7-stage 128x128 leads (run 65)
     assert first(256).label() == first(200).label() == "T128x128x64-w4-s7-tma"
     # N = 4096: 64x128 tiles are 128 programs again
-    assert first(256, 4096).label() == "T64x128x128-w4-s4-tma"
+    assert first(256, 4096).label() == "T64x128x64-w4-s8-tma"
     assert C.waves(C.GemmConfig("tiled", 64, 128, 128, num_stages=4), C.GemmProblem(
         256, 8192, 8192, 1, "bfloat16", "bfloat16", "bfloat16", False, False, True, "plain"), H200) == 2
