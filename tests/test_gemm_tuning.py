@@ -463,3 +463,29 @@ def test_sweep_needs_a_gpu():
     with pytest.raises(SystemExit, match="needs a GPU"):
         gemm_suite.main(["--sweep", "--shape", "64x64x64"])
     assert len(gemm_suite.gemm_shapes(__import__("tilefuse.bench.runner").bench.runner.SuiteOptions())) == 14
+
+
+def test_a_tie_goes_to_the_space_order(tmp_cache, monkeypatch):
+    """Scores within TUNE_TIE of the best are a tie, settled by the candidates' order (the space's sweeps); a
+    later candidate faster by more than that still wins. Run 73's 128x8192x8192 final, as canned times."""
+    _tagged_bound(monkeypatch)
+    c = [C.GemmConfig("tiled", 32, 32, 16), C.GemmConfig("tiled", 16, 32, 16)]
+    inf = float("inf")
+    assert T.settle_ties({c[0]: 0.0457, c[1]: 0.0456}, c) == (0.0457, c[0])
+    assert T.settle_ties({c[0]: 0.0457, c[1]: 0.0456}, c[::-1]) == (0.0456, c[1])
+    assert T.settle_ties({c[0]: 0.0460, c[1]: 0.0456}, c) == (0.0456, c[1])  # 0.9 % apart: not a tie
+    assert T.settle_ties({c[0]: inf, c[1]: 0.0456}, c) == (0.0456, c[1])
+    assert T.settle_ties({c[0]: inf}, c) is None
+    # a candidate missing from the order (a failed one's time is inf) is still ranked by its score
+    assert T.settle_ties({c[1]: 0.0456}, [c[0]]) == (0.0456, c[1])
+
+    ops = G.prepare(torch.randn(24, 16), torch.randn(16, 40), activation="relu")
+    runs = {c[0]: [0.0451, 0.0457, 0.0457], c[1]: [0.0456, 0.0455, 0.0456]}
+
+    def timer(fn, best):
+        fn()
+        return runs[fn.cfg].pop(0)
+    assert T.tune(ops, c, timer=timer) == c[0]
+    entry = json.loads(T._path(T.key_of(ops.problem)).read_text())
+    assert entry["winner_label"] == c[0].label() and entry["winner_ms"] == 0.0457
+    assert entry["final"] == {c[0].label(): [0.0451, 0.0457, 0.0457], c[1].label(): [0.0456, 0.0455, 0.0456]}

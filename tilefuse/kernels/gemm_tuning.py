@@ -10,8 +10,9 @@ Decision order for a problem (see :class:`~tilefuse.kernels.gemm_configs.GemmPro
 4. otherwise tune: compile the candidates (concurrently), time each on the call's own inputs with
    ``triton.testing.do_bench`` (median, L2 cleared before each run, as ``tilefuse.bench.harness`` times
    the suite; a quick look of a few flushed launches first skips clearly slow ones), then time the
-   candidates within :data:`TUNE_CLOSE` of the best again in interleaved rounds and keep the lowest median
-   (:func:`finalists`, :func:`run_final`); store the winner with every candidate's time, use it.
+   candidates within :data:`TUNE_CLOSE` of the best again in interleaved rounds and keep the lowest median,
+   a tie within :data:`TUNE_TIE` going to the candidate the space lists first (:func:`finalists`,
+   :func:`run_final`, :func:`settle_ties`); store the winner with every candidate's time, use it.
    Under torchrun only local rank 0 tunes; the other ranks wait for its decision on disk
    (:func:`tuning_role`, :func:`wait_for_decision`).
 
@@ -66,6 +67,11 @@ TUNE_EARLY_STOP = 1.5  # a candidate whose quick look is slower than this x the 
 TUNE_CLOSE = 1.06
 TUNE_FINAL_MAX = 3
 TUNE_FINAL_ROUNDS = 2
+# Candidates whose scores are within TUNE_TIE of the best are a tie, which the candidates' order settles: the
+# spaces are ordered by interleaved sweeps of 6 rounds and more, a firmer measurement than the final's three
+# samples. Device run 73: at 128x8192x8192 the final scored the space's first config 0.0457 ms and its second
+# 0.0456, and kept the second, which two sweeps (runs 72 and 73) had timed 1.1-1.2 % slower.
+TUNE_TIE = 1.005
 PROGRESS_AFTER_S = 1.0
 COMPILE_THREADS = min(16, max(2, (os.cpu_count() or 2)))
 CACHE_VERSION = 1  # bump when the kernels change in a way that invalidates stored decisions
@@ -340,6 +346,19 @@ def finalists(times: dict[GemmConfig, float]) -> list[GemmConfig]:
     return close if len(close) > 1 else []
 
 
+def settle_ties(times: dict[GemmConfig, float], order: Sequence[GemmConfig]) -> tuple[float, GemmConfig] | None:
+    """(score, config) of the winner: of the candidates within TUNE_TIE of the best score, the one earliest
+    in ``order`` (the space's preference); None when nothing ran."""
+    ran = {c: ms for c, ms in times.items() if ms != float("inf")}
+    if not ran:
+        return None
+    top = min(ran.values())
+    for cfg in list(order) + sorted(ran, key=ran.get):
+        if cfg in ran and ran[cfg] <= top * TUNE_TIE:
+            return ran[cfg], cfg
+    return None  # unreachable: the best itself is within TUNE_TIE
+
+
 def run_final(close: Sequence[GemmConfig], first: dict[GemmConfig, float],
               measure: Callable[[GemmConfig], float]) -> dict[GemmConfig, list[float]]:
     """TUNE_FINAL_ROUNDS interleaved rounds over ``close``: round r times them in the order rotated by r
@@ -447,9 +466,9 @@ def tune(ops, configs: Sequence[GemmConfig] | None = None, *, store: bool = True
         for cfg in close:
             if cfg not in rounds:  # failed in the final: last
                 times[cfg] = float("inf")
-        best = min(((ms, c) for c, ms in times.items() if ms != float("inf")), key=lambda t: t[0], default=None)
         progress.update("final: " + ", ".join(f"{c.label()} {' '.join(f'{x:.4f}' for x in rounds[c])}"
                                               for c in close if c in rounds))
+    best = settle_ties(times, configs)
     if best is None:
         winner = default_config(problem)
         tf_config.log(1, f"gemm tuning: every candidate failed for {problem.describe()}: {failed}")
