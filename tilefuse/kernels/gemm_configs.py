@@ -306,10 +306,10 @@ NVIDIA_SPACE: dict[str, tuple[GemmConfig, ...]] = {
         # r36 (scripts/l2_flush_probe.py, after do_bench's zeroing flush): M=1 0.0417 ms against cuBLAS 0.0429
         # and the config above 0.0430; M=16 0.0423 against 0.0424 / 0.0435 (M <= 16 only: see b_stream_possible)
         C("tiled", DECODE_M, 64, 128, 4, 1, group_m=1, split_k=AUTO_SPLIT, b_stream=True),
-        # r72 (benchmarks/results/run72/m64.log, 6 interleaved rounds): M=64 1.009x through TMA with the descriptors
-        # made on the host (6 stages 1.008x) against 0.985x for the pointer tile below, the pick of every suite
-        # before; the two configs above do not fit M=64 (shared memory; b_stream is for 16-row tiles), so this
-        # one is M=64's first
+        # r72/r73 (benchmarks/results/run72/m64.log, run73/m64.log, 6 interleaved rounds each): M=64 1.009x / 0.999x
+        # through TMA with the descriptors made on the host (6 stages 1.008x) against 0.985x / 0.983x for the
+        # pointer tile below, the pick of every suite before; the two configs above do not fit M=64 (shared
+        # memory; b_stream is for 16-row tiles), so this one is M=64's first
         C("tiled", DECODE_M, 64, 128, 4, 7, group_m=1, split_k=AUTO_SPLIT, tma=True),
         C("tiled", DECODE_M, 64, 128, 4, 6, group_m=1, split_k=AUTO_SPLIT),  # r1 M=16: 0.961x
         C("tiled", DECODE_M, 128, 256, 8, 3, group_m=1, split_k=AUTO_SPLIT),  # r1 M=16: 0.947x
@@ -325,8 +325,9 @@ NVIDIA_SPACE: dict[str, tuple[GemmConfig, ...]] = {
         # 0.81-0.98x cuBLAS against the leaders' 0.96-1.00x; notes/gemm.md)
     ),
     "skinny": (
-        # r72 (benchmarks/results/run72/m128.log): M=128 0.991x with host descriptors, against 0.980x for the
-        # 64x128x128 at 4 stages below (in run 65, with descriptors made in the kernel, 0.928-0.952x: tied)
+        # r72/r73 (benchmarks/results/run72/m128.log, run73/m128.log): M=128 0.991x / 0.983x with host descriptors,
+        # against 0.980x / 0.971x for the 64x128x128 at 4 stages below (in run 65, with descriptors made in the
+        # kernel, 0.928-0.952x: tied); the suites' tuner finals had the two within 0.2-1.1 %, either way round
         C("tiled", 64, 128, 64, 4, 8, group_m=8, split_k=AUTO_SPLIT, tma=True),
         C("tiled", 64, 128, 128, 4, 4, group_m=8, split_k=AUTO_SPLIT, tma=True),  # r1 M=128: 0.951x
         # r65 (benchmarks/results/run65, three interleaved sweeps): the tiled kernel has no TMA store buffer, so a
