@@ -1,0 +1,211 @@
+"""Do L2 cache hints on the TMA loads spare a decode GEMM the write-back of do_bench's dirty L2?
+
+``triton.testing.do_bench`` zeroes 256 MB before each timed call, which leaves L2 full of dirty lines; a GEMM
+that streams a 128 MiB B once (M <= 256, N = K = 8192) pays for writing them back (run 36: 7-8 us of ~44).
+Register loads of B with an evict-first hint pay less of it (the ``b_stream`` configs), but Triton 3.6 drops
+an eviction policy from its TMA loads (``desc.load`` takes none; its internal ``descriptor_load`` does, and the
+PTX comes out the same). PTX has the hint: ``cp.async.bulk.tensor ... .L2::cache_hint [...], policy`` with a
+policy from ``createpolicy``. A streaming access-policy window over B (``l2_flush_probe.py --window``, run 72)
+saved nothing, so this asks the load-level question directly.
+
+The same host-descriptor GEMM tile as ``tma_desc_probe.py``, compiled four times under different names; a
+Triton ``add_stages_inspection_hook`` rewrites the PTX of three of them before ptxas: ``b_first`` (B's TMA
+loads evict-first), ``a_last`` (A's evict-last: A is re-read by every program), ``both``. Timed in interleaved
+rounds with cuBLAS at M = 64, 128, 256 (do_bench median, the dirty flush), each output checked first.
+
+GPU (an H200 image: system python, PYTHONPATH=checkout)::
+
+    python scripts/tma_hint_probe.py [--shape MxNxK ...] [--rounds 6] [--csv PATH]
+
+CPU: ``--ptx`` cross-compiles the four kernels for sm_90a and prints each one's hinted loads (no GPU needed).
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import re
+import statistics
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import triton  # noqa: E402
+import triton.language as tl  # noqa: E402
+from triton import knobs  # noqa: E402
+
+from tma_desc_probe import _desc_gemm  # noqa: E402
+
+# (shape, tile (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages, GROUP_M)): the library's picks (runs 72-74)
+CASES = (("64x8192x8192", (64, 64, 128, 4, 7, 1)), ("128x8192x8192", (64, 128, 64, 4, 8, 8)),
+         ("256x8192x8192", (128, 128, 64, 4, 7, 8)))
+# kernel name -> (policy of A's loads, policy of B's loads)
+HINTS = {"hint_none": (None, None), "hint_b_first": (None, "evict_first"), "hint_a_last": ("evict_last", None),
+         "hint_both": ("evict_last", "evict_first")}
+
+
+@triton.jit
+def hint_none(a_desc, b_desc, c_ptr, M, N, K, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+              BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, STAGES: tl.constexpr):
+    _desc_gemm(a_desc, b_desc, c_ptr, M, N, K, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, STAGES)
+
+
+@triton.jit
+def hint_b_first(a_desc, b_desc, c_ptr, M, N, K, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                 BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, STAGES: tl.constexpr):
+    _desc_gemm(a_desc, b_desc, c_ptr, M, N, K, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, STAGES)
+
+
+@triton.jit
+def hint_a_last(a_desc, b_desc, c_ptr, M, N, K, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, STAGES: tl.constexpr):
+    _desc_gemm(a_desc, b_desc, c_ptr, M, N, K, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, STAGES)
+
+
+@triton.jit
+def hint_both(a_desc, b_desc, c_ptr, M, N, K, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+              BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, STAGES: tl.constexpr):
+    _desc_gemm(a_desc, b_desc, c_ptr, M, N, K, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, STAGES)
+
+
+KERNELS = {"hint_none": hint_none, "hint_b_first": hint_b_first, "hint_a_last": hint_a_last, "hint_both": hint_both}
+_TMA_LOAD = re.compile(r"^(\s*(?:@%p\d+\s+)?cp\.async\.bulk\.tensor\.\dd\.shared::cluster\.global\.mbarrier::"
+                       r"complete_tx::bytes)( \[[^\]]+\], \[(%rd\d+), \{[^}]*\}\], \[[^\]]+\]);$")
+
+
+def add_hints(ptx: str, policies: tuple[str | None, str | None]) -> tuple[str, int]:
+    """``ptx`` with an L2 cache policy on the TMA loads of the kernel's first (A) and second (B) tensor
+    descriptor parameters; returns the text and how many loads were hinted. The descriptor a load reads is
+    traced from ``mov.b64 %rdX, NAME_param_P; cvta.param.u64 %rdY, %rdX;`` to the ``[128]``-byte parameter."""
+    desc_params = re.findall(r"\.param \.align 64 \.b8 (\w+_param_\d+)\[128\]", ptx)
+    moved = dict((reg, p) for reg, p in re.findall(r"mov\.b64\s+(%rd\d+), (\w+_param_\d+);", ptx))
+    regs = {}
+    for dst, src in re.findall(r"cvta\.param\.u64\s+(%rd\d+), (%rd\d+);", ptx):
+        if moved.get(src) in desc_params:
+            regs[dst] = desc_params.index(moved[src])
+    out, hinted, used = [], 0, set()
+    for line in ptx.splitlines():
+        m = _TMA_LOAD.match(line)
+        which = regs.get(m.group(3)) if m else None
+        policy = policies[which] if which is not None and which < 2 else None
+        if policy:
+            line = f"{m.group(1)}.L2::cache_hint{m.group(2)}, %tfpol{which};"
+            hinted += 1
+            used.add(which)
+        out.append(line)
+    if not used:
+        return ptx, 0
+    # declare the policy registers and make them before the kernel's first instruction
+    text = "\n".join(out) + "\n"
+    decl = "\t.reg .b64 \t%tfpol<2>;\n" + "".join(
+        f"\tcreatepolicy.fractional.L2::{policies[i]}.b64 \t%tfpol{i}, 1.0;\n" for i in sorted(used))
+    first_reg = re.search(r"^\s*\.reg [^\n]*\n(?:\s*\.reg [^\n]*\n)*", text, flags=re.M)
+    return text[:first_reg.end()] + decl + text[first_reg.end():], hinted
+
+
+def install_hook() -> None:
+    """Rewrite the PTX of the hinted kernels (by name) between Triton's ptx and cubin stages."""
+    previous = knobs.runtime.add_stages_inspection_hook
+
+    def hook(backend, stages, options, language, capability):
+        if previous is not None:
+            previous(backend, stages, options, language, capability)
+        make_ptx = stages["ptx"]
+
+        def ptx_stage(src, metadata):
+            ptx = make_ptx(src, metadata)
+            policies = HINTS.get(metadata.get("name", ""))
+            if policies and any(policies):
+                ptx, n = add_hints(ptx, policies)
+                if n == 0:
+                    raise RuntimeError(f"{metadata['name']}: no TMA load of the hinted operands found in the PTX")
+                metadata["tf_hinted_loads"] = n
+            return ptx
+        stages["ptx"] = ptx_stage
+    knobs.runtime.add_stages_inspection_hook = hook
+    knobs.compilation.always_compile = True  # a cached cubin would skip the hook
+
+
+def show_ptx() -> int:
+    """CPU: cross-compile the four kernels for sm_90a and print the hinted loads and ptxas' verdict."""
+    import os
+
+    os.environ["TRITON_INTERPRET"] = "0"
+    from triton.backends.compiler import GPUTarget
+
+    install_hook()
+    sig = {"a_desc": "tensordesc<bf16[64, 64]>", "b_desc": "tensordesc<bf16[64, 128]>", "c_ptr": "*bf16",
+           "M": "i32", "N": "i32", "K": "i32", "BLOCK_M": "constexpr", "BLOCK_N": "constexpr", "BLOCK_K": "constexpr",
+           "GROUP_M": "constexpr", "STAGES": "constexpr"}
+    const = {"BLOCK_M": 64, "BLOCK_N": 128, "BLOCK_K": 64, "GROUP_M": 8, "STAGES": 8}
+    for name, fn in KERNELS.items():
+        ck = triton.compile(triton.compiler.ASTSource(fn=fn, signature=sig, constexprs=const),
+                            target=GPUTarget("cuda", 90, 32), options={"num_warps": 4})
+        ptx = ck.asm["ptx"]
+        loads = [ln.strip() for ln in ptx.splitlines() if "cp.async.bulk.tensor" in ln]
+        pols = [ln.strip() for ln in ptx.splitlines() if "createpolicy" in ln]
+        print(f"{name}: {len(loads)} TMA loads, {sum('cache_hint' in ln for ln in loads)} hinted; {pols}; "
+              f"cubin {len(ck.asm['cubin'])} bytes")
+    return 0
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--shape", action="append", default=[], metavar="MxNxK", help="only these of the cases")
+    p.add_argument("--rounds", type=int, default=6)
+    p.add_argument("--rep-ms", type=int, default=60, help="do_bench time an entry, over all rounds")
+    p.add_argument("--csv", default=None)
+    p.add_argument("--ptx", action="store_true", help="CPU: cross-compile and show the hinted loads")
+    opts = p.parse_args(argv)
+    if opts.ptx:
+        return show_ptx()
+    import torch
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    from tilefuse.bench import harness
+
+    install_hook()
+    rows = []
+    for shape, tile in CASES:
+        if opts.shape and shape not in opts.shape:
+            continue
+        m, n, k = (int(x) for x in shape.split("x"))
+        bm, bn, bk, warps, stages, group = tile
+        a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+        b = torch.randn(k, n, device="cuda", dtype=torch.bfloat16)
+        ref = a @ b
+        a_desc, b_desc = TensorDescriptor.from_tensor(a, [bm, bk]), TensorDescriptor.from_tensor(b, [bk, bn])
+        grid = (triton.cdiv(m, bm) * triton.cdiv(n, bn),)
+        meta = dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=group, STAGES=stages, num_warps=warps)
+        entries = [("cuBLAS", lambda: torch.matmul(a, b))]
+        for name, fn in KERNELS.items():
+            c = torch.full_like(ref, float("nan"))
+            compiled = fn[grid](a_desc, b_desc, c, m, n, k, **meta)
+            err = harness.rel_error(c, ref.float())
+            hinted = compiled.metadata._asdict().get("tf_hinted_loads", 0) if hasattr(compiled.metadata, "_asdict") \
+                else getattr(compiled.metadata, "tf_hinted_loads", 0)
+            print(f"{shape} {name}: rel err {err:.1e}, hinted TMA loads in the PTX: {hinted}", flush=True)
+            if not err < 1e-2:
+                print(f"{shape} {name}: WRONG, not timed", flush=True)
+                continue
+            out = torch.empty_like(ref)
+            entries.append((name, lambda fn=fn, out=out: fn[grid](a_desc, b_desc, out, m, n, k, **meta)))
+        samples = harness.interleaved_medians(entries, opts.rounds, max(1, opts.rep_ms // opts.rounds))
+        cublas = statistics.median(samples["cuBLAS"])
+        for name, xs in samples.items():
+            ms = statistics.median(xs)
+            rows.append({"shape": shape, "tile": "x".join(map(str, tile)), "impl": name, "ms": ms,
+                         "vs_cublas": cublas / ms, "rounds_ms": " ".join(f"{x:.5f}" for x in xs)})
+            print(f"{shape:16s} {rows[-1]['tile']:16s} {name:13s} {ms * 1e3:8.2f} us  {cublas / ms:6.3f}x cuBLAS",
+                  flush=True)
+    if opts.csv and rows:
+        with open(opts.csv, "w", newline="") as f:
+            w = csv.DictWriter(f, fieldnames=list(rows[0]))
+            w.writeheader()
+            w.writerows(rows)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
