@@ -9,7 +9,8 @@ policy from ``createpolicy``. A streaming access-policy window over B (``l2_flus
 saved nothing, so this asks the load-level question directly.
 
 The same host-descriptor GEMM tile as ``tma_desc_probe.py``, compiled four times under different names; a
-Triton ``add_stages_inspection_hook`` rewrites the PTX of three of them before ptxas: ``b_first`` (B's TMA
+Triton ``add_stages_inspection_hook`` rewrites the PTX of three of them before ptxas
+(``tilefuse.kernels.ptx_hints.add_hints``, which the library's ``-ef`` configs now use for B): ``b_first`` (B's TMA
 loads evict-first), ``a_last`` (A's evict-last: A is re-read by every program), ``both``. Timed in interleaved
 rounds with cuBLAS at M = 64, 128, 256 (do_bench median, the dirty flush), each output checked first.
 
@@ -23,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import csv
-import re
 import statistics
 import sys
 from pathlib import Path
@@ -70,42 +70,14 @@ def hint_both(a_desc, b_desc, c_ptr, M, N, K, BLOCK_M: tl.constexpr, BLOCK_N: tl
 
 
 KERNELS = {"hint_none": hint_none, "hint_b_first": hint_b_first, "hint_a_last": hint_a_last, "hint_both": hint_both}
-_TMA_LOAD = re.compile(r"^(\s*(?:@%p\d+\s+)?cp\.async\.bulk\.tensor\.\dd\.shared::cluster\.global\.mbarrier::"
-                       r"complete_tx::bytes)( \[[^\]]+\], \[(%rd\d+), \{[^}]*\}\], \[[^\]]+\]);$")
-
-
-def add_hints(ptx: str, policies: tuple[str | None, str | None]) -> tuple[str, int]:
-    """``ptx`` with an L2 cache policy on the TMA loads of the kernel's first (A) and second (B) tensor
-    descriptor parameters; returns the text and how many loads were hinted. The descriptor a load reads is
-    traced from ``mov.b64 %rdX, NAME_param_P; cvta.param.u64 %rdY, %rdX;`` to the ``[128]``-byte parameter."""
-    desc_params = re.findall(r"\.param \.align 64 \.b8 (\w+_param_\d+)\[128\]", ptx)
-    moved = dict((reg, p) for reg, p in re.findall(r"mov\.b64\s+(%rd\d+), (\w+_param_\d+);", ptx))
-    regs = {}
-    for dst, src in re.findall(r"cvta\.param\.u64\s+(%rd\d+), (%rd\d+);", ptx):
-        if moved.get(src) in desc_params:
-            regs[dst] = desc_params.index(moved[src])
-    out, hinted, used = [], 0, set()
-    for line in ptx.splitlines():
-        m = _TMA_LOAD.match(line)
-        which = regs.get(m.group(3)) if m else None
-        policy = policies[which] if which is not None and which < 2 else None
-        if policy:
-            line = f"{m.group(1)}.L2::cache_hint{m.group(2)}, %tfpol{which};"
-            hinted += 1
-            used.add(which)
-        out.append(line)
-    if not used:
-        return ptx, 0
-    # declare the policy registers and make them before the kernel's first instruction
-    text = "\n".join(out) + "\n"
-    decl = "\t.reg .b64 \t%tfpol<2>;\n" + "".join(
-        f"\tcreatepolicy.fractional.L2::{policies[i]}.b64 \t%tfpol{i}, 1.0;\n" for i in sorted(used))
-    first_reg = re.search(r"^\s*\.reg [^\n]*\n(?:\s*\.reg [^\n]*\n)*", text, flags=re.M)
-    return text[:first_reg.end()] + decl + text[first_reg.end():], hinted
 
 
 def install_hook() -> None:
     """Rewrite the PTX of the hinted kernels (by name) between Triton's ptx and cubin stages."""
+    # (imported here: importing tilefuse on a machine without a GPU puts Triton on its interpreter, and --ptx
+    # cross-compiles)
+    from tilefuse.kernels.ptx_hints import add_hints
+
     previous = knobs.runtime.add_stages_inspection_hook
 
     def hook(backend, stages, options, language, capability):
@@ -117,7 +89,7 @@ def install_hook() -> None:
             ptx = make_ptx(src, metadata)
             policies = HINTS.get(metadata.get("name", ""))
             if policies and any(policies):
-                ptx, n = add_hints(ptx, policies)
+                ptx, n = add_hints(ptx, {i: p for i, p in enumerate(policies) if p})
                 if n == 0:
                     raise RuntimeError(f"{metadata['name']}: no TMA load of the hinted operands found in the PTX")
                 metadata["tf_hinted_loads"] = n

@@ -3,6 +3,7 @@ correctly (interpreter: the tiling, masks, TMA and split-K paths at these block 
 and that they cross-compile for sm_90a with wgmma and no spills (slow, in a compile-only child)."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -547,10 +548,30 @@ def test_skinny_candidates_that_need_a_second_wave_come_later():
         assert [C.waves(c, prob, H200) for c in cands] == sorted(C.waves(c, prob, H200) for c in cands)
         return cands[0]
     # M = 128: 64x128 tiles are 128 programs, one wave: the space's first config leads
-    assert first(128).label() == "T64x128x64-w4-s8-tma"
+    assert first(128).label() == "T64x128x64-w4-s8-tma-ef"
     # M = 256 (and 200): 64-row tiles would be 256 programs at one a SM; the 7-stage 128x128 leads (run 65)
-    assert first(256).label() == first(200).label() == "T128x128x64-w4-s7-tma"
+    assert first(256).label() == first(200).label() == "T128x128x64-w4-s7-tma-ef"
     # N = 4096: 64x128 tiles are 128 programs again
-    assert first(256, 4096).label() == "T64x128x64-w4-s8-tma"
+    assert first(256, 4096).label() == "T64x128x64-w4-s8-tma-ef"
     assert C.waves(C.GemmConfig("tiled", 64, 128, 128, num_stages=4), C.GemmProblem(
         256, 8192, 8192, 1, "bfloat16", "bfloat16", "bfloat16", False, False, True, "plain"), H200) == 2
+
+
+def test_b_evict_first_is_offered_only_where_b_loads_through_host_descriptors():
+    """-ef configs (B's TMA loads evict-first, written into the PTX by ptx_hints): NVIDIA with TMA, not
+    warp-specialised; elsewhere dropped, not turned into a copy of the unhinted config."""
+    ef = C.GemmConfig("tiled", 64, 128, 64, num_stages=8, tma=True, b_evict_first=True)
+    assert C.GemmConfig.from_label(ef.label()) == ef and ef.label().endswith("-tma-ef")
+    assert C.b_evict_first_possible(ef, H200, False)
+    assert not C.b_evict_first_possible(dataclasses.replace(ef, tma=False), H200, False)
+    ws = C.GemmConfig("persistent", 128, 128, 64, num_stages=4, tma=True, warp_specialize=True, b_evict_first=True)
+    assert not C.b_evict_first_possible(ws, H200, False)
+    prob = C.GemmProblem(128, 8192, 8192, 1, "bfloat16", "bfloat16", "bfloat16", False, False, True, "plain")
+    for target in ("sm_80", "gfx942", "gfx90a"):
+        assert not any(c.b_evict_first for c in C.candidates(prob, C.PART_BY_TARGET[target])), target
+    hopper = C.candidates(prob, H200)
+    assert hopper[0].b_evict_first and dataclasses.replace(hopper[0], b_evict_first=False) == hopper[1]
+    assert all(c.tma and not c.warp_specialize for c in hopper if c.b_evict_first)
+    # not on a batched problem either (no host descriptors: TMA needs Z == 1)
+    batched = dataclasses.replace(prob, Z=2, tma_ok=False)
+    assert not any(c.b_evict_first for c in C.candidates(batched, H200))

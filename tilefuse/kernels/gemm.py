@@ -14,6 +14,8 @@ Kernels
   deals the last, partial round of tiles out to every program as K steps (stream-K), reduced like split-K.
   ``FLATTEN`` has triton pipeline the tile loop and the K loop as one, so a program's next tile loads
   while this tile's epilogue runs (``gemm_configs.FLATTEN_NOTE``).
+- ``B_HINT`` (both kernels, host descriptors on NVIDIA): B's TMA loads carry an L2 evict-first policy, written
+  into the PTX by :mod:`.ptx_hints` (Triton 3.6 has no way to ask for it); for shapes that read B once.
 - :func:`quantize_rows_kernel`: the second pass of output quantisation when a row spans several tiles.
 - :func:`relayout_kernel`: a transposing copy (an operand made K-major for Hopper's tf32/fp8/int8 wgmma).
 
@@ -39,6 +41,10 @@ from .gemm_configs import SAFE_CONFIG, GemmConfig  # noqa: F401
 from .gemm_epilogue import (ACTIVATIONS, BIAS_MODES, NUM_EXTRA_OPERANDS, QUANT_DIRECT, QUANT_EPS,  # noqa: F401
                             QUANT_NONE, QUANT_TWO_PASS, SCALE_MODES_A, SCALE_MODES_B, apply_epilogue,
                             quantize_values)
+from .ptx_hints import install as _install_ptx_hints
+from .ptx_hints import mark as mark_b_hint
+
+_install_ptx_hints()  # before any kernel with B_HINT can be compiled in this process
 
 
 # ============================================================================================ kernels
@@ -236,7 +242,7 @@ def gemm_tiled_kernel(
         USE_TMA: tl.constexpr, A_T: tl.constexpr, B_T: tl.constexpr,
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
         SPLIT_K: tl.constexpr, WARP_SPECIALIZE: tl.constexpr, B_STREAM: tl.constexpr,
-        SPLIT_IN_REGS: tl.constexpr = False, HOST_DESC: tl.constexpr = False):
+        SPLIT_IN_REGS: tl.constexpr = False, HOST_DESC: tl.constexpr = False, B_HINT: tl.constexpr = False):
     """One tile a program (grid: tiles x SPLIT_K, Z); SPLIT_K > 1 is the split-K variant.
     WARP_SPECIALIZE (TMA, SPLIT_K == 1 only: the split-K atomics abort triton 3.6's data partitioning)
     specialises the K loop's warps. SPLIT_IN_REGS (SPLIT_K == 2, a small accumulator: see
@@ -261,6 +267,8 @@ def gemm_tiled_kernel(
     if USE_TMA:
         a_desc, b_desc = make_ab_descriptors(a_ptr, b_ptr, a_desc_h, b_desc_h, M, N, K, stride_am, stride_ak,
                                              stride_bk, stride_bn, A_T, B_T, BLOCK_M, BLOCK_N, BLOCK_K, HOST_DESC)
+        if B_HINT:  # B's TMA loads evict-first in L2 (host descriptors, NVIDIA: see ptx_hints)
+            mark_b_hint()
         acc = mainloop_tma(a_desc, b_desc, m0, n0, kt0, kt1, BLOCK_M, BLOCK_N, BLOCK_K,
                            A_T, B_T, ACC_INT, INPUT_PRECISION, WARP_SPECIALIZE)
     else:
@@ -337,7 +345,7 @@ def gemm_persistent_kernel(
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
         NUM_PROGRAMS: tl.constexpr, C_TMA: tl.constexpr, EPI_SUBTILE: tl.constexpr, FLATTEN: tl.constexpr,
         WARP_SPECIALIZE: tl.constexpr, STREAM_K: tl.constexpr, SK_MIN_STEPS: tl.constexpr,
-        HOST_DESC: tl.constexpr = False):
+        HOST_DESC: tl.constexpr = False, B_HINT: tl.constexpr = False):
     """One program an SM (grid: min(NUM_PROGRAMS, tiles); NUM_PROGRAMS with STREAM_K), looping over the
     Z x tiles in grouped order.
 
@@ -360,6 +368,8 @@ def gemm_persistent_kernel(
     if USE_TMA:
         a_desc, b_desc = make_ab_descriptors(a_ptr, b_ptr, a_desc_h, b_desc_h, M, N, K, stride_am, stride_ak,
                                              stride_bk, stride_bn, A_T, B_T, BLOCK_M, BLOCK_N, BLOCK_K, HOST_DESC)
+        if B_HINT:  # B's TMA loads evict-first in L2 (host descriptors, NVIDIA: see ptx_hints)
+            mark_b_hint()
     if C_TMA and HOST_DESC:
         c_desc = c_desc_h
     elif C_TMA:

@@ -46,6 +46,7 @@ class GemmConfig:
     warp_specialize: bool = False  # Hopper, TMA, num_warps=4: a producer warp group + two consumers (see WS_*)
     stream_k: bool = False  # persistent, not warp-specialised: the last partial round's K steps shared by all SMs
     b_stream: bool = False  # tiled pointer kernel at num_stages=1: B read with an L2 evict-first hint (see B_STREAM)
+    b_evict_first: bool = False  # TMA with host descriptors (NVIDIA): B's TMA loads evict-first in L2 (ptx_hints)
     waves_per_eu: int = 0  # AMD only
     matrix_instr_nonkdim: int = 0  # AMD only (16: 16x16 MFMA)
     kpack: int = 0  # AMD only
@@ -68,6 +69,8 @@ class GemmConfig:
             s += "-sk"
         if self.b_stream:
             s += "-bs"
+        if self.b_evict_first:
+            s += "-ef"
         if self.waves_per_eu or self.matrix_instr_nonkdim or self.kpack:
             s += f"-wpe{self.waves_per_eu}-nk{self.matrix_instr_nonkdim}-kp{self.kpack}"
         return s
@@ -79,13 +82,14 @@ class GemmConfig:
         m = _LABEL_RE.fullmatch(label.strip())
         if m is None:
             raise ValueError(f"config label {label!r}: expected {{T|P}}<BM>x<BN>x<BK>-w<warps>-s<stages> then any of "
-                             "-g<group_m> -k<split_k> -tma -flat -sub<n> -ws -sk -bs -wpe<n>-nk<n>-kp<n>, in that "
+                             "-g<group_m> -k<split_k> -tma -flat -sub<n> -ws -sk -bs -ef -wpe<n>-nk<n>-kp<n>, in that "
                              "order (as GemmConfig.label writes them)")
         g = m.groupdict()
         return cls("tiled" if g["kernel"] == "T" else "persistent", int(g["bm"]), int(g["bn"]), int(g["bk"]),
                    group_m=int(g["g"] or 8), split_k=int(g["k"] or 1), num_warps=int(g["w"]), num_stages=int(g["s"]),
                    tma=bool(g["tma"]), flatten=bool(g["flat"]), epi_subtile=int(g["sub"] or 1),
                    warp_specialize=bool(g["ws"]), stream_k=bool(g["sk"]), b_stream=bool(g["bs"]),
+                   b_evict_first=bool(g["ef"]),
                    waves_per_eu=int(g["wpe"] or 0), matrix_instr_nonkdim=int(g["nk"] or 0), kpack=int(g["kp"] or 0))
 
     def to_json(self) -> dict:
@@ -110,7 +114,7 @@ class GemmConfig:
 
 _LABEL_RE = re.compile(r"(?P<kernel>[TP])(?P<bm>\d+)x(?P<bn>\d+)x(?P<bk>\d+)-w(?P<w>\d+)-s(?P<s>\d+)"
                        r"(?:-g(?P<g>\d+))?(?:-k(?P<k>\d+))?(?P<tma>-tma)?(?P<flat>-flat)?(?:-sub(?P<sub>\d+))?"
-                       r"(?P<ws>-ws)?(?P<sk>-sk)?(?P<bs>-bs)?(?:-wpe(?P<wpe>\d+)-nk(?P<nk>\d+)-kp(?P<kp>\d+))?")
+                       r"(?P<ws>-ws)?(?P<sk>-sk)?(?P<bs>-bs)?(?P<ef>-ef)?(?:-wpe(?P<wpe>\d+)-nk(?P<nk>\d+)-kp(?P<kp>\d+))?")
 
 # The interpreter runs a program at a time with numpy on whole blocks: big blocks mean few programs and
 # fast tests, and it never tunes. 64x64x32 keeps a 300^3 fp32 GEMM near a second on one core.
@@ -309,7 +313,10 @@ NVIDIA_SPACE: dict[str, tuple[GemmConfig, ...]] = {
         # r72/r73 (benchmarks/results/run72/m64.log, run73/m64.log, 6 interleaved rounds each): M=64 1.009x / 0.999x
         # through TMA with the descriptors made on the host (6 stages 1.008x) against 0.985x / 0.983x for the
         # pointer tile below, the pick of every suite before; the two configs above do not fit M=64 (shared
-        # memory; b_stream is for 16-row tiles), so this one is M=64's first
+        # memory; b_stream is for 16-row tiles), so this one is M=64's first. B_HINT (-ef): its TMA loads of B
+        # evict-first in L2 (r75, scripts/tma_hint_probe.py: at M=128/256 2.4-4.2 us faster after do_bench's
+        # dirty flush; at M=64 mixed), first so the tuner times both
+        C("tiled", DECODE_M, 64, 128, 4, 7, group_m=1, split_k=AUTO_SPLIT, tma=True, b_evict_first=True),
         C("tiled", DECODE_M, 64, 128, 4, 7, group_m=1, split_k=AUTO_SPLIT, tma=True),
         C("tiled", DECODE_M, 64, 128, 4, 6, group_m=1, split_k=AUTO_SPLIT),  # r1 M=16: 0.961x
         C("tiled", DECODE_M, 128, 256, 8, 3, group_m=1, split_k=AUTO_SPLIT),  # r1 M=16: 0.947x
@@ -327,14 +334,21 @@ NVIDIA_SPACE: dict[str, tuple[GemmConfig, ...]] = {
     "skinny": (
         # r72/r73 (benchmarks/results/run72/m128.log, run73/m128.log): M=128 0.991x / 0.983x with host descriptors,
         # against 0.980x / 0.971x for the 64x128x128 at 4 stages below (in run 65, with descriptors made in the
-        # kernel, 0.928-0.952x: tied); the suites' tuner finals had the two within 0.2-1.1 %, either way round
+        # kernel, 0.928-0.952x: tied); the suites' tuner finals had the two within 0.2-1.1 %, either way round.
+        # r75 (scripts/tma_hint_probe.py, interleaved with cuBLAS after do_bench's flush): with B's TMA loads
+        # evict-first in L2 (-ef, ptx_hints) the 64x128x64 ran 44.38 -> 40.19 us at M=128 (0.999x -> 1.104x) and
+        # the 128x128x64 at 7 stages 51.17 -> 48.78 us at M=256 (1.018x -> 1.067x): each tile hinted, then plain
+        C("tiled", 64, 128, 64, 4, 8, group_m=8, split_k=AUTO_SPLIT, tma=True, b_evict_first=True),
         C("tiled", 64, 128, 64, 4, 8, group_m=8, split_k=AUTO_SPLIT, tma=True),
+        C("tiled", 64, 128, 128, 4, 4, group_m=8, split_k=AUTO_SPLIT, tma=True, b_evict_first=True),
         C("tiled", 64, 128, 128, 4, 4, group_m=8, split_k=AUTO_SPLIT, tma=True),  # r1 M=128: 0.951x
         # r65 (benchmarks/results/run65, three interleaved sweeps): the tiled kernel has no TMA store buffer, so a
         # 128x128x64 tile takes a seventh 32 KB stage (230 KB): M=256 bf16 1.018x / 1.010x cuBLAS, fp16 1.015x,
         # where the persistent 6-stage configs below read 0.958-0.967x in the same sweeps (8 warps: 1.017x /
         # 1.005x, fp16 0.993x / 1.003x). At M=128 (64 tiles) they leave half the SMs idle: the 64x128 leads.
+        C("tiled", 128, 128, 64, 4, 7, group_m=8, tma=True, b_evict_first=True),
         C("tiled", 128, 128, 64, 4, 7, group_m=8, tma=True),
+        C("tiled", 128, 128, 64, 8, 7, group_m=8, tma=True, b_evict_first=True),
         C("tiled", 128, 128, 64, 8, 7, group_m=8, tma=True),
         # cuBLAS's pick at 256x8192x8192 (ncu, device run 29) is 128x128x64 tiles with 6 stages; ours at 6 stages
         # (229 KB of shared memory): r32 M=256 0.965x against 0.934x at 5 stages (M=128 0.830x: the 64x128 leads)
@@ -686,6 +700,14 @@ def b_stream_possible(cfg: GemmConfig, part: Part) -> bool:
             and cfg.block_m <= B_STREAM_MAX_BLOCK_M)
 
 
+def b_evict_first_possible(cfg: GemmConfig, part: Part, hooked: bool) -> bool:
+    """The evict-first policy is written into the PTX of B's TMA loads through host-made descriptors
+    (``ptx_hints``): NVIDIA, TMA, not warp-specialised (those configs make their descriptors in the kernel).
+    Only where the config still loads through TMA here (on sm_80 a TMA config falls back to pointer loads)."""
+    return (part.vendor == "nvidia" and cfg.tma and tma_allowed(part)
+            and not (cfg.warp_specialize and ws_possible(cfg, part, hooked)))
+
+
 # Device run 36: with 16-row tiles the register-fed dot is cheap and b_stream led at M = 1 and 16; with 64 rows
 # and more (M = 64 ... 256) every b_stream config lost to the pipelined ones by 25-200 %.
 B_STREAM_MAX_BLOCK_M = 16
@@ -736,6 +758,8 @@ def candidates(problem: GemmProblem, part: Part | None = None, limit: int | None
             cfg = dataclasses.replace(cfg, kpack=1)  # deprecated from gfx950 on (the compiler forces 1)
         cfg = fill_block_m(cfg, problem)
         if cfg.b_stream and not b_stream_possible(cfg, part):
+            continue
+        if cfg.b_evict_first and not b_evict_first_possible(cfg, part, hooked):
             continue
         if one_byte:
             # 1-byte inputs: twice the K a stage for the same bytes (wgmma's K step is 32 for 8-bit types)

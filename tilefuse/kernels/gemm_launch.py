@@ -224,6 +224,9 @@ def launches(ops: Operands, cfg: GemmConfig) -> tuple[list[Launch], Callable[[],
         pointers[f"e{i}_ptr"] = opt(ops.extras[i] if i < len(ops.extras) else None, f"e{i}")
     # (not under warp specialisation: triton 3.6's Hopper pass fails on descriptor parameters)
     host_desc = use_tma and host_descriptors(device.current().vendor) and not specialise
+    # B's TMA loads evict-first (ptx_hints writes the policy into the PTX): host descriptors on a real NVIDIA GPU
+    b_hint = bool(cfg.b_evict_first and host_desc and device.current().vendor == "nvidia"
+                  and not device.current().interpreter)
     descs: dict[str, tuple[str, tuple, tuple, tuple]] = {}
     if host_desc:
         a_spec, b_spec = ab_descriptor_specs(ops, cfg)
@@ -261,6 +264,7 @@ def launches(ops: Operands, cfg: GemmConfig) -> tuple[list[Launch], Callable[[],
         args["B_STREAM"] = cfg.b_stream and not use_tma
         args["SPLIT_IN_REGS"] = split_in_registers(cfg)
         args["HOST_DESC"] = host_desc
+        args["B_HINT"] = b_hint
         grid: tuple[int, ...] = (tiles * cfg.split_k, ops.Z)
     else:
         kernel = gemm_persistent_kernel
@@ -275,7 +279,7 @@ def launches(ops: Operands, cfg: GemmConfig) -> tuple[list[Launch], Callable[[],
             kept = {"ws": (2 * nprog * cfg.block_m * cfg.block_n, ws_dtype), "lock": (nprog, torch.int32)}
         args.update(NUM_PROGRAMS=nprog, C_TMA=c_tma, EPI_SUBTILE=cfg.epi_subtile, FLATTEN=cfg.flatten,
                     WARP_SPECIALIZE=specialise, STREAM_K=stream_k, SK_MIN_STEPS=STREAM_K_MIN_STEPS,
-                    HOST_DESC=host_desc)
+                    HOST_DESC=host_desc, B_HINT=b_hint)
         if host_desc and c_tma:
             descs["c_desc_h"] = (c_role, (ops.M, ops.N), (sc[1], 1), descriptor_blocks(cfg, False, False)[2])
         grid = (nprog,) if stream_k else (max(1, min(nprog, tiles * ops.Z)),)

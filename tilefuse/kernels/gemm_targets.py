@@ -42,6 +42,7 @@ def _example(fn, label: str, target: str, cfg: GemmConfig, *, a="bf16", out="bf1
     # TMA descriptors made on the host, as the launches make them on NVIDIA (gemm_launch.host_descriptors)
     host = bool(use_tma and part.vendor == "nvidia" and gemm_launch.HOST_DESCRIPTORS and not ws)
     constexprs["HOST_DESC"] = host
+    constexprs["B_HINT"] = bool(cfg.b_evict_first and host)  # compiled through ptx_hints' stage hook
     if fn is gemm_tiled_kernel:
         constexprs["SPLIT_K"] = split_k
         constexprs["WARP_SPECIALIZE"] = ws and split_k == 1

@@ -75,7 +75,8 @@ TUNE_FINAL_ROUNDS = 2
 TUNE_TIE = 1.005
 PROGRESS_AFTER_S = 1.0
 COMPILE_THREADS = min(16, max(2, (os.cpu_count() or 2)))
-CACHE_VERSION = 1  # bump when the kernels change in a way that invalidates stored decisions
+CACHE_VERSION = 2  # bump when the kernels change in a way that invalidates stored decisions
+# (2: the -ef configs, B's TMA loads evict-first, lead at M = 128 and 256 where version 1's picks trail cuBLAS)
 
 _memo: dict[str, GemmConfig] = {}
 # what this process's decisions came from (train_distributed.py reports them per rank)
