@@ -154,6 +154,15 @@ def _decode_stream_examples(target: str) -> list[targets.Example]:
                      epilogue={"BIAS_MODE": 1})]
 
 
+def _skinny_hint_examples(target: str) -> list[targets.Example]:
+    # skinny (64 < M <= 256): the skinny class's first config, B's TMA loads evict-first in L2 (B_HINT: the
+    # policy is written into the PTX by ptx_hints), plain and with bias + GeLU
+    cfg = GemmConfig("tiled", 64, 128, 64, 8, num_warps=4, num_stages=8, tma=True, b_evict_first=True)
+    return [_example(gemm_tiled_kernel, "bf16 B evict-first", target, cfg, use_tma=True),
+            _example(gemm_tiled_kernel, "bf16 B evict-first bias+gelu", target, cfg, use_tma=True,
+                     epilogue={"ACTIVATION": ACTIVATIONS["gelu"], "BIAS_MODE": 1})]
+
+
 def _persistent_examples(target: str) -> list[targets.Example]:
     part = PART_BY_TARGET[target]
     if part.vendor == "amd":
@@ -229,6 +238,12 @@ def _register() -> None:
         "gemm_decode_stream", fn=gemm_tiled_kernel, examples=_decode_stream_examples, family="gemm",
         targets=("sm_80", "sm_90a", "sm_100a"), expect_mma={t: "mma.sync" for t in ("sm_80", "sm_90a", "sm_100a")},
         description="decode GEMM (M <= 64): B streamed once with an L2 evict-first hint, split-K; NVIDIA only"))
+    # the hint rides on TMA loads through host-made descriptors: the TMA targets only
+    targets.register(targets.KernelSpec(
+        "gemm_skinny_hint", fn=gemm_tiled_kernel, examples=_skinny_hint_examples, family="gemm",
+        targets=("sm_90a", "sm_100a"), expect_mma={"sm_90a": "wgmma", "sm_100a": "tcgen05"},
+        description="skinny GEMM (M <= 256): B's TMA loads evict-first in L2 (PTX rewritten by ptx_hints); "
+                    "NVIDIA TMA targets only"))
     targets.register(targets.KernelSpec(
         "gemm_persistent", fn=gemm_persistent_kernel, examples=_persistent_examples,
         description="persistent GEMM, one program an SM; TMA loads and store on sm_90a/sm_100a", **common))
