@@ -8,7 +8,7 @@ PTX comes out the same). PTX has the hint: ``cp.async.bulk.tensor ... .L2::cache
 policy from ``createpolicy``. A streaming access-policy window over B (``l2_flush_probe.py --window``, run 72)
 saved nothing, so this asks the load-level question directly.
 
-The same host-descriptor GEMM tile as ``tma_desc_probe.py``, compiled four times under different names; a
+The same host-descriptor GEMM tile as ``tma_desc_probe.py``, compiled four times with different markers; a
 Triton ``add_stages_inspection_hook`` rewrites the PTX of three of them before ptxas
 (``tilefuse.kernels.ptx_hints.add_hints``, which the library's ``-ef`` configs now use for B): ``b_first`` (B's TMA
 loads evict-first), ``a_last`` (A's evict-last: A is re-read by every program), ``both``. Timed in interleaved
@@ -18,12 +18,13 @@ GPU (an H200 image: system python, PYTHONPATH=checkout)::
 
     python scripts/tma_hint_probe.py [--shape MxNxK ...] [--rounds 6] [--csv PATH]
 
-CPU: ``--ptx`` cross-compiles the four kernels for sm_90a and prints each one's hinted loads (no GPU needed).
+CPU: ``--ptx`` cross-compiles the four variants for sm_90a and prints each one's hinted loads (no GPU needed).
 """
 from __future__ import annotations
 
 import argparse
 import csv
+import re
 import statistics
 import sys
 from pathlib import Path
@@ -40,40 +41,28 @@ from tma_desc_probe import _desc_gemm  # noqa: E402
 # (shape, tile (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages, GROUP_M)): the library's picks (runs 72-74)
 CASES = (("64x8192x8192", (64, 64, 128, 4, 7, 1)), ("128x8192x8192", (64, 128, 64, 4, 8, 8)),
          ("256x8192x8192", (128, 128, 64, 4, 7, 8)))
-# kernel name -> (policy of A's loads, policy of B's loads)
-HINTS = {"hint_none": (None, None), "hint_b_first": (None, "evict_first"), "hint_a_last": ("evict_last", None),
-         "hint_both": ("evict_last", "evict_first")}
+# variant -> (policy of A's loads, policy of B's loads)
+HINTS = {"none": (None, None), "b_first": (None, "evict_first"), "a_last": ("evict_last", None),
+         "both": ("evict_last", "evict_first")}
+MARK = "tma-hint-probe"  # + " a=<policy> b=<policy>": what the stage hook reads from a variant's PTX
+
+
+def marker(variant: str) -> str:
+    a, b = HINTS[variant]
+    return f"// {MARK} a={a or '-'} b={b or '-'}"
 
 
 @triton.jit
-def hint_none(a_desc, b_desc, c_ptr, M, N, K, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-              BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, STAGES: tl.constexpr):
+def hinted(a_desc, b_desc, c_ptr, M, N, K, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+           BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, STAGES: tl.constexpr, MARKER: tl.constexpr):
+    """tma_desc_probe's host-descriptor tile, with MARKER (an inline asm comment) telling the hook which
+    policies to write into its loads; each MARKER value is a kernel of its own in the JIT's cache."""
+    tl.inline_asm_elementwise(MARKER, "=r", [], dtype=tl.int32, is_pure=False, pack=1)
     _desc_gemm(a_desc, b_desc, c_ptr, M, N, K, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, STAGES)
-
-
-@triton.jit
-def hint_b_first(a_desc, b_desc, c_ptr, M, N, K, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                 BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, STAGES: tl.constexpr):
-    _desc_gemm(a_desc, b_desc, c_ptr, M, N, K, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, STAGES)
-
-
-@triton.jit
-def hint_a_last(a_desc, b_desc, c_ptr, M, N, K, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, STAGES: tl.constexpr):
-    _desc_gemm(a_desc, b_desc, c_ptr, M, N, K, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, STAGES)
-
-
-@triton.jit
-def hint_both(a_desc, b_desc, c_ptr, M, N, K, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-              BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, STAGES: tl.constexpr):
-    _desc_gemm(a_desc, b_desc, c_ptr, M, N, K, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, STAGES)
-
-
-KERNELS = {"hint_none": hint_none, "hint_b_first": hint_b_first, "hint_a_last": hint_a_last, "hint_both": hint_both}
 
 
 def install_hook() -> None:
-    """Rewrite the PTX of the hinted kernels (by name) between Triton's ptx and cubin stages."""
+    """Rewrite the PTX of the marked variants between Triton's ptx and cubin stages."""
     # (imported here: importing tilefuse on a machine without a GPU puts Triton on its interpreter, and --ptx
     # cross-compiles)
     from tilefuse.kernels.ptx_hints import add_hints
@@ -87,9 +76,10 @@ def install_hook() -> None:
 
         def ptx_stage(src, metadata):
             ptx = make_ptx(src, metadata)
-            policies = HINTS.get(metadata.get("name", ""))
-            if policies and any(policies):
-                ptx, n = add_hints(ptx, {i: p for i, p in enumerate(policies) if p})
+            m = re.search(MARK + r" a=(\S+) b=(\S+)", ptx)
+            policies = {i: p for i, p in enumerate(m.groups()) if p != "-"} if m else {}
+            if policies:
+                ptx, n = add_hints(ptx, policies)
                 if n == 0:
                     raise RuntimeError(f"{metadata['name']}: no TMA load of the hinted operands found in the PTX")
                 metadata["tf_hinted_loads"] = n
@@ -100,7 +90,7 @@ def install_hook() -> None:
 
 
 def show_ptx() -> int:
-    """CPU: cross-compile the four kernels for sm_90a and print the hinted loads and ptxas' verdict."""
+    """CPU: cross-compile the four variants for sm_90a and print the hinted loads and ptxas' verdict."""
     import os
 
     os.environ["TRITON_INTERPRET"] = "0"
@@ -110,9 +100,10 @@ def show_ptx() -> int:
     sig = {"a_desc": "tensordesc<bf16[64, 64]>", "b_desc": "tensordesc<bf16[64, 128]>", "c_ptr": "*bf16",
            "M": "i32", "N": "i32", "K": "i32", "BLOCK_M": "constexpr", "BLOCK_N": "constexpr", "BLOCK_K": "constexpr",
            "GROUP_M": "constexpr", "STAGES": "constexpr"}
-    const = {"BLOCK_M": 64, "BLOCK_N": 128, "BLOCK_K": 64, "GROUP_M": 8, "STAGES": 8}
-    for name, fn in KERNELS.items():
-        ck = triton.compile(triton.compiler.ASTSource(fn=fn, signature=sig, constexprs=const),
+    sig["MARKER"] = "constexpr"
+    for name in HINTS:
+        const = {"BLOCK_M": 64, "BLOCK_N": 128, "BLOCK_K": 64, "GROUP_M": 8, "STAGES": 8, "MARKER": marker(name)}
+        ck = triton.compile(triton.compiler.ASTSource(fn=hinted, signature=sig, constexprs=const),
                             target=GPUTarget("cuda", 90, 32), options={"num_warps": 4})
         ptx = ck.asm["ptx"]
         loads = [ln.strip() for ln in ptx.splitlines() if "cp.async.bulk.tensor" in ln]
@@ -151,18 +142,18 @@ def main(argv=None) -> int:
         grid = (triton.cdiv(m, bm) * triton.cdiv(n, bn),)
         meta = dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=group, STAGES=stages, num_warps=warps)
         entries = [("cuBLAS", lambda: torch.matmul(a, b))]
-        for name, fn in KERNELS.items():
+        for name in HINTS:
             c = torch.full_like(ref, float("nan"))
-            compiled = fn[grid](a_desc, b_desc, c, m, n, k, **meta)
+            compiled = hinted[grid](a_desc, b_desc, c, m, n, k, MARKER=marker(name), **meta)
             err = harness.rel_error(c, ref.float())
-            hinted = compiled.metadata._asdict().get("tf_hinted_loads", 0) if hasattr(compiled.metadata, "_asdict") \
-                else getattr(compiled.metadata, "tf_hinted_loads", 0)
-            print(f"{shape} {name}: rel err {err:.1e}, hinted TMA loads in the PTX: {hinted}", flush=True)
+            n_hinted = getattr(compiled.metadata, "tf_hinted_loads", 0)
+            print(f"{shape} hint_{name}: rel err {err:.1e}, hinted TMA loads in the PTX: {n_hinted}", flush=True)
             if not err < 1e-2:
-                print(f"{shape} {name}: WRONG, not timed", flush=True)
+                print(f"{shape} hint_{name}: WRONG, not timed", flush=True)
                 continue
             out = torch.empty_like(ref)
-            entries.append((name, lambda fn=fn, out=out: fn[grid](a_desc, b_desc, out, m, n, k, **meta)))
+            entries.append((f"hint_{name}", lambda name=name, out=out: hinted[grid](a_desc, b_desc, out, m, n, k,
+                                                                                     MARKER=marker(name), **meta)))
         samples = harness.interleaved_medians(entries, opts.rounds, max(1, opts.rep_ms // opts.rounds))
         cublas = statistics.median(samples["cuBLAS"])
         for name, xs in samples.items():

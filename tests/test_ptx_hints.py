@@ -1,6 +1,7 @@
 """The evict-first hint on B's TMA loads (tilefuse.kernels.ptx_hints): the PTX rewrite on its own, and, in a
 child that compiles, on the GEMM kernels for sm_90a and sm_100a."""
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -89,3 +90,16 @@ def test_gemm_kernels_hint_b_when_cross_compiled():
                           capture_output=True, text=True, env=env, cwd=HERE.parent, timeout=900)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
     assert "5 passed" in proc.stdout
+
+
+def test_the_probe_writes_each_variants_policies():
+    """scripts/tma_hint_probe.py --ptx: what device run 75 timed, cross-compiled here: the unhinted variant has
+    no hinted load, b_first and a_last hint one operand's loads (half), both hint all, and ptxas takes each."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["TILEFUSE_INTERPRET"] = "0"
+    proc = subprocess.run([sys.executable, str(HERE.parent / "scripts" / "tma_hint_probe.py"), "--ptx"],
+                          capture_output=True, text=True, env=env, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    counts = dict(re.findall(r"^(\w+): 16 TMA loads, (\d+) hinted", proc.stdout, flags=re.M))
+    assert counts == {"none": "0", "b_first": "8", "a_last": "8", "both": "16"}, proc.stdout
+    assert proc.stdout.count("evict_first") == 2 and proc.stdout.count("evict_last") == 2
