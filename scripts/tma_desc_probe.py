@@ -161,19 +161,28 @@ def main(argv=None) -> int:
                     continue
                 entries.append((name, fn))
             samples = harness.interleaved_medians(entries, opts.rounds, max(1, opts.rep_ms // opts.rounds))
-            cublas = statistics.median(samples["cuBLAS"])
-            for name, xs in samples.items():
-                ms = statistics.median(xs)
-                rows.append({"shape": shape, "tile": "x".join(map(str, tile)), "impl": name, "ms": ms,
-                             "vs_cublas": cublas / ms, "rounds_ms": " ".join(f"{x:.5f}" for x in xs)})
-                print(f"{shape:16s} {rows[-1]['tile']:18s} {name:10s} {ms * 1e3:8.2f} us  {cublas / ms:6.3f}x cuBLAS",
-                      flush=True)
-    if opts.csv:
-        with open(opts.csv, "w", newline="") as f:
+            record(rows, shape, tile, samples)
+    write_csv(opts.csv, rows)
+    return 0
+
+
+def record(rows: list, shape: str, tile: tuple, samples: dict, name_width: int = 10) -> None:
+    """Each entry's median of its rounds and its ratio to cuBLAS's: appended to ``rows`` and printed."""
+    cublas = statistics.median(samples["cuBLAS"])
+    for name, xs in samples.items():
+        ms = statistics.median(xs)
+        rows.append({"shape": shape, "tile": "x".join(map(str, tile)), "impl": name, "ms": ms,
+                     "vs_cublas": cublas / ms, "rounds_ms": " ".join(f"{x:.5f}" for x in xs)})
+        print(f"{shape:16s} {rows[-1]['tile']:18s} {name:{name_width}s} {ms * 1e3:8.2f} us  {cublas / ms:6.3f}x cuBLAS",
+              flush=True)
+
+
+def write_csv(path: str | None, rows: list) -> None:
+    if path and rows:
+        with open(path, "w", newline="") as f:
             w = csv.DictWriter(f, fieldnames=list(rows[0]))
             w.writeheader()
             w.writerows(rows)
-    return 0
 
 
 if __name__ == "__main__":

@@ -23,9 +23,7 @@ CPU: ``--ptx`` cross-compiles the four variants for sm_90a and prints each one's
 from __future__ import annotations
 
 import argparse
-import csv
 import re
-import statistics
 import sys
 from pathlib import Path
 
@@ -36,7 +34,7 @@ import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 from triton import knobs  # noqa: E402
 
-from tma_desc_probe import _desc_gemm  # noqa: E402
+from tma_desc_probe import _desc_gemm, record, write_csv  # noqa: E402
 
 # (shape, tile (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages, GROUP_M)): the library's picks (runs 72-74)
 CASES = (("64x8192x8192", (64, 64, 128, 4, 7, 1)), ("128x8192x8192", (64, 128, 64, 4, 8, 8)),
@@ -155,18 +153,8 @@ def main(argv=None) -> int:
             entries.append((f"hint_{name}", lambda name=name, out=out: hinted[grid](a_desc, b_desc, out, m, n, k,
                                                                                      MARKER=marker(name), **meta)))
         samples = harness.interleaved_medians(entries, opts.rounds, max(1, opts.rep_ms // opts.rounds))
-        cublas = statistics.median(samples["cuBLAS"])
-        for name, xs in samples.items():
-            ms = statistics.median(xs)
-            rows.append({"shape": shape, "tile": "x".join(map(str, tile)), "impl": name, "ms": ms,
-                         "vs_cublas": cublas / ms, "rounds_ms": " ".join(f"{x:.5f}" for x in xs)})
-            print(f"{shape:16s} {rows[-1]['tile']:16s} {name:13s} {ms * 1e3:8.2f} us  {cublas / ms:6.3f}x cuBLAS",
-                  flush=True)
-    if opts.csv and rows:
-        with open(opts.csv, "w", newline="") as f:
-            w = csv.DictWriter(f, fieldnames=list(rows[0]))
-            w.writeheader()
-            w.writerows(rows)
+        record(rows, shape, tile, samples, name_width=13)
+    write_csv(opts.csv, rows)
     return 0
 
 
