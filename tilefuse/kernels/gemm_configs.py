@@ -315,7 +315,8 @@ NVIDIA_SPACE: dict[str, tuple[GemmConfig, ...]] = {
         # pointer tile below, the pick of every suite before; the two configs above do not fit M=64 (shared
         # memory; b_stream is for 16-row tiles), so this one is M=64's first. B_HINT (-ef): its TMA loads of B
         # evict-first in L2 (r75, scripts/tma_hint_probe.py: at M=128/256 2.4-4.2 us faster after do_bench's
-        # dirty flush; at M=64 mixed), first so the tuner times both
+        # dirty flush; r76 sweep at M=64: 1.116x cuBLAS hinted against 1.008x plain), first, and the tuner
+        # times both
         C("tiled", DECODE_M, 64, 128, 4, 7, group_m=1, split_k=AUTO_SPLIT, tma=True, b_evict_first=True),
         C("tiled", DECODE_M, 64, 128, 4, 7, group_m=1, split_k=AUTO_SPLIT, tma=True),
         C("tiled", DECODE_M, 64, 128, 4, 6, group_m=1, split_k=AUTO_SPLIT),  # r1 M=16: 0.961x
@@ -337,7 +338,8 @@ NVIDIA_SPACE: dict[str, tuple[GemmConfig, ...]] = {
         # kernel, 0.928-0.952x: tied); the suites' tuner finals had the two within 0.2-1.1 %, either way round.
         # r75 (scripts/tma_hint_probe.py, interleaved with cuBLAS after do_bench's flush): with B's TMA loads
         # evict-first in L2 (-ef, ptx_hints) the 64x128x64 ran 44.38 -> 40.19 us at M=128 (0.999x -> 1.104x) and
-        # the 128x128x64 at 7 stages 51.17 -> 48.78 us at M=256 (1.018x -> 1.067x): each tile hinted, then plain
+        # the 128x128x64 at 7 stages 51.17 -> 48.78 us at M=256 (1.018x -> 1.067x); r76 sweeps (run76/m128.log,
+        # m256.log): M=128 1.093x against 0.983x, M=256 1.133x against 1.055x. Each tile hinted, then plain
         C("tiled", 64, 128, 64, 4, 8, group_m=8, split_k=AUTO_SPLIT, tma=True, b_evict_first=True),
         C("tiled", 64, 128, 64, 4, 8, group_m=8, split_k=AUTO_SPLIT, tma=True),
         C("tiled", 64, 128, 128, 4, 4, group_m=8, split_k=AUTO_SPLIT, tma=True, b_evict_first=True),
