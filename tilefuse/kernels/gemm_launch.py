@@ -224,9 +224,9 @@ def launches(ops: Operands, cfg: GemmConfig) -> tuple[list[Launch], Callable[[],
         pointers[f"e{i}_ptr"] = opt(ops.extras[i] if i < len(ops.extras) else None, f"e{i}")
     # (not under warp specialisation: triton 3.6's Hopper pass fails on descriptor parameters)
     host_desc = use_tma and host_descriptors(device.current().vendor) and not specialise
-    # B's TMA loads evict-first (ptx_hints writes the policy into the PTX): host descriptors on a real NVIDIA GPU
-    b_hint = bool(cfg.b_evict_first and host_desc and device.current().vendor == "nvidia"
-                  and not device.current().interpreter)
+    # B's TMA loads evict-first (ptx_hints writes the policy into the PTX): host descriptors off the interpreter,
+    # which host_descriptors allows on NVIDIA only
+    b_hint = bool(cfg.b_evict_first and host_desc and not device.current().interpreter)
     descs: dict[str, tuple[str, tuple, tuple, tuple]] = {}
     if host_desc:
         a_spec, b_spec = ab_descriptor_specs(ops, cfg)

@@ -355,10 +355,9 @@ def settle_ties(times: dict[GemmConfig, float], order: Sequence[GemmConfig]) -> 
     if not ran:
         return None
     top = min(ran.values())
-    for cfg in list(order) + sorted(ran, key=ran.get):
-        if cfg in ran and ran[cfg] <= top * TUNE_TIE:
-            return ran[cfg], cfg
-    return None  # unreachable: the best itself is within TUNE_TIE
+    rank = {c: i for i, c in enumerate(order)}  # a candidate missing from order goes after, by its score
+    winner = min((c for c in ran if ran[c] <= top * TUNE_TIE), key=lambda c: (rank.get(c, len(rank)), ran[c]))
+    return ran[winner], winner
 
 
 def run_final(close: Sequence[GemmConfig], first: dict[GemmConfig, float],
