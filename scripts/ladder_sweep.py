@@ -16,11 +16,14 @@ causes apart (benchmarks/notes/ladder.md has the predictions it tests):
   size 1 or 2), the ping-pong consumers (``tilefuse_rung9_set_pingpong``: each consumer warpgroup its own
   64x256 tile, one's epilogue under the other's mainloop; opt-in until measured), the per-warp C stores
   (``tilefuse_rung9_set_stores``: no warpgroup barrier in the epilogue), stream-K (``tilefuse_rung9_set_streamk``,
-  on by default: the ``no-streamk`` setting turns it off), plus the occupancy facts they depend on
+  on by default: the ``no-streamk`` setting turns it off), the L2 policies of its TMA loads and stores
+  (``tilefuse_rung9_set_l2``: none by default; the ``l2-*`` settings), plus the occupancy facts they depend on
   (cudaOccupancyMaxActiveClusters, tiles, rounds).
-* ``--ab SETTING``: instead of the sweep, rung 9's default against one setting in interleaved rounds (cuBLAS,
-  default, setting; the order of the two alternating), for a difference smaller than the clock's drift between
-  two sequential timings (the H200 runs at its power limit in these GEMMs).
+* ``--ab SETTING[,SETTING...]``: instead of the sweep, rung 9's default against one or more settings in
+  interleaved rounds (cuBLAS, then default and the settings in an order that rotates each round), for a
+  difference smaller than the clock's drift between two sequential timings (the H200 runs at its power limit in
+  these GEMMs). ``--flush read`` times them after a flush that only reads (a clean L2) instead of do_bench's
+  zeroing one (an L2 full of dirty lines, as the ladder suite times).
 
 Every impl's output is checked against a float32 reference (output poisoned with NaN first) before it is
 timed. Rung 9's non-default settings are first run in a child process on a small ragged problem: a setting
@@ -28,7 +31,8 @@ that traps (a deadlock ends in a trap after 5 s and kills the process's CUDA con
 there, so the sweep itself goes on. A watchdog ends the whole run after --budget-s.
 
 GPU machine:   python3 scripts/ladder_sweep.py            (PYTHONPATH = the checkout; ~30-45 s, builds cached)
-               python3 scripts/ladder_sweep.py --ab no-streamk [--rounds 8] [--shapes ...] [--csv PATH]
+               python3 scripts/ladder_sweep.py --ab no-streamk[,l2-c-first] [--rounds 8] [--shapes ...]
+                   [--flush write|read] [--csv PATH]
 CPU (no GPU):  python3 scripts/ladder_sweep.py --list | --build-only
 """
 from __future__ import annotations
@@ -60,6 +64,7 @@ WARMUP_MS, REP_MS = 10, 50        # do_bench per impl (~57 impls at 3 shapes)
 GRAPH_CALLS, GRAPH_REPLAYS = 10, 3
 HOST_CALLS = 30
 AB_ROUNDS, AB_REP_MS = 8, 10      # --ab: rounds, and do_bench's rep per impl and round
+FLUSH_BYTES = 256 * 1024 * 1024   # --flush read: the buffer read before each call (do_bench zeroes 256 MB)
 DEBUG_NO_MULTICAST, DEBUG_NOT_PERSISTENT, DEBUG_DIRECT_STORE = 1, 2, 4
 
 
@@ -67,8 +72,9 @@ DEBUG_NO_MULTICAST, DEBUG_NOT_PERSISTENT, DEBUG_DIRECT_STORE = 1, 2, 4
 class Setting:
     """One rung-9 configuration: debug flags, tilefuse_rung9_set_schedule(clusters, group_m, order,
     cluster_size) (0 = the default of a field), tilefuse_rung9_set_pingpong(pingpong),
-    tilefuse_rung9_set_stores(warp_stores) and tilefuse_rung9_set_streamk(streamk) (1, the library's default: the
-    last round's tiles split by k-tiles where that pays)."""
+    tilefuse_rung9_set_stores(warp_stores), tilefuse_rung9_set_streamk(streamk) (1, the library's default: the
+    last round's tiles split by k-tiles where that pays) and tilefuse_rung9_set_l2(*l2) (A's, B's and C's L2
+    policy: 0 none, the default, 1 evict-first, 2 evict-last, 3 evict-normal)."""
     name: str
     debug: int = 0
     clusters: int = 0
@@ -78,6 +84,7 @@ class Setting:
     pingpong: int = 0
     warp_stores: int = 0
     streamk: int = 1
+    l2: tuple[int, int, int] = (0, 0, 0)
     why: str = ""
 
     @property
@@ -87,7 +94,7 @@ class Setting:
     @property
     def is_default(self) -> bool:
         return (self.debug == 0 and self.schedule == (0, 0, 0, 0) and self.pingpong == 0 and self.warp_stores == 0
-                and self.streamk == 1)
+                and self.streamk == 1 and self.l2 == (0, 0, 0))
 
 
 # Run 7 (benchmarks/results/run7/ladder_sweep.log) decided, and dropped from here: clusters-60 (66 clusters are
@@ -108,6 +115,13 @@ SETTINGS = (
     Setting("group-1", group_m=1, why="plain row-major tile order (no L2 grouping)"),
     Setting("group-4", group_m=4),
     Setting("column-groups-8", group_m=8, order=1, why="groups of 8 tile-columns, row-major inside"),
+    # L2 policies (stop 21): under do_bench's zeroing flush, a load that evicts a dirty line pays for its write-back
+    Setting("l2-c-first", l2=(0, 0, 1), why="C's stores evict-first: A's and B's re-read panels stay in L2"),
+    Setting("l2-ab-last", l2=(2, 2, 0), why="A's and B's loads evict-last: their panels outlive other lines"),
+    Setting("l2-ab-last-c-first", l2=(2, 2, 1), why="both of the above"),
+    Setting("l2-ab-normal", l2=(3, 3, 0), why="the hinted loads at normal priority: what the hint itself costs"),
+    Setting("l2-a-first", l2=(1, 0, 0), why="A's loads evict-first (each A panel is re-read by 16 tile-columns)"),
+    Setting("l2-b-first", l2=(0, 1, 0), why="B's loads evict-first, as the Triton decode tiles"),
 )
 BY_NAME = {s.name: s for s in SETTINGS}
 
@@ -178,6 +192,10 @@ def rung9_abi(lib):
     lib.tilefuse_rung9_set_streamk.argtypes = [ctypes.c_int]
     lib.tilefuse_rung9_get_streamk.restype = ctypes.c_int
     lib.tilefuse_rung9_get_streamk.argtypes = []
+    lib.tilefuse_rung9_set_l2.restype = ctypes.c_int
+    lib.tilefuse_rung9_set_l2.argtypes = [ctypes.c_int] * 3
+    lib.tilefuse_rung9_get_l2.restype = ctypes.c_int
+    lib.tilefuse_rung9_get_l2.argtypes = [ctypes.POINTER(ctypes.c_int)]
     lib.tilefuse_rung9_occupancy.restype = ctypes.c_int
     lib.tilefuse_rung9_occupancy.argtypes = [ctypes.c_int] + [ctypes.POINTER(ctypes.c_int)] * 4
     return lib
@@ -194,18 +212,22 @@ def applied(lib, s: Setting):
         err = lib.tilefuse_rung9_set_stores(s.warp_stores)
     if err == 0:
         err = lib.tilefuse_rung9_set_streamk(s.streamk)
+    if err == 0:
+        err = lib.tilefuse_rung9_set_l2(*s.l2)
     if err != 0:
         lib.tilefuse_rung9_set_schedule(0, 0, 0, 0)
         lib.tilefuse_rung9_set_pingpong(0)
         lib.tilefuse_rung9_set_stores(0)
         lib.tilefuse_rung9_set_streamk(1)
+        lib.tilefuse_rung9_set_l2(0, 0, 0)
         raise ValueError(f"tilefuse_rung9_set_pingpong({s.pingpong}) / set_stores({s.warp_stores}) / "
-                         f"set_streamk({s.streamk}) returned {err}")
+                         f"set_streamk({s.streamk}) / set_l2{s.l2} returned {err}")
     old = lib.tilefuse_rung9_set_debug(s.debug)
     try:
         yield
     finally:
         lib.tilefuse_rung9_set_debug(old)
+        lib.tilefuse_rung9_set_l2(0, 0, 0)
         lib.tilefuse_rung9_set_streamk(1)
         lib.tilefuse_rung9_set_stores(0)
         lib.tilefuse_rung9_set_pingpong(0)
@@ -313,6 +335,28 @@ def do_bench_ms(fn, warmup: int, rep: int) -> tuple[float, float, float]:
 
     p50, p20, p80 = do_bench(fn, warmup=warmup, rep=rep, quantiles=[0.5, 0.2, 0.8])
     return float(p50), float(p20), float(p80)
+
+
+def read_flush_ms(fn, rep: int, buf) -> tuple[float, float, float]:
+    """Median, p20 and p80 of ``fn``'s device time (CUDA events) over calls for ~``rep`` ms, each after reading
+    ``buf`` (a flush that leaves L2 clean: nothing for a load to write back first)."""
+    import statistics
+
+    import torch
+
+    times: list[float] = []
+    spent = 0.0
+    while len(times) < 5 or spent < rep:
+        buf.sum()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+        spent += times[-1]
+    q = statistics.quantiles(times, n=10)
+    return float(statistics.median(times)), float(q[1]), float(q[7])
 
 
 def graph_ms(fn) -> float:
@@ -472,20 +516,29 @@ def parse_args(argv=None):
     p.add_argument("--budget-s", type=float, default=DEFAULT_BUDGET_S, help="the watchdog ends the run after this")
     p.add_argument("--csv", type=Path, default=None, help="also write tidy rows here")
     p.add_argument("--list", action="store_true", help="print the rung-9 settings and exit (no GPU needed)")
-    p.add_argument("--ab", default=None, metavar="SETTING",
-                   help="interleaved A/B instead of the sweep: rung 9's default against SETTING, --rounds rounds of "
-                        "cuBLAS (K-major B), default and SETTING, each timed --rep-ms by do_bench (default 10)")
+    p.add_argument("--ab", default=None, metavar="SETTING[,SETTING...]",
+                   help="interleaved A/B instead of the sweep: rung 9's default against each SETTING, --rounds rounds "
+                        "of cuBLAS (K-major B), default and the settings, each timed --rep-ms (default 10)")
+    p.add_argument("--flush", choices=("write", "read"), default="write",
+                   help="--ab: the L2 flush before each call: 'write' (do_bench's zeroing, as the ladder suite "
+                        "times; the default) or 'read' (a clean L2)")
     p.add_argument("--rounds", type=int, default=AB_ROUNDS, help=f"rounds of --ab (default {AB_ROUNDS})")
     p.add_argument("--build-only", action="store_true", help="build rungs 7-9 for sm_90a and exit (no GPU needed)")
     p.add_argument("--probe-child", default=None, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
+    args.ab_list = []
     if args.ab is not None:
-        if args.ab not in BY_NAME or args.ab == "default":
-            p.error(f"--ab: {args.ab!r} is not a non-default setting; accepted: {', '.join(BY_NAME)}")
+        args.ab_list = [t.strip() for t in args.ab.split(",") if t.strip()]
+        bad = [t for t in args.ab_list if t not in BY_NAME or t == "default"]
+        if bad or not args.ab_list or len(set(args.ab_list)) != len(args.ab_list):
+            p.error(f"--ab: {args.ab!r}: give distinct non-default settings, of: "
+                    f"{', '.join(n for n in BY_NAME if n != 'default')}")
         if args.rounds < 1:
             p.error("--rounds: at least 1")
         if "--rep-ms" not in (argv if argv is not None else sys.argv[1:]):
             args.rep_ms = AB_REP_MS
+    elif args.flush != "write":
+        p.error("--flush: only with --ab (the sweep times with do_bench's flush)")
     args.shape_list = []
     for tok in filter(None, (t.strip() for t in args.shapes.split(","))):
         if tok in SHAPES:
@@ -510,9 +563,10 @@ def parse_args(argv=None):
 
 
 def ab_main(args, builds, dog: Watchdog) -> int:
-    """--ab: rung 9 (the C launcher) under its default and under one other setting, and cuBLAS with a K-major B, in
-    interleaved rounds, so that the clock's drift (the H200 at its power limit) falls on all three alike. Prints each
-    round's times and, a shape, the medians and the median of the rounds' ratios setting / default."""
+    """--ab: rung 9 (the C launcher) under its default and under each other setting given, and cuBLAS with a K-major
+    B, in interleaved rounds, so that the clock's drift (the H200 at its power limit) falls on all of them alike; the
+    rung-9 settings' order rotates each round. Prints each round's times and, a shape, the medians, each setting's
+    median of the rounds' ratios setting / default, and each one's ratio to cuBLAS."""
     import statistics
 
     import torch
@@ -528,9 +582,17 @@ def ab_main(args, builds, dog: Watchdog) -> int:
         return 1
     rl = launch.load(builds["9"])
     lib9 = rung9_abi(rl.lib)
-    other = BY_NAME[args.ab]
-    log(f"A/B: default against {other.name} ({other.why}); {args.rounds} rounds of do_bench rep {args.rep_ms} ms; "
-        f"nvidia-smi: {smi()}")
+    others = [BY_NAME[n] for n in args.ab_list]
+    variants = [BY_NAME["default"]] + others
+    if args.flush == "read":
+        flush_buf = torch.empty(FLUSH_BYTES // 4, dtype=torch.int32, device="cuda")
+        timer = lambda fn: read_flush_ms(fn, args.rep_ms, flush_buf)  # noqa: E731
+        how = "a reading flush (clean L2) before each call, CUDA events"
+    else:
+        timer = lambda fn: do_bench_ms(fn, 5, args.rep_ms)  # noqa: E731
+        how = "do_bench (zeroing flush)"
+    log(f"A/B: default against " + "; ".join(f"{o.name} ({o.why})" for o in others) +
+        f"; {args.rounds} rounds of {how}, rep {args.rep_ms} ms; nvidia-smi: {smi()}")
     rows = []
     status = 0
     for m, n, k in args.shape_list:
@@ -548,8 +610,8 @@ def ab_main(args, builds, dog: Watchdog) -> int:
             rl(a.data_ptr(), w.data_ptr(), c.data_ptr(), None, m, n, k, k, k, n, "bfloat16", 0,
                torch.cuda.current_stream().cuda_stream)
 
-        times: dict[str, list[float]] = {"cublas_nt": [], "default": [], other.name: []}
-        for setting in (BY_NAME["default"], other):  # both checked before any timing
+        times: dict[str, list[float]] = {"cublas_nt": [], **{v.name: [] for v in variants}}
+        for setting in variants:  # all checked before any timing
             with applied(lib9, setting):
                 c.fill_(float("nan"))
                 r9()
@@ -560,21 +622,24 @@ def ab_main(args, builds, dog: Watchdog) -> int:
                 status = 1
         for rnd in range(args.rounds):
             dog.step = f"{shape} round {rnd}"
-            times["cublas_nt"].append(do_bench_ms(lambda: torch.matmul(a, w.t()), 5, args.rep_ms)[0])
-            for setting in (BY_NAME["default"], other) if rnd % 2 == 0 else (other, BY_NAME["default"]):
+            times["cublas_nt"].append(timer(lambda: torch.matmul(a, w.t()))[0])
+            shift = rnd % len(variants)
+            for setting in variants[shift:] + variants[:shift]:
                 with applied(lib9, setting):
-                    times[setting.name].append(do_bench_ms(r9, 5, args.rep_ms)[0])
+                    times[setting.name].append(timer(r9)[0])
             log(f"{shape} round {rnd}: " + ", ".join(f"{key} {v[-1]:.4f}" for key, v in times.items()))
         med = {key: statistics.median(v) for key, v in times.items()}
-        ratio = statistics.median(o / d for o, d in zip(times[other.name], times["default"]))
+        vs_default = {o.name: statistics.median(x / d for x, d in zip(times[o.name], times["default"])) for o in others}
         nt = {key: statistics.median(b / t for b, t in zip(times["cublas_nt"], v)) for key, v in times.items()
               if key != "cublas_nt"}
-        log(f"{shape}: medians " + ", ".join(f"{key} {v:.4f} ms" for key, v in med.items()) +
-            f"; {other.name} / default {ratio:.4f} (median of rounds); x cublas_nt " +
+        log(f"{shape}: medians " + ", ".join(f"{key} {v:.4f} ms" for key, v in med.items()))
+        log(f"{shape}: setting / default (median of rounds): " +
+            ", ".join(f"{key} {v:.4f}" for key, v in vs_default.items()) + "; x cublas_nt " +
             ", ".join(f"{key} {v:.4f}" for key, v in nt.items()))
         for key, v in med.items():
-            rows.append({"shape": shape, "impl": key, "ms_p50": v, "x_cublas_nt": nt.get(key),
-                         "rounds": len(times[key]), "round_ms": " ".join(f"{t:.4f}" for t in times[key])})
+            rows.append({"shape": shape, "impl": key, "flush": args.flush, "ms_p50": v, "x_cublas_nt": nt.get(key),
+                         "vs_default": vs_default.get(key), "rounds": len(times[key]),
+                         "round_ms": " ".join(f"{t:.4f}" for t in times[key])})
     if args.csv is not None and rows:
         import csv
 
@@ -596,7 +661,7 @@ def main(argv=None) -> int:
     if args.list:
         for s in SETTINGS:
             log(f"{s.name:<26} debug={s.debug} schedule(clusters, group_m, order, cluster_size)={s.schedule} "
-                f"pingpong={s.pingpong} warp_stores={s.warp_stores}  {s.why}")
+                f"pingpong={s.pingpong} warp_stores={s.warp_stores} streamk={s.streamk} l2={s.l2}  {s.why}")
         return 0
     dog = Watchdog(args.budget_s)
     t0 = time.monotonic()

@@ -171,6 +171,13 @@ def test_sass_has_hgmma_and_tma(rung):
     if rung == 9:
         assert "UTMALDG.2D.MULTICAST" in sass, "rung 9 must multicast B across its cluster"
         assert "UTMASTG" in sass, "rung 9's epilogue must store with TMA"
+        # tilefuse_rung9_set_l2: each TMA access has a plain form (the default) and one carrying an L2 policy
+        # (the `desc[UR]` operand), for A's and B's loads, B's multicast and C's stores
+        forms = {re.sub(r"UR\d+", "UR", f) for f in re.findall(r"UTMA(?:LDG|STG)[^;]*;", sass)}
+        for want in ("UTMALDG.2D [UR], [UR] ;", "UTMALDG.2D [UR], [UR], desc[UR] ;",
+                     "UTMALDG.2D.MULTICAST [UR], [UR], UR ;", "UTMALDG.2D.MULTICAST [UR], [UR], UR, desc[UR] ;",
+                     "UTMASTG.2D [UR], [UR] ;", "UTMASTG.2D [UR], [UR], desc[UR] ;"):
+            assert want in forms, (want, sorted(forms))
 
 
 def _hgmma_loops(sass: str) -> list[list[str]]:
@@ -349,6 +356,37 @@ def test_rung9_on_off_switches(switch):
         assert set_(1) == 0 and get() == 1
     finally:
         assert set_(0) == 0
+
+
+def _l2_abi(lib):
+    lib.tilefuse_rung9_set_l2.restype = ctypes.c_int
+    lib.tilefuse_rung9_set_l2.argtypes = [ctypes.c_int] * 3
+    lib.tilefuse_rung9_get_l2.restype = ctypes.c_int
+    lib.tilefuse_rung9_get_l2.argtypes = [ctypes.POINTER(ctypes.c_int)]
+    return lib
+
+
+def _get_l2(lib) -> list[int]:
+    out = (ctypes.c_int * 3)()
+    assert lib.tilefuse_rung9_get_l2(out) == 0
+    return list(out)
+
+
+@needs_nvcc
+def test_rung9_l2_switch():
+    """tilefuse_rung9_set_l2(a, b, c): no policy on any stream by default (until measured), each of 0-3, a refused
+    value changes nothing, a null out pointer is refused."""
+    lib = _l2_abi(_load(9))
+    assert _get_l2(lib) == [0, 0, 0]
+    for bad in ((-1, 0, 0), (0, 4, 0), (0, 0, 7), (4, 4, 4)):
+        assert lib.tilefuse_rung9_set_l2(*bad) == CUDA_ERROR_INVALID_VALUE, bad
+        assert _get_l2(lib) == [0, 0, 0]
+    assert lib.tilefuse_rung9_get_l2(None) == CUDA_ERROR_INVALID_VALUE
+    try:
+        for policies in ((1, 2, 3), (3, 0, 1), (2, 2, 2)):
+            assert lib.tilefuse_rung9_set_l2(*policies) == 0 and _get_l2(lib) == list(policies)
+    finally:
+        assert lib.tilefuse_rung9_set_l2(0, 0, 0) == 0
 
 
 def _streamk_abi(lib):
@@ -1338,6 +1376,33 @@ def test_rung9_warp_stores(name):
         lib.tilefuse_rung9_set_schedule(0, 0, 0, 0)
 
 
+L2_VARIANTS = {  # name: (tilefuse_rung9_set_l2 policies, schedule, pingpong, warp stores)
+    "all-evict-first": ((1, 1, 1), (0, 0, 0, 0), 0, 0),
+    "ab-last-c-first": ((2, 2, 1), (0, 0, 0, 0), 0, 0),
+    "normal-cluster-1": ((3, 3, 3), (0, 0, 0, 1), 0, 0),   # B's loads without multicast
+    "pingpong-warp-stores": ((2, 1, 2), (0, 0, 0, 0), 1, 1),
+}
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", sorted(L2_VARIANTS))
+def test_rung9_l2_policies(name):
+    """tilefuse_rung9_set_l2: the hinted loads (plain and multicast) and stores give the float32 reference's result
+    at the ping-pong test's shapes, all three epilogues, C poisoned, the same bits on a second call."""
+    _in_child(9)
+    lib = _l2_abi(_switches_abi(_schedule_abi(_load(9))))
+    policies, schedule, pingpong, warp_stores = L2_VARIANTS[name]
+    assert lib.tilefuse_rung9_set_l2(*policies) == 0 and lib.tilefuse_rung9_set_schedule(*schedule) == 0
+    assert lib.tilefuse_rung9_set_pingpong(pingpong) == 0 and lib.tilefuse_rung9_set_stores(warp_stores) == 0
+    try:
+        _check_rung9_at_variant_shapes(f"L2 policies {name}")
+    finally:
+        lib.tilefuse_rung9_set_l2(0, 0, 0)
+        lib.tilefuse_rung9_set_stores(0)
+        lib.tilefuse_rung9_set_pingpong(0)
+        lib.tilefuse_rung9_set_schedule(0, 0, 0, 0)
+
+
 # (M, N, K): ragged on all three sides with 63 k-tiles (53 x 2 cluster-tiles on 66 clusters: 40 tiles split, some in 3
 # pieces), and the LLM and square shapes of the ladder suite that split
 STREAMK_GPU_SHAPES = [(13468, 504, 4000), (16384, 4096, 4096), (8192, 8192, 8192)]
@@ -1454,9 +1519,14 @@ def test_ladder_sweep_arguments():
         with pytest.raises(SystemExit):
             sweep.parse_args(bad)
     args = sweep.parse_args(["--ab", "no-streamk", "--rounds", "3"])
-    assert args.ab == "no-streamk" and args.rounds == 3 and args.rep_ms == sweep.AB_REP_MS
+    assert args.ab_list == ["no-streamk"] and args.rounds == 3 and args.rep_ms == sweep.AB_REP_MS
+    assert args.flush == "write"
     assert sweep.parse_args(["--ab", "no-streamk", "--rep-ms", "20"]).rep_ms == 20
-    for bad in (["--ab", "default"], ["--ab", "nope"], ["--ab", "no-streamk", "--rounds", "0"]):
+    args = sweep.parse_args(["--ab", "l2-c-first, l2-ab-last", "--flush", "read"])
+    assert args.ab_list == ["l2-c-first", "l2-ab-last"] and args.flush == "read"
+    for bad in (["--ab", "default"], ["--ab", "nope"], ["--ab", "no-streamk", "--rounds", "0"],
+                ["--ab", "l2-c-first,default"], ["--ab", "l2-c-first,l2-c-first"], ["--ab", ","],
+                ["--flush", "read"], ["--ab", "l2-c-first", "--flush", "zero"]):
         with pytest.raises(SystemExit):
             sweep.parse_args(bad)
     names = [s.name for s in sweep.SETTINGS]
@@ -1468,7 +1538,7 @@ def test_ladder_sweep_arguments():
 def test_ladder_sweep_settings_are_accepted_by_rung9():
     """Every schedule the sweep sets is one the library takes (host code: no GPU needed)."""
     sweep = _sweep_module()
-    lib = _streamk_abi(_switches_abi(_schedule_abi(_load(9))))
+    lib = _l2_abi(_streamk_abi(_switches_abi(_schedule_abi(_load(9)))))
     try:
         for s in sweep.SETTINGS:
             assert lib.tilefuse_rung9_set_schedule(*s.schedule) == 0, s
@@ -1479,11 +1549,14 @@ def test_ladder_sweep_settings_are_accepted_by_rung9():
             assert lib.tilefuse_rung9_get_stores() == s.warp_stores
             assert lib.tilefuse_rung9_set_streamk(s.streamk) == 0, s
             assert lib.tilefuse_rung9_get_streamk() == s.streamk
+            assert lib.tilefuse_rung9_set_l2(*s.l2) == 0, s
+            assert _get_l2(lib) == list(s.l2)
     finally:
         lib.tilefuse_rung9_set_schedule(0, 0, 0, 0)
         lib.tilefuse_rung9_set_pingpong(0)
         lib.tilefuse_rung9_set_stores(0)
         lib.tilefuse_rung9_set_streamk(1)
+        lib.tilefuse_rung9_set_l2(0, 0, 0)
     assert {"pingpong", "direct-store", "default", "warp-stores", "no-streamk"} <= {s.name for s in sweep.SETTINGS}
 
 

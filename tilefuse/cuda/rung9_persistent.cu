@@ -83,6 +83,13 @@
 // at a named barrier before and after (8 barriers a tile), one thread issuing the chunk's stores (4 boxes of 16
 // rows). With warp stores each warp waits for its own earlier store, writes its 16 rows and its lane 0 stores them:
 // no warpgroup barrier in the epilogue at all.
+//
+// L2 policies: tilefuse_rung9_set_l2(a, b, c) (not part of the ladder ABI; default 0, 0, 0 until measured) puts an
+// L2 eviction priority on A's TMA loads, B's (multicast or not) and C's TMA stores: 0 none (the plain instruction),
+// 1 evict-first, 2 evict-last, 3 evict-normal, made with createpolicy.fractional and carried by the .L2::cache_hint
+// form of cp.async.bulk.tensor. The Triton decode GEMMs gained 2-4 us from evict-first on B (a weight read once,
+// under a benchmark flush that leaves L2 full of dirty lines); here A and B panels are re-read, so the question is
+// which stream, if any, should leave L2 first (benchmarks/notes/hopper_rungs.md, stop 21).
 #include <cuda.h>
 #include <cudaTypedefs.h>
 #include <cuda_bf16.h>
@@ -222,7 +229,11 @@ struct Schedule {
     int pingpong; // 0: both consumers on one 128x256 tile (cooperative); 1: each on its own 64x256 tile
     int warp_stores;  // 1: each warp stores its own rows of a C chunk (no warpgroup barrier; see the header)
     int streamk;      // 1: the last, partial round's tiles are split by k-tiles over the clusters (see the header)
+    int l2;           // L2 policies (see the header, "L2 policies"): A's loads, B's loads, C's stores, 2 bits each
 };
+// tilefuse_rung9_set_l2's policies, 2 bits a stream of Schedule::l2 (A at bit 0, B at bit 2, C at bit 4).
+constexpr int L2_NONE = 0, L2_EVICT_FIRST = 1, L2_EVICT_LAST = 2, L2_EVICT_NORMAL = 3;
+constexpr int L2_A_SHIFT = 0, L2_B_SHIFT = 2, L2_C_SHIFT = 4;
 
 // Stream-K's global memory (see the header): CONSUMERS x 128 threads x 128 floats a CTA, and a flag each.
 struct StreamK {
@@ -287,11 +298,31 @@ __device__ __forceinline__ void prefetch_tensormap(const CUtensorMap* map) {
 }
 // TMA: load the box at (c0 = element along the contiguous dim, c1 = row) into shared memory at dst, and
 // count its bytes against the mbarrier's transaction count.
-__device__ __forceinline__ void tma_load_2d(uint32_t dst, const CUtensorMap* map, int c0, int c1, uint32_t bar) {
-    asm volatile(
-        "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4}], [%2];"
-        ::"r"(dst), "l"(reinterpret_cast<uint64_t>(map)), "r"(bar), "r"(c0), "r"(c1)
-        : "memory");
+// With hint, the load carries the L2 policy `policy` (from l2_policy); without, it is the plain instruction.
+__device__ __forceinline__ void tma_load_2d(uint32_t dst, const CUtensorMap* map, int c0, int c1, uint32_t bar,
+                                            bool hint = false, uint64_t policy = 0) {
+    if (hint) {
+        asm volatile(
+            "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint"
+            " [%0], [%1, {%3, %4}], [%2], %5;"
+            ::"r"(dst), "l"(reinterpret_cast<uint64_t>(map)), "r"(bar), "r"(c0), "r"(c1), "l"(policy)
+            : "memory");
+    } else {
+        asm volatile(
+            "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4}], [%2];"
+            ::"r"(dst), "l"(reinterpret_cast<uint64_t>(map)), "r"(bar), "r"(c0), "r"(c1)
+            : "memory");
+    }
+}
+
+// An L2 cache policy for a whole access (fraction 1.0) with the priority `kind` (L2_EVICT_*; L2_NONE gives 0,
+// which no hinted instruction is issued with).
+__device__ __forceinline__ uint64_t l2_policy(int kind) {
+    uint64_t p = 0;
+    if (kind == L2_EVICT_FIRST) asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(p));
+    else if (kind == L2_EVICT_LAST) asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(p));
+    else if (kind == L2_EVICT_NORMAL) asm volatile("createpolicy.fractional.L2::evict_normal.b64 %0, 1.0;" : "=l"(p));
+    return p;
 }
 
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
@@ -360,17 +391,35 @@ __device__ __forceinline__ int warp_uniform(int v) { return __shfl_sync(0xffffff
 // TMA load of one box into the same offset of every CTA in cta_mask, each signalling the mbarrier at the
 // same offset in its own shared memory.
 __device__ __forceinline__ void tma_load_2d_multicast(uint32_t dst, const CUtensorMap* map, int c0, int c1,
-                                                      uint32_t bar, uint16_t cta_mask) {
-    asm volatile(
-        "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster"
-        " [%0], [%1, {%3, %4}], [%2], %5;"
-        ::"r"(dst), "l"(reinterpret_cast<uint64_t>(map)), "r"(bar), "r"(c0), "r"(c1), "h"(cta_mask)
-        : "memory");
+                                                      uint32_t bar, uint16_t cta_mask, bool hint = false,
+                                                      uint64_t policy = 0) {
+    if (hint) {
+        asm volatile(
+            "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster"
+            ".L2::cache_hint [%0], [%1, {%3, %4}], [%2], %5, %6;"
+            ::"r"(dst), "l"(reinterpret_cast<uint64_t>(map)), "r"(bar), "r"(c0), "r"(c1), "h"(cta_mask), "l"(policy)
+            : "memory");
+    } else {
+        asm volatile(
+            "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster"
+            " [%0], [%1, {%3, %4}], [%2], %5;"
+            ::"r"(dst), "l"(reinterpret_cast<uint64_t>(map)), "r"(bar), "r"(c0), "r"(c1), "h"(cta_mask)
+            : "memory");
+    }
 }
-__device__ __forceinline__ void tma_store_2d(const CUtensorMap* map, uint32_t src, int c0, int c1) {
-    asm volatile("cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [%0, {%2, %3}], [%1];"
-                 ::"l"(reinterpret_cast<uint64_t>(map)), "r"(src), "r"(c0), "r"(c1)
-                 : "memory");
+// C's store; with an L2 policy kind other than L2_NONE the store carries it (made here, at the store: the
+// consumers hold no register for it).
+__device__ __forceinline__ void tma_store_2d(const CUtensorMap* map, uint32_t src, int c0, int c1, int l2_kind = 0) {
+    if (l2_kind != L2_NONE) {
+        const uint64_t policy = l2_policy(l2_kind);
+        asm volatile("cp.async.bulk.tensor.2d.global.shared::cta.bulk_group.L2::cache_hint [%0, {%2, %3}], [%1], %4;"
+                     ::"l"(reinterpret_cast<uint64_t>(map)), "r"(src), "r"(c0), "r"(c1), "l"(policy)
+                     : "memory");
+    } else {
+        asm volatile("cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [%0, {%2, %3}], [%1];"
+                     ::"l"(reinterpret_cast<uint64_t>(map)), "r"(src), "r"(c0), "r"(c1)
+                     : "memory");
+    }
 }
 __device__ __forceinline__ void bulk_commit() { asm volatile("cp.async.bulk.commit_group;" ::: "memory"); }
 // At most N store groups may still be reading their shared-memory source.
@@ -812,7 +861,8 @@ __device__ __forceinline__ void consume(const void* smem_raw, const CUtensorMap*
             if (warp_stores) {
                 __syncwarp();
                 if (lane == 0) {
-                    tma_store_2d(tm_c, buf + warp * C_STORE_BYTES, n0 + jc * C_CHUNK_COLS, m0 + warp * C_STORE_ROWS);
+                    tma_store_2d(tm_c, buf + warp * C_STORE_BYTES, n0 + jc * C_CHUNK_COLS, m0 + warp * C_STORE_ROWS,
+                                 (sched.l2 >> L2_C_SHIFT) & 3);
                     bulk_commit();
                 }
             } else {
@@ -820,7 +870,8 @@ __device__ __forceinline__ void consume(const void* smem_raw, const CUtensorMap*
                 if (tid == 0) {
 #pragma unroll
                     for (int w4 = 0; w4 < C_CHUNK_ROWS / C_STORE_ROWS; ++w4)
-                        tma_store_2d(tm_c, buf + w4 * C_STORE_BYTES, n0 + jc * C_CHUNK_COLS, m0 + w4 * C_STORE_ROWS);
+                        tma_store_2d(tm_c, buf + w4 * C_STORE_BYTES, n0 + jc * C_CHUNK_COLS, m0 + w4 * C_STORE_ROWS,
+                                     (sched.l2 >> L2_C_SHIFT) & 3);
                     bulk_commit();
                 }
             }
@@ -876,6 +927,8 @@ rung9_kernel(const __grid_constant__ CUtensorMap tm_a, const __grid_constant__ C
             const uint32_t s_a = smem_base(smem_raw), s_b = s_a + stages * a_bytes;
             const uint32_t full = s_a + FULL_OFFSET, empty = s_a + EMPTY_OFFSET;
             const uint32_t stage_tx = a_bytes + B_TILE_BYTES;  // own A, both B parts
+            const int a_l2 = (sched.l2 >> L2_A_SHIFT) & 3, b_l2 = (sched.l2 >> L2_B_SHIFT) & 3;
+            const uint64_t a_policy = l2_policy(a_l2), b_policy = l2_policy(b_l2);
             int s = 0;
             uint32_t phase = 0;
             int t, kb, ke;  // the consumers' work items: tile t, k-tiles [kb, ke)
@@ -888,17 +941,17 @@ rung9_kernel(const __grid_constant__ CUtensorMap tm_a, const __grid_constant__ C
                     mbar_wait(empty + 8 * s, phase ^ 1u);
                     mbar_arrive_expect_tx(full + 8 * s, stage_tx);
                     const uint32_t a_dst = s_a + s * a_bytes, b_dst = s_b + s * B_TILE_BYTES;
-                    tma_load_2d(a_dst, &tm_a, kt * BK, m0, full + 8 * s);
+                    tma_load_2d(a_dst, &tm_a, kt * BK, m0, full + 8 * s, a_l2 != L2_NONE, a_policy);
                     if (multicast) {
                         // My part of the shared B tile, into both CTAs (the peer sends the other part).
                         tma_load_2d_multicast(b_dst + w.rank * B_PART_BYTES, &tm_b, kt * BK,
                                               n0 + (int)w.rank * B_PART_ROWS, full + 8 * s,
-                                              (uint16_t)((1u << CLUSTER) - 1));
+                                              (uint16_t)((1u << CLUSTER) - 1), b_l2 != L2_NONE, b_policy);
                     } else {
                         // Both 128-row parts of the B tile myself (no multicast, or a cluster of one).
                         for (int part = 0; part < CLUSTER; ++part)
                             tma_load_2d(b_dst + part * B_PART_BYTES, &tm_b, kt * BK, n0 + part * B_PART_ROWS,
-                                        full + 8 * s);
+                                        full + 8 * s, b_l2 != L2_NONE, b_policy);
                     }
                     if (++s == stages) { s = 0; phase ^= 1u; }
                 }
@@ -958,6 +1011,7 @@ int g_cluster_size = 0;  // 0: CLUSTER
 int g_pingpong = 0;      // tilefuse_rung9_set_pingpong: 0 cooperative consumers (the default), 1 ping-pong
 int g_warp_stores = 0;   // tilefuse_rung9_set_stores: 0 one store thread a consumer (the default), 1 one a warp
 int g_streamk = 1;       // tilefuse_rung9_set_streamk: 1 (the default) splits the last round's tiles where it pays
+int g_l2 = 0;            // tilefuse_rung9_set_l2: Schedule::l2 (0, the default: no L2 policy on any TMA access)
 constexpr int MAX_GROUP_M = 1 << 16;
 constexpr int MAX_DEVICES = 64;
 // Per device and cluster size (index csize - 1): clusters of this kernel resident at once (0: not asked yet).
@@ -1159,6 +1213,24 @@ extern "C" int tilefuse_rung9_set_streamk(int on) {
 }
 extern "C" int tilefuse_rung9_get_streamk(void) { return g_streamk; }
 
+// Not part of the ladder ABI: the L2 policies of later launches (see the header, "L2 policies"), for A's loads,
+// B's loads and C's stores: 0 none (the default), 1 evict-first, 2 evict-last, 3 evict-normal. Returns
+// cudaErrorInvalidValue (and changes nothing) for anything else.
+extern "C" int tilefuse_rung9_set_l2(int a, int b, int c) {
+    if (a < L2_NONE || a > L2_EVICT_NORMAL || b < L2_NONE || b > L2_EVICT_NORMAL || c < L2_NONE || c > L2_EVICT_NORMAL)
+        return cudaErrorInvalidValue;
+    g_l2 = (a << L2_A_SHIFT) | (b << L2_B_SHIFT) | (c << L2_C_SHIFT);
+    return cudaSuccess;
+}
+// out[0..2] = the policies of A, B and C as set.
+extern "C" int tilefuse_rung9_get_l2(int* out) {
+    if (out == nullptr) return cudaErrorInvalidValue;
+    out[0] = (g_l2 >> L2_A_SHIFT) & 3;
+    out[1] = (g_l2 >> L2_B_SHIFT) & 3;
+    out[2] = (g_l2 >> L2_C_SHIFT) & 3;
+    return cudaSuccess;
+}
+
 // Not part of the ladder ABI: how many launches of this process split their last round (stream-K), so a test or a
 // benchmark can tell that a shape was split rather than infer it from the policy.
 extern "C" long long tilefuse_rung9_streamk_launches(void) {
@@ -1257,7 +1329,7 @@ extern "C" int tilefuse_rung9(const void* A, const void* B, void* C, const void*
     if (e != cudaSuccess) return e;
 
     Schedule sched{g_cluster_size == 0 ? CLUSTER : g_cluster_size, g_group_m == 0 ? GROUP_M : g_group_m,
-                   g_order, pingpong, g_warp_stores, 0};
+                   g_order, pingpong, g_warp_stores, 0, g_l2};
     const int csize = sched.cluster;
     const long long tiles = (long long)((M + rows * csize - 1) / (rows * csize)) * ((N + BN - 1) / BN);
     const int debug = g_debug_flags;
