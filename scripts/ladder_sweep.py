@@ -17,7 +17,7 @@ causes apart (benchmarks/notes/ladder.md has the predictions it tests):
   64x256 tile, one's epilogue under the other's mainloop; opt-in until measured), the per-warp C stores
   (``tilefuse_rung9_set_stores``: no warpgroup barrier in the epilogue), stream-K (``tilefuse_rung9_set_streamk``,
   on by default: the ``no-streamk`` setting turns it off), the L2 policies of its TMA loads and stores
-  (``tilefuse_rung9_set_l2``: none by default; the ``l2-*`` settings), plus the occupancy facts they depend on
+  (``tilefuse_rung9_set_l2``: evict-last on A and B, evict-first on C by default; the ``l2-*`` settings), plus the occupancy facts they depend on
   (cudaOccupancyMaxActiveClusters, tiles, rounds).
 * ``--ab SETTING[,SETTING...]``: instead of the sweep, rung 9's default against one or more settings in
   interleaved rounds (cuBLAS, then default and the settings in an order that rotates each round), for a
@@ -64,6 +64,7 @@ WARMUP_MS, REP_MS = 10, 50        # do_bench per impl (~57 impls at 3 shapes)
 GRAPH_CALLS, GRAPH_REPLAYS = 10, 3
 HOST_CALLS = 30
 AB_ROUNDS, AB_REP_MS = 8, 10      # --ab: rounds, and do_bench's rep per impl and round
+DEFAULT_L2 = (2, 2, 1)            # rung 9's default L2 policies (A, B, C): evict-last, evict-last, evict-first
 FLUSH_BYTES = 256 * 1024 * 1024   # --flush read: the buffer read before each call (do_bench zeroes 256 MB)
 DEBUG_NO_MULTICAST, DEBUG_NOT_PERSISTENT, DEBUG_DIRECT_STORE = 1, 2, 4
 
@@ -74,7 +75,7 @@ class Setting:
     cluster_size) (0 = the default of a field), tilefuse_rung9_set_pingpong(pingpong),
     tilefuse_rung9_set_stores(warp_stores), tilefuse_rung9_set_streamk(streamk) (1, the library's default: the
     last round's tiles split by k-tiles where that pays) and tilefuse_rung9_set_l2(*l2) (A's, B's and C's L2
-    policy: 0 none, the default, 1 evict-first, 2 evict-last, 3 evict-normal)."""
+    policy: 0 none, 1 evict-first, 2 evict-last, 3 evict-normal; the library's default DEFAULT_L2)."""
     name: str
     debug: int = 0
     clusters: int = 0
@@ -84,7 +85,7 @@ class Setting:
     pingpong: int = 0
     warp_stores: int = 0
     streamk: int = 1
-    l2: tuple[int, int, int] = (0, 0, 0)
+    l2: tuple[int, int, int] = (2, 2, 1)   # DEFAULT_L2 (a class attribute can't be named before the class)
     why: str = ""
 
     @property
@@ -94,7 +95,7 @@ class Setting:
     @property
     def is_default(self) -> bool:
         return (self.debug == 0 and self.schedule == (0, 0, 0, 0) and self.pingpong == 0 and self.warp_stores == 0
-                and self.streamk == 1 and self.l2 == (0, 0, 0))
+                and self.streamk == 1 and self.l2 == DEFAULT_L2)
 
 
 # Run 7 (benchmarks/results/run7/ladder_sweep.log) decided, and dropped from here: clusters-60 (66 clusters are
@@ -115,13 +116,14 @@ SETTINGS = (
     Setting("group-1", group_m=1, why="plain row-major tile order (no L2 grouping)"),
     Setting("group-4", group_m=4),
     Setting("column-groups-8", group_m=8, order=1, why="groups of 8 tile-columns, row-major inside"),
-    # L2 policies (stop 21): under do_bench's zeroing flush, a load that evicts a dirty line pays for its write-back
-    Setting("l2-c-first", l2=(0, 0, 1), why="C's stores evict-first: A's and B's re-read panels stay in L2"),
-    Setting("l2-ab-last", l2=(2, 2, 0), why="A's and B's loads evict-last: their panels outlive other lines"),
-    Setting("l2-ab-last-c-first", l2=(2, 2, 1), why="both of the above"),
-    Setting("l2-ab-normal", l2=(3, 3, 0), why="the hinted loads at normal priority: what the hint itself costs"),
-    Setting("l2-a-first", l2=(1, 0, 0), why="A's loads evict-first (each A panel is re-read by 16 tile-columns)"),
-    Setting("l2-b-first", l2=(0, 1, 0), why="B's loads evict-first, as the Triton decode tiles"),
+    # L2 policies (A, B, C). Run 79 made (last, last, first) the default and dropped evict-first on A alone and on
+    # B alone (slower at 4096^3, nowhere faster) and (last, last, none) (behind the default at 4096^3 and 8192^3).
+    Setting("l2-none", l2=(0, 0, 0), why="no L2 policy on any TMA access (the default up to run 79)"),
+    Setting("l2-c-first", l2=(0, 0, 1), why="only C's stores evict-first"),
+    Setting("l2-a-last-c-first", l2=(2, 0, 1), why="evict-last on A only, C evict-first"),
+    Setting("l2-b-last-c-first", l2=(0, 2, 1), why="evict-last on B only, C evict-first"),
+    Setting("l2-ab-normal", l2=(3, 3, 0), why="the hinted loads at normal priority (run 79: the best at 8192^3)"),
+    Setting("l2-ab-normal-c-first", l2=(3, 3, 1), why="normal-priority loads, C evict-first"),
 )
 BY_NAME = {s.name: s for s in SETTINGS}
 
@@ -219,7 +221,7 @@ def applied(lib, s: Setting):
         lib.tilefuse_rung9_set_pingpong(0)
         lib.tilefuse_rung9_set_stores(0)
         lib.tilefuse_rung9_set_streamk(1)
-        lib.tilefuse_rung9_set_l2(0, 0, 0)
+        lib.tilefuse_rung9_set_l2(*DEFAULT_L2)
         raise ValueError(f"tilefuse_rung9_set_pingpong({s.pingpong}) / set_stores({s.warp_stores}) / "
                          f"set_streamk({s.streamk}) / set_l2{s.l2} returned {err}")
     old = lib.tilefuse_rung9_set_debug(s.debug)
@@ -227,7 +229,7 @@ def applied(lib, s: Setting):
         yield
     finally:
         lib.tilefuse_rung9_set_debug(old)
-        lib.tilefuse_rung9_set_l2(0, 0, 0)
+        lib.tilefuse_rung9_set_l2(*DEFAULT_L2)
         lib.tilefuse_rung9_set_streamk(1)
         lib.tilefuse_rung9_set_stores(0)
         lib.tilefuse_rung9_set_pingpong(0)

@@ -171,7 +171,7 @@ def test_sass_has_hgmma_and_tma(rung):
     if rung == 9:
         assert "UTMALDG.2D.MULTICAST" in sass, "rung 9 must multicast B across its cluster"
         assert "UTMASTG" in sass, "rung 9's epilogue must store with TMA"
-        # tilefuse_rung9_set_l2: each TMA access has a plain form (the default) and one carrying an L2 policy
+        # tilefuse_rung9_set_l2: each TMA access has a plain form (policy 0) and one carrying an L2 policy
         # (the `desc[UR]` operand), for A's and B's loads, B's multicast and C's stores
         forms = {re.sub(r"UR\d+", "UR", f) for f in re.findall(r"UTMA(?:LDG|STG)[^;]*;", sass)}
         for want in ("UTMALDG.2D [UR], [UR] ;", "UTMALDG.2D [UR], [UR], desc[UR] ;",
@@ -358,6 +358,9 @@ def test_rung9_on_off_switches(switch):
         assert set_(0) == 0
 
 
+RUNG9_DEFAULT_L2 = (2, 2, 1)  # A's and B's loads evict-last, C's stores evict-first
+
+
 def _l2_abi(lib):
     lib.tilefuse_rung9_set_l2.restype = ctypes.c_int
     lib.tilefuse_rung9_set_l2.argtypes = [ctypes.c_int] * 3
@@ -374,19 +377,19 @@ def _get_l2(lib) -> list[int]:
 
 @needs_nvcc
 def test_rung9_l2_switch():
-    """tilefuse_rung9_set_l2(a, b, c): no policy on any stream by default (until measured), each of 0-3, a refused
-    value changes nothing, a null out pointer is refused."""
+    """tilefuse_rung9_set_l2(a, b, c): evict-last on A and B, evict-first on C by default (measured in run 79:
+    benchmarks/notes/hopper_rungs.md), each of 0-3, a refused value changes nothing, a null out pointer is refused."""
     lib = _l2_abi(_load(9))
-    assert _get_l2(lib) == [0, 0, 0]
+    assert _get_l2(lib) == list(RUNG9_DEFAULT_L2) == [2, 2, 1]
     for bad in ((-1, 0, 0), (0, 4, 0), (0, 0, 7), (4, 4, 4)):
         assert lib.tilefuse_rung9_set_l2(*bad) == CUDA_ERROR_INVALID_VALUE, bad
-        assert _get_l2(lib) == [0, 0, 0]
+        assert _get_l2(lib) == list(RUNG9_DEFAULT_L2)
     assert lib.tilefuse_rung9_get_l2(None) == CUDA_ERROR_INVALID_VALUE
     try:
-        for policies in ((1, 2, 3), (3, 0, 1), (2, 2, 2)):
+        for policies in ((1, 2, 3), (3, 0, 1), (0, 0, 0)):
             assert lib.tilefuse_rung9_set_l2(*policies) == 0 and _get_l2(lib) == list(policies)
     finally:
-        assert lib.tilefuse_rung9_set_l2(0, 0, 0) == 0
+        assert lib.tilefuse_rung9_set_l2(*RUNG9_DEFAULT_L2) == 0
 
 
 def _streamk_abi(lib):
@@ -1376,9 +1379,10 @@ def test_rung9_warp_stores(name):
         lib.tilefuse_rung9_set_schedule(0, 0, 0, 0)
 
 
-L2_VARIANTS = {  # name: (tilefuse_rung9_set_l2 policies, schedule, pingpong, warp stores)
+L2_VARIANTS = {  # name: (tilefuse_rung9_set_l2 policies, schedule, pingpong, warp stores); the default's
+    # (2, 2, 1) runs in every other rung-9 GPU test
     "all-evict-first": ((1, 1, 1), (0, 0, 0, 0), 0, 0),
-    "ab-last-c-first": ((2, 2, 1), (0, 0, 0, 0), 0, 0),
+    "none": ((0, 0, 0), (0, 0, 0, 0), 0, 0),
     "normal-cluster-1": ((3, 3, 3), (0, 0, 0, 1), 0, 0),   # B's loads without multicast
     "pingpong-warp-stores": ((2, 1, 2), (0, 0, 0, 0), 1, 1),
 }
@@ -1397,7 +1401,7 @@ def test_rung9_l2_policies(name):
     try:
         _check_rung9_at_variant_shapes(f"L2 policies {name}")
     finally:
-        lib.tilefuse_rung9_set_l2(0, 0, 0)
+        lib.tilefuse_rung9_set_l2(*RUNG9_DEFAULT_L2)
         lib.tilefuse_rung9_set_stores(0)
         lib.tilefuse_rung9_set_pingpong(0)
         lib.tilefuse_rung9_set_schedule(0, 0, 0, 0)
@@ -1522,8 +1526,8 @@ def test_ladder_sweep_arguments():
     assert args.ab_list == ["no-streamk"] and args.rounds == 3 and args.rep_ms == sweep.AB_REP_MS
     assert args.flush == "write"
     assert sweep.parse_args(["--ab", "no-streamk", "--rep-ms", "20"]).rep_ms == 20
-    args = sweep.parse_args(["--ab", "l2-c-first, l2-ab-last", "--flush", "read"])
-    assert args.ab_list == ["l2-c-first", "l2-ab-last"] and args.flush == "read"
+    args = sweep.parse_args(["--ab", "l2-c-first, l2-none", "--flush", "read"])
+    assert args.ab_list == ["l2-c-first", "l2-none"] and args.flush == "read"
     for bad in (["--ab", "default"], ["--ab", "nope"], ["--ab", "no-streamk", "--rounds", "0"],
                 ["--ab", "l2-c-first,default"], ["--ab", "l2-c-first,l2-c-first"], ["--ab", ","],
                 ["--flush", "read"], ["--ab", "l2-c-first", "--flush", "zero"]):
@@ -1556,8 +1560,9 @@ def test_ladder_sweep_settings_are_accepted_by_rung9():
         lib.tilefuse_rung9_set_pingpong(0)
         lib.tilefuse_rung9_set_stores(0)
         lib.tilefuse_rung9_set_streamk(1)
-        lib.tilefuse_rung9_set_l2(0, 0, 0)
-    assert {"pingpong", "direct-store", "default", "warp-stores", "no-streamk"} <= {s.name for s in sweep.SETTINGS}
+        lib.tilefuse_rung9_set_l2(*RUNG9_DEFAULT_L2)
+    assert {"pingpong", "direct-store", "default", "warp-stores", "no-streamk", "l2-none"} <= {s.name for s in sweep.SETTINGS}
+    assert sweep.DEFAULT_L2 == RUNG9_DEFAULT_L2 and sweep.BY_NAME["default"].l2 == RUNG9_DEFAULT_L2
 
 
 @needs_nvcc

@@ -84,12 +84,14 @@
 // rows). With warp stores each warp waits for its own earlier store, writes its 16 rows and its lane 0 stores them:
 // no warpgroup barrier in the epilogue at all.
 //
-// L2 policies: tilefuse_rung9_set_l2(a, b, c) (not part of the ladder ABI; default 0, 0, 0 until measured) puts an
-// L2 eviction priority on A's TMA loads, B's (multicast or not) and C's TMA stores: 0 none (the plain instruction),
-// 1 evict-first, 2 evict-last, 3 evict-normal, made with createpolicy.fractional and carried by the .L2::cache_hint
-// form of cp.async.bulk.tensor. The Triton decode GEMMs gained 2-4 us from evict-first on B (a weight read once,
-// under a benchmark flush that leaves L2 full of dirty lines); here A and B panels are re-read, so the question is
-// which stream, if any, should leave L2 first (benchmarks/notes/hopper_rungs.md, stop 21).
+// L2 policies: tilefuse_rung9_set_l2(a, b, c) (not part of the ladder ABI) puts an L2 eviction priority on A's TMA
+// loads, B's (multicast or not) and C's TMA stores: 0 none (the plain instruction), 1 evict-first, 2 evict-last,
+// 3 evict-normal, made with createpolicy.fractional and carried by the .L2::cache_hint form of cp.async.bulk.tensor.
+// The default is evict-last on A and B (their panels are re-read by the tiles that follow in the L2-aware order)
+// and evict-first on C (written once, never read here): C's lines leave L2 before the panels do. Measured (device
+// run 79, interleaved against no policy, under the benchmark's L2 flush, which leaves L2 full of dirty lines):
+// 1.1 % faster at 4096^3, 2.6 % at 8192^3, 0.6 % at 16384x4096x4096; 0.3-0.8 % with a clean L2. Evict-first on A
+// or B lost at 4096^3 (benchmarks/notes/hopper_rungs.md, stop 21).
 #include <cuda.h>
 #include <cudaTypedefs.h>
 #include <cuda_bf16.h>
@@ -1011,7 +1013,9 @@ int g_cluster_size = 0;  // 0: CLUSTER
 int g_pingpong = 0;      // tilefuse_rung9_set_pingpong: 0 cooperative consumers (the default), 1 ping-pong
 int g_warp_stores = 0;   // tilefuse_rung9_set_stores: 0 one store thread a consumer (the default), 1 one a warp
 int g_streamk = 1;       // tilefuse_rung9_set_streamk: 1 (the default) splits the last round's tiles where it pays
-int g_l2 = 0;            // tilefuse_rung9_set_l2: Schedule::l2 (0, the default: no L2 policy on any TMA access)
+// tilefuse_rung9_set_l2: Schedule::l2; the default evict-last on A's and B's loads, evict-first on C's stores
+constexpr int L2_DEFAULT = (L2_EVICT_LAST << L2_A_SHIFT) | (L2_EVICT_LAST << L2_B_SHIFT) | (L2_EVICT_FIRST << L2_C_SHIFT);
+int g_l2 = L2_DEFAULT;
 constexpr int MAX_GROUP_M = 1 << 16;
 constexpr int MAX_DEVICES = 64;
 // Per device and cluster size (index csize - 1): clusters of this kernel resident at once (0: not asked yet).
@@ -1214,7 +1218,7 @@ extern "C" int tilefuse_rung9_set_streamk(int on) {
 extern "C" int tilefuse_rung9_get_streamk(void) { return g_streamk; }
 
 // Not part of the ladder ABI: the L2 policies of later launches (see the header, "L2 policies"), for A's loads,
-// B's loads and C's stores: 0 none (the default), 1 evict-first, 2 evict-last, 3 evict-normal. Returns
+// B's loads and C's stores: 0 none, 1 evict-first, 2 evict-last, 3 evict-normal (default 2, 2, 1). Returns
 // cudaErrorInvalidValue (and changes nothing) for anything else.
 extern "C" int tilefuse_rung9_set_l2(int a, int b, int c) {
     if (a < L2_NONE || a > L2_EVICT_NORMAL || b < L2_NONE || b > L2_EVICT_NORMAL || c < L2_NONE || c > L2_EVICT_NORMAL)
