@@ -84,14 +84,16 @@
 // rows). With warp stores each warp waits for its own earlier store, writes its 16 rows and its lane 0 stores them:
 // no warpgroup barrier in the epilogue at all.
 //
-// L2 policies: tilefuse_rung9_set_l2(a, b, c) (not part of the ladder ABI) puts an L2 eviction priority on A's TMA
-// loads, B's (multicast or not) and C's TMA stores: 0 none (the plain instruction), 1 evict-first, 2 evict-last,
-// 3 evict-normal, made with createpolicy.fractional and carried by the .L2::cache_hint form of cp.async.bulk.tensor.
-// The default is evict-last on A and B (their panels are re-read by the tiles that follow in the L2-aware order)
-// and evict-first on C (written once, never read here): C's lines leave L2 before the panels do. Measured (device
-// run 79, interleaved against no policy, under the benchmark's L2 flush, which leaves L2 full of dirty lines):
-// 1.1 % faster at 4096^3, 2.6 % at 8192^3, 0.6 % at 16384x4096x4096; 0.3-0.8 % with a clean L2. Evict-first on A
-// or B lost at 4096^3 (benchmarks/notes/hopper_rungs.md, stop 21).
+// L2 policies: tilefuse_rung9_set_l2(a, b, c) (not part of the ladder ABI) sets the L2 eviction priority of A's TMA
+// loads, B's (multicast or not) and C's TMA stores: 0 evict-normal (the priority of an access without a hint),
+// 1 evict-first, 2 evict-last. Every TMA access carries its policy (a createpolicy.fractional value, selected once a
+// thread, in uniform registers; the .L2::cache_hint form of cp.async.bulk.tensor), so each access has one
+// instruction form. A plain and a hinted copy of each, chosen by a branch (run 79's build), made the plain-epilogue
+// kernel 36 % longer (3904 -> 5296 SASS instructions: the unrolled store loops twice over), and this kernel once
+// stalled on instruction fetch in its epilogue; this way it is 2 % longer (3992). The default is
+// evict-first on C (written once, never read here: its lines leave L2 before the re-read panels of A and B do):
+// 0.6 % faster at 4096^3 in two interleaved runs (device runs 79, 80). Evict-last on A and B, and evict-first on
+// either, gained in one run and lost in the other (benchmarks/notes/hopper_rungs.md, stop 21).
 #include <cuda.h>
 #include <cudaTypedefs.h>
 #include <cuda_bf16.h>
@@ -234,7 +236,7 @@ struct Schedule {
     int l2;           // L2 policies (see the header, "L2 policies"): A's loads, B's loads, C's stores, 2 bits each
 };
 // tilefuse_rung9_set_l2's policies, 2 bits a stream of Schedule::l2 (A at bit 0, B at bit 2, C at bit 4).
-constexpr int L2_NONE = 0, L2_EVICT_FIRST = 1, L2_EVICT_LAST = 2, L2_EVICT_NORMAL = 3;
+constexpr int L2_EVICT_NORMAL = 0, L2_EVICT_FIRST = 1, L2_EVICT_LAST = 2;
 constexpr int L2_A_SHIFT = 0, L2_B_SHIFT = 2, L2_C_SHIFT = 4;
 
 // Stream-K's global memory (see the header): CONSUMERS x 128 threads x 128 floats a CTA, and a flag each.
@@ -300,31 +302,25 @@ __device__ __forceinline__ void prefetch_tensormap(const CUtensorMap* map) {
 }
 // TMA: load the box at (c0 = element along the contiguous dim, c1 = row) into shared memory at dst, and
 // count its bytes against the mbarrier's transaction count.
-// With hint, the load carries the L2 policy `policy` (from l2_policy); without, it is the plain instruction.
+// The load carries the L2 policy `policy` (from l2_policy).
 __device__ __forceinline__ void tma_load_2d(uint32_t dst, const CUtensorMap* map, int c0, int c1, uint32_t bar,
-                                            bool hint = false, uint64_t policy = 0) {
-    if (hint) {
-        asm volatile(
-            "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint"
-            " [%0], [%1, {%3, %4}], [%2], %5;"
-            ::"r"(dst), "l"(reinterpret_cast<uint64_t>(map)), "r"(bar), "r"(c0), "r"(c1), "l"(policy)
-            : "memory");
-    } else {
-        asm volatile(
-            "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4}], [%2];"
-            ::"r"(dst), "l"(reinterpret_cast<uint64_t>(map)), "r"(bar), "r"(c0), "r"(c1)
-            : "memory");
-    }
+                                            uint64_t policy) {
+    asm volatile(
+        "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint"
+        " [%0], [%1, {%3, %4}], [%2], %5;"
+        ::"r"(dst), "l"(reinterpret_cast<uint64_t>(map)), "r"(bar), "r"(c0), "r"(c1), "l"(policy)
+        : "memory");
 }
 
-// An L2 cache policy for a whole access (fraction 1.0) with the priority `kind` (L2_EVICT_*; L2_NONE gives 0,
-// which no hinted instruction is issued with).
+// An L2 cache policy for a whole access (fraction 1.0): L2_EVICT_FIRST, L2_EVICT_LAST, or evict-normal for
+// anything else. The three policies are made and one is selected, with no branch (not volatile: they depend on
+// nothing, so ptxas may make them once).
 __device__ __forceinline__ uint64_t l2_policy(int kind) {
-    uint64_t p = 0;
-    if (kind == L2_EVICT_FIRST) asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(p));
-    else if (kind == L2_EVICT_LAST) asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(p));
-    else if (kind == L2_EVICT_NORMAL) asm volatile("createpolicy.fractional.L2::evict_normal.b64 %0, 1.0;" : "=l"(p));
-    return p;
+    uint64_t first, last, normal;
+    asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(first));
+    asm("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(last));
+    asm("createpolicy.fractional.L2::evict_normal.b64 %0, 1.0;" : "=l"(normal));
+    return kind == L2_EVICT_FIRST ? first : kind == L2_EVICT_LAST ? last : normal;
 }
 
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
@@ -393,35 +389,17 @@ __device__ __forceinline__ int warp_uniform(int v) { return __shfl_sync(0xffffff
 // TMA load of one box into the same offset of every CTA in cta_mask, each signalling the mbarrier at the
 // same offset in its own shared memory.
 __device__ __forceinline__ void tma_load_2d_multicast(uint32_t dst, const CUtensorMap* map, int c0, int c1,
-                                                      uint32_t bar, uint16_t cta_mask, bool hint = false,
-                                                      uint64_t policy = 0) {
-    if (hint) {
-        asm volatile(
-            "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster"
-            ".L2::cache_hint [%0], [%1, {%3, %4}], [%2], %5, %6;"
-            ::"r"(dst), "l"(reinterpret_cast<uint64_t>(map)), "r"(bar), "r"(c0), "r"(c1), "h"(cta_mask), "l"(policy)
-            : "memory");
-    } else {
-        asm volatile(
-            "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster"
-            " [%0], [%1, {%3, %4}], [%2], %5;"
-            ::"r"(dst), "l"(reinterpret_cast<uint64_t>(map)), "r"(bar), "r"(c0), "r"(c1), "h"(cta_mask)
-            : "memory");
-    }
+                                                      uint32_t bar, uint16_t cta_mask, uint64_t policy) {
+    asm volatile(
+        "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster.L2::cache_hint"
+        " [%0], [%1, {%3, %4}], [%2], %5, %6;"
+        ::"r"(dst), "l"(reinterpret_cast<uint64_t>(map)), "r"(bar), "r"(c0), "r"(c1), "h"(cta_mask), "l"(policy)
+        : "memory");
 }
-// C's store; with an L2 policy kind other than L2_NONE the store carries it (made here, at the store: the
-// consumers hold no register for it).
-__device__ __forceinline__ void tma_store_2d(const CUtensorMap* map, uint32_t src, int c0, int c1, int l2_kind = 0) {
-    if (l2_kind != L2_NONE) {
-        const uint64_t policy = l2_policy(l2_kind);
-        asm volatile("cp.async.bulk.tensor.2d.global.shared::cta.bulk_group.L2::cache_hint [%0, {%2, %3}], [%1], %4;"
-                     ::"l"(reinterpret_cast<uint64_t>(map)), "r"(src), "r"(c0), "r"(c1), "l"(policy)
-                     : "memory");
-    } else {
-        asm volatile("cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [%0, {%2, %3}], [%1];"
-                     ::"l"(reinterpret_cast<uint64_t>(map)), "r"(src), "r"(c0), "r"(c1)
-                     : "memory");
-    }
+__device__ __forceinline__ void tma_store_2d(const CUtensorMap* map, uint32_t src, int c0, int c1, uint64_t policy) {
+    asm volatile("cp.async.bulk.tensor.2d.global.shared::cta.bulk_group.L2::cache_hint [%0, {%2, %3}], [%1], %4;"
+                 ::"l"(reinterpret_cast<uint64_t>(map)), "r"(src), "r"(c0), "r"(c1), "l"(policy)
+                 : "memory");
 }
 __device__ __forceinline__ void bulk_commit() { asm volatile("cp.async.bulk.commit_group;" ::: "memory"); }
 // At most N store groups may still be reading their shared-memory source.
@@ -722,6 +700,7 @@ __device__ __forceinline__ void consume(const void* smem_raw, const CUtensorMap*
     // made the kernel spill).
     const bool tma_store = PP || (debug & DEBUG_DIRECT_STORE) == 0;
     const bool warp_stores = sched.warp_stores != 0;
+    const uint64_t c_policy = l2_policy((sched.l2 >> L2_C_SHIFT) & 3);  // C's stores (once: uniform registers)
     const uint32_t a_off = PP ? 0u : (uint32_t)(consumer * CONSUMER_A_BYTES);  // my rows of the stage's A
     const int csize = sched.cluster, k_tiles = (K + BK - 1) / BK;
     // Stage 0's descriptors; stage s adds s tiles (the 14-bit address field cannot carry: the ring ends below
@@ -864,7 +843,7 @@ __device__ __forceinline__ void consume(const void* smem_raw, const CUtensorMap*
                 __syncwarp();
                 if (lane == 0) {
                     tma_store_2d(tm_c, buf + warp * C_STORE_BYTES, n0 + jc * C_CHUNK_COLS, m0 + warp * C_STORE_ROWS,
-                                 (sched.l2 >> L2_C_SHIFT) & 3);
+                                 c_policy);
                     bulk_commit();
                 }
             } else {
@@ -873,7 +852,7 @@ __device__ __forceinline__ void consume(const void* smem_raw, const CUtensorMap*
 #pragma unroll
                     for (int w4 = 0; w4 < C_CHUNK_ROWS / C_STORE_ROWS; ++w4)
                         tma_store_2d(tm_c, buf + w4 * C_STORE_BYTES, n0 + jc * C_CHUNK_COLS, m0 + w4 * C_STORE_ROWS,
-                                     (sched.l2 >> L2_C_SHIFT) & 3);
+                                     c_policy);
                     bulk_commit();
                 }
             }
@@ -929,8 +908,8 @@ rung9_kernel(const __grid_constant__ CUtensorMap tm_a, const __grid_constant__ C
             const uint32_t s_a = smem_base(smem_raw), s_b = s_a + stages * a_bytes;
             const uint32_t full = s_a + FULL_OFFSET, empty = s_a + EMPTY_OFFSET;
             const uint32_t stage_tx = a_bytes + B_TILE_BYTES;  // own A, both B parts
-            const int a_l2 = (sched.l2 >> L2_A_SHIFT) & 3, b_l2 = (sched.l2 >> L2_B_SHIFT) & 3;
-            const uint64_t a_policy = l2_policy(a_l2), b_policy = l2_policy(b_l2);
+            const uint64_t a_policy = l2_policy((sched.l2 >> L2_A_SHIFT) & 3);
+            const uint64_t b_policy = l2_policy((sched.l2 >> L2_B_SHIFT) & 3);
             int s = 0;
             uint32_t phase = 0;
             int t, kb, ke;  // the consumers' work items: tile t, k-tiles [kb, ke)
@@ -943,17 +922,17 @@ rung9_kernel(const __grid_constant__ CUtensorMap tm_a, const __grid_constant__ C
                     mbar_wait(empty + 8 * s, phase ^ 1u);
                     mbar_arrive_expect_tx(full + 8 * s, stage_tx);
                     const uint32_t a_dst = s_a + s * a_bytes, b_dst = s_b + s * B_TILE_BYTES;
-                    tma_load_2d(a_dst, &tm_a, kt * BK, m0, full + 8 * s, a_l2 != L2_NONE, a_policy);
+                    tma_load_2d(a_dst, &tm_a, kt * BK, m0, full + 8 * s, a_policy);
                     if (multicast) {
                         // My part of the shared B tile, into both CTAs (the peer sends the other part).
                         tma_load_2d_multicast(b_dst + w.rank * B_PART_BYTES, &tm_b, kt * BK,
                                               n0 + (int)w.rank * B_PART_ROWS, full + 8 * s,
-                                              (uint16_t)((1u << CLUSTER) - 1), b_l2 != L2_NONE, b_policy);
+                                              (uint16_t)((1u << CLUSTER) - 1), b_policy);
                     } else {
                         // Both 128-row parts of the B tile myself (no multicast, or a cluster of one).
                         for (int part = 0; part < CLUSTER; ++part)
                             tma_load_2d(b_dst + part * B_PART_BYTES, &tm_b, kt * BK, n0 + part * B_PART_ROWS,
-                                        full + 8 * s, b_l2 != L2_NONE, b_policy);
+                                        full + 8 * s, b_policy);
                     }
                     if (++s == stages) { s = 0; phase ^= 1u; }
                 }
@@ -1013,8 +992,8 @@ int g_cluster_size = 0;  // 0: CLUSTER
 int g_pingpong = 0;      // tilefuse_rung9_set_pingpong: 0 cooperative consumers (the default), 1 ping-pong
 int g_warp_stores = 0;   // tilefuse_rung9_set_stores: 0 one store thread a consumer (the default), 1 one a warp
 int g_streamk = 1;       // tilefuse_rung9_set_streamk: 1 (the default) splits the last round's tiles where it pays
-// tilefuse_rung9_set_l2: Schedule::l2; the default evict-last on A's and B's loads, evict-first on C's stores
-constexpr int L2_DEFAULT = (L2_EVICT_LAST << L2_A_SHIFT) | (L2_EVICT_LAST << L2_B_SHIFT) | (L2_EVICT_FIRST << L2_C_SHIFT);
+// tilefuse_rung9_set_l2: Schedule::l2; the default evict-normal on A's and B's loads, evict-first on C's stores
+constexpr int L2_DEFAULT = (L2_EVICT_NORMAL << L2_A_SHIFT) | (L2_EVICT_NORMAL << L2_B_SHIFT) | (L2_EVICT_FIRST << L2_C_SHIFT);
 int g_l2 = L2_DEFAULT;
 constexpr int MAX_GROUP_M = 1 << 16;
 constexpr int MAX_DEVICES = 64;
@@ -1218,10 +1197,11 @@ extern "C" int tilefuse_rung9_set_streamk(int on) {
 extern "C" int tilefuse_rung9_get_streamk(void) { return g_streamk; }
 
 // Not part of the ladder ABI: the L2 policies of later launches (see the header, "L2 policies"), for A's loads,
-// B's loads and C's stores: 0 none, 1 evict-first, 2 evict-last, 3 evict-normal (default 2, 2, 1). Returns
+// B's loads and C's stores: 0 evict-normal, 1 evict-first, 2 evict-last (default 0, 0, 1). Returns
 // cudaErrorInvalidValue (and changes nothing) for anything else.
 extern "C" int tilefuse_rung9_set_l2(int a, int b, int c) {
-    if (a < L2_NONE || a > L2_EVICT_NORMAL || b < L2_NONE || b > L2_EVICT_NORMAL || c < L2_NONE || c > L2_EVICT_NORMAL)
+    if (a < L2_EVICT_NORMAL || a > L2_EVICT_LAST || b < L2_EVICT_NORMAL || b > L2_EVICT_LAST || c < L2_EVICT_NORMAL ||
+        c > L2_EVICT_LAST)
         return cudaErrorInvalidValue;
     g_l2 = (a << L2_A_SHIFT) | (b << L2_B_SHIFT) | (c << L2_C_SHIFT);
     return cudaSuccess;
