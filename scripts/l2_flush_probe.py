@@ -81,17 +81,10 @@ def _windowed(torch, fn, b):
     return run, state
 
 
-def _timer(torch, fn, flush, reps: int) -> float:
-    times = []
-    for _ in range(reps):
-        flush()
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times)
+def _timer(fn, flush, reps: int) -> float:
+    from tilefuse.bench import harness
+
+    return statistics.median(harness.flushed_call_ms(fn, flush) for _ in range(reps))
 
 
 def main(argv=None) -> int:
@@ -168,7 +161,7 @@ def _run(opts) -> int:
         for r in range(opts.rounds):
             for f in FLUSHES:
                 for name, fn in entries[r % len(entries):] + entries[:r % len(entries)]:
-                    samples[(name, f)].append(_timer(torch, fn, flushes[f], opts.reps))
+                    samples[(name, f)].append(_timer(fn, flushes[f], opts.reps))
         gb = k * n * b.element_size() / 1e9
         print(f"\n== {m}x{n}x{k} bf16: ms (B GB/s) after each flush")
         print(f"  {'impl':<34}" + "".join(f"{f:>20}" for f in FLUSHES))

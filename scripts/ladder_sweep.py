@@ -343,18 +343,12 @@ def read_flush_ms(fn, rep: int, buf) -> tuple[float, float, float]:
     ``buf`` (a flush that leaves L2 clean: nothing for a load to write back first)."""
     import statistics
 
-    import torch
+    from tilefuse.bench import harness
 
     times: list[float] = []
     spent = 0.0
     while len(times) < 5 or spent < rep:
-        buf.sum()
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
+        times.append(harness.flushed_call_ms(fn, buf.sum))
         spent += times[-1]
     q = statistics.quantiles(times, n=10)
     return float(statistics.median(times)), float(q[1]), float(q[7])

@@ -247,3 +247,16 @@ def test_rows_option_is_the_compiler_suites_alone(monkeypatch):
     cs._child("tilefuse", ["softmax"], False, {}, lambda s: None, 65536)
     cs._child("tilefuse", ["softmax"], False, {}, lambda s: None)
     assert seen[0][-2:] == ["--rows", "65536"] and "--rows" not in seen[1]
+
+
+@pytest.mark.gpu
+def test_flushed_call_ms_times_the_call_after_the_flush():
+    """harness.flushed_call_ms: the flush runs first, then one call is timed by CUDA events; a longer call reads
+    longer (the GPU's sleep instruction, ~1e6 and ~1e7 cycles)."""
+    import torch
+
+    calls = []
+    short = harness.flushed_call_ms(lambda: torch.cuda._sleep(1_000_000), lambda: calls.append("flush"))
+    long = harness.flushed_call_ms(lambda: torch.cuda._sleep(10_000_000), lambda: calls.append("flush"))
+    assert calls == ["flush", "flush"]
+    assert 0 < short < long, (short, long)

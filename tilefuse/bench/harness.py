@@ -102,6 +102,20 @@ def bench(fn: Callable[[], Any], *, warmup_ms: int = 25, rep_ms: int = 100, smok
     return float(p50), float(p20), float(p80)
 
 
+def flushed_call_ms(fn: Callable[[], Any], flush: Callable[[], Any]) -> float:
+    """Device milliseconds of one call of ``fn`` (CUDA events) right after ``flush()``, for timing under an L2
+    state of the caller's choosing (``do_bench`` always zeroes a 256 MB buffer first, which leaves L2 dirty)."""
+    import torch
+
+    flush()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    fn()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end)
+
+
 def interleaved_medians(entries: Sequence[tuple[str, Callable[[], Any]]], rounds: int, rep_ms: int,
                         warmup_ms: int = 5) -> dict[str, list[float]]:
     """Each entry's ``do_bench`` medians over ``rounds`` rounds, the order rotated by one each round (A B C,
