@@ -92,8 +92,10 @@
 // kernel 36 % longer (3904 -> 5296 SASS instructions: the unrolled store loops twice over), and this kernel once
 // stalled on instruction fetch in its epilogue; this way it is 2 % longer (3992). The default is
 // evict-first on C (written once, never read here: its lines leave L2 before the re-read panels of A and B do):
-// 0.6 % faster at 4096^3 in two interleaved runs (device runs 79, 80). Evict-last on A and B, and evict-first on
-// either, gained in one run and lost in the other (benchmarks/notes/hopper_rungs.md, stop 21).
+// 0.994, 0.993 and 1.000 of the no-policy time at 4096^3 in three interleaved runs (device runs 79-81), the one
+// policy that never lost. Evict-last on A and B read 0.990, 1.004, 0.997; evict-first on A or B lost at 4096^3. No
+// policy held beyond the ~1 % by which one such run differs from the next (benchmarks/notes/hopper_rungs.md,
+// stop 21).
 #include <cuda.h>
 #include <cudaTypedefs.h>
 #include <cuda_bf16.h>
