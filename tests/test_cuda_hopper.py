@@ -1619,3 +1619,72 @@ def test_ladder_sweep_runs_without_a_gpu():
         proc = subprocess.run([sys.executable, str(SWEEP), "--budget-s", "600"], capture_output=True, text=True,
                               timeout=900, env=env)
         assert proc.returncode == 2 and "no CUDA GPU" in proc.stdout, proc.stdout + proc.stderr
+
+
+# ------------------------------------------------------------------------------------- the trace script
+def _trace_module():
+    import importlib.util
+
+    _sweep_module()  # registered as "ladder_sweep", which the script imports
+    spec = importlib.util.spec_from_file_location("rung9_trace", ROOT / "scripts" / "rung9_trace.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _trace_words(layout, slots):
+    """A trace buffer as the kernel writes it: slots -> [(tile, kb, k_tiles, piece, start, main_end, step_end,
+    epi_end)] with times in ns; entry at 1000 ns before a slot's first start."""
+    per_slot, max_items, item_words = layout
+    words = [0] * (len(slots) * per_slot)
+    for s, items in enumerate(slots):
+        base = s * per_slot
+        words[base] = items[0][4] - 1000
+        words[base + 1] = len(items)
+        for j, (tile, kb, kt, piece, *times) in enumerate(items):
+            at = base + 2 + j * item_words
+            words[at:at + 4] = times
+            words[at + 4] = tile
+            words[at + 5] = kt | (piece << 16) | (kb << 32)
+    return words
+
+
+def test_rung9_trace_decode_and_summary():
+    """The trace's layout read back, and the phases: a warpgroup with two whole tiles then a stream-K head that
+    waits 3 us for its tile's later piece, another with one whole tile then that later piece."""
+    tr = _trace_module()
+    layout = (2 + 4 * 6, 4, 6)
+    t = 10_000_000  # an arbitrary timer origin
+    words = _trace_words(layout, [
+        [(0, 0, 64, 0, t, t + 64_000, t + 64_000, t + 66_000),
+         (1, 0, 64, 0, t + 66_500, t + 130_500, t + 130_500, t + 132_500),
+         (2, 0, 32, tr.PIECE_UNFINISHED, t + 133_000, t + 165_000, t + 168_000, t + 170_000)],
+        [(3, 0, 64, 0, t, t + 64_000, t + 64_000, t + 66_000),
+         (2, 32, 32, tr.PIECE_LATER, t + 66_500, t + 98_500, t + 99_000, t + 99_000)],
+    ])
+    rows = tr.decode(words, 2, layout)
+    assert [(r["slot"], r["item"], r["tile"], r["kb"], r["k_tiles"], r["piece"]) for r in rows] == [
+        (0, 0, 0, 0, 64, 0), (0, 1, 1, 0, 64, 0), (0, 2, 2, 0, 32, 2), (1, 0, 3, 0, 64, 0), (1, 1, 2, 32, 32, 1)]
+    assert rows[0]["start"] == 1000 and rows[0]["entry"] == 0  # relative to the earliest entry
+    s = tr.summarize(rows)
+    assert s["span_us"] == pytest.approx(171.0) and s["items"] == 5 and s["pieces"] == 2
+    assert s["tail_us"] == pytest.approx((171_000 - (171_000 + 100_000) / 2) / 1000)
+    assert s["whole_ns_per_ktile"] == pytest.approx(1000.0) and s["piece_ns_per_ktile"] == pytest.approx(1000.0)
+    assert s["fixup_wait_add_us"] == pytest.approx(3.0) and s["partial_write_us"] == pytest.approx(0.5)
+    assert s["whole_epi_us"] == pytest.approx(2.0) and s["piece_epi_us"] == pytest.approx(2.0)
+    assert s["dp_end_us_min"] == pytest.approx(67.5) and s["dp_end_us_max"] == pytest.approx(134.0)
+    assert s["gap_us"] == pytest.approx(0.5)
+
+
+@needs_nvcc
+def test_rung9_trace_builds_are_diagnostic_only(capsys):
+    """--build-only builds both diagnostic copies; they export the trace entry points, the library's build does
+    not (the instrumentation is compiled only under TILEFUSE_RUNG9_TRACE)."""
+    tr = _trace_module()
+    assert tr.main(["--build-only"]) == 0
+    out = capsys.readouterr().out
+    libs = dict(re.findall(r"^\s*([\w-]+): (\S+\.so)", out, re.M))
+    assert set(libs) == {"current", "trace", "trace-split"}, out
+    assert not hasattr(ctypes.CDLL(libs["current"]), "tilefuse_rung9_set_trace")
+    for name in ("trace", "trace-split"):
+        assert hasattr(ctypes.CDLL(libs[name]), "tilefuse_rung9_set_trace"), name

@@ -255,7 +255,25 @@ constexpr int PIECE_UNFINISHED = 2;  // a work item without its tile's last k-ti
 // Stream-K pays off when the last round gets shorter by more than what the split costs: measured (device run 42,
 // interleaved against the unsplit kernel) ~10 us, 13-14 k-tiles of a 128x256 tile at 4096^3 and 8192^3, where the
 // partial sums' writes and reads alone were estimated at 2-3 us. See streamk_split.
+#ifndef TILEFUSE_RUNG9_SK_FIXUP_K_TILES
 constexpr int SK_FIXUP_K_TILES = 16;
+#else  // a diagnostic build (scripts/rung9_trace.py) may split where the library does not
+constexpr int SK_FIXUP_K_TILES = TILEFUSE_RUNG9_SK_FIXUP_K_TILES;
+#endif
+
+// Timeline trace, compiled only into diagnostic builds (-D TILEFUSE_RUNG9_TRACE=1, scripts/rung9_trace.py): thread 0
+// of each consumer warpgroup stamps %globaltimer at its entry and, for each of its work items, at the start of the
+// mainloop, its end, the end of the stream-K step (partial written, or the other pieces' sums added) and the end of
+// the epilogue's stores being issued, with the item's tile, k-tiles and piece bits. The library's builds have none
+// of it. Layout: a slot per consumer warpgroup ((cluster * csize + rank) * CONSUMERS + consumer), each TRACE_WORDS
+// 64-bit words: [entry time, items], then TRACE_ITEM_WORDS a work item.
+#ifndef TILEFUSE_RUNG9_TRACE
+#define TILEFUSE_RUNG9_TRACE 0
+#endif
+constexpr int TRACE_MAX_ITEMS = 40, TRACE_ITEM_WORDS = 6, TRACE_WORDS = 2 + TRACE_MAX_ITEMS * TRACE_ITEM_WORDS;
+#if TILEFUSE_RUNG9_TRACE
+__device__ unsigned long long* g_trace = nullptr;  // set by tilefuse_rung9_set_trace
+#endif
 
 // ---------------------------------------------------------------------------------------------------------
 // PTX wrappers.
@@ -298,6 +316,20 @@ __device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
         if (global_timer_ns() - start > WAIT_TIMEOUT_NS) __trap();
     }
 }
+
+#if TILEFUSE_RUNG9_TRACE
+// Word w of work item j (w < 0: the slot's header word -w - 1) of slot `slot`, when a trace buffer is set.
+__device__ __forceinline__ void trace_put(int slot, int j, int w, unsigned long long v) {
+    if (g_trace == nullptr || j >= TRACE_MAX_ITEMS) return;
+    unsigned long long* base = g_trace + (size_t)slot * TRACE_WORDS;
+    if (w < 0) base[-w - 1] = v;
+    else base[2 + j * TRACE_ITEM_WORDS + w] = v;
+}
+#define RUNG9_TRACE(slot, j, w, v) \
+    do { if (tid == 0) trace_put((slot), (j), (w), (v)); } while (0)
+#else
+#define RUNG9_TRACE(slot, j, w, v) do { } while (0)
+#endif
 
 __device__ __forceinline__ void prefetch_tensormap(const CUtensorMap* map) {
     asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<uint64_t>(map)) : "memory");
@@ -631,9 +663,11 @@ __host__ __device__ inline StreamK streamk_extent(int tiles, int clusters, int k
 // 8192^3 (1024 cluster-tiles of 128x256 x 2, 128 k-tiles, 66 clusters: the 16th round 34/66 busy) and
 // 16384x4096x4096 split. 4096^3 (256 tiles: the 4th round 58/66 busy, 64 -> 57 k-tiles) does not: it measured 2 %
 // slower split (run 42). Nor 2048^3 (64 tiles on 66 clusters) or whole rounds.
+#ifndef TILEFUSE_RUNG9_SK_FIXUP_K_TILES  // the library's policy (a diagnostic build may change it)
 static_assert(streamk_split(1024, 66, 128) && streamk_split(1024, 66, 64) && !streamk_split(256, 66, 64) &&
                   !streamk_split(64, 66, 32) && !streamk_split(132, 66, 64) && !streamk_split(16, 66, 16),
               "stream-K policy");
+#endif
 
 // Stream-K: wait for slot's flag to hold this launch's epoch (thread 0 of the consumer warpgroup, acquire), then
 // add the slot's partial sums to the accumulators (every thread its own 128, in the layout the writer stored).
@@ -717,6 +751,11 @@ __device__ __forceinline__ void consume(const void* smem_raw, const CUtensorMap*
     int s = 0;
     uint32_t phase = 0;
     uint32_t chunk = 0;  // C chunks this consumer has stored: chunk % c_buffers picks the staging buffer
+#if TILEFUSE_RUNG9_TRACE
+    const int trace_slot = ((int)cluster_index() * csize + (int)cluster_ctarank()) * CONSUMERS + consumer;
+    int trace_items = 0;
+    RUNG9_TRACE(trace_slot, 0, -1, global_timer_ns());
+#endif
     for (int j = PP ? consumer : 0;; j += PP ? 2 : 1) {  // j: the CTA's j-th work item (whole tiles in ping-pong)
         // Tile t, k-tiles [kb, ke); my rows from m0, the tile's columns from n0. What the code after the mainloop
         // needs of kb and ke is two bits of `piece` (registers: with stream-K's values the consumers came close to
@@ -731,6 +770,13 @@ __device__ __forceinline__ void consume(const void* smem_raw, const CUtensorMap*
             n0 = tile.col * BN;
             left = ke - kb;
             piece = (kb > 0 ? PIECE_LATER : 0) | (ke < k_tiles ? PIECE_UNFINISHED : 0);
+#if TILEFUSE_RUNG9_TRACE
+            trace_items = j + 1;
+            RUNG9_TRACE(trace_slot, 0, -2, (unsigned long long)trace_items);
+            RUNG9_TRACE(trace_slot, j, 4, (unsigned long long)t);
+            RUNG9_TRACE(trace_slot, j, 5, (unsigned long long)(left | (piece << 16) | ((unsigned long long)kb << 32)));
+            RUNG9_TRACE(trace_slot, j, 0, global_timer_ns());
+#endif
         }
         if (PP) {
             // The producer's ring position at this tile's first k-tile (it walks every tile of the CTA), and
@@ -772,6 +818,7 @@ __device__ __forceinline__ void consume(const void* smem_raw, const CUtensorMap*
         fence_accumulators(acc);
         release_stage(release_target, (uint32_t)prev);  // the producer goes on into the next tile
         __syncwarp();
+        RUNG9_TRACE(trace_slot, j, 1, global_timer_ns());
 
 
         if constexpr (SPLITS) {
@@ -788,6 +835,8 @@ __device__ __forceinline__ void consume(const void* smem_raw, const CUtensorMap*
                 // a release is cumulative (a __threadfence before it would be a second fence on this warp's path).
                 named_barrier_sync(1 + consumer, 128);
                 if (tid == 0) flag_release(sk.flags + slot, sk.epoch);
+                RUNG9_TRACE(trace_slot, j, 2, global_timer_ns());
+                RUNG9_TRACE(trace_slot, j, 3, global_timer_ns());
                 continue;
             }
             if (piece & PIECE_UNFINISHED) {
@@ -800,8 +849,10 @@ __device__ __forceinline__ void consume(const void* smem_raw, const CUtensorMap*
             }
         }
 
+        RUNG9_TRACE(trace_slot, j, 2, global_timer_ns());
         if (!tma_store) {
             store_fragment<DT, EPI>(acc, C, bias, M, N, ldc, m0, n0, true);
+            RUNG9_TRACE(trace_slot, j, 3, global_timer_ns());
             continue;
         }
         // Epilogue: four 64x64 chunks, each rounded into a swizzled staging buffer and stored by TMA.
@@ -860,6 +911,7 @@ __device__ __forceinline__ void consume(const void* smem_raw, const CUtensorMap*
             }
             __syncwarp();
         }
+        RUNG9_TRACE(trace_slot, j, 3, global_timer_ns());
     }
     // The stores have landed before this CTA's shared memory goes away (each committing thread waits for its own)
     if (warp_stores ? lane == 0 : tid == 0) bulk_wait<0>();
@@ -1141,6 +1193,20 @@ cudaError_t resident_clusters(int device, int dtype, int csize, int* resident, i
 }  // namespace
 
 extern "C" int tilefuse_rung9_b_layout(void) { return 1; }
+
+#if TILEFUSE_RUNG9_TRACE
+// Diagnostic builds only (see "Timeline trace"): the buffer later launches stamp into (nullptr: none), at least
+// TRACE_WORDS 64-bit words a consumer warpgroup of the grid; tilefuse_rung9_trace_words says how many a slot.
+extern "C" int tilefuse_rung9_set_trace(void* buffer) {
+    return (int)cudaMemcpyToSymbol(g_trace, &buffer, sizeof(buffer));
+}
+extern "C" int tilefuse_rung9_trace_words(int* words, int* max_items, int* item_words) {
+    if (words) *words = TRACE_WORDS;
+    if (max_items) *max_items = TRACE_MAX_ITEMS;
+    if (item_words) *item_words = TRACE_ITEM_WORDS;
+    return 0;
+}
+#endif
 
 extern "C" int tilefuse_rung9_requirements(int* m_multiple, int* n_multiple, int* k_multiple) {
     if (m_multiple) *m_multiple = 1;
