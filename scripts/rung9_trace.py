@@ -6,7 +6,8 @@ split, and the last round there leaves 8 of 66 clusters idle (~3 % of the kernel
 diagnostic copies of rung 9 (``-D TILEFUSE_RUNG9_TRACE=1``: thread 0 of each consumer warpgroup stamps
 %globaltimer at the start of each work item's mainloop, its end, the end of its stream-K step and the end of its
 epilogue), one with the library's split policy and one that splits wherever stream-K can
-(``TILEFUSE_RUNG9_SK_FIXUP_K_TILES=0``), runs each after do_bench's zeroing L2 flush, and prints per phase:
+(``TILEFUSE_RUNG9_SK_FIXUP_K_TILES=0``), runs each after do_bench's zeroing L2 flush (and the library's own build,
+untraced, for what the stamps cost), and prints per phase:
 
 * the launch's span (first entry to last epilogue), and when the whole-tile rounds end (spread over warpgroups);
 * mainloop ns a k-tile, in whole tiles and in stream-K pieces (a piece restarts the pipeline);
@@ -135,8 +136,7 @@ def summarize(rows: list[dict]) -> dict:
 def main(argv=None) -> int:
     args = parse_args(argv)
     folder = Path(tempfile.mkdtemp(prefix="rung9_trace-"))
-    builds = rung_ab.build_versions("9", variant_sources(folder))
-    builds.pop("current")
+    builds = rung_ab.build_versions("9", variant_sources(folder))  # 'current' too: timed untraced, for the cost
     if args.build_only:
         return 0
     import torch
@@ -153,13 +153,15 @@ def main(argv=None) -> int:
     for name, b in builds.items():
         rl = launch.load(b)
         lib = rl.lib
-        lib.tilefuse_rung9_set_trace.restype = ctypes.c_int
-        lib.tilefuse_rung9_set_trace.argtypes = [ctypes.c_void_p]
-        layout_c = [ctypes.c_int() for _ in range(3)]
-        lib.tilefuse_rung9_trace_words(*[ctypes.byref(v) for v in layout_c])
-        layout = tuple(v.value for v in layout_c)
-        slots = 2 * sms  # one CTA an SM, two consumer warpgroups a CTA
-        buf = torch.zeros(slots * layout[0], dtype=torch.int64, device="cuda")
+        traced = name != "current"
+        if traced:
+            lib.tilefuse_rung9_set_trace.restype = ctypes.c_int
+            lib.tilefuse_rung9_set_trace.argtypes = [ctypes.c_void_p]
+            layout_c = [ctypes.c_int() for _ in range(3)]
+            lib.tilefuse_rung9_trace_words(*[ctypes.byref(v) for v in layout_c])
+            layout = tuple(v.value for v in layout_c)
+            slots = 2 * sms  # one CTA an SM, two consumer warpgroups a CTA
+            buf = torch.zeros(slots * layout[0], dtype=torch.int64, device="cuda")
         for m, n, k in args.shape_list:
             shape = f"{m}x{n}x{k}"
             torch.manual_seed(0)
@@ -171,7 +173,8 @@ def main(argv=None) -> int:
                 rl(a.data_ptr(), w.data_ptr(), c.data_ptr(), None, m, n, k, k, k, n, "bfloat16", 0,
                    torch.cuda.current_stream().cuda_stream)
 
-            assert lib.tilefuse_rung9_set_trace(ctypes.c_void_p(buf.data_ptr())) == 0
+            if traced:
+                assert lib.tilefuse_rung9_set_trace(ctypes.c_void_p(buf.data_ptr())) == 0
             try:
                 call()
                 torch.cuda.synchronize()
@@ -183,6 +186,9 @@ def main(argv=None) -> int:
                     harness.flushed_call_ms(call, flush.zero_)
                 sums: list[dict] = []
                 for rep in range(args.reps):
+                    if not traced:
+                        sums.append({"event_ms": harness.flushed_call_ms(call, flush.zero_)})
+                        continue
                     buf.zero_()
                     ms = harness.flushed_call_ms(call, flush.zero_)
                     rows = decode(buf.cpu().tolist(), slots, layout)
@@ -191,7 +197,8 @@ def main(argv=None) -> int:
                     sums.append(s)
                     all_rows += [{"variant": name, "shape": shape, "rep": rep, **r} for r in rows]
             finally:
-                lib.tilefuse_rung9_set_trace(None)
+                if traced:
+                    lib.tilefuse_rung9_set_trace(None)
             keys = [key for key in sums[0] if all(key in s for s in sums)]
             sweep.log(f"{name} {shape}: " + ", ".join(
                 f"{key} {statistics.median(s[key] for s in sums):.3f}" for key in keys))
