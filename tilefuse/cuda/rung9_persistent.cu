@@ -270,8 +270,8 @@ constexpr int SK_FIXUP_K_TILES = TILEFUSE_RUNG9_SK_FIXUP_K_TILES;
 #ifndef TILEFUSE_RUNG9_TRACE
 #define TILEFUSE_RUNG9_TRACE 0
 #endif
-constexpr int TRACE_MAX_ITEMS = 40, TRACE_ITEM_WORDS = 6, TRACE_WORDS = 2 + TRACE_MAX_ITEMS * TRACE_ITEM_WORDS;
 #if TILEFUSE_RUNG9_TRACE
+constexpr int TRACE_MAX_ITEMS = 40, TRACE_ITEM_WORDS = 6, TRACE_WORDS = 2 + TRACE_MAX_ITEMS * TRACE_ITEM_WORDS;
 __device__ unsigned long long* g_trace = nullptr;  // set by tilefuse_rung9_set_trace
 #endif
 
