@@ -192,6 +192,8 @@ def main(argv=None) -> int:
                     buf.zero_()
                     ms = harness.flushed_call_ms(call, flush.zero_)
                     rows = decode(buf.cpu().tolist(), slots, layout)
+                    if not rows:
+                        raise RuntimeError(f"{name} {shape}: the launch left no trace (is the buffer set?)")
                     s = summarize(rows)
                     s["event_ms"] = ms
                     sums.append(s)
