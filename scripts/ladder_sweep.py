@@ -562,8 +562,6 @@ def ab_main(args, builds, dog: Watchdog) -> int:
     B, in interleaved rounds, so that the clock's drift (the H200 at its power limit) falls on all of them alike; the
     rung-9 settings' order rotates each round. Prints each round's times and, a shape, the medians, each setting's
     median of the rounds' ratios setting / default, and each one's ratio to cuBLAS."""
-    import statistics
-
     import torch
 
     from tilefuse.bench import harness
@@ -579,13 +577,7 @@ def ab_main(args, builds, dog: Watchdog) -> int:
     lib9 = rung9_abi(rl.lib)
     others = [BY_NAME[n] for n in args.ab_list]
     variants = [BY_NAME["default"]] + others
-    if args.flush == "read":
-        flush_buf = torch.empty(FLUSH_BYTES // 4, dtype=torch.int32, device="cuda")
-        timer = lambda fn: read_flush_ms(fn, args.rep_ms, flush_buf)  # noqa: E731
-        how = "a reading flush (clean L2) before each call, CUDA events"
-    else:
-        timer = lambda fn: do_bench_ms(fn, 5, args.rep_ms)  # noqa: E731
-        how = "do_bench (zeroing flush)"
+    timer, how = ab_timer(args.flush, args.rep_ms)
     log(f"A/B: default against " + "; ".join(f"{o.name} ({o.why})" for o in others) +
         f"; {args.rounds} rounds of {how}, rep {args.rep_ms} ms; nvidia-smi: {smi()}")
     rows = []
@@ -605,7 +597,6 @@ def ab_main(args, builds, dog: Watchdog) -> int:
             rl(a.data_ptr(), w.data_ptr(), c.data_ptr(), None, m, n, k, k, k, n, "bfloat16", 0,
                torch.cuda.current_stream().cuda_stream)
 
-        times: dict[str, list[float]] = {"cublas_nt": [], **{v.name: [] for v in variants}}
         for setting in variants:  # all checked before any timing
             with applied(lib9, setting):
                 c.fill_(float("nan"))
@@ -615,30 +606,65 @@ def ab_main(args, builds, dog: Watchdog) -> int:
             if err > CHECK_TOLERANCE:
                 log(f"{shape} {setting.name}: WRONG, relative error {err:.3g}")
                 status = 1
-        for rnd in range(args.rounds):
-            dog.step = f"{shape} round {rnd}"
-            times["cublas_nt"].append(timer(lambda: torch.matmul(a, w.t()))[0])
-            shift = rnd % len(variants)
-            for setting in variants[shift:] + variants[:shift]:
+        def measure(setting):
+            def run():
                 with applied(lib9, setting):
-                    times[setting.name].append(timer(r9)[0])
-            log(f"{shape} round {rnd}: " + ", ".join(f"{key} {v[-1]:.4f}" for key, v in times.items()))
-        med = {key: statistics.median(v) for key, v in times.items()}
-        vs_default = {o.name: statistics.median(x / d for x, d in zip(times[o.name], times["default"])) for o in others}
-        nt = {key: statistics.median(b / t for b, t in zip(times["cublas_nt"], v)) for key, v in times.items()
-              if key != "cublas_nt"}
-        log(f"{shape}: medians " + ", ".join(f"{key} {v:.4f} ms" for key, v in med.items()))
-        log(f"{shape}: setting / default (median of rounds): " +
-            ", ".join(f"{key} {v:.4f}" for key, v in vs_default.items()) + "; x cublas_nt " +
-            ", ".join(f"{key} {v:.4f}" for key, v in nt.items()))
-        for key, v in med.items():
-            rows.append({"shape": shape, "impl": key, "flush": args.flush, "ms_p50": v, "x_cublas_nt": nt.get(key),
-                         "vs_default": vs_default.get(key), "rounds": len(times[key]),
-                         "round_ms": " ".join(f"{t:.4f}" for t in times[key])})
+                    return timer(r9)[0]
+            return run
+
+        times = ab_rounds(shape, lambda: timer(lambda: torch.matmul(a, w.t()))[0],
+                          {v.name: measure(v) for v in variants}, args.rounds, dog)
+        rows += ab_report(shape, times, "setting", "default", args.flush)
     if args.csv is not None:
         write_rows(args.csv, rows)
     log(f"nvidia-smi after: {smi()}")
     return status
+
+
+def ab_timer(flush: str, rep_ms: int):
+    """An A/B's timer (fn -> (p50, p20, p80) ms) and its description: do_bench with its zeroing flush ('write'),
+    or CUDA events after a reading flush ('read': a clean L2)."""
+    import torch
+
+    if flush == "read":
+        buf = torch.empty(FLUSH_BYTES // 4, dtype=torch.int32, device="cuda")
+        return (lambda fn: read_flush_ms(fn, rep_ms, buf)), "a reading flush (clean L2) before each call, CUDA events"
+    return (lambda fn: do_bench_ms(fn, 5, rep_ms)), "do_bench (zeroing flush)"
+
+
+def ab_rounds(shape: str, cublas, measures: dict, rounds: int, dog: Watchdog | None = None) -> dict[str, list[float]]:
+    """Interleaved rounds: each round cuBLAS (``cublas()`` -> ms) first, then every entry of ``measures`` (name ->
+    a callable returning ms) in an order that rotates by one each round. Logs each round; returns name -> times,
+    'cublas_nt' first."""
+    names = list(measures)
+    times: dict[str, list[float]] = {"cublas_nt": [], **{nm: [] for nm in names}}
+    for rnd in range(rounds):
+        if dog is not None:
+            dog.step = f"{shape} round {rnd}"
+        times["cublas_nt"].append(cublas())
+        shift = rnd % len(names)
+        for name in names[shift:] + names[:shift]:
+            times[name].append(measures[name]())
+        log(f"{shape} round {rnd}: " + ", ".join(f"{key} {v[-1]:.4f}" for key, v in times.items()))
+    return times
+
+
+def ab_report(shape: str, times: dict[str, list[float]], label: str, base: str, flush: str) -> list[dict]:
+    """Log an A/B's medians, each entry's median of the rounds' ratios entry / ``base`` and its ratio to cuBLAS;
+    return a row an entry (the ratio to base in a ``vs_<base>`` column)."""
+    import statistics
+
+    med = {key: statistics.median(v) for key, v in times.items()}
+    vs = {key: statistics.median(x / d for x, d in zip(v, times[base])) for key, v in times.items()
+          if key not in ("cublas_nt", base)}
+    nt = {key: statistics.median(b / t for b, t in zip(times["cublas_nt"], v)) for key, v in times.items()
+          if key != "cublas_nt"}
+    log(f"{shape}: medians " + ", ".join(f"{key} {v:.4f} ms" for key, v in med.items()))
+    log(f"{shape}: {label} / {base} (median of rounds): " + ", ".join(f"{key} {v:.4f}" for key, v in vs.items()) +
+        "; x cublas_nt " + ", ".join(f"{key} {v:.4f}" for key, v in nt.items()))
+    return [{"shape": shape, "impl": key, "flush": flush, "ms_p50": v, "x_cublas_nt": nt.get(key),
+             f"vs_{base}": vs.get(key), "rounds": len(times[key]), "round_ms": " ".join(f"{t:.4f}" for t in times[key])}
+            for key, v in med.items()]
 
 
 def write_rows(path: Path, rows: list[dict]) -> None:

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import shutil
-import statistics
 import sys
 import tempfile
 from pathlib import Path
@@ -96,11 +95,7 @@ def main(argv=None) -> int:
         return 2
     libs = {name: launch.load(b) for name, b in builds.items()}
     names = list(libs)
-    if args.flush == "read":
-        buf = torch.empty(sweep.FLUSH_BYTES // 4, dtype=torch.int32, device="cuda")
-        timer = lambda fn: sweep.read_flush_ms(fn, args.rep_ms, buf)  # noqa: E731
-    else:
-        timer = lambda fn: sweep.do_bench_ms(fn, 5, args.rep_ms)  # noqa: E731
+    timer, _ = sweep.ab_timer(args.flush, args.rep_ms)
     sweep.log(f"rung {args.rung}: {', '.join(names)}; {args.rounds} rounds, flush {args.flush}, rep {args.rep_ms} ms; "
               f"nvidia-smi: {sweep.smi()}")
     rows, status = [], 0
@@ -124,22 +119,13 @@ def main(argv=None) -> int:
             if err > sweep.CHECK_TOLERANCE:
                 sweep.log(f"{shape} {name}: WRONG, relative error {err:.3g}")
                 status = 1
-        times: dict[str, list[float]] = {"cublas_nt": [], **{nm: [] for nm in names}}
-        for rnd in range(args.rounds):
-            times["cublas_nt"].append(timer(lambda: torch.matmul(a, w.t()))[0])
-            shift = rnd % len(names)
-            for name in names[shift:] + names[:shift]:
-                times[name].append(timer(call(libs[name]))[0])
-            sweep.log(f"{shape} round {rnd}: " + ", ".join(f"{key} {v[-1]:.4f}" for key, v in times.items()))
-        vs_current = {nm: statistics.median(x / y for x, y in zip(times[nm], times["current"])) for nm in names[1:]}
-        nt = {nm: statistics.median(b / t for b, t in zip(times["cublas_nt"], times[nm])) for nm in names}
-        sweep.log(f"{shape}: version / current (median of rounds): " +
-                  ", ".join(f"{key} {v:.4f}" for key, v in vs_current.items()) + "; x cublas_nt " +
-                  ", ".join(f"{key} {v:.4f}" for key, v in nt.items()))
-        for key, v in times.items():
-            rows.append({"shape": shape, "impl": key, "flush": args.flush, "ms_p50": statistics.median(v),
-                         "x_cublas_nt": nt.get(key), "vs_current": vs_current.get(key), "rounds": len(v),
-                         "round_ms": " ".join(f"{t:.4f}" for t in v)})
+        def measure(rl):
+            fn = call(rl)
+            return lambda: timer(fn)[0]
+
+        times = sweep.ab_rounds(shape, lambda: timer(lambda: torch.matmul(a, w.t()))[0],
+                                {nm: measure(libs[nm]) for nm in names}, args.rounds)
+        rows += sweep.ab_report(shape, times, "version", "current", args.flush)
     if args.csv is not None:
         sweep.write_rows(args.csv, rows)
     sweep.log(f"nvidia-smi after: {sweep.smi()}")

@@ -1536,6 +1536,27 @@ def test_ladder_sweep_arguments():
     assert sum(s.is_default for s in sweep.SETTINGS) == 1  # every other setting changes something
 
 
+def test_ab_rounds_rotate_and_report():
+    """The A/B core both ladder_sweep --ab and rung_ab.py use: cuBLAS first each round, the entries' order rotated by
+    one a round; the report's ratios (entry / base, median of rounds) and rows."""
+    sweep = _sweep_module()
+    order = []
+
+    def measure(name, ms):
+        return lambda: order.append(name) or ms
+
+    times = sweep.ab_rounds("8x8x8", measure("cublas_nt", 1.0),
+                            {"default": measure("default", 2.0), "x": measure("x", 1.8), "y": measure("y", 2.2)}, 3)
+    assert order == ["cublas_nt", "default", "x", "y", "cublas_nt", "x", "y", "default",
+                     "cublas_nt", "y", "default", "x"]
+    assert list(times) == ["cublas_nt", "default", "x", "y"] and times["x"] == [1.8] * 3
+    rows = {r["impl"]: r for r in sweep.ab_report("8x8x8", times, "setting", "default", "read")}
+    assert rows["x"]["vs_default"] == pytest.approx(0.9) and rows["y"]["vs_default"] == pytest.approx(1.1)
+    assert rows["default"]["vs_default"] is None and rows["cublas_nt"]["x_cublas_nt"] is None
+    assert rows["default"]["x_cublas_nt"] == pytest.approx(0.5) and rows["x"]["flush"] == "read"
+    assert rows["y"]["round_ms"] == "2.2000 2.2000 2.2000" and rows["y"]["rounds"] == 3
+
+
 @needs_nvcc
 def test_ladder_sweep_settings_are_accepted_by_rung9():
     """Every schedule the sweep sets is one the library takes (host code: no GPU needed)."""
