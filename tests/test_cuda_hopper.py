@@ -807,7 +807,7 @@ def simulate_warp_specialised(*, seed: int, stages: int, k_tiles: int, tiles: in
                               persistent: bool, multicast: bool, c_chunks: int = 4, c_buffers: int = 2,
                               release_last: bool = True, remote_release: bool = True, pingpong: bool = False,
                               hand_over: bool = True, warp_stores: bool = False, store_wait: bool = True,
-                              items: dict | None = None, flag_wait: bool = True) -> World:
+                              items: dict | None = None, flag_wait: bool = True, item_slots: int = 8) -> World:
     """Rung 9 (cluster=2, persistent) or rung 8 (cluster=1, one tile a CTA, release_last irrelevant).
     pingpong: rung 9's tilefuse_rung9_set_pingpong(1): consumer c takes the CTA's tiles j = c, c+2, ... (each a
     whole 64-row tile: 8 KB of A a stage), a stage is released by one consumer's 4 warps of each CTA, and a
@@ -817,7 +817,10 @@ def simulate_warp_specialised(*, seed: int, stages: int, k_tiles: int, tiles: in
     that wait out. items: stream-K (tilefuse_rung9_set_streamk, cooperative only): cluster -> [(tile, kb, ke, waits)]
     from tilefuse_rung9_streamk_plan instead of whole tiles round-robin; a piece without its tile's first k-tile sets
     its flag (no epilogue), the piece with it waits for the flags of `waits` (flag_wait=False leaves that out) and
-    checks that every other piece of the tile had finished."""
+    checks that every other piece of the tile had finished. Rung 9's cooperative consumers (persistent, not
+    pingpong) take each work item from the producer's record (put_item): item j's record in slot j % item_slots,
+    written before the full arrive of its first k-tile, read after that stage's wait and again after the mainloop,
+    and after the last item an end record on a stage completed by a plain arrive; every read is checked."""
     rng = random.Random(seed)
     consumers, warps = 2, 4
     world = World(rng=rng)
@@ -828,6 +831,7 @@ def simulate_warp_specialised(*, seed: int, stages: int, k_tiles: int, tiles: in
     empty = [[Mbarrier(arrivals) for _ in range(stages)] for _ in range(ctas)]
     turn = [[Mbarrier(warps) for _ in range(consumers)] for _ in range(ctas)]
     a_bytes, b_part_bytes = (8192 if pingpong else 16384), 32768 // cluster
+    records = [dict() for _ in range(ctas)] if persistent and not pingpong else None  # slot -> (t, kb, ke) / "end"
 
     def my_items(cl):  # (tile, kb, ke, waits)
         if items is not None:
@@ -845,10 +849,13 @@ def simulate_warp_specialised(*, seed: int, stages: int, k_tiles: int, tiles: in
         cl, rank = divmod(cta, cluster)
         peers = [cl * cluster + r for r in range(cluster)]
         s, phase = 0, 0
-        for t, kb, ke, _ in my_items(cl):
+        mine = my_items(cl)
+        for j, (t, kb, ke, _) in enumerate(mine):
             for kt in range(kb, ke):
                 bar_e = empty[cta][s]
                 yield (lambda b=bar_e, p=phase ^ 1: b.passed(p))          # mbar_wait(empty, phase ^ 1)
+                if records is not None and kt == kb:
+                    records[cta][j % item_slots] = (t, kb, ke)              # put_item
                 full[cta][s].arrive(expect_tx=a_bytes + cluster * b_part_bytes)  # arrive.expect_tx
                 world.copies.append(Copy([(cta, (s, "A"))], [full[cta][s]], a_bytes, (t, kt, rank, None)))
                 if multicast:
@@ -862,6 +869,17 @@ def simulate_warp_specialised(*, seed: int, stages: int, k_tiles: int, tiles: in
                 s += 1
                 if s == stages:
                     s, phase = 0, phase ^ 1
+        if records is not None:                                           # the end record, a plain arrive
+            bar_e = empty[cta][s]
+            yield (lambda b=bar_e, p=phase ^ 1: b.passed(p))
+            records[cta][len(mine) % item_slots] = "end"
+            full[cta][s].arrive()
+
+    def check_record(cta, c, j, want, when):
+        got = records[cta].get(j % item_slots)
+        if got != want:
+            raise ProtocolError(f"CTA {cta} consumer {c} reads {got} from record slot {j % item_slots} {when} "
+                                f"where item {j} needs {want}")
 
     def check_stage(cta, s, t, kt, rank):
         got = world.smem[cta]
@@ -896,6 +914,9 @@ def simulate_warp_specialised(*, seed: int, stages: int, k_tiles: int, tiles: in
                 s, phase = (j * k_tiles) % stages, ((j * k_tiles) // stages) & 1
                 if j > 0 and hand_over:                             # mbar_wait(turn[c], ((j-1)>>1) & 1)
                     yield (lambda b=turn[cta][c], p=((j - 1) >> 1) & 1: b.passed(p))
+            if records is not None:                                 # the item's record, once its stage landed
+                yield (lambda b=full[cta][s], p=phase: b.passed(p))
+                check_record(cta, c, j, (t, kb, ke), "before the mainloop")
             prev = None
             for kt in range(kb, ke):
                 bar_f = full[cta][s]
@@ -917,6 +938,9 @@ def simulate_warp_specialised(*, seed: int, stages: int, k_tiles: int, tiles: in
             let_go(0)                                               # wgmma_wait<0>
             if release_last and persistent:
                 release(prev)
+            yield None
+            if records is not None:                                 # read again after the mainloop
+                check_record(cta, c, j, (t, kb, ke), "after the mainloop")
             finished.add((cta, c, t, kb))
             if kb > 0:                                              # stream-K: a later piece's partial sum
                 flags.add((cl, rank, c))
@@ -948,6 +972,9 @@ def simulate_warp_specialised(*, seed: int, stages: int, k_tiles: int, tiles: in
                     world.stores.append(store)                      # tma_store_2d + commit
                     mine.append(store)
                 chunk += 1
+        if records is not None:                                     # the producer's end record
+            yield (lambda b=full[cta][s], p=phase: b.passed(p))
+            check_record(cta, c, len(consumer_tiles(cl, c)), "end", "at the end")
         committed = [st for mine in committed_by.values() for st in mine]
         yield (lambda: not any(st in world.stores for st in committed))  # bulk_wait<0>
 
@@ -1033,6 +1060,24 @@ def test_rung9_protocol(k_tiles, tiles, clusters, multicast):
     for seed in range(SIM_SEEDS):
         simulate_warp_specialised(seed=seed, stages=4, k_tiles=k_tiles, tiles=tiles, clusters=clusters, cluster=2,
                                   persistent=True, multicast=multicast)
+
+
+def test_rung9_item_records_need_more_slots_than_stages():
+    """The work-item records (put_item): with one slot more than the ring's stages a record outlives its item's
+    epilogue (the kernel has 8 for 4 stages); with as many slots as stages the producer, 4 one-k-tile items ahead,
+    rewrites a record before the consumers read it again after their mainloop, and the model catches it."""
+    for seed in range(SIM_SEEDS):
+        simulate_warp_specialised(seed=seed, stages=4, k_tiles=1, tiles=24, clusters=1, cluster=2, persistent=True,
+                                  multicast=True, item_slots=5)
+    failures = 0
+    for seed in range(SIM_SEEDS):
+        try:
+            simulate_warp_specialised(seed=seed, stages=4, k_tiles=1, tiles=24, clusters=1, cluster=2,
+                                      persistent=True, multicast=True, item_slots=4)
+        except ProtocolError as e:
+            assert "record slot" in str(e), e
+            failures += 1
+    assert failures > 0, "too few record slots went unnoticed"
 
 
 @pytest.mark.parametrize("k_tiles,tiles,clusters", [(1, 5, 2), (4, 7, 3), (9, 4, 1)])
