@@ -768,6 +768,13 @@ __device__ __forceinline__ void consume(const void* smem_raw, const CUtensorMap*
     const uint32_t full = s_a + FULL_OFFSET, empty = s_a + EMPTY_OFFSET, turn = s_a + TURN_OFFSET;
     const uint32_t items = s_a + ITEM_OFFSET;
     const int consumer = warp_uniform((int)(threadIdx.x / 128)) - 1;
+    // A record's tile, this consumer's first row of it, its columns and its piece bits.
+    auto take_item = [consumer](const Item& item, int& t, int& m0, int& n0, int& piece) {
+        t = item.t;
+        m0 = item.m0 + consumer * 64;
+        n0 = item.n0;
+        piece = (int)((uint32_t)item.left_piece >> ITEM_PIECE_SHIFT);
+    };
     const int tid = threadIdx.x % 128, warp = tid / 32, lane = tid % 32;
     const int g = lane / 4, q = lane % 4;  // fragment coordinates: row g (+8), columns 2q, 2q+1 of each n8
     // Ping-pong always stores through TMA (its epilogue is off the critical path; the direct-store copy of it
@@ -814,11 +821,7 @@ __device__ __forceinline__ void consume(const void* smem_raw, const CUtensorMap*
             const Item item = get_item(items + ITEM_BYTES * (j % ITEM_SLOTS));
             if (item.left_piece == 0) break;  // the producer's end record
             left = item.left_piece & ((1 << ITEM_PIECE_SHIFT) - 1);
-            // (t, m0, n0 and piece: read again after the mainloop)
-            m0 = item.m0 + consumer * 64;
-            n0 = item.n0;
-            t = item.t;
-            piece = (int)((uint32_t)item.left_piece >> ITEM_PIECE_SHIFT);
+            take_item(item, t, m0, n0, piece);  // (used here by the trace builds only: read again after the mainloop)
         }
         {
 #if TILEFUSE_RUNG9_TRACE
@@ -872,13 +875,7 @@ __device__ __forceinline__ void consume(const void* smem_raw, const CUtensorMap*
         release_stage(release_target, (uint32_t)prev);  // the producer goes on into the next tile
         __syncwarp();
         RUNG9_TRACE(trace_slot, j, 1, global_timer_ns());
-        if constexpr (!PP) {
-            const Item item = get_item(items + ITEM_BYTES * (j % ITEM_SLOTS));
-            m0 = item.m0 + consumer * 64;
-            n0 = item.n0;
-            t = item.t;
-            piece = (int)((uint32_t)item.left_piece >> ITEM_PIECE_SHIFT);
-        }
+        if constexpr (!PP) take_item(get_item(items + ITEM_BYTES * (j % ITEM_SLOTS)), t, m0, n0, piece);
 
 
         if constexpr (SPLITS) {
