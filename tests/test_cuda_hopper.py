@@ -754,11 +754,9 @@ class Copy:
 
 @dataclass(eq=False)
 class Store:
-    """An in-flight TMA store reading the staging buffer `buf` of CTA `cta`; `reads`: (smem key, tag) pairs it reads
-    from the ring (a C chunk staged in a held stage), checked when it lands."""
+    """An in-flight TMA store reading the staging buffer `buf` of CTA `cta`."""
     cta: int
     buf: tuple
-    reads: tuple = ()
 
 
 @dataclass
@@ -779,10 +777,6 @@ class World:
                 bar.complete_tx(item.nbytes_each)
         else:
             self.stores.remove(item)
-            for key, tag in item.reads:
-                if self.smem[item.cta].get(key) != tag:
-                    raise ProtocolError(f"CTA {item.cta}'s store of {tag} reads stage {key[0]}, which now holds "
-                                        f"{self.smem[item.cta].get(key)}")
 
 
 def run(actors, world: World, max_steps: int = 2_000_000) -> None:
@@ -813,8 +807,7 @@ def simulate_warp_specialised(*, seed: int, stages: int, k_tiles: int, tiles: in
                               persistent: bool, multicast: bool, c_chunks: int = 4, c_buffers: int = 2,
                               release_last: bool = True, remote_release: bool = True, pingpong: bool = False,
                               hand_over: bool = True, warp_stores: bool = False, store_wait: bool = True,
-                              items: dict | None = None, flag_wait: bool = True, item_slots: int = 8,
-                              held: bool = False, held_wait: bool = True, both_barrier: bool = True) -> World:
+                              items: dict | None = None, flag_wait: bool = True, item_slots: int = 8) -> World:
     """Rung 9 (cluster=2, persistent) or rung 8 (cluster=1, one tile a CTA, release_last irrelevant).
     pingpong: rung 9's tilefuse_rung9_set_pingpong(1): consumer c takes the CTA's tiles j = c, c+2, ... (each a
     whole 64-row tile: 8 KB of A a stage), a stage is released by one consumer's 4 warps of each CTA, and a
@@ -827,13 +820,7 @@ def simulate_warp_specialised(*, seed: int, stages: int, k_tiles: int, tiles: in
     checks that every other piece of the tile had finished. Rung 9's cooperative consumers (persistent, not
     pingpong) take each work item from the producer's record (put_item): item j's record in slot j % item_slots,
     written before the full arrive of its first k-tile, read after that stage's wait and again after the mainloop,
-    and after the last item an end record on a stage completed by a plain arrive; every read is checked.
-    held: rung 9's cooperative kernels without GeLU keep each item's last stage (not released after the mainloop) as
-    staging for C chunks 0 and 1 (consumer 0 in the stage's A tile, consumer 1 in its first B part), once both
-    consumers met at a barrier (both_barrier=False leaves it out), and release it once those chunks' stores have read
-    it (held_wait=False releases it at once); chunks 2 and 3 go into the two staging buffers, waited for once a tile.
-    A store checks when it lands that its stage still holds its chunk, and each consumer's reads of the stage are
-    checked as before, so a load landing in the held stage, or a chunk written over a stage still read, is caught."""
+    and after the last item an end record on a stage completed by a plain arrive; every read is checked."""
     rng = random.Random(seed)
     consumers, warps = 2, 4
     world = World(rng=rng)
@@ -856,7 +843,6 @@ def simulate_warp_specialised(*, seed: int, stages: int, k_tiles: int, tiles: in
         return mine[c::2] if pingpong else mine
 
     flags = set()  # (cluster, rank, consumer) whose partial sum is written
-    met = {}  # (cta, epilogue number) -> consumers at the both-consumers barrier (held)
     finished = set()  # (cta, consumer, tile, kb): pieces whose mainloop ended
 
     def producer(cta):
@@ -950,8 +936,7 @@ def simulate_warp_specialised(*, seed: int, stages: int, k_tiles: int, tiles: in
                 if s == stages:
                     s, phase = 0, phase ^ 1
             let_go(0)                                               # wgmma_wait<0>
-            hold = held and kb == 0                                 # a stream-K later piece has no epilogue
-            if release_last and persistent and not hold:
+            if release_last and persistent:
                 release(prev)
             yield None
             if records is not None:                                 # read again after the mainloop
@@ -971,35 +956,6 @@ def simulate_warp_specialised(*, seed: int, stages: int, k_tiles: int, tiles: in
                         raise ProtocolError(f"CTA {cta} consumer {c} adds tile {t}'s piece from cluster {w} before "
                                             "it was computed")            # TMA-store epilogue: c_chunks chunks, c_buffers staging buffers; by warpgroup (one committing
             # thread), or with warp_stores by warp (each warp's lane 0 commits the stores of its own rows).
-            if hold:
-                committers = list(committed_by)
-                for w in committers:                                # bulk_wait_read<0>: the last tile's stores
-                    yield (lambda older=list(committed_by[w]): not any(st in world.stores for st in older))
-                if both_barrier:                                    # bar.sync BOTH_CONSUMERS_BARRIER, 256
-                    key = (cta, j)
-                    met[key] = met.get(key, 0) + 1
-                    yield (lambda key=key: met[key] == consumers)
-                part = (prev, "A") if c == 0 else (prev, ("B", 0))
-                for jc in range(4):
-                    if jc < 2:                                      # into the held stage
-                        tag = ("C", cta, c, t)                      # chunks 0 and 1: both halves of `part`
-                        world.smem[cta][part] = tag
-                        reads, buf = ((part, tag),), ("held", c, jc)
-                    else:
-                        reads, buf = (), (c, jc - 2)
-                        if any(st.cta == cta and st.buf[:2] == buf for st in world.stores):
-                            raise ProtocolError(f"CTA {cta} consumer {c} rewrites staging buffer {buf} while a "
-                                                "store reads it")
-                    yield None                                      # st.shared, fence.proxy.async, bar/syncwarp
-                    for w in committers:
-                        store = Store(cta, buf + (w,), reads)
-                        world.stores.append(store)                  # tma_store_2d + commit
-                        committed_by[w].append(store)
-                for w in committers:                                # bulk_wait_read<2>: chunks 0 and 1 read
-                    older = committed_by[w][:-2] if held_wait else []
-                    yield (lambda older=older: not any(st in world.stores for st in older))
-                release(prev)
-                continue
             for _ in range(c_chunks):
                 for w in (range(warps) if warp_stores else [None]):
                     buf = (c, chunk % c_buffers, w)
@@ -1100,12 +1056,10 @@ def test_rung8_protocol(k_tiles):
 
 @pytest.mark.parametrize("k_tiles,tiles,clusters", [(1, 5, 2), (2, 3, 3), (4, 7, 2), (5, 6, 3), (9, 4, 1), (3, 1, 1)])
 @pytest.mark.parametrize("multicast", [True, False])
-@pytest.mark.parametrize("held", [True, False])
-def test_rung9_protocol(k_tiles, tiles, clusters, multicast, held):
-    """held: the plain and bias kernels (each item's last stage staged C chunks 0 and 1); not held: the GeLU kernel."""
+def test_rung9_protocol(k_tiles, tiles, clusters, multicast):
     for seed in range(SIM_SEEDS):
         simulate_warp_specialised(seed=seed, stages=4, k_tiles=k_tiles, tiles=tiles, clusters=clusters, cluster=2,
-                                  persistent=True, multicast=multicast, held=held)
+                                  persistent=True, multicast=multicast)
 
 
 def test_rung9_item_records_need_more_slots_than_stages():
@@ -1151,8 +1105,7 @@ def test_rung9_warp_stores_protocol(k_tiles, tiles, clusters, pingpong):
     for seed in range(SIM_SEEDS):
         simulate_warp_specialised(seed=seed, stages=5 if pingpong else 4, k_tiles=k_tiles, tiles=tiles,
                                   clusters=clusters, cluster=2, persistent=True, multicast=True,
-                                  c_buffers=1 if pingpong else 2, pingpong=pingpong, warp_stores=True,
-                                  held=not pingpong)
+                                  c_buffers=1 if pingpong else 2, pingpong=pingpong, warp_stores=True)
 
 
 @needs_nvcc
@@ -1166,7 +1119,7 @@ def test_rung9_streamk_protocol(tiles, clusters, k_tiles, warp_stores):
     assert split, (tiles, clusters, k_tiles)
     for seed in range(SIM_SEEDS):
         simulate_warp_specialised(seed=seed, stages=4, k_tiles=k_tiles, tiles=tiles, clusters=clusters, cluster=2,
-                                  persistent=True, multicast=True, items=plan, warp_stores=warp_stores, held=True)
+                                  persistent=True, multicast=True, items=plan, warp_stores=warp_stores)
 
 
 @needs_nvcc
@@ -1185,19 +1138,6 @@ def test_the_warp_stores_model_catches_a_missing_wait():
         for seed in range(SIM_SEEDS):
             simulate_warp_specialised(seed=seed, stages=4, k_tiles=3, tiles=6, clusters=1, cluster=2,
                                       persistent=True, multicast=True, warp_stores=True, store_wait=False)
-
-
-@pytest.mark.parametrize("bug,match", [
-    (dict(held_wait=False), "reads stage"),            # the held stage released before its stores read it
-    (dict(both_barrier=False), "holds"),               # a chunk written into the stage the other consumer reads
-])
-@pytest.mark.parametrize("warp_stores", [False, True])
-def test_the_held_stage_model_catches_known_bugs(bug, match, warp_stores):
-    """The held-stage epilogue without the wait for its stores, or without the barrier of both consumers."""
-    with pytest.raises(ProtocolError, match=match):
-        for seed in range(SIM_SEEDS):
-            simulate_warp_specialised(seed=seed, stages=4, k_tiles=5, tiles=7, clusters=2, cluster=2,
-                                      persistent=True, multicast=True, held=True, warp_stores=warp_stores, **bug)
 
 
 @pytest.mark.parametrize("bug,match", [

@@ -461,8 +461,6 @@ __device__ __forceinline__ void bulk_wait() {
 __device__ __forceinline__ void fence_proxy_async_smem() {
     asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
 }
-// Named barriers: 0 is __syncthreads, 1 + c consumer c's warpgroup, and this one both consumers of the CTA.
-constexpr int BOTH_CONSUMERS_BARRIER = 1 + CONSUMERS;
 __device__ __forceinline__ void named_barrier_sync(int id, int threads) {
     asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");
 }
@@ -755,11 +753,8 @@ __device__ __forceinline__ void consume(const void* smem_raw, const CUtensorMap*
     constexpr int stages = PP ? PP_STAGES : STAGES;
     constexpr int rows = PP ? PP_BM : BM;  // rows of C a CTA's tile has
     constexpr bool SPLITS = consumer_splits<EPI, PP>();
-    // The last stage of each work item is held for its epilogue's C chunks (the cooperative kernels without GeLU; in
-    // the GeLU kernel holding it across the epilogue made ptxas spill 60-80 bytes, whatever the code's form).
-    constexpr bool HOLD = !PP && EPI != 2;
-    constexpr int c_buffers = PP ? PP_C_BUFFERS : C_BUFFERS;
     constexpr uint32_t a_bytes = PP ? PP_A_TILE_BYTES : A_TILE_BYTES;
+    constexpr int c_buffers = PP ? PP_C_BUFFERS : C_BUFFERS;
     // The cooperative consumers read each work item from the producer's record (put_item). Ping-pong (whole tiles,
     // never split) rebuilds its walk for each tile from the kernel's arguments and the cluster registers: held
     // across the mainloop, the walk's values cost registers the consumers do not have.
@@ -800,6 +795,7 @@ __device__ __forceinline__ void consume(const void* smem_raw, const CUtensorMap*
 
     int s = 0;
     uint32_t phase = 0;
+    uint32_t chunk = 0;  // C chunks this consumer has stored: chunk % c_buffers picks the staging buffer
 #if TILEFUSE_RUNG9_TRACE
     const int trace_slot = ((int)cluster_index() * csize + (int)cluster_ctarank()) * CONSUMERS + consumer;
     int trace_items = 0;
@@ -876,13 +872,10 @@ __device__ __forceinline__ void consume(const void* smem_raw, const CUtensorMap*
         }
         wgmma_wait<0>();
         fence_accumulators(acc);
-        if constexpr (!PP) take_item(get_item(items + ITEM_BYTES * (j % ITEM_SLOTS)), t, m0, n0, piece);
-        // The item's last stage: released now (the producer goes on into the next tile), or, where a TMA-store
-        // epilogue follows in the cooperative schedule, held as staging for half of the tile's C chunks and
-        // released once their stores have read it (see the epilogue).
-        if (!HOLD || !tma_store || (SPLITS && (piece & PIECE_LATER))) release_stage(release_target, (uint32_t)prev);
+        release_stage(release_target, (uint32_t)prev);  // the producer goes on into the next tile
         __syncwarp();
         RUNG9_TRACE(trace_slot, j, 1, global_timer_ns());
+        if constexpr (!PP) take_item(get_item(items + ITEM_BYTES * (j % ITEM_SLOTS)), t, m0, n0, piece);
 
 
         if constexpr (SPLITS) {
@@ -919,32 +912,20 @@ __device__ __forceinline__ void consume(const void* smem_raw, const CUtensorMap*
             RUNG9_TRACE(trace_slot, j, 3, global_timer_ns());
             continue;
         }
-        // Epilogue: four 64x64 chunks, each rounded into a swizzled buffer and stored by TMA. HOLD (cooperative, no
-        // GeLU): chunks 0 and 1 go into the mainloop's held last stage (consumer 0 into its A tile, consumer 1 into the
-        // first half of its B tile: 16 KB each), chunks 2 and 3 into the consumer's two staging buffers, so no chunk
-        // waits for an earlier chunk's store to have read its buffer. Otherwise the chunks take turns in the staging
-        // buffers (two a consumer; one in ping-pong) and each waits for the store that last read its buffer.
-        const uint32_t held_stage = (uint32_t)(s == 0 ? stages - 1 : s - 1);  // the one before the ring position
-        const uint32_t held = consumer == 0 ? s_a + held_stage * a_bytes : s_b + held_stage * B_TILE_BYTES;
+        // Epilogue: four 64x64 chunks, each rounded into a swizzled staging buffer and stored by TMA.
 #pragma unroll
-        for (int jc = 0; jc < BN / C_CHUNK_COLS; ++jc) {
-            const uint32_t buf = !HOLD ? s_c + (consumer * c_buffers + jc % c_buffers) * C_CHUNK_BYTES
-                                       : (jc < 2 ? held + jc * C_CHUNK_BYTES
-                                                 : s_c + (consumer * C_BUFFERS + jc - 2) * C_CHUNK_BYTES);
-            // The stores that last used the buffer have read it: the warpgroup's one issuing thread waits and the
-            // warpgroup meets at a barrier, or (warp stores) each warp waits for its own rows' stores alone. HOLD:
-            // before chunk 0 only (the previous tile's stores, long done), and there both consumers meet, so neither
-            // writes into the held stage while the other's wgmmas may still read it; the other chunks' barrier
-            // orders nothing but keeps ptxas from interleaving chunks (registers).
-            if (!HOLD || jc == 0) {
-                if (warp_stores ? lane == 0 : tid == 0) {
-                    if (HOLD) bulk_wait_read<0>();
-                    else bulk_wait_read<c_buffers - 1>();
-                }
+        for (int jc = 0; jc < BN / C_CHUNK_COLS; ++jc, ++chunk) {
+            const uint32_t buf = s_c + (consumer * c_buffers + chunk % c_buffers) * C_CHUNK_BYTES;
+            // The store that last used `buf` has read it: the warpgroup's one issuing thread waits and the
+            // warpgroup meets at a barrier, or (warp stores) each warp waits for its own rows' store alone.
+            if (warp_stores) {
+                if (lane == 0) bulk_wait_read<c_buffers - 1>();
+                __syncwarp();
+            } else {
+                if (tid == 0) bulk_wait_read<c_buffers - 1>();
+                __syncwarp();
+                named_barrier_sync(1 + consumer, 128);
             }
-            __syncwarp();
-            if (HOLD && jc == 0) named_barrier_sync(BOTH_CONSUMERS_BARRIER, 128 * CONSUMERS);
-            else if (!warp_stores) named_barrier_sync(1 + consumer, 128);
 #pragma unroll
             for (int jj = 0; jj < C_CHUNK_COLS / 8; ++jj) {
                 const int col = 8 * jj + 2 * q;  // column inside the chunk
@@ -985,19 +966,6 @@ __device__ __forceinline__ void consume(const void* smem_raw, const CUtensorMap*
                     bulk_commit();
                 }
             }
-            __syncwarp();
-        }
-        if (HOLD) {
-            // The held stage goes back to the producers once the stores of chunks 0 and 1 have read it (the two
-            // newest store groups, chunks 2 and 3, may still be reading the staging buffers).
-            if (warp_stores) {
-                if (lane == 0) bulk_wait_read<2>();
-                __syncwarp();
-            } else {
-                if (tid == 0) bulk_wait_read<2>();
-                named_barrier_sync(1 + consumer, 128);
-            }
-            release_stage(release_target, held_stage);
             __syncwarp();
         }
         RUNG9_TRACE(trace_slot, j, 3, global_timer_ns());
