@@ -113,7 +113,6 @@ SETTINGS = (
     Setting("direct-store", debug=DEBUG_DIRECT_STORE, why="register stores instead of the TMA-store epilogue"),
     Setting("cluster-1", cluster_size=1, why="no cluster: 132 independent CTAs, no lockstep with a peer"),
     Setting("clusters-64", clusters=64, why="256 cluster tiles = exactly 4 rounds of 64"),
-    Setting("cluster-4", cluster_size=4, why="clusters of 4 CTAs sharing B: a quarter of the B tile a CTA (L2->SM -25%)"),
     Setting("group-1", group_m=1, why="plain row-major tile order (no L2 grouping)"),
     Setting("group-4", group_m=4),
     Setting("column-groups-8", group_m=8, order=1, why="groups of 8 tile-columns, row-major inside"),
@@ -581,8 +580,6 @@ def ab_main(args, builds, dog: Watchdog) -> int:
     timer, how = ab_timer(args.flush, args.rep_ms)
     log(f"A/B: default against " + "; ".join(f"{o.name} ({o.why})" for o in others) +
         f"; {args.rounds} rounds of {how}, rep {args.rep_ms} ms; nvidia-smi: {smi()}")
-    for cs in sorted({s.schedule[3] or 2 for s in variants}):
-        log(f"occupancy, clusters of {cs}: {occupancy(lib9, cs)}")
     rows = []
     status = 0
     for m, n, k in args.shape_list:
@@ -739,20 +736,17 @@ def main(argv=None) -> int:
         probe_thread.start()
 
     if lib9 is not None:
-        for cs in (2, 1, 4):
+        for cs in (2, 1):
             occ = occupancy(lib9, cs)
             log(f"occupancy, clusters of {cs}: {occ}")
-        occ2, occ1, occ4 = occupancy(lib9, 2), occupancy(lib9, 1), occupancy(lib9, 4)
+        occ2, occ1 = occupancy(lib9, 2), occupancy(lib9, 1)
         res2 = occ2.get("max_active_clusters") or props.multi_processor_count // 2
         res1 = occ1.get("max_active_clusters") or props.multi_processor_count
-        res4 = occ4.get("max_active_clusters") or props.multi_processor_count // 4
         for m, n, k in args.shape_list:
             t2 = -(-m // 256) * -(-n // 256)
             t1 = -(-m // 128) * -(-n // 256)
             tp = -(-m // 128) * -(-n // 256)  # ping-pong: 2-CTA cluster tiles of 2 x 64 rows
-            t4 = -(-m // 512) * -(-n // 256)
             for label, tiles, res in (("2-CTA cluster tiles 256x256", t2, res2), ("1-CTA tiles 128x256", t1, res1),
-                                      ("4-CTA cluster tiles 512x256", t4, res4),
                                       ("ping-pong 2-CTA cluster tiles 128x256", tp, res2)):
                 rounds = -(-tiles // res)
                 log(f"  {m}x{n}x{k}: {tiles} {label} on {res} resident -> {tiles / res:.2f} tiles each, {rounds} "

@@ -329,15 +329,12 @@ def test_rung9_schedule_abi_checks_its_arguments():
     """The run-time schedule (host code only): bad values are refused and change nothing; 0 means default."""
     lib = _schedule_abi(_load(9))
     assert _get_schedule(lib) == [0, 0, 0, 0, 8, 0, 2]  # defaults: GROUP_M 8, row groups, clusters of 2
-    for bad in ((-1, 0, 0, 0), (0, -1, 0, 0), (0, 1 << 17, 0, 0), (0, 0, 2, 0), (0, 0, 0, 3), (0, 0, 0, -1),
-                (0, 0, 0, 5), (0, 0, 0, 8)):
+    for bad in ((-1, 0, 0, 0), (0, -1, 0, 0), (0, 1 << 17, 0, 0), (0, 0, 2, 0), (0, 0, 0, 3), (0, 0, 0, -1)):
         assert lib.tilefuse_rung9_set_schedule(*bad) == CUDA_ERROR_INVALID_VALUE, bad
         assert _get_schedule(lib)[:4] == [0, 0, 0, 0]
     try:
         assert lib.tilefuse_rung9_set_schedule(60, 4, 1, 1) == 0
         assert _get_schedule(lib)[:4] == [60, 4, 1, 1]
-        assert lib.tilefuse_rung9_set_schedule(0, 0, 0, 4) == 0  # clusters of 4: a quarter of B a CTA
-        assert _get_schedule(lib)[:4] == [0, 0, 0, 4]
     finally:
         assert lib.tilefuse_rung9_set_schedule(0, 0, 0, 0) == 0
 
@@ -1083,18 +1080,6 @@ def test_rung9_item_records_need_more_slots_than_stages():
     assert failures > 0, "too few record slots went unnoticed"
 
 
-@pytest.mark.parametrize("k_tiles,tiles,clusters", [(1, 5, 2), (4, 7, 3), (9, 4, 1), (3, 1, 1)])
-@pytest.mark.parametrize("multicast", [True, False])
-@pytest.mark.parametrize("pingpong", [False, True])
-def test_rung9_protocol_cluster_of_four(k_tiles, tiles, clusters, multicast, pingpong):
-    """tilefuse_rung9_set_schedule(cluster_size=4): each CTA multicasts a quarter of the B tile into all four, so a
-    stage is refilled once the consumers of all four CTAs released it (32 arrivals, 16 in ping-pong)."""
-    for seed in range(SIM_SEEDS):
-        simulate_warp_specialised(seed=seed, stages=5 if pingpong else 4, k_tiles=k_tiles, tiles=tiles,
-                                  clusters=clusters, cluster=4, persistent=True, multicast=multicast,
-                                  c_buffers=1 if pingpong else 2, pingpong=pingpong)
-
-
 @pytest.mark.parametrize("k_tiles,tiles,clusters", [(1, 5, 2), (4, 7, 3), (9, 4, 1)])
 def test_rung9_protocol_cluster_of_one(k_tiles, tiles, clusters):
     """tilefuse_rung9_set_schedule(cluster_size=1): persistent CTAs without a peer (8 arrivals a stage)."""
@@ -1328,7 +1313,7 @@ def test_rung9_debug_variants(flags):
 SCHEDULES = {  # tilefuse_rung9_set_schedule(clusters, group_m, order, cluster_size), as the sweep tries them
     "7-clusters": (7, 0, 0, 0), "more-clusters-than-resident": (500, 0, 0, 0), "group-1": (0, 1, 0, 0),
     "group-3": (0, 3, 0, 0), "column-groups": (0, 8, 1, 0), "cluster-1": (0, 0, 0, 1),
-    "cluster-1-13-ctas-column-major": (13, 1, 1, 1), "cluster-4": (0, 0, 0, 4), "cluster-4-3-clusters": (3, 0, 0, 4),
+    "cluster-1-13-ctas-column-major": (13, 1, 1, 1),
 }
 
 
@@ -1363,7 +1348,7 @@ def test_rung9_schedules(name):
 PINGPONG_VARIANTS = {  # name: (debug flags, tilefuse_rung9_set_schedule arguments), each with ping-pong on
     "default": (0, (0, 0, 0, 0)), "no-multicast": (1, (0, 0, 0, 0)), "not-persistent": (2, (0, 0, 0, 0)),
     "cluster-1": (0, (0, 0, 0, 1)), "7-clusters": (0, (7, 0, 0, 0)), "column-groups-16": (0, (0, 16, 1, 0)),
-    "direct-store-flag-ignored": (4, (0, 0, 0, 0)), "cluster-4": (0, (0, 0, 0, 4)),
+    "direct-store-flag-ignored": (4, (0, 0, 0, 0)),
 }
 PINGPONG_SHAPES = [(1800, 2312, 328), (1, 8, 8), (129, 136, 8), (200, 264, 136), (640, 2048, 4096),
                    (4096, 4096, 4096)]
@@ -1413,7 +1398,7 @@ def test_rung9_pingpong(name):
 
 WARP_STORES_VARIANTS = {  # name: (tilefuse_rung9_set_schedule arguments, ping-pong), warp stores on
     "default": ((0, 0, 0, 0), 0), "pingpong": ((0, 0, 0, 0), 1), "cluster-1": ((0, 0, 0, 1), 0),
-    "7-clusters": ((7, 0, 0, 0), 0), "cluster-4": ((0, 0, 0, 4), 0),
+    "7-clusters": ((7, 0, 0, 0), 0),
 }
 
 
@@ -1442,7 +1427,6 @@ L2_VARIANTS = {  # name: (tilefuse_rung9_set_l2 policies, schedule, pingpong, wa
     "all-evict-first": ((1, 1, 1), (0, 0, 0, 0), 0, 0),
     "all-normal": ((0, 0, 0), (0, 0, 0, 0), 0, 0),
     "last-cluster-1": ((2, 2, 2), (0, 0, 0, 1), 0, 0),   # B's loads without multicast
-    "first-cluster-4": ((1, 1, 1), (0, 0, 0, 4), 0, 0),  # B multicast to 4 CTAs
     "pingpong-warp-stores": ((2, 1, 2), (0, 0, 0, 0), 1, 1),
 }
 

@@ -52,11 +52,8 @@
 // either; 0 = the default for each) picks, at run time, how many clusters the persistent grid has (default:
 // as many as cudaOccupancyMaxActiveClusters says can be resident), the group depth of the L2-aware order
 // (default GROUP_M), the order (0: groups of cluster-rows walked column-major, the default; 1: the transpose,
-// groups of tile-columns walked row-major) and the cluster size (2, the default, with B multicast; 1, no
-// cluster: each CTA loads its whole B tile; or 4: four vertically adjacent tiles, each CTA loading a 64-row quarter of
-// the B tile and multicasting it into all four, so B costs a CTA 8 KB of L2 traffic a k-tile instead of 16; a stage
-// is refilled once the consumers of all four CTAs released it; never split by stream-K). tilefuse_rung9_occupancy
-// reports the resident-cluster count.
+// groups of tile-columns walked row-major) and the cluster size (2, the default, with B multicast; or 1, no
+// cluster: each CTA loads its whole B tile). tilefuse_rung9_occupancy reports the resident-cluster count.
 // scripts/ladder_sweep.py times each setting on the GPU.
 //
 // Ping-pong: tilefuse_rung9_set_pingpong(1) (not part of the ladder ABI; default 0, cooperative, until measured)
@@ -125,24 +122,18 @@ constexpr int BN = 256;            // m64n256k16: 128 fp32 accumulators a consum
 constexpr int BK = 64;             // 64 bf16 = 128 bytes = exactly one 128B swizzle row
 constexpr int WGMMA_K = 16;
 constexpr int STAGES = 4;          // 4 x 48 KB + 32 KB of C staging = 224 KB of the 227 KB a block may have
-constexpr int CLUSTER = 2;         // CTAs a cluster (the default; 1 or 4 at run time: see Schedule); they share B
-constexpr int MAX_CLUSTER = 4;     // a cluster of 4 (run time): each CTA loads a quarter of the B tile
+constexpr int CLUSTER = 2;         // CTAs a cluster (the default; 1 at run time: see Schedule); they share B
 constexpr int CONSUMERS = 2;
 constexpr int THREADS = 128 * (1 + CONSUMERS);
 constexpr int CONSUMER_WARPS = CONSUMERS * 4;
-// The producer's walk spilled at 40 once it also handled clusters of 4; the consumers' code fits in the 168 it starts
-// with (at most R165 in the SASS), so 224 leaves them room and the sum is the SM's register file.
-constexpr int PRODUCER_REGS = 56;
-constexpr int CONSUMER_REGS = 224;
+constexpr int PRODUCER_REGS = 40;  // the producer loop needs ~30; 40 leaves room and 232 for the consumers
+constexpr int CONSUMER_REGS = 232;
 static_assert(128 * PRODUCER_REGS + 128 * CONSUMERS * CONSUMER_REGS <= 65536, "register file of an SM");
 constexpr int GROUP_M = 8;         // cluster-rows of tiles walked together (L2 reuse; see the header)
 constexpr int A_TILE_BYTES = BM * BK * 2;                 // 16 KB
 constexpr int B_TILE_BYTES = BN * BK * 2;                 // 32 KB
 constexpr int B_PART_ROWS = BN / CLUSTER;                 // each CTA loads 128 rows of the B tile
 constexpr int B_PART_BYTES = B_PART_ROWS * BK * 2;        // 16 KB
-// The B tile's parts, one a CTA of the cluster: two of 128 rows (a cluster of 2, or of 1, which loads both itself)
-// or four of 64 (a cluster of 4). The B tensor map's box is one part.
-__host__ __device__ constexpr int b_parts(int csize) { return csize > CLUSTER ? csize : CLUSTER; }
 constexpr int STAGE_BYTES = A_TILE_BYTES + B_TILE_BYTES;  // the expect_tx count of one stage (own A, both B parts)
 constexpr int CONSUMER_A_BYTES = 64 * BK * 2;             // consumer c reads rows 64c..64c+63 of the A tile
 constexpr int C_CHUNK_COLS = 64;                          // 64 x 16 bits = one 128-byte swizzle row
@@ -172,8 +163,6 @@ constexpr int SMEM_BYTES =
     SWIZZLE_ATOM_BYTES /* alignment slack */ + RING_BYTES + (2 * MAX_STAGES + CONSUMERS) * 8 + ITEM_SLOTS * ITEM_BYTES;
 static_assert(PP_STAGES * PP_STAGE_BYTES + CONSUMERS * PP_C_BUFFERS * C_CHUNK_BYTES <= RING_BYTES,
               "the ping-pong layout fits in the default's stages + staging");
-static_assert((BN / MAX_CLUSTER) * BK * 2 % SWIZZLE_ATOM_BYTES == 0, "a quarter B part keeps the swizzle's phase");
-static_assert(b_parts(1) == 2 && b_parts(CLUSTER) == 2 && b_parts(MAX_CLUSTER) == 4, "the producer's part_shift");
 static_assert(A_TILE_BYTES % SWIZZLE_ATOM_BYTES == 0 && B_PART_BYTES % SWIZZLE_ATOM_BYTES == 0 &&
                   C_CHUNK_BYTES % SWIZZLE_ATOM_BYTES == 0 && PP_A_TILE_BYTES % SWIZZLE_ATOM_BYTES == 0,
               "every tile must start on a 1 KB swizzle atom so TMA's and wgmma's swizzle phases agree");
@@ -655,8 +644,8 @@ __host__ __device__ __forceinline__ Walk walk_for(int cluster, int clusters, uin
     w.first_tile = cluster;
     w.tile_step = clusters;
     w.k_tiles = (K + BK - 1) / BK;
-    w.csize = csize;                                      // 2, or 1 without a cluster, or 4
-    w.tiles_m = (M + rows * csize - 1) / (rows * csize);  // cluster-rows of 256 (128 / 64 / 512 otherwise)
+    w.csize = csize;                                      // 2, or 1 without a cluster
+    w.tiles_m = (M + rows * csize - 1) / (rows * csize);  // cluster-rows of 256 (128 / 64 otherwise)
     w.tiles_n = (N + BN - 1) / BN;
     w.tiles = w.tiles_m * w.tiles_n;
     w.dp_end = split ? dp_end : w.tiles;
@@ -1026,10 +1015,7 @@ rung9_kernel(const __grid_constant__ CUtensorMap tm_a, const __grid_constant__ C
             const uint32_t a_bytes = pp ? PP_A_TILE_BYTES : A_TILE_BYTES;
             const bool split = (pp ? consumer_splits<EPI, true>() : consumer_splits<EPI, false>()) && sched.streamk != 0;
             const Walk w = make_walk(M, N, K, rows, sched.cluster, split, sk.dp_end, sk.units);
-            const bool multicast = (debug & DEBUG_NO_MULTICAST) == 0 && w.csize > 1;
-            // The first row of my part of the B tile (multicast): one value held across the loop, where the part's
-            // rows and bytes as well cost the producer (40 registers) a spill.
-            const int my_b_row = (int)w.rank * (BN / b_parts(w.csize));
+            const bool multicast = (debug & DEBUG_NO_MULTICAST) == 0 && w.csize == CLUSTER;
             const uint32_t s_a = smem_base(smem_raw), s_b = s_a + stages * a_bytes;
             const uint32_t full = s_a + FULL_OFFSET, empty = s_a + EMPTY_OFFSET, items = s_a + ITEM_OFFSET;
             const uint32_t stage_tx = a_bytes + B_TILE_BYTES;  // own A, both B parts
@@ -1054,15 +1040,14 @@ rung9_kernel(const __grid_constant__ CUtensorMap tm_a, const __grid_constant__ C
                     tma_load_2d(a_dst, &tm_a, kt * BK, m0, full + 8 * s, a_policy);
                     if (multicast) {
                         // My part of the shared B tile, into both CTAs (the peer sends the other part).
-                        tma_load_2d_multicast(b_dst + (uint32_t)my_b_row * (BK * 2), &tm_b, kt * BK, n0 + my_b_row,
-                                              full + 8 * s,
-                                              (uint16_t)((1u << w.csize) - 1), b_policy);
+                        tma_load_2d_multicast(b_dst + w.rank * B_PART_BYTES, &tm_b, kt * BK,
+                                              n0 + (int)w.rank * B_PART_ROWS, full + 8 * s,
+                                              (uint16_t)((1u << CLUSTER) - 1), b_policy);
                     } else {
-                        // Every part of the B tile myself (no multicast, or a cluster of one).
-                        const int parts = b_parts(w.csize), part_rows = BN / parts;
-                        for (int part = 0; part < parts; ++part)
-                            tma_load_2d(b_dst + (uint32_t)(part * part_rows) * (BK * 2), &tm_b, kt * BK,
-                                        n0 + part * part_rows, full + 8 * s, b_policy);
+                        // Both 128-row parts of the B tile myself (no multicast, or a cluster of one).
+                        for (int part = 0; part < CLUSTER; ++part)
+                            tma_load_2d(b_dst + part * B_PART_BYTES, &tm_b, kt * BK, n0 + part * B_PART_ROWS,
+                                        full + 8 * s, b_policy);
                     }
                     if (++s == stages) { s = 0; phase ^= 1u; }
                 }
@@ -1133,7 +1118,7 @@ int g_l2 = L2_DEFAULT;
 constexpr int MAX_GROUP_M = 1 << 16;
 constexpr int MAX_DEVICES = 64;
 // Per device and cluster size (index csize - 1): clusters of this kernel resident at once (0: not asked yet).
-int g_resident_clusters[MAX_DEVICES][MAX_CLUSTER] = {};
+int g_resident_clusters[MAX_DEVICES][CLUSTER] = {};
 // Per device and dtype: the dynamic shared-memory attribute was set (a driver call worth skipping per launch).
 bool g_smem_set[MAX_DEVICES][6] = {};  // [kernel_slot(dtype, epilogue)]
 
@@ -1305,10 +1290,10 @@ extern "C" int tilefuse_rung9_set_debug(int flags) {
 
 // Not part of the ladder ABI: the schedule of later launches (see the header); 0 keeps a field's default.
 // clusters >= 0 (more than can be resident is allowed: the extra ones wait for a free SM), 0 <= group_m <=
-// 65536, order 0 or 1, cluster_size 0, 1, 2 or 4. Returns cudaErrorInvalidValue (and changes nothing) otherwise.
+// 65536, order 0 or 1, cluster_size 0, 1 or 2. Returns cudaErrorInvalidValue (and changes nothing) otherwise.
 extern "C" int tilefuse_rung9_set_schedule(int clusters, int group_m, int order, int cluster_size) {
     if (clusters < 0 || group_m < 0 || group_m > MAX_GROUP_M || (order != ORDER_ROW_GROUPS && order != ORDER_COLUMN_GROUPS) ||
-        cluster_size < 0 || cluster_size > MAX_CLUSTER || cluster_size == 3)
+        cluster_size < 0 || cluster_size > CLUSTER)
         return cudaErrorInvalidValue;
     g_clusters = clusters;
     g_group_m = group_m;
@@ -1421,7 +1406,7 @@ extern "C" int tilefuse_rung9_get_schedule(int* out) {
 extern "C" int tilefuse_rung9_occupancy(int cluster_size, int* max_active_clusters, int* sms, int* smem_bytes,
                                         int* threads) {
     const int csize = cluster_size == 0 ? CLUSTER : cluster_size;
-    if (csize < 1 || csize > MAX_CLUSTER || csize == 3) return cudaErrorInvalidValue;
+    if (csize < 1 || csize > CLUSTER) return cudaErrorInvalidValue;
     int device = 0;
     cudaError_t e = cudaGetDevice(&device);
     if (e != cudaSuccess) return e;
@@ -1449,10 +1434,7 @@ extern "C" int tilefuse_rung9(const void* A, const void* B, void* C, const void*
     const int rows = pingpong ? PP_BM : BM;  // rows of a CTA's tile: one A box a stage
     cudaError_t e = encode_2d(&tm_a, dtype, A, M, K, lda, rows, BK);
     if (e != cudaSuccess) return e;
-    Schedule sched{g_cluster_size == 0 ? CLUSTER : g_cluster_size, g_group_m == 0 ? GROUP_M : g_group_m,
-                   g_order, pingpong, g_warp_stores, 0, g_l2};
-    const int csize = sched.cluster;
-    e = encode_2d(&tm_b, dtype, B, N, K, ldb, BN / b_parts(csize), BK);
+    e = encode_2d(&tm_b, dtype, B, N, K, ldb, B_PART_ROWS, BK);
     if (e != cudaSuccess) return e;
     e = encode_2d(&tm_c, dtype, C, M, N, ldc, C_STORE_ROWS, C_CHUNK_COLS);
     if (e != cudaSuccess) return e;
@@ -1463,6 +1445,10 @@ extern "C" int tilefuse_rung9(const void* A, const void* B, void* C, const void*
     if (e != cudaSuccess) return e;
     e = allow_smem(kernel, device, kernel_slot(dtype, epilogue));
     if (e != cudaSuccess) return e;
+
+    Schedule sched{g_cluster_size == 0 ? CLUSTER : g_cluster_size, g_group_m == 0 ? GROUP_M : g_group_m,
+                   g_order, pingpong, g_warp_stores, 0, g_l2};
+    const int csize = sched.cluster;
     const long long tiles = (long long)((M + rows * csize - 1) / (rows * csize)) * ((N + BN - 1) / BN);
     const int debug = g_debug_flags;
 
@@ -1491,8 +1477,7 @@ extern "C" int tilefuse_rung9(const void* A, const void* B, void* C, const void*
     // Stream-K's workspace, epoch and last stream are per device and shared by every host thread (ctypes releases
     // the GIL): one launch at a time holds them from the epoch's increment to the event after the launch.
     std::unique_lock<std::mutex> sk_lock;
-    if (g_streamk && !pingpong && epilogue != 2 && csize <= CLUSTER && all_resident &&
-        streamk_split(tiles, clusters, (K + BK - 1) / BK)) {
+    if (g_streamk && !pingpong && epilogue != 2 && all_resident && streamk_split(tiles, clusters, (K + BK - 1) / BK)) {
         cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
         e = cudaStreamIsCapturing(st, &capture);
         if (e != cudaSuccess) return e;
