@@ -13,12 +13,17 @@ untraced, for what the stamps cost), and prints per phase:
 * mainloop ns a k-tile, in whole tiles and in stream-K pieces (a piece restarts the pipeline);
 * the stream-K step: a piece's partial sums written, or the other pieces' sums waited for and added;
 * the epilogue, and the idle gap between one item's epilogue and the next item's mainloop;
-* the tail: the last warpgroup's end against the median one's.
+* the tail: the last warpgroup's end against the median one's;
+* by round (a consumer's j-th whole tile): the mainloop's ns and SM cycles a k-tile, and so the SM clock it ran
+  at (a slower round at the same cycles a k-tile is the clock; at more cycles, the memory system or the schedule).
+
+``--sustained N`` traces the last of N back-to-back flushed calls (no sync between them, as do_bench runs a
+kernel), so the GPU is at the clock that sustained load gives it (its power limit) rather than fresh from idle.
 
 The library's own builds have none of this code: it is compiled only under the define, and a test checks that the
 library's build exports no trace entry point. GPU machine:
 
-    python3 scripts/rung9_trace.py [--shapes 4096,8192] [--reps 5] [--csv PATH]
+    python3 scripts/rung9_trace.py [--shapes 4096,8192] [--reps 5] [--sustained N] [--csv PATH]
 
 CPU: ``--build-only`` builds both diagnostic copies (nvcc, sm_90a) and prints their resource reports.
 """
@@ -50,11 +55,15 @@ def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--shapes", default="4096,8192", help="comma-separated MxNxK or 4096 / 8192 / 16384x4096")
     p.add_argument("--reps", type=int, default=5, help="traced launches a shape and variant (default 5)")
+    p.add_argument("--sustained", type=int, default=0, metavar="N",
+                   help="trace the last of N back-to-back flushed calls (default 0: one call after a sync)")
     p.add_argument("--csv", type=Path, default=None, help="every work item of every launch, one row each")
     p.add_argument("--build-only", action="store_true", help="build the diagnostic copies and exit (no GPU)")
     args = p.parse_args(argv)
     if args.reps < 1:
         p.error("--reps: at least 1")
+    if args.sustained < 0:
+        p.error("--sustained: 0 or more calls")
     args.shape_list = sweep.parse_args(["--shapes", args.shapes]).shape_list
     return args
 
@@ -91,7 +100,8 @@ def decode(words: list[int], slots: int, layout: tuple[int, int, int]) -> list[d
             info = w[5]
             rows.append({"slot": s, "item": j, "tile": w[4], "k_tiles": info & 0xFFFF, "piece": (info >> 16) & 0xFFFF,
                          "kb": info >> 32, "entry": words[base] - t0, "start": w[0] - t0, "main_end": w[1] - t0,
-                         "step_end": w[2] - t0, "epi_end": w[3] - t0})
+                         "step_end": w[2] - t0, "epi_end": w[3] - t0,
+                         "main_cycles": (w[7] - w[6]) % (1 << 32) if item_words >= 8 else 0})  # 32-bit %clock
     return rows
 
 
@@ -124,6 +134,14 @@ def summarize(rows: list[dict]) -> dict:
     if heads:
         out["fixup_wait_add_us"] = med(r["step_end"] - r["main_end"] for r in heads) * us
         out["fixup_wait_add_us_max"] = max(r["step_end"] - r["main_end"] for r in heads) * us
+    for j in sorted({r["item"] for r in whole}):  # by round: the consumers' j-th whole tiles
+        at = [r for r in whole if r["item"] == j]
+        ns = med((r["main_end"] - r["start"]) / r["k_tiles"] for r in at)
+        out[f"round{j}_ns_per_ktile"] = ns
+        if all(r["main_cycles"] > 0 for r in at):
+            cyc = med(r["main_cycles"] / r["k_tiles"] for r in at)
+            out[f"round{j}_cycles_per_ktile"] = cyc
+            out[f"round{j}_mhz"] = 1e3 * med(r["main_cycles"] / (r["main_end"] - r["start"]) for r in at)
     gaps = []
     for items in by_slot.values():
         items = sorted(items, key=lambda r: r["item"])
@@ -190,6 +208,9 @@ def main(argv=None) -> int:
                         sums.append({"event_ms": harness.flushed_call_ms(call, flush.zero_)})
                         continue
                     buf.zero_()
+                    for _ in range(args.sustained - 1):  # back to back: each overwrites the trace, the last stays
+                        flush.zero_()
+                        call()
                     ms = harness.flushed_call_ms(call, flush.zero_)
                     rows = decode(buf.cpu().tolist(), slots, layout)
                     if not rows:

@@ -1698,9 +1698,10 @@ def _trace_module():
     return mod
 
 
-def _trace_words(layout, slots):
+def _trace_words(layout, slots, mhz: float = 0.0):
     """A trace buffer as the kernel writes it: slots -> [(tile, kb, k_tiles, piece, start, main_end, step_end,
-    epi_end)] with times in ns; entry at 1000 ns before a slot's first start."""
+    epi_end)] with times in ns; entry at 1000 ns before a slot's first start; with 8 words an item, %clock64 at the
+    mainloop's start and end as an SM clock of `mhz` would count them (the kernel's 32-bit %clock, wrapping)."""
     per_slot, max_items, item_words = layout
     words = [0] * (len(slots) * per_slot)
     for s, items in enumerate(slots):
@@ -1712,6 +1713,9 @@ def _trace_words(layout, slots):
             words[at:at + 4] = times
             words[at + 4] = tile
             words[at + 5] = kt | (piece << 16) | (kb << 32)
+            if item_words >= 8:
+                words[at + 6] = (4_294_000_000 + round(times[0] * mhz / 1000)) % (1 << 32)  # 32-bit: wraps
+                words[at + 7] = (4_294_000_000 + round(times[1] * mhz / 1000)) % (1 << 32)
     return words
 
 
@@ -1740,6 +1744,25 @@ def test_rung9_trace_decode_and_summary():
     assert s["whole_epi_us"] == pytest.approx(2.0) and s["piece_epi_us"] == pytest.approx(2.0)
     assert s["dp_end_us_min"] == pytest.approx(67.5) and s["dp_end_us_max"] == pytest.approx(134.0)
     assert s["gap_us"] == pytest.approx(0.5)
+    assert s["round0_ns_per_ktile"] == pytest.approx(1000.0) and "round0_mhz" not in s  # no clock words
+
+
+def test_rung9_trace_rounds_and_clock():
+    """The kernel's 8-word items: by round (a consumer's j-th whole tile), ns and SM cycles a k-tile and the clock
+    they imply; a second round at the same cycles but a slower clock reads as the clock."""
+    tr = _trace_module()
+    layout = (2 + 4 * 8, 4, 8)
+    t = 10_000_000
+    fast = _trace_words(layout, [[(0, 0, 64, 0, t, t + 64_000, t + 64_000, t + 66_000)]], mhz=1500.0)
+    slow = _trace_words(layout, [[(0, 0, 64, 0, t, t + 64_000, t + 64_000, t + 66_000),
+                                  (1, 0, 64, 0, t + 66_500, t + 66_500 + 80_000, t + 146_500, t + 148_500)]],
+                        mhz=1200.0)
+    s = tr.summarize(tr.decode(fast, 1, layout))
+    assert s["round0_ns_per_ktile"] == pytest.approx(1000.0)
+    assert s["round0_cycles_per_ktile"] == pytest.approx(1500.0) and s["round0_mhz"] == pytest.approx(1500.0)
+    s = tr.summarize(tr.decode(slow, 1, layout))
+    assert s["round1_ns_per_ktile"] == pytest.approx(1250.0)
+    assert s["round1_cycles_per_ktile"] == pytest.approx(1500.0) and s["round1_mhz"] == pytest.approx(1200.0)
 
 
 @needs_nvcc

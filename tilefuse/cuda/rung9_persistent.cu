@@ -275,14 +275,15 @@ constexpr int SK_FIXUP_K_TILES = TILEFUSE_RUNG9_SK_FIXUP_K_TILES;
 // Timeline trace, compiled only into diagnostic builds (-D TILEFUSE_RUNG9_TRACE=1, scripts/rung9_trace.py): thread 0
 // of each consumer warpgroup stamps %globaltimer at its entry and, for each of its work items, at the start of the
 // mainloop, its end, the end of the stream-K step (partial written, or the other pieces' sums added) and the end of
-// the epilogue's stores being issued, with the item's tile, k-tiles and piece bits. The library's builds have none
+// the epilogue's stores being issued, with the item's tile, k-tiles and piece bits, and the SM's %clock at the
+// mainloop's start and end (so a phase's clock rate shows, not only its time). The library's builds have none
 // of it. Layout: a slot per consumer warpgroup ((cluster * csize + rank) * CONSUMERS + consumer), each TRACE_WORDS
 // 64-bit words: [entry time, items], then TRACE_ITEM_WORDS a work item.
 #ifndef TILEFUSE_RUNG9_TRACE
 #define TILEFUSE_RUNG9_TRACE 0
 #endif
 #if TILEFUSE_RUNG9_TRACE
-constexpr int TRACE_MAX_ITEMS = 40, TRACE_ITEM_WORDS = 6, TRACE_WORDS = 2 + TRACE_MAX_ITEMS * TRACE_ITEM_WORDS;
+constexpr int TRACE_MAX_ITEMS = 40, TRACE_ITEM_WORDS = 8, TRACE_WORDS = 2 + TRACE_MAX_ITEMS * TRACE_ITEM_WORDS;
 __device__ unsigned long long* g_trace = nullptr;  // set by tilefuse_rung9_set_trace
 #endif
 
@@ -318,6 +319,15 @@ __device__ __forceinline__ unsigned long long global_timer_ns() {
     asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
     return t;
 }
+#if TILEFUSE_RUNG9_TRACE
+// The SM's cycle counter, 32 bits (one register: %clock64 made the traced plain kernel spill); a mainloop is far
+// shorter than 2^32 cycles, so the reader takes the difference modulo 2^32.
+__device__ __forceinline__ unsigned long long sm_clock() {
+    uint32_t t;
+    asm volatile("mov.u32 %0, %%clock;" : "=r"(t));
+    return t;
+}
+#endif
 // Wait until the phase of parity `parity` has completed. A fresh barrier is in phase 0, so waiting for
 // parity 1 returns at once (the "previous" phase counts as complete): producers use that for the first lap.
 __device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
@@ -831,6 +841,7 @@ __device__ __forceinline__ void consume(const void* smem_raw, const CUtensorMap*
             RUNG9_TRACE(trace_slot, 0, -2, (unsigned long long)trace_items);
             RUNG9_TRACE(trace_slot, j, 4, (unsigned long long)t);
             RUNG9_TRACE(trace_slot, j, 5, (unsigned long long)(left | (piece << 16) | ((unsigned long long)kb << 32)));
+            RUNG9_TRACE(trace_slot, j, 6, sm_clock());
             RUNG9_TRACE(trace_slot, j, 0, global_timer_ns());
 #endif
         }
@@ -875,6 +886,7 @@ __device__ __forceinline__ void consume(const void* smem_raw, const CUtensorMap*
         release_stage(release_target, (uint32_t)prev);  // the producer goes on into the next tile
         __syncwarp();
         RUNG9_TRACE(trace_slot, j, 1, global_timer_ns());
+        RUNG9_TRACE(trace_slot, j, 7, sm_clock());
         if constexpr (!PP) take_item(get_item(items + ITEM_BYTES * (j % ITEM_SLOTS)), t, m0, n0, piece);
 
 
