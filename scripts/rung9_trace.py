@@ -15,7 +15,10 @@ untraced, for what the stamps cost), and prints per phase:
 * the epilogue, and the idle gap between one item's epilogue and the next item's mainloop;
 * the tail: the last warpgroup's end against the median one's;
 * by round (a consumer's j-th whole tile): the mainloop's ns and SM cycles a k-tile, and so the SM clock it ran
-  at (a slower round at the same cycles a k-tile is the clock; at more cycles, the memory system or the schedule).
+  at (a slower round at the same cycles a k-tile is the clock; at more cycles, the memory system or the schedule);
+* the TMA-store epilogue of whole tiles in SM cycles, by C chunk and step (thread 0 of a consumer warpgroup, the
+  one that issues the stores): the wait for the chunk's staging buffer and the barrier after it, writing the
+  values, the proxy fence, the barrier before the stores, issuing the stores (to the next chunk's start).
 
 ``--sustained N`` traces the last of N back-to-back flushed calls (no sync between them, as do_bench runs a
 kernel), so the GPU is at the clock that sustained load gives it (its power limit) rather than fresh from idle.
@@ -49,6 +52,8 @@ VARIANTS = {  # name: the defines prepended to the source
     "trace-split": "#define TILEFUSE_RUNG9_TRACE 1\n#define TILEFUSE_RUNG9_SK_FIXUP_K_TILES 0\n",
 }
 PIECE_LATER, PIECE_UNFINISHED = 1, 2  # the kernel's piece bits
+EPI_WORDS, EPI_CHUNKS, EPI_STEPS = 8, 4, 5  # the kernel's TRACE_EPI_WORDS: 5 %clock stamps a chunk, then the end
+EPI_STEP_NAMES = ("wait", "write", "fence", "barrier", "issue")
 
 
 def parse_args(argv=None):
@@ -102,6 +107,11 @@ def decode(words: list[int], slots: int, layout: tuple[int, int, int]) -> list[d
                          "kb": info >> 32, "entry": words[base] - t0, "start": w[0] - t0, "main_end": w[1] - t0,
                          "step_end": w[2] - t0, "epi_end": w[3] - t0,
                          "main_cycles": (w[7] - w[6]) % (1 << 32) if item_words >= 8 else 0})  # 32-bit %clock
+            if item_words > EPI_WORDS + EPI_CHUNKS * EPI_STEPS:
+                # the epilogue's stamps as cycles since chunk 0's start (None: an item that ran no TMA-store epilogue)
+                stamps = w[EPI_WORDS:EPI_WORDS + EPI_CHUNKS * EPI_STEPS + 1]
+                ran = stamps[-1] != 0 and stamps[0] != 0
+                rows[-1].update({f"epi{i}": (v - stamps[0]) % (1 << 32) if ran else None for i, v in enumerate(stamps)})
     return rows
 
 
@@ -142,6 +152,13 @@ def summarize(rows: list[dict]) -> dict:
             cyc = med(r["main_cycles"] / r["k_tiles"] for r in at)
             out[f"round{j}_cycles_per_ktile"] = cyc
             out[f"round{j}_mhz"] = 1e3 * med(r["main_cycles"] / (r["main_end"] - r["start"]) for r in at)
+    epi = [r for r in whole if r.get(f"epi{EPI_CHUNKS * EPI_STEPS}") is not None]
+    for c in range(EPI_CHUNKS) if epi else ():
+        for p, name in enumerate(EPI_STEP_NAMES):
+            a = c * EPI_STEPS + p
+            out[f"epi_c{c}_{name}_cycles"] = med(r[f"epi{a + 1}"] - r[f"epi{a}"] for r in epi)
+    if epi:
+        out["epi_cycles"] = med(r[f"epi{EPI_CHUNKS * EPI_STEPS}"] for r in epi)
     gaps = []
     for items in by_slot.values():
         items = sorted(items, key=lambda r: r["item"])

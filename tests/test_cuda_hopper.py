@@ -1765,6 +1765,34 @@ def test_rung9_trace_rounds_and_clock():
     assert s["round1_cycles_per_ktile"] == pytest.approx(1500.0) and s["round1_mhz"] == pytest.approx(1200.0)
 
 
+def test_rung9_trace_epilogue_steps():
+    """The epilogue's %clock stamps (5 a chunk and the end, from word 8): each step's cycles by chunk, medians over
+    whole tiles, across a 32-bit wrap; an item without stamps (no TMA-store epilogue) counts in none of them."""
+    tr = _trace_module()
+    steps = tr.EPI_CHUNKS * tr.EPI_STEPS
+    item_words = tr.EPI_WORDS + steps + 2
+    layout = (2 + 4 * item_words, 4, item_words)
+    t = 10_000_000
+    words = _trace_words(layout, [[(0, 0, 64, 0, t, t + 64_000, t + 64_000, t + 66_000),
+                                   (1, 0, 64, 0, t + 66_500, t + 130_500, t + 130_500, t + 132_500)]], mhz=1500.0)
+    per_step = {"wait": 10, "write": 200, "fence": 40, "barrier": 30, "issue": 20}  # cycles, chunk c adds c
+    for j, origin in ((0, (1 << 32) - 300), (1, 7)):  # the first item's stamps wrap around 2^32
+        at, clock = 2 + j * item_words + tr.EPI_WORDS, origin
+        for c in range(tr.EPI_CHUNKS):
+            for p, name in enumerate(tr.EPI_STEP_NAMES):
+                words[at + c * tr.EPI_STEPS + p] = clock % (1 << 32)
+                clock += per_step[name] + c
+        words[at + steps] = clock % (1 << 32)
+    rows = tr.decode(words, 1, layout)
+    assert rows[0]["epi0"] == 0 and rows[1]["epi20"] == sum(per_step.values()) * 4 + 5 * (0 + 1 + 2 + 3)
+    s = tr.summarize(rows)
+    assert s["epi_c0_write_cycles"] == 200 and s["epi_c3_fence_cycles"] == 43 and s["epi_c2_issue_cycles"] == 22
+    assert s["epi_cycles"] == sum(per_step.values()) * 4 + 30
+    words[2 + 1 * item_words + tr.EPI_WORDS:2 + 2 * item_words] = [0] * (steps + 2)  # item 1: no epilogue stamps
+    rows = tr.decode(words, 1, layout)
+    assert rows[1]["epi20"] is None and tr.summarize(rows)["epi_c0_write_cycles"] == 200
+
+
 @needs_nvcc
 def test_rung9_trace_builds_are_diagnostic_only(capsys):
     """--build-only builds both diagnostic copies; they export the trace entry points, the library's build does

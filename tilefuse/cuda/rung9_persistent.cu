@@ -283,7 +283,11 @@ constexpr int SK_FIXUP_K_TILES = TILEFUSE_RUNG9_SK_FIXUP_K_TILES;
 #define TILEFUSE_RUNG9_TRACE 0
 #endif
 #if TILEFUSE_RUNG9_TRACE
-constexpr int TRACE_MAX_ITEMS = 40, TRACE_ITEM_WORDS = 8, TRACE_WORDS = 2 + TRACE_MAX_ITEMS * TRACE_ITEM_WORDS;
+// Item words: 0-3 the times above, 4 the tile, 5 k-tiles | piece << 16 | kb << 32, 6-7 %clock at the mainloop's start
+// and end, 8 + 5 jc + p %clock in C chunk jc of the TMA-store epilogue at: p = 0 its start, 1 past the wait for its
+// buffer, 2 its values written, 3 past the proxy fence, 4 past the barrier before its stores; 28 the epilogue's end.
+constexpr int TRACE_EPI_WORDS = 8, TRACE_EPI_END = TRACE_EPI_WORDS + 5 * 4;
+constexpr int TRACE_MAX_ITEMS = 40, TRACE_ITEM_WORDS = TRACE_EPI_END + 2, TRACE_WORDS = 2 + TRACE_MAX_ITEMS * TRACE_ITEM_WORDS;
 __device__ unsigned long long* g_trace = nullptr;  // set by tilefuse_rung9_set_trace
 #endif
 
@@ -348,8 +352,10 @@ __device__ __forceinline__ void trace_put(int slot, int j, int w, unsigned long 
 }
 #define RUNG9_TRACE(slot, j, w, v) \
     do { if (tid == 0) trace_put((slot), (j), (w), (v)); } while (0)
+#define RUNG9_EPI_STAMP(jc, p) RUNG9_TRACE(trace_slot, j, TRACE_EPI_WORDS + 5 * (jc) + (p), sm_clock())
 #else
 #define RUNG9_TRACE(slot, j, w, v) do { } while (0)
+#define RUNG9_EPI_STAMP(jc, p) do { } while (0)
 #endif
 
 __device__ __forceinline__ void prefetch_tensormap(const CUtensorMap* map) {
@@ -928,6 +934,7 @@ __device__ __forceinline__ void consume(const void* smem_raw, const CUtensorMap*
 #pragma unroll
         for (int jc = 0; jc < BN / C_CHUNK_COLS; ++jc, ++chunk) {
             const uint32_t buf = s_c + (consumer * c_buffers + chunk % c_buffers) * C_CHUNK_BYTES;
+            RUNG9_EPI_STAMP(jc, 0);
             // The store that last used `buf` has read it: the warpgroup's one issuing thread waits and the
             // warpgroup meets at a barrier, or (warp stores) each warp waits for its own rows' store alone.
             if (warp_stores) {
@@ -938,6 +945,7 @@ __device__ __forceinline__ void consume(const void* smem_raw, const CUtensorMap*
                 __syncwarp();
                 named_barrier_sync(1 + consumer, 128);
             }
+            RUNG9_EPI_STAMP(jc, 1);
 #pragma unroll
             for (int jj = 0; jj < C_CHUNK_COLS / 8; ++jj) {
                 const int col = 8 * jj + 2 * q;  // column inside the chunk
@@ -958,7 +966,9 @@ __device__ __forceinline__ void consume(const void* smem_raw, const CUtensorMap*
                     st_shared_u32(buf + swizzle128_offset(row, col), pack2<DT>(v0, v1));
                 }
             }
+            RUNG9_EPI_STAMP(jc, 2);
             fence_proxy_async_smem();
+            RUNG9_EPI_STAMP(jc, 3);
             // TMA clips rows >= M, cols >= N. A box is one warp's 16 rows (2 KB, 1 KB-aligned in the buffer, so
             // the 128B swizzle's phase is the chunk's): 4 stores from one thread after the barrier, or one a warp.
             if (warp_stores) {
@@ -970,6 +980,7 @@ __device__ __forceinline__ void consume(const void* smem_raw, const CUtensorMap*
                 }
             } else {
                 named_barrier_sync(1 + consumer, 128);
+                RUNG9_EPI_STAMP(jc, 4);
                 if (tid == 0) {
 #pragma unroll
                     for (int w4 = 0; w4 < C_CHUNK_ROWS / C_STORE_ROWS; ++w4)
@@ -980,6 +991,7 @@ __device__ __forceinline__ void consume(const void* smem_raw, const CUtensorMap*
             }
             __syncwarp();
         }
+        RUNG9_TRACE(trace_slot, j, TRACE_EPI_END, sm_clock());
         RUNG9_TRACE(trace_slot, j, 3, global_timer_ns());
     }
     // The stores have landed before this CTA's shared memory goes away (each committing thread waits for its own)
