@@ -17,8 +17,9 @@ untraced, for what the stamps cost), and prints per phase:
 * by round (a consumer's j-th whole tile): the mainloop's ns and SM cycles a k-tile, and so the SM clock it ran
   at (a slower round at the same cycles a k-tile is the clock; at more cycles, the memory system or the schedule);
 * the TMA-store epilogue of whole tiles in SM cycles, by C chunk and step (thread 0 of a consumer warpgroup, the
-  one that issues the stores): the wait for the chunk's staging buffer and the barrier after it, writing the
-  values, the proxy fence, the barrier before the stores, issuing the stores (to the next chunk's start).
+  one that issues the stores): the wait for the group's staging buffers and the barrier after it, writing the
+  values, and in a group's last chunk the proxy fence, the barrier before the stores and issuing the group's stores
+  (to the next chunk's start).
 
 ``--sustained N`` traces the last of N back-to-back flushed calls (no sync between them, as do_bench runs a
 kernel), so the GPU is at the clock that sustained load gives it (its power limit) rather than fresh from idle.
@@ -110,8 +111,10 @@ def decode(words: list[int], slots: int, layout: tuple[int, int, int]) -> list[d
             if item_words > EPI_WORDS + EPI_CHUNKS * EPI_STEPS:
                 # the epilogue's stamps as cycles since chunk 0's start (None: an item that ran no TMA-store epilogue)
                 stamps = w[EPI_WORDS:EPI_WORDS + EPI_CHUNKS * EPI_STEPS + 1]
+                # (a raw 0 is a stamp not taken: the fence, barrier and stores of a group are in its last chunk)
                 ran = stamps[-1] != 0 and stamps[0] != 0
-                rows[-1].update({f"epi{i}": (v - stamps[0]) % (1 << 32) if ran else None for i, v in enumerate(stamps)})
+                rows[-1].update({f"epi{i}": (v - stamps[0]) % (1 << 32) if ran and v else None
+                                 for i, v in enumerate(stamps)})
     return rows
 
 
@@ -156,7 +159,10 @@ def summarize(rows: list[dict]) -> dict:
     for c in range(EPI_CHUNKS) if epi else ():
         for p, name in enumerate(EPI_STEP_NAMES):
             a = c * EPI_STEPS + p
-            out[f"epi_c{c}_{name}_cycles"] = med(r[f"epi{a + 1}"] - r[f"epi{a}"] for r in epi)
+            steps = [r[f"epi{a + 1}"] - r[f"epi{a}"] for r in epi
+                     if r[f"epi{a}"] is not None and r[f"epi{a + 1}"] is not None]
+            if steps:  # a chunk that ends no group has no fence, barrier or stores of its own
+                out[f"epi_c{c}_{name}_cycles"] = med(steps)
     if epi:
         out["epi_cycles"] = med(r[f"epi{EPI_CHUNKS * EPI_STEPS}"] for r in epi)
     gaps = []

@@ -895,7 +895,6 @@ def simulate_warp_specialised(*, seed: int, stages: int, k_tiles: int, tiles: in
         cl, rank = divmod(cta, cluster)
         peers = [cl * cluster + r for r in range(cluster)]
         s, phase = 0, 0
-        chunk = 0
         committed_by = {w: [] for w in (range(warps) if warp_stores else [None])}  # store groups by committer
         reading = []  # stages whose wgmma may still read: (stage, tile, kt)
 
@@ -954,24 +953,27 @@ def simulate_warp_specialised(*, seed: int, stages: int, k_tiles: int, tiles: in
                     later = [(x, y, tt, b) for (x, y, tt, b) in finished if tt == t and x == w * cluster + rank and y == c]
                     if not later:
                         raise ProtocolError(f"CTA {cta} consumer {c} adds tile {t}'s piece from cluster {w} before "
-                                            "it was computed")            # TMA-store epilogue: c_chunks chunks, c_buffers staging buffers; by warpgroup (one committing
-            # thread), or with warp_stores by warp (each warp's lane 0 commits the stores of its own rows).
-            for _ in range(c_chunks):
+                                            "it was computed")            # TMA-store epilogue: c_chunks chunks in groups of c_buffers (pairs in the cooperative kernels, one chunk
+            # at a time in ping-pong), a group's chunks in the c_buffers staging buffers, its stores one commit; by
+            # warpgroup (one committing thread), or with warp_stores by warp (each warp's lane 0 commits the stores
+            # of its own rows).
+            for _ in range(c_chunks // c_buffers):
                 for w in (range(warps) if warp_stores else [None]):
-                    buf = (c, chunk % c_buffers, w)
                     mine = committed_by[w]
-                    # bulk_wait_read<C_BUFFERS-1> (+ bar.sync): every store group but the newest C_BUFFERS-1 this
-                    # thread committed has finished reading (the PTX rule is by commit order, not by count).
-                    older = mine[:max(0, len(mine) - (c_buffers - 1))] if store_wait else []
+                    # bulk_wait_read<0> (+ bar.sync) before a group: every store this thread committed has finished
+                    # reading its buffer.
+                    older = list(mine) if store_wait else []
                     yield (lambda older=older: not any(st in world.stores for st in older))
-                    if any(st.cta == cta and st.buf == buf for st in world.stores):
-                        raise ProtocolError(f"CTA {cta} consumer {c} rewrites staging buffer {buf} while a store "
-                                            "reads it")
+                    for b in range(c_buffers):
+                        buf = (c, b, w)
+                        if any(st.cta == cta and st.buf == buf for st in world.stores):
+                            raise ProtocolError(f"CTA {cta} consumer {c} rewrites staging buffer {buf} while a "
+                                                "store reads it")
                     yield None                                      # st.shared, fence.proxy.async, bar/syncwarp
-                    store = Store(cta, buf)
-                    world.stores.append(store)                      # tma_store_2d + commit
-                    mine.append(store)
-                chunk += 1
+                    for b in range(c_buffers):
+                        store = Store(cta, (c, b, w))
+                        world.stores.append(store)                  # tma_store_2d (the group's, then a commit)
+                        mine.append(store)
         if records is not None:                                     # the producer's end record
             yield (lambda b=full[cta][s], p=phase: b.passed(p))
             check_record(cta, c, len(consumer_tiles(cl, c)), "end", "at the end")
@@ -1788,6 +1790,13 @@ def test_rung9_trace_epilogue_steps():
     s = tr.summarize(rows)
     assert s["epi_c0_write_cycles"] == 200 and s["epi_c3_fence_cycles"] == 43 and s["epi_c2_issue_cycles"] == 22
     assert s["epi_cycles"] == sum(per_step.values()) * 4 + 30
+    for j in range(2):  # chunks 0 and 2 end no group (pairs): no fence, barrier or stores of their own
+        for c in (0, 2):
+            for p in (3, 4):
+                words[2 + j * item_words + tr.EPI_WORDS + c * tr.EPI_STEPS + p] = 0
+    s = tr.summarize(tr.decode(words, 1, layout))
+    assert "epi_c0_fence_cycles" not in s and "epi_c0_issue_cycles" not in s and "epi_c2_barrier_cycles" not in s
+    assert s["epi_c1_fence_cycles"] == 41 and s["epi_c0_write_cycles"] == 200
     words[2 + 1 * item_words + tr.EPI_WORDS:2 + 2 * item_words] = [0] * (steps + 2)  # item 1: no epilogue stamps
     rows = tr.decode(words, 1, layout)
     assert rows[1]["epi20"] is None and tr.summarize(rows)["epi_c0_write_cycles"] == 200
