@@ -294,7 +294,8 @@ constexpr int SK_FIXUP_K_TILES = TILEFUSE_RUNG9_SK_FIXUP_K_TILES;
 // buffer, 2 its values written, 3 past the proxy fence, 4 past the barrier before its stores (3 and 4 only in the
 // last chunk of a group: 0 in the others); 28 the epilogue's end.
 constexpr int TRACE_EPI_WORDS = 8, TRACE_EPI_END = TRACE_EPI_WORDS + 5 * 4;
-constexpr int TRACE_MAX_ITEMS = 40, TRACE_ITEM_WORDS = TRACE_EPI_END + 2, TRACE_WORDS = 2 + TRACE_MAX_ITEMS * TRACE_ITEM_WORDS;
+constexpr int TRACE_MAX_ITEMS = 40, TRACE_ITEM_WORDS = TRACE_EPI_END + 2;
+constexpr int TRACE_WORDS = 2 + TRACE_MAX_ITEMS * TRACE_ITEM_WORDS;
 __device__ unsigned long long* g_trace = nullptr;  // set by tilefuse_rung9_set_trace
 #endif
 
@@ -992,7 +993,8 @@ __device__ __forceinline__ void consume(const void* smem_raw, const CUtensorMap*
                 if (lane == 0) {
 #pragma unroll
                     for (int c = jc + 1 - GROUP; c <= jc; ++c)
-                        tma_store_2d(tm_c, s_c + (consumer * c_buffers + c % c_buffers) * C_CHUNK_BYTES + warp * C_STORE_BYTES,
+                        tma_store_2d(tm_c, s_c + (consumer * c_buffers + c % c_buffers) * C_CHUNK_BYTES +
+                                               warp * C_STORE_BYTES,
                                      n0 + c * C_CHUNK_COLS, m0 + warp * C_STORE_ROWS, c_policy);
                     bulk_commit();
                 }
@@ -1004,7 +1006,8 @@ __device__ __forceinline__ void consume(const void* smem_raw, const CUtensorMap*
                     for (int c = jc + 1 - GROUP; c <= jc; ++c)
 #pragma unroll
                         for (int w4 = 0; w4 < C_CHUNK_ROWS / C_STORE_ROWS; ++w4)
-                            tma_store_2d(tm_c, s_c + (consumer * c_buffers + c % c_buffers) * C_CHUNK_BYTES + w4 * C_STORE_BYTES,
+                            tma_store_2d(tm_c, s_c + (consumer * c_buffers + c % c_buffers) * C_CHUNK_BYTES +
+                                                   w4 * C_STORE_BYTES,
                                          n0 + c * C_CHUNK_COLS, m0 + w4 * C_STORE_ROWS, c_policy);
                     bulk_commit();
                 }
