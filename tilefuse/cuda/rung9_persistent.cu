@@ -90,9 +90,9 @@
 //
 // Stores: tilefuse_rung9_set_stores(1) (not part of the ladder ABI; default 0). The TMA-store epilogue writes a
 // consumer's 64x64 C chunks into staging, two at a time, and, by default, meets the other warps of its warpgroup at
-// a named barrier before and after each pair (4 barriers a tile), one thread issuing the pair's stores (4 boxes of
-// 16 rows a chunk). With warp stores each warp waits for its own earlier stores, writes its 16 rows and its lane 0
-// stores them: no warpgroup barrier in the epilogue at all. Measured (device run 93, interleaved, one chunk at a
+// a named barrier before and after each pair (4 barriers a tile), one thread issuing the pair's stores (a 64-row box
+// a chunk). With warp stores each warp waits for its own earlier stores, writes its 16 rows and its lane 0 stores
+// them (a 16-row box: the host encodes C's tensor map for the mode): no warpgroup barrier in the epilogue at all. Measured (device run 93, interleaved, one chunk at a
 // time): 0.5 % / 0.2 % faster than the default at 4096^3 / 8192^3, and with pairs 0.2 % / 0.4 % slower than pairs
 // with the default's barriers.
 //
@@ -145,7 +145,8 @@ constexpr int CONSUMER_A_BYTES = 64 * BK * 2;             // consumer c reads ro
 constexpr int C_CHUNK_COLS = 64;                          // 64 x 16 bits = one 128-byte swizzle row
 constexpr int C_CHUNK_ROWS = 64;                          // one consumer's rows
 constexpr int C_CHUNK_BYTES = C_CHUNK_ROWS * C_CHUNK_COLS * 2;  // 8 KB
-constexpr int C_STORE_ROWS = 16;                          // the C tensor map's box: one warp's rows of a chunk
+// The C tensor map's box: a whole 64x64 chunk (one store a chunk), or with warp stores one warp's 16 rows of it.
+constexpr int C_STORE_ROWS = 16;
 constexpr int C_STORE_BYTES = C_STORE_ROWS * C_CHUNK_COLS * 2;  // 2 KB, two 1 KB swizzle atoms
 constexpr int C_BUFFERS = 2;                              // per consumer: store one chunk while filling the next
 constexpr int SWIZZLE_ATOM_BYTES = 1024;                  // 8 rows x 128 B: the 128B swizzle repeats every 1 KB
@@ -985,9 +986,10 @@ __device__ __forceinline__ void consume(const void* smem_raw, const CUtensorMap*
             if (jc % GROUP != GROUP - 1) continue;  // the group's last chunk fences and stores them all
             fence_proxy_async_smem();
             RUNG9_EPI_STAMP(jc, 3);
-            // TMA clips rows >= M, cols >= N. A box is one warp's 16 rows (2 KB, 1 KB-aligned in the buffer, so
-            // the 128B swizzle's phase is the chunk's): 4 stores a chunk from one thread after the barrier, or one a
-            // chunk from each warp.
+            // TMA clips rows >= M, cols >= N. A box is the whole chunk (64 rows, 8 KB): one store a chunk from one
+            // thread after the barrier; with warp stores one warp's 16 rows (2 KB, 1 KB-aligned in the buffer, so the
+            // 128B swizzle's phase is the chunk's), one a chunk from each warp. (Four 16-row boxes a chunk from the one
+            // thread, as before device run 97, issued 16 stores a tile where 4 do.)
             if (warp_stores) {
                 __syncwarp();
                 if (lane == 0) {
@@ -1004,11 +1006,8 @@ __device__ __forceinline__ void consume(const void* smem_raw, const CUtensorMap*
                 if (tid == 0) {
 #pragma unroll
                     for (int c = jc + 1 - GROUP; c <= jc; ++c)
-#pragma unroll
-                        for (int w4 = 0; w4 < C_CHUNK_ROWS / C_STORE_ROWS; ++w4)
-                            tma_store_2d(tm_c, s_c + (consumer * c_buffers + c % c_buffers) * C_CHUNK_BYTES +
-                                                   w4 * C_STORE_BYTES,
-                                         n0 + c * C_CHUNK_COLS, m0 + w4 * C_STORE_ROWS, c_policy);
+                        tma_store_2d(tm_c, s_c + (consumer * c_buffers + c % c_buffers) * C_CHUNK_BYTES,
+                                     n0 + c * C_CHUNK_COLS, m0, c_policy);
                     bulk_commit();
                 }
             }
@@ -1478,12 +1477,13 @@ extern "C" int tilefuse_rung9(const void* A, const void* B, void* C, const void*
 
     CUtensorMap tm_a, tm_b, tm_c;
     const int pingpong = g_pingpong;
+    const int warp_stores = g_warp_stores;  // C's box: a warp's 16 rows of a chunk, or the whole chunk
     const int rows = pingpong ? PP_BM : BM;  // rows of a CTA's tile: one A box a stage
     cudaError_t e = encode_2d(&tm_a, dtype, A, M, K, lda, rows, BK);
     if (e != cudaSuccess) return e;
     e = encode_2d(&tm_b, dtype, B, N, K, ldb, B_PART_ROWS, BK);
     if (e != cudaSuccess) return e;
-    e = encode_2d(&tm_c, dtype, C, M, N, ldc, C_STORE_ROWS, C_CHUNK_COLS);
+    e = encode_2d(&tm_c, dtype, C, M, N, ldc, warp_stores ? C_STORE_ROWS : C_CHUNK_ROWS, C_CHUNK_COLS);
     if (e != cudaSuccess) return e;
 
     KernelFn kernel = kernel_for(dtype, epilogue);
@@ -1494,7 +1494,7 @@ extern "C" int tilefuse_rung9(const void* A, const void* B, void* C, const void*
     if (e != cudaSuccess) return e;
 
     Schedule sched{g_cluster_size == 0 ? CLUSTER : g_cluster_size, g_group_m == 0 ? GROUP_M : g_group_m,
-                   g_order, pingpong, g_warp_stores, 0, g_l2};
+                   g_order, pingpong, warp_stores, 0, g_l2};
     const int csize = sched.cluster;
     const long long tiles = (long long)((M + rows * csize - 1) / (rows * csize)) * ((N + BN - 1) / BN);
     const int debug = g_debug_flags;
