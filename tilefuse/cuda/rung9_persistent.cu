@@ -36,9 +36,10 @@
 //   tilefuse.cuda.gemm, interleaved with cuBLAS): 4096^3 687 TFLOP/s (1.01x cublas_nt, the K-major-B cuBLAS call;
 //   0.98x cuBLAS with B row-major), 8192^3 685 TFLOP/s (1.00x / 1.00x), 16384x4096x4096 673 TFLOP/s (1.01x /
 //   0.99x). Over five runs (30-34) 0.970-1.012x cublas_nt at 4096^3 and 0.993-1.015x at 8192^3: at parity, within
-//   the runs' spread (benchmarks/notes/hopper_rungs.md, "Runs 29-34"). Latest (device run 94, the paired epilogue,
-//   benchmarks/results/run94/ladder1.csv): 4096^3 679 TFLOP/s (0.995x cublas_nt), 8192^3 687 (1.011x),
-//   16384x4096x4096 684 (1.034x). The mainloop takes 1025-1043 SM cycles a k-tile against 1024 at the tensor cores'
+//   the runs' spread (benchmarks/notes/hopper_rungs.md, "Runs 29-34"). Latest (device runs 97-98, the paired epilogue with
+//   one TMA box a C chunk, benchmarks/results/run97/ladder.csv and run98/): 4096^3 676-686 TFLOP/s (1.015, 0.972 and
+//   0.984x cublas_nt in three suites; 1.001 and 0.999x in the interleaved A/Bs), 8192^3 684-716 (1.013-1.047x),
+//   16384x4096x4096 680-698 (1.025-1.049x). The mainloop takes 1025-1043 SM cycles a k-tile against 1024 at the tensor cores'
 //   peak (device run 91, the trace's %clock stamps); the rest is the epilogue, the start and the last round.
 //
 // Layouts: A is [M,K] row-major (lda >= K), B is given as [N,K] row-major (K-major B: tilefuse_rung9_b_layout()
