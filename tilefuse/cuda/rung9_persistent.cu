@@ -93,9 +93,9 @@
 // consumer's 64x64 C chunks into staging, two at a time, and, by default, meets the other warps of its warpgroup at
 // a named barrier before and after each pair (4 barriers a tile), one thread issuing the pair's stores (a 64-row box
 // a chunk). With warp stores each warp waits for its own earlier stores, writes its 16 rows and its lane 0 stores
-// them (a 16-row box: the host encodes C's tensor map for the mode): no warpgroup barrier in the epilogue at all. Measured (device run 93, interleaved, one chunk at a
-// time): 0.5 % / 0.2 % faster than the default at 4096^3 / 8192^3, and with pairs 0.2 % / 0.4 % slower than pairs
-// with the default's barriers.
+// them (a 16-row box: the host encodes C's tensor map for the mode): no warpgroup barrier in the epilogue at all.
+// Measured (device run 93, interleaved, one chunk at a time): 0.5 % / 0.2 % faster than the default at 4096^3 /
+// 8192^3, and with pairs 0.2 % / 0.4 % slower than pairs with the default's barriers.
 //
 // L2 policies: tilefuse_rung9_set_l2(a, b, c) (not part of the ladder ABI) sets the L2 eviction priority of A's TMA
 // loads, B's (multicast or not) and C's TMA stores: 0 evict-normal (the priority of an access without a hint),
@@ -149,7 +149,7 @@ constexpr int C_CHUNK_BYTES = C_CHUNK_ROWS * C_CHUNK_COLS * 2;  // 8 KB
 // The C tensor map's box: a whole 64x64 chunk (one store a chunk), or with warp stores one warp's 16 rows of it.
 constexpr int C_STORE_ROWS = 16;
 constexpr int C_STORE_BYTES = C_STORE_ROWS * C_CHUNK_COLS * 2;  // 2 KB, two 1 KB swizzle atoms
-constexpr int C_BUFFERS = 2;                              // per consumer: store one chunk while filling the next
+constexpr int C_BUFFERS = 2;                              // per consumer: a pair of chunks (see the epilogue)
 constexpr int SWIZZLE_ATOM_BYTES = 1024;                  // 8 rows x 128 B: the 128B swizzle repeats every 1 KB
 // Ping-pong (tilefuse_rung9_set_pingpong(1), see the header): each consumer warpgroup owns a whole 64x256 tile,
 // so a stage holds 64 rows of A (8 KB) + the 256x64 B tile: 40 KB, 5 of them in the space of the default's 4,
