@@ -953,7 +953,8 @@ def simulate_warp_specialised(*, seed: int, stages: int, k_tiles: int, tiles: in
                     later = [(x, y, tt, b) for (x, y, tt, b) in finished if tt == t and x == w * cluster + rank and y == c]
                     if not later:
                         raise ProtocolError(f"CTA {cta} consumer {c} adds tile {t}'s piece from cluster {w} before "
-                                            "it was computed")            # TMA-store epilogue: c_chunks chunks in groups of c_buffers (pairs in the cooperative kernels, one chunk
+                                            "it was computed")
+            # TMA-store epilogue: c_chunks chunks in groups of c_buffers (pairs in the cooperative kernels, one chunk
             # at a time in ping-pong), a group's chunks in the c_buffers staging buffers, its stores one commit; by
             # warpgroup (one committing thread), or with warp_stores by warp (each warp's lane 0 commits the stores
             # of its own rows).
@@ -1702,7 +1703,7 @@ def _trace_module():
 
 def _trace_words(layout, slots, mhz: float = 0.0):
     """A trace buffer as the kernel writes it: slots -> [(tile, kb, k_tiles, piece, start, main_end, step_end,
-    epi_end)] with times in ns; entry at 1000 ns before a slot's first start; with 8 words an item, %clock64 at the
+    epi_end)] with times in ns; entry at 1000 ns before a slot's first start; with 8 words an item, %clock at the
     mainloop's start and end as an SM clock of `mhz` would count them (the kernel's 32-bit %clock, wrapping)."""
     per_slot, max_items, item_words = layout
     words = [0] * (len(slots) * per_slot)
