@@ -16,7 +16,8 @@ causes apart (benchmarks/notes/ladder.md has the predictions it tests):
   size 1 or 2), the ping-pong consumers (``tilefuse_rung9_set_pingpong``: each consumer warpgroup its own
   64x256 tile, one's epilogue under the other's mainloop; opt-in until measured), the per-warp C stores
   (``tilefuse_rung9_set_stores``: no warpgroup barrier in the epilogue), stream-K (``tilefuse_rung9_set_streamk``,
-  on by default: the ``no-streamk`` setting turns it off), the L2 policies of its TMA loads and stores
+  on by default: the ``no-streamk`` setting turns it off), the balanced last round (``tilefuse_rung9_set_balance``,
+  on by default where stream-K does not split: ``no-balance``), the L2 policies of its TMA loads and stores
   (``tilefuse_rung9_set_l2``: evict-first on C's stores by default; the ``l2-*`` settings), plus the occupancy facts they depend on
   (cudaOccupancyMaxActiveClusters, tiles, rounds).
 * ``--ab SETTING[,SETTING...]``: instead of the sweep, rung 9's default against one or more settings in
@@ -74,7 +75,8 @@ class Setting:
     """One rung-9 configuration: debug flags, tilefuse_rung9_set_schedule(clusters, group_m, order,
     cluster_size) (0 = the default of a field), tilefuse_rung9_set_pingpong(pingpong),
     tilefuse_rung9_set_stores(warp_stores), tilefuse_rung9_set_streamk(streamk) (1, the library's default: the
-    last round's tiles split by k-tiles where that pays) and tilefuse_rung9_set_l2(*l2) (A's, B's and C's L2
+    last round's tiles split by k-tiles where that pays), tilefuse_rung9_set_balance(balance) (1, the default: where
+    stream-K does not split, narrow 240-column tiles even out the last round) and tilefuse_rung9_set_l2(*l2) (A's, B's and C's L2
     policy: 0 evict-normal, 1 evict-first, 2 evict-last; the library's default DEFAULT_L2)."""
     name: str
     debug: int = 0
@@ -85,6 +87,7 @@ class Setting:
     pingpong: int = 0
     warp_stores: int = 0
     streamk: int = 1
+    balance: int = 1
     l2: tuple[int, int, int] = (0, 0, 1)   # DEFAULT_L2 (defined below the class)
     why: str = ""
 
@@ -95,7 +98,7 @@ class Setting:
     @property
     def is_default(self) -> bool:
         return (self.debug == 0 and self.schedule == (0, 0, 0, 0) and self.pingpong == 0 and self.warp_stores == 0
-                and self.streamk == 1 and self.l2 == DEFAULT_L2)
+                and self.streamk == 1 and self.balance == 1 and self.l2 == DEFAULT_L2)
 
 
 # Run 7 (benchmarks/results/run7/ladder_sweep.log) decided, and dropped from here: clusters-60 (66 clusters are
@@ -103,7 +106,9 @@ class Setting:
 # everywhere or within noise of a setting kept). Kept: those that won or tied at one shape at least, as controls.
 SETTINGS = (
     Setting("default", why="66 clusters of 2 (if resident), GROUP_M 8, row groups, multicast, TMA store, stream-K tail"),
-    Setting("no-streamk", streamk=0, why="the last round's tiles whole, as before stream-K (runs 7-40)"),
+    Setting("no-streamk", streamk=0, why="no stream-K split: the last round balanced with narrow tiles instead"),
+    Setting("no-balance", balance=0, why="the last round's tiles whole where stream-K does not split (before run 99)"),
+    Setting("no-streamk-no-balance", streamk=0, balance=0, why="the last round's tiles whole (runs 7-40)"),
     Setting("warp-stores", warp_stores=1, why="each warp stores its own C rows: no warpgroup barrier in the epilogue"),
     Setting("pingpong", pingpong=1, why="each consumer its own 64x256 tile; one's epilogue under the other's MMA"),
     Setting("pingpong-group-16", pingpong=1, group_m=16, why="ping-pong, 16 cluster-rows of 128: default's A span"),
@@ -193,6 +198,10 @@ def rung9_abi(lib):
     lib.tilefuse_rung9_set_streamk.argtypes = [ctypes.c_int]
     lib.tilefuse_rung9_get_streamk.restype = ctypes.c_int
     lib.tilefuse_rung9_get_streamk.argtypes = []
+    lib.tilefuse_rung9_set_balance.restype = ctypes.c_int
+    lib.tilefuse_rung9_set_balance.argtypes = [ctypes.c_int]
+    lib.tilefuse_rung9_get_balance.restype = ctypes.c_int
+    lib.tilefuse_rung9_get_balance.argtypes = []
     lib.tilefuse_rung9_set_l2.restype = ctypes.c_int
     lib.tilefuse_rung9_set_l2.argtypes = [ctypes.c_int] * 3
     lib.tilefuse_rung9_get_l2.restype = ctypes.c_int
@@ -214,15 +223,18 @@ def applied(lib, s: Setting):
     if err == 0:
         err = lib.tilefuse_rung9_set_streamk(s.streamk)
     if err == 0:
+        err = lib.tilefuse_rung9_set_balance(s.balance)
+    if err == 0:
         err = lib.tilefuse_rung9_set_l2(*s.l2)
     if err != 0:
         lib.tilefuse_rung9_set_schedule(0, 0, 0, 0)
         lib.tilefuse_rung9_set_pingpong(0)
         lib.tilefuse_rung9_set_stores(0)
         lib.tilefuse_rung9_set_streamk(1)
+        lib.tilefuse_rung9_set_balance(1)
         lib.tilefuse_rung9_set_l2(*DEFAULT_L2)
         raise ValueError(f"tilefuse_rung9_set_pingpong({s.pingpong}) / set_stores({s.warp_stores}) / "
-                         f"set_streamk({s.streamk}) / set_l2{s.l2} returned {err}")
+                         f"set_streamk({s.streamk}) / set_balance({s.balance}) / set_l2{s.l2} returned {err}")
     old = lib.tilefuse_rung9_set_debug(s.debug)
     try:
         yield
@@ -230,6 +242,7 @@ def applied(lib, s: Setting):
         lib.tilefuse_rung9_set_debug(old)
         lib.tilefuse_rung9_set_l2(*DEFAULT_L2)
         lib.tilefuse_rung9_set_streamk(1)
+        lib.tilefuse_rung9_set_balance(1)
         lib.tilefuse_rung9_set_stores(0)
         lib.tilefuse_rung9_set_pingpong(0)
         lib.tilefuse_rung9_set_schedule(0, 0, 0, 0)
@@ -689,7 +702,8 @@ def main(argv=None) -> int:
     if args.list:
         for s in SETTINGS:
             log(f"{s.name:<26} debug={s.debug} schedule(clusters, group_m, order, cluster_size)={s.schedule} "
-                f"pingpong={s.pingpong} warp_stores={s.warp_stores} streamk={s.streamk} l2={s.l2}  {s.why}")
+                f"pingpong={s.pingpong} warp_stores={s.warp_stores} streamk={s.streamk} balance={s.balance} l2={s.l2}  "
+                f"{s.why}")
         return 0
     dog = Watchdog(args.budget_s)
     t0 = time.monotonic()

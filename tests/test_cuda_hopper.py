@@ -167,7 +167,8 @@ def test_sass_has_hgmma_and_tma(rung):
     assert "UTMALDG" in sass, "no TMA loads (UTMALDG)"
     assert not re.search(r"\b(LDL|STL)\b", sass), "local-memory loads/stores in the SASS"
     hgmma = re.findall(r"HGMMA\.(\d+x\d+x\d+)", sass)
-    assert set(hgmma) == {"64x128x16" if rung == 7 else "64x256x16"}, set(hgmma)
+    # rung 9's balanced schedule adds m64n240k16 for its narrow tiles
+    assert set(hgmma) == {7: {"64x128x16"}, 8: {"64x256x16"}, 9: {"64x256x16", "64x240x16"}}[rung], set(hgmma)
     if rung == 9:
         assert "UTMALDG.2D.MULTICAST" in sass, "rung 9 must multicast B across its cluster"
         assert "UTMASTG" in sass, "rung 9's epilogue must store with TMA"
@@ -216,7 +217,10 @@ def test_rung9_consumer_kloop_has_no_per_iteration_overhead():
     if not sass:
         pytest.skip("cuobjdump (triton wheel) is not installed")
     loops = _hgmma_loops(sass)
-    assert len(loops) == 12, f"expected 2 dtypes x 3 epilogues x (cooperative, ping-pong) k-loops, found {len(loops)}"
+    assert len(loops) == 18, ("expected 2 dtypes x 3 epilogues x (cooperative whole and narrow tiles, ping-pong) "
+                              f"k-loops, found {len(loops)}")
+    widths = sorted(re.search(r"HGMMA\.64x(\d+)x16", next(t for t in body if "HGMMA" in t)).group(1) for body in loops)
+    assert widths == ["240"] * 6 + ["256"] * 12, widths  # the balanced schedule's narrow tiles: m64n240k16
     for body in loops:
         text = "\n".join(body)
         assert sum("HGMMA" in t for t in body) == BK_STEPS_RUNG9, text
@@ -1458,13 +1462,18 @@ def test_rung9_l2_policies(name):
 STREAMK_GPU_SHAPES = [(13468, 504, 4000), (16384, 4096, 4096), (8192, 8192, 8192)]
 
 
-def _rung9_splits(lib, M: int, N: int, K: int) -> bool:
-    """Whether tilefuse_rung9 splits this shape on this GPU (the default schedule: clusters of 2, all resident)."""
+def _resident_clusters(lib, csize: int = 2) -> int:
+    """Clusters of csize CTAs resident at once on this GPU, as tilefuse_rung9 sizes its persistent grid."""
     got = [ctypes.c_int() for _ in range(4)]
     lib.tilefuse_rung9_occupancy.restype = ctypes.c_int
     lib.tilefuse_rung9_occupancy.argtypes = [ctypes.c_int] + [ctypes.POINTER(ctypes.c_int)] * 4
-    assert lib.tilefuse_rung9_occupancy(2, *[ctypes.byref(v) for v in got]) == 0
-    resident = got[0].value or got[1].value // 2
+    assert lib.tilefuse_rung9_occupancy(csize, *[ctypes.byref(v) for v in got]) == 0
+    return got[0].value or got[1].value // csize
+
+
+def _rung9_splits(lib, M: int, N: int, K: int) -> bool:
+    """Whether tilefuse_rung9 splits this shape on this GPU (the default schedule: clusters of 2, all resident)."""
+    resident = _resident_clusters(lib)
     tiles = -(-M // 256) * -(-N // 256)
     return lib.tilefuse_rung9_streamk_plan(tiles, min(resident, tiles), -(-K // 64), 0, None, None, 0) == 1
 
@@ -1524,6 +1533,136 @@ def test_rung9_streamk():
     for c in outs:
         assert_close(c, ref, dtype=torch.bfloat16, what=f"rung 9 stream-K {M}x{N}x{K} on alternating streams")
         assert torch.equal(c, outs[0]), "rung 9 stream-K on alternating streams: not deterministic"
+
+
+def _balance_abi(lib):
+    lib.tilefuse_rung9_set_balance.restype = ctypes.c_int
+    lib.tilefuse_rung9_set_balance.argtypes = [ctypes.c_int]
+    lib.tilefuse_rung9_get_balance.restype = ctypes.c_int
+    lib.tilefuse_rung9_get_balance.argtypes = []
+    lib.tilefuse_rung9_balance_plan.restype = ctypes.c_int
+    lib.tilefuse_rung9_balance_plan.argtypes = [ctypes.c_int] * 4 + [ctypes.POINTER(ctypes.c_int), ctypes.c_int]
+    return lib
+
+
+def _balance_plan(lib, tiles_m: int, tiles_n: int, clusters: int, n: int) -> list[tuple[int, int, int]]:
+    """The walk's tiles as (cluster-row, first column, width), from tilefuse_rung9_balance_plan."""
+    cap = tiles_m * tiles_n + tiles_m
+    spans = (ctypes.c_int * (3 * cap))()
+    count = lib.tilefuse_rung9_balance_plan(tiles_m, tiles_n, clusters, n, spans, cap)
+    assert count >= tiles_m * tiles_n
+    return [tuple(spans[3 * t:3 * t + 3]) for t in range(count)]
+
+
+@needs_nvcc
+def test_rung9_balance_switch():
+    """tilefuse_rung9_set_balance: on by default, 0 or 1 only, a refused value changes nothing; the plan refuses bad
+    arguments."""
+    lib = _balance_abi(_load(9))
+    assert lib.tilefuse_rung9_get_balance() == 1
+    for bad in (-1, 2):
+        assert lib.tilefuse_rung9_set_balance(bad) == CUDA_ERROR_INVALID_VALUE
+        assert lib.tilefuse_rung9_get_balance() == 1
+    try:
+        assert lib.tilefuse_rung9_set_balance(0) == 0 and lib.tilefuse_rung9_get_balance() == 0
+    finally:
+        assert lib.tilefuse_rung9_set_balance(1) == 0
+    for bad in ((0, 16, 66, 4096), (16, 0, 66, 4096), (16, 16, 0, 4096), (16, 16, 66, 0), (16, 16, 66, 4097)):
+        assert lib.tilefuse_rung9_balance_plan(*bad, None, 0) == -1, bad
+    assert lib.tilefuse_rung9_balance_plan(16, 16, 66, 4096, (ctypes.c_int * 3)(), 1) == -1  # cap too small
+
+
+# (tiles_m, tiles_n, clusters, N, narrow rows expected): the bar's 4096^3 and 8192^3 on 66 clusters, a ragged N whose
+# last narrow tile ends past it, one whose last narrow tile would be empty (none), whole rounds, N too small, the
+# 132 clusters of a cluster of one, and a cluster count that does not divide anything
+BALANCE_CASES = [(16, 16, 66, 4096, 4), (32, 32, 66, 8192, 29), (16, 16, 66, 4090, 4), (16, 16, 66, 3856, 0),
+                 (12, 22, 66, 5632, 0), (8, 8, 66, 2048, 0), (32, 16, 132, 4096, 8), (7, 40, 13, 10240, None)]
+
+
+@needs_nvcc
+@pytest.mark.parametrize("tiles_m, tiles_n, clusters, n, rows", BALANCE_CASES)
+def test_rung9_balance_plan(tiles_m, tiles_n, clusters, n, rows):
+    """The balanced walk as the kernel's producer walks it: each cluster-row of C covered exactly once by its tiles,
+    whole (256 columns) or narrow (240), the narrow ones in the last rows and after every whole tile of the walk, and
+    the busiest cluster (tiles round-robin, a narrow tile 15/16 of a whole one) less busy than without them."""
+    lib = _balance_abi(_load(9))
+    y = lib.tilefuse_rung9_balance_plan(tiles_m, tiles_n, clusters, n, None, 0)
+    if rows is not None:
+        assert y == rows
+    plan = _balance_plan(lib, tiles_m, tiles_n, clusters, n)
+    assert len(plan) == tiles_m * tiles_n + y
+    for row in range(tiles_m):
+        spans = sorted((n0, w) for r, n0, w in plan if r == row)
+        assert len(spans) == tiles_n + (row >= tiles_m - y)
+        assert spans[0][0] == 0 and all(a + w == b for (a, w), (b, _) in zip(spans, spans[1:])), (row, spans)
+        assert spans[-1][0] < n <= spans[-1][0] + spans[-1][1], (row, spans[-1], n)
+        assert {w for _, w in spans} <= ({256, 240} if row >= tiles_m - y else {256})
+    widths = [w for _, _, w in plan]
+    assert widths == sorted(widths, reverse=True), "narrow tiles after every whole one"
+    assert widths.count(240) == 16 * y
+    def busiest(ws):
+        return max(sum(16 if w == 256 else 15 for w in ws[c::clusters]) for c in range(clusters))
+    unbalanced = 16 * -(-tiles_m * tiles_n // clusters)
+    assert busiest(widths) < unbalanced if y else busiest(widths) == unbalanced
+    if y == 0:  # the plain walk: the grouped order of tile_at
+        assert plan == _balance_plan(lib, tiles_m, tiles_n, 10 ** 6, n)
+
+
+# (M, N, K, ldc): the bar's 4096^3, and ragged M, N (not a multiple of 8: C is a view of a wider buffer, and the last
+# narrow tile's direct copy ends inside a 16-byte unit) and K
+BALANCE_GPU_SHAPES = [(4096, 4096, 4096, 4096), (4000, 4090, 1000, 4096)]
+BALANCE_VARIANTS = {"default": (0, (0, 0, 0, 0), 0), "warp-stores": (0, (0, 0, 0, 0), 1),
+                    "direct-store": (4, (0, 0, 0, 0), 0), "cluster-1": (0, (0, 0, 0, 1), 0)}
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", sorted(BALANCE_VARIANTS))
+def test_rung9_balanced(name):
+    """The balanced last round (on by default where stream-K does not split) at shapes where the plan makes narrow
+    rows on this GPU: the float32 reference's result for all three epilogues, bf16 and fp16, C poisoned and nothing
+    written outside it, the same bits on a second call, and close to the kernel with balance off."""
+    _in_child(9)
+    torch = _torch()
+    lib = _balance_abi(_switches_abi(_schedule_abi(_load(9))))
+    lib.tilefuse_rung9_set_debug.restype = ctypes.c_int
+    lib.tilefuse_rung9_set_debug.argtypes = [ctypes.c_int]
+    debug, schedule, warp_stores = BALANCE_VARIANTS[name]
+    csize = schedule[3] or 2
+    resident = _resident_clusters(lib, csize)
+    assert lib.tilefuse_rung9_get_balance() == 1
+    assert lib.tilefuse_rung9_set_schedule(*schedule) == 0 and lib.tilefuse_rung9_set_stores(warp_stores) == 0
+    old = lib.tilefuse_rung9_set_debug(debug)
+    try:
+        for M, N, K, ldc in BALANCE_GPU_SHAPES:
+            tiles_m, tiles_n = -(-M // (128 * csize)), -(-N // 256)
+            y = lib.tilefuse_rung9_balance_plan(tiles_m, tiles_n, min(resident, tiles_m * tiles_n), N, None, 0)
+            assert y > 0, f"{M}x{N} on {resident} clusters of {csize}: no narrow rows, the test would not exercise them"
+            for dt, epilogue in ((torch.bfloat16, 0), (torch.float16, 1), (torch.bfloat16, 2)):
+                a = torch.randn(M, K, device="cuda", dtype=dt)
+                b_nk = torch.randn(N, K, device="cuda", dtype=dt) / K ** 0.5
+                bias = torch.randn(N, device="cuda", dtype=dt)
+                ref = _reference(a, b_nk, bias, epilogue)
+                what = f"rung 9 balanced {name} {M}x{N}x{K} epilogue {epilogue}"
+                outs = []
+                for _ in range(2):
+                    buf = poison(torch.empty(M + 8, ldc + 8, device="cuda", dtype=dt))
+                    c = buf[:M, :N]
+                    _run(9, a, b_nk, c, bias if epilogue else None, epilogue)
+                    assert_close(c, ref, dtype=dt, what=what)
+                    assert torch.isnan(buf[:M, N:]).all() and torch.isnan(buf[M:, :]).all(), f"{what}: wrote outside C"
+                    outs.append(c.clone())
+                assert torch.equal(outs[0], outs[1]), f"{what}: not deterministic"
+                assert lib.tilefuse_rung9_set_balance(0) == 0
+                try:
+                    whole = poisoned_empty(M, N, dtype=dt, device="cuda")
+                    _run(9, a, b_nk, whole, bias if epilogue else None, epilogue)
+                finally:
+                    assert lib.tilefuse_rung9_set_balance(1) == 0
+                assert_close(outs[0], whole.float(), dtype=dt, what=f"{what} against balance off")
+    finally:
+        lib.tilefuse_rung9_set_debug(old)
+        lib.tilefuse_rung9_set_stores(0)
+        lib.tilefuse_rung9_set_schedule(0, 0, 0, 0)
 
 
 @pytest.mark.gpu

@@ -89,6 +89,18 @@
 // device's workspace. Measured (device run 42, interleaved with the unsplit kernel and cuBLAS): 8192^3 2.3 %
 // faster (1.039x cublas_nt, 1.018x unsplit), 16384x4096x4096 2.3 % (1.029x), 4096^3 2.2 % slower (not split).
 //
+// Balanced rounds: tilefuse_rung9_set_balance(0 or 1; 1, the default; not part of the ladder ABI). Where stream-K
+// does not split, a last round with idle clusters is evened out with narrow tiles instead: 16 tiles of 240 columns
+// (m64n240k16, 15/16 of a whole tile's tensor-core time) span the columns of 15 whole ones, so a cluster-row made
+// "narrow" (its whole tiles first, then 16 narrow ones) has one tile more. The last y cluster-rows are narrow, walked
+// after the others, column-major, so every whole tile of the walk comes before every narrow one; the host picks the y
+// that leaves the busiest cluster the least work (balance_rows). At 4096^3 on 66 clusters: 4 narrow rows, 260 tiles,
+// the busiest cluster three whole tiles and a narrow one (63/64 of four whole ones). The producer loads the whole
+// 256-row B tile as always (wgmma reads 240 of its rows) and records the width in the work item; the consumers run an
+// m64n240k16 copy of the k-loop for it, and the epilogue stores a narrow tile's last 48-column chunk from staging with
+// plain 16-byte stores (a 64-column TMA box would write 16 columns of the next tile). Never in ping-pong, with stream-K,
+// in the transposed order or without a persistent grid.
+//
 // Stores: tilefuse_rung9_set_stores(1) (not part of the ladder ABI; default 0). The TMA-store epilogue writes a
 // consumer's 64x64 C chunks into staging, two at a time, and, by default, meets the other warps of its warpgroup at
 // a named barrier before and after each pair (4 barriers a tile), one thread issuing the pair's stores (a 64-row box
@@ -133,7 +145,7 @@ constexpr int CLUSTER = 2;         // CTAs a cluster (the default; 1 at run time
 constexpr int CONSUMERS = 2;
 constexpr int THREADS = 128 * (1 + CONSUMERS);
 constexpr int CONSUMER_WARPS = CONSUMERS * 4;
-constexpr int PRODUCER_REGS = 40;  // the producer loop needs ~30; 40 leaves room and 232 for the consumers
+constexpr int PRODUCER_REGS = 48;  // the producer loop with balanced tiles (tile_span) spilled at 40; 232 for the consumers
 constexpr int CONSUMER_REGS = 232;
 static_assert(128 * PRODUCER_REGS + 128 * CONSUMERS * CONSUMER_REGS <= 65536, "register file of an SM");
 constexpr int GROUP_M = 8;         // cluster-rows of tiles walked together (L2 reuse; see the header)
@@ -246,6 +258,40 @@ static_assert(tile_at(1, 16, 16, 8, ORDER_COLUMN_GROUPS).col == 1 && tile_at(1, 
                   tile_at(3, 16, 16, 1, ORDER_COLUMN_GROUPS).row == 3,
               "transposed tile order");
 
+// Balanced rounds (see the header): a "narrow" cluster-row has NARROW_TILES tiles of NARROW_BN columns, as wide
+// together as NARROW_TILES - 1 whole ones, so it has one tile more than a whole row; its whole tiles come first.
+constexpr int NARROW_BN = 240;   // m64n240k16: 15/16 of a tile's tensor-core time
+constexpr int NARROW_TILES = 16;
+static_assert(NARROW_TILES * NARROW_BN == (NARROW_TILES - 1) * BN, "a narrow row spans the columns of a whole one");
+constexpr int NARROW_CHUNK_COLS = NARROW_BN - 3 * 64;  // a narrow tile's last C chunk: 48 columns, stored directly
+// Tile t of the walk: its cluster-row, first column and width. With narrow_rows = y > 0 (the default order only)
+// the first tiles_m - y cluster-rows are walked as tile_at walks them, then the last y rows, column-major as one
+// group: first their whole tiles (columns 0 .. tiles_n - NARROW_TILES), then their narrow ones.
+struct TileSpan {
+    int row, n0;
+    bool narrow;
+};
+__host__ __device__ constexpr TileSpan tile_span(int t, int tiles_m, int tiles_n, int group_m, int order,
+                                                 int narrow_rows) {
+    const int whole_tiles = (tiles_m - narrow_rows) * tiles_n;
+    if (narrow_rows == 0 || t < whole_tiles) {
+        const TileRC rc = tile_at(t, tiles_m - narrow_rows, tiles_n, group_m, order);
+        return TileSpan{rc.row, rc.col * BN, false};
+    }
+    const int r = t - whole_tiles, col = r / narrow_rows;
+    const int whole_cols = tiles_n - (NARROW_TILES - 1);  // whole tiles a narrow row keeps
+    const bool narrow = col >= whole_cols;
+    return TileSpan{tiles_m - narrow_rows + r % narrow_rows,
+                    narrow ? whole_cols * BN + (col - whole_cols) * NARROW_BN : col * BN, narrow};
+}
+static_assert(tile_span(5, 16, 16, 8, 0, 0).n0 == tile_at(5, 16, 16, 8, 0).col * BN &&
+                  tile_span(12 * 16, 16, 16, 8, 0, 4).row == 12 && tile_span(12 * 16 + 3, 16, 16, 8, 0, 4).row == 15 &&
+                  tile_span(12 * 16 + 1, 16, 16, 8, 0, 4).n0 == 0 && !tile_span(12 * 16 + 1, 16, 16, 8, 0, 4).narrow &&
+                  tile_span(12 * 16 + 4, 16, 16, 8, 0, 4).narrow && tile_span(12 * 16 + 4, 16, 16, 8, 0, 4).n0 == BN &&
+                  tile_span(12 * 16 + 8, 16, 16, 8, 0, 4).n0 == BN + NARROW_BN &&
+                  tile_span(12 * 16 + 4 * 17 - 1, 16, 16, 8, 0, 4).n0 == 4096 - NARROW_BN,
+              "balanced tile spans: 4096^3 with 4 narrow rows");
+
 // What the host picks at run time (tilefuse_rung9_set_schedule), passed to the kernel by value.
 struct Schedule {
     int cluster;  // CTAs a cluster: 2 (B multicast) or 1
@@ -255,6 +301,7 @@ struct Schedule {
     int warp_stores;  // 1: each warp stores its own rows of a C chunk (no warpgroup barrier; see the header)
     int streamk;      // 1: the last, partial round's tiles are split by k-tiles over the clusters (see the header)
     int l2;           // L2 policies (see the header, "L2 policies"): A's loads, B's loads, C's stores, 2 bits each
+    int narrow_rows;  // balanced rounds (see the header): the last cluster-rows that have NARROW_TILES narrow tiles
 };
 // tilefuse_rung9_set_l2's policies, 2 bits a stream of Schedule::l2 (A at bit 0, B at bit 2, C at bit 4).
 constexpr int L2_EVICT_NORMAL = 0, L2_EVICT_FIRST = 1, L2_EVICT_LAST = 2;
@@ -271,6 +318,7 @@ struct StreamK {
 constexpr int SK_SLOT_FLOATS = 128 * 128;  // one consumer warpgroup's accumulators
 constexpr int PIECE_LATER = 1;       // a work item without its tile's first k-tile: it leaves a partial sum
 constexpr int PIECE_UNFINISHED = 2;  // a work item without its tile's last k-tile: it adds the later ones' sums
+constexpr int PIECE_NARROW = 4;      // a narrow tile of a balanced schedule (NARROW_BN columns; never split)
 // Stream-K pays off when the last round gets shorter by more than what the split costs: measured (device run 42,
 // interleaved against the unsplit kernel) ~10 us, 13-14 k-tiles of a 128x256 tile at 4096^3 and 8192^3, where the
 // partial sums' writes and reads alone were estimated at 2-3 us. See streamk_split.
@@ -511,6 +559,13 @@ __device__ __forceinline__ void put_item(uint32_t addr, int m0, int n0, int t, i
     asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};\nst.shared.b32 [%0+16], %5;"
                  ::"r"(addr), "r"(m0), "r"(n0), "r"(t), "r"(left_piece), "r"(kb) : "memory");
 }
+// Whether the record's item is a narrow tile (PIECE_NARROW), read where the epilogue needs it: a flag held across
+// the epilogue made the stream-K kernels spill.
+__device__ __forceinline__ bool item_narrow(uint32_t addr) {
+    uint32_t left_piece;
+    asm volatile("ld.shared.b32 %0, [%1+12];" : "=r"(left_piece) : "r"(addr) : "memory");
+    return ((left_piece >> ITEM_PIECE_SHIFT) & PIECE_NARROW) != 0;
+}
 __device__ __forceinline__ Item get_item(uint32_t addr) {
     Item it;
     asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];"
@@ -562,12 +617,44 @@ __device__ __forceinline__ void regs_claim() { asm volatile("setmaxnreg.inc.sync
         : "memory")
 
 
+// D(64x240, fp32) (+)= A(64x16) * B(16x240 given as 240x16): the narrow tiles of a balanced last round (see the
+// header, "Balanced rounds"). D is d[0..119], the first 120 accumulators of the m64n256k16 layout (30 n8 blocks).
+#define TF_ACC_120(d) TF_ACC_64(d, 0), TF_ACC_8(d, 64), TF_ACC_8(d, 72), TF_ACC_8(d, 80), TF_ACC_8(d, 88), \
+                      TF_ACC_8(d, 96), TF_ACC_8(d, 104), TF_ACC_8(d, 112)
+#define TF_WGMMA_M64N240K16(DTS, d, desc_a, desc_b, scale_d) \
+    asm volatile( \
+        "{\n.reg .pred p;\n" \
+        "setp.ne.b32 p, %122, 0;\n" \
+        "wgmma.mma_async.sync.aligned.m64n240k16.f32." DTS "." DTS " {" \
+        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, " \
+        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, " \
+        "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, " \
+        "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, " \
+        "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, " \
+        "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, " \
+        "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, " \
+        "%112, %113, %114, %115, %116, %117, %118, %119" \
+        "}, %120, %121, p, 1, 1, 0, 0;\n}\n" \
+        : TF_ACC_120(d) \
+        : "l"(desc_a), "l"(desc_b), "r"(scale_d) \
+        : "memory")
+
+
 template <int DT>
 __device__ __forceinline__ void wgmma_m64n256k16(float (&d)[128], uint64_t desc_a, uint64_t desc_b, uint32_t scale_d) {
     if constexpr (DT == 0) {
         TF_WGMMA_M64N256K16("bf16", d, desc_a, desc_b, scale_d);
     } else {
         TF_WGMMA_M64N256K16("f16", d, desc_a, desc_b, scale_d);
+    }
+}
+
+template <int DT>
+__device__ __forceinline__ void wgmma_m64n240k16(float (&d)[120], uint64_t desc_a, uint64_t desc_b, uint32_t scale_d) {
+    if constexpr (DT == 0) {
+        TF_WGMMA_M64N240K16("bf16", d, desc_a, desc_b, scale_d);
+    } else {
+        TF_WGMMA_M64N240K16("f16", d, desc_a, desc_b, scale_d);
     }
 }
 
@@ -633,6 +720,34 @@ __device__ __forceinline__ void store_fragment(const float (&d)[NREG], void* C, 
     }
 }
 
+// A narrow tile's last C chunk (columns 0..47 of a staging chunk, see tile_span), rows 16 warp .. 16 warp + 15, from
+// staging to C (row0, col0) with 16-byte stores (3 a lane), element by element where N ends inside one.
+__device__ __forceinline__ void store_narrow_rows(uint32_t buf, void* C, int M, int N, long long ldc, int row0, int col0) {
+    constexpr int units = NARROW_CHUNK_COLS / 8;  // 16-byte units a row
+    // The thread index read here (volatile): from threadIdx, ptxas computed this copy's addresses at the kernel's
+    // start and spilled them across everything.
+    uint32_t tid;
+    asm volatile("mov.u32 %0, %%tid.x;" : "=r"(tid));
+    const int lane = (int)(tid % 32), warp = (int)(tid / 32) % 4;
+#pragma unroll
+    for (int i = 0; i < 16 * units / 32; ++i) {
+        const int id = lane + 32 * i, r = 16 * warp + id / units, col = col0 + 8 * (id % units);
+        if (row0 + r >= M || col >= N) continue;
+        uint32_t v[4];
+        asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];"
+                     : "=r"(v[0]), "=r"(v[1]), "=r"(v[2]), "=r"(v[3]) : "r"(buf + swizzle128_offset(r, col - col0)) : "memory");
+        uint16_t* dst = reinterpret_cast<uint16_t*>(C) + (long long)(row0 + r) * ldc + col;
+        if (col + 8 <= N) {
+            *reinterpret_cast<uint4*>(dst) = make_uint4(v[0], v[1], v[2], v[3]);  // C and ldc keep 16-byte alignment
+        } else {
+#pragma unroll
+            for (int e = 0; e < 8; ++e)
+                if (col + e < N) dst[e] = (uint16_t)(v[e / 2] >> (16 * (e % 2)));
+        }
+    }
+}
+static_assert(NARROW_CHUNK_COLS % 8 == 0 && 16 * (NARROW_CHUNK_COLS / 8) % 32 == 0, "whole 16-byte units, 3 a lane");
+
 // ---------------------------------------------------------------------------------------------------------
 // Shared memory: stages x [rows][128 B] of A, stages x [256 rows][128 B] of B (part 0, part 1), CONSUMERS x
 // C buffers x [64 rows][128 B] of C staging, all 128B-swizzled; then the barriers at a fixed offset:
@@ -658,13 +773,14 @@ struct Walk {
     int dp_end;    // tiles before it run whole (all of them without stream-K)
     int dp_count;  // whole tiles this cluster runs
     int sk_units, sk_lo, sk_hi;  // k-tiles of the split tiles, this cluster's range of them
+    int narrow_rows;             // balanced rounds: see tile_span (0 with stream-K and in ping-pong)
 };
 // First unit of cluster c's stream-K range: C equal ranges, the first ones a unit shorter where units % C != 0.
 // 32-bit: the host splits only where units * clusters < 2^31 (a 64-bit division here spilled).
 __host__ __device__ __forceinline__ int sk_range_start(int units, int c, int clusters) { return units * c / clusters; }
 // split: the host's plan (dp_end and units of StreamK) applies; otherwise every tile runs whole.
 __host__ __device__ __forceinline__ Walk walk_for(int cluster, int clusters, uint32_t rank, int M, int N, int K, int rows,
-                                                  int csize, bool split, int dp_end, int units) {
+                                                  int csize, bool split, int dp_end, int units, int narrow_rows) {
     Walk w;
     w.rank = rank;
     w.first_tile = cluster;
@@ -673,7 +789,8 @@ __host__ __device__ __forceinline__ Walk walk_for(int cluster, int clusters, uin
     w.csize = csize;                                      // 2, or 1 without a cluster
     w.tiles_m = (M + rows * csize - 1) / (rows * csize);  // cluster-rows of 256 (128 / 64 otherwise)
     w.tiles_n = (N + BN - 1) / BN;
-    w.tiles = w.tiles_m * w.tiles_n;
+    w.narrow_rows = split ? 0 : narrow_rows;
+    w.tiles = w.tiles_m * w.tiles_n + w.narrow_rows;  // a narrow row has one tile more than a whole one
     w.dp_end = split ? dp_end : w.tiles;
     w.sk_units = split ? units : 0;
     w.sk_lo = sk_range_start(w.sk_units, cluster, clusters);
@@ -681,9 +798,10 @@ __host__ __device__ __forceinline__ Walk walk_for(int cluster, int clusters, uin
     w.dp_count = cluster < w.dp_end ? (w.dp_end - cluster + clusters - 1) / clusters : 0;
     return w;
 }
-__device__ __forceinline__ Walk make_walk(int M, int N, int K, int rows, int csize, bool split, int dp_end, int units) {
+__device__ __forceinline__ Walk make_walk(int M, int N, int K, int rows, int csize, bool split, int dp_end, int units,
+                                          int narrow_rows) {
     return walk_for((int)cluster_index(), (int)cluster_count(), cluster_ctarank(), M, N, K, rows, csize, split, dp_end,
-                    units);
+                    units, narrow_rows);
 }
 // The cluster's j-th work item: tile t, k-tiles [kb, ke). false past the last one.
 __host__ __device__ __forceinline__ bool work_item(const Walk& w, int j, int& t, int& kb, int& ke) {
@@ -732,6 +850,37 @@ static_assert(streamk_split(1024, 66, 128) && streamk_split(1024, 66, 64) && !st
               "stream-K policy");
 #endif
 
+// Balanced rounds (see the header): how many cluster-rows to make narrow (tile_span), 0 for none. Tiles go to the
+// clusters round-robin in walk order, whole ones first, so the busiest cluster is cluster 0: with T tiles of which
+// W whole, its work is 15 ceil(T / C) + ceil(W / C) sixteenths of a whole tile. The y with the least, if it is less
+// than without narrow rows. A narrow row needs NARROW_TILES - 1 whole tiles' columns, and its last narrow tile has
+// to start inside C.
+__host__ __device__ constexpr long long ceil_div(long long a, long long b) { return (a + b - 1) / b; }
+__host__ __device__ constexpr int balance_rows(long long tiles_m, long long tiles_n, long long clusters, long long N) {
+    if (clusters < 1 || tiles_m < 1 || tiles_n < NARROW_TILES - 1 ||
+        (tiles_n - (NARROW_TILES - 1)) * BN + (NARROW_TILES - 1) * NARROW_BN >= N)
+        return 0;
+    long long best = 16 * ceil_div(tiles_m * tiles_n, clusters);
+    int best_y = 0;
+    for (long long y = 1; y <= tiles_m; ++y) {
+        const long long tiles = tiles_m * tiles_n + y, whole = tiles - NARROW_TILES * y;
+        const long long busiest = 15 * ceil_div(tiles, clusters) + ceil_div(whole, clusters);
+        if (busiest < best) {
+            best = busiest;
+            best_y = (int)y;
+        }
+    }
+    return best_y;
+}
+// 4096^3: 16 x 16 cluster-tiles on 66 clusters, 4 rounds with the 4th 58/66 busy (64 sixteenths for cluster 0);
+// 4 narrow rows: 260 tiles, cluster 0 three whole and a narrow one (63). 8192^3 (32 x 32 on 66, 16 rounds, the 16th
+// 34/66 busy): 29 narrow rows, 249 sixteenths against 256 (where stream-K splits, it runs instead). Whole rounds,
+// N below 15 tiles (2048^3) and an N whose last narrow tile would be empty get none.
+static_assert(balance_rows(16, 16, 66, 4096) == 4 && balance_rows(32, 32, 66, 8192) == 29 &&
+                  balance_rows(12, 22, 66, 5632) == 0 && balance_rows(8, 8, 66, 2048) == 0 &&
+                  balance_rows(16, 16, 66, 4096 - 256 + 16) == 0 && balance_rows(16, 16, 66, 4096 - 256 + 24) == 4,
+              "balanced-rounds policy");
+
 // Stream-K: wait for slot's flag to hold this launch's epoch (thread 0 of the consumer warpgroup, acquire), then
 // add the slot's partial sums to the accumulators (every thread its own 128, in the layout the writer stored).
 __device__ __forceinline__ void add_partial(float (&acc)[128], const StreamK& sk, int slot, int tid, int consumer) {
@@ -758,6 +907,54 @@ __device__ __forceinline__ void add_partial(float (&acc)[128], const StreamK& sk
     }
     // (and none of the epilogue's bias loads above this point: hoisted into the adds, they spilled too)
     named_barrier_sync(1 + consumer, 128);
+}
+
+// One work item's k-loop (see consume): `left` k-tiles from the ring position (s, phase), each 4 wgmmas of
+// m64nNWk16 (NW = BN, or NARROW_BN for a balanced schedule's narrow tiles: accumulators 0..119 only). Returns with
+// every wgmma done and every stage of the item released; (s, phase) then point past its last k-tile.
+template <int DT, int NW, bool PP>
+__device__ __forceinline__ void mainloop(float (&acc)[128], int left, int& s, uint32_t& phase, uint32_t full,
+                                         uint64_t desc_a0, uint64_t desc_b0, uint32_t release_target, uint32_t turn,
+                                         int consumer, int lane) {
+    static_assert(NW == BN || (NW == NARROW_BN && !PP), "ping-pong tiles are whole");
+    constexpr int stages = PP ? PP_STAGES : STAGES;
+    constexpr uint64_t DESC_A_STAGE = desc_field(PP ? PP_A_TILE_BYTES : A_TILE_BYTES), DESC_B_STAGE = desc_field(B_TILE_BYTES);
+    // The accumulators this width's wgmmas define (no other instruction may touch one of them between its wgmmas:
+    // ptxas serialises the wgmmas if one does, C7515).
+    float(&d)[NW / 2] = reinterpret_cast<float(&)[NW / 2]>(acc);
+    // The previous k-tile's stage (-1 before the first).
+    int prev = -1;
+    for (; left > 0; --left) {
+        mbar_wait(full + 8 * s, phase);
+        const uint64_t da = desc_a0 + (uint64_t)s * DESC_A_STAGE;
+        const uint64_t db = desc_b0 + (uint64_t)s * DESC_B_STAGE;
+        fence_accumulators(d);
+        wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < BK / WGMMA_K; ++kk) {
+            const uint32_t scale_d = (prev >= 0 || kk > 0) ? 1u : 0u;
+            if constexpr (NW == BN) wgmma_m64n256k16<DT>(d, da + kk * DESC_K_STEP, db + kk * DESC_K_STEP, scale_d);
+            else wgmma_m64n240k16<DT>(d, da + kk * DESC_K_STEP, db + kk * DESC_K_STEP, scale_d);
+        }
+        wgmma_commit();
+        if (PP && left == 1) {  // my last stage has landed: the other consumer's turn
+            if (lane == 0) mbar_arrive(turn + 8 * (1 - consumer));
+            __syncwarp();
+        }
+        // Keep this k-tile's wgmma in flight; the previous one has finished, so release its stage
+        // to the producers of both CTAs (each of them writes into this CTA's copy of it). (Releasing each
+        // stage at once after a wait_group 0, a stage more of lead, measured within noise in runs 30-31.)
+        wgmma_wait<1>();
+        fence_accumulators(d);
+        if (prev >= 0) release_stage(release_target, (uint32_t)prev);
+        __syncwarp();  // the warp whole again before the next .sync.aligned wgmma instructions
+        prev = s;
+        if (++s == stages) { s = 0; phase ^= 1u; }
+    }
+    wgmma_wait<0>();
+    fence_accumulators(d);
+    release_stage(release_target, (uint32_t)prev);  // the producer goes on into the next tile
+    __syncwarp();
 }
 
 // Consumers. Cooperative (PP = false): every tile of the CTA, warpgroup 1 its rows 0..63, warpgroup 2 rows
@@ -813,7 +1010,6 @@ __device__ __forceinline__ void consume(const void* smem_raw, const CUtensorMap*
     // Stage 0's descriptors; stage s adds s tiles (the 14-bit address field cannot carry: the ring ends below
     // 256 KB). Lane r < csize releases a stage to CTA r (see release_stage).
     const uint64_t desc_a0 = make_desc_sw128(s_a + a_off), desc_b0 = make_desc_sw128(s_b);
-    constexpr uint64_t DESC_A_STAGE = desc_field(a_bytes), DESC_B_STAGE = desc_field(B_TILE_BYTES);
     const uint32_t release_target = lane < csize ? map_to_rank(empty, (uint32_t)lane) : 0u;
     float acc[128];
 #pragma unroll
@@ -831,9 +1027,10 @@ __device__ __forceinline__ void consume(const void* smem_raw, const CUtensorMap*
         // needs of kb and ke is two bits of `piece` (registers: with stream-K's values the consumers came close to
         // running out of them, and ptxas spilled in some variants of this code).
         int t, m0, n0, left, piece;
+        bool narrow = false;  // cooperative only (see tile_span)
         if constexpr (PP) {
             int kb, ke;
-            const Walk w = make_walk(M, N, K, rows, csize, false, 0, 0);
+            const Walk w = make_walk(M, N, K, rows, csize, false, 0, 0, 0);
             if (!work_item(w, j, t, kb, ke)) break;
             const TileRC tile = tile_at(t, w.tiles_m, w.tiles_n, sched.group_m, sched.order);
             m0 = tile.row * (rows * csize) + (int)w.rank * rows;
@@ -846,6 +1043,7 @@ __device__ __forceinline__ void consume(const void* smem_raw, const CUtensorMap*
             const Item item = get_item(items + ITEM_BYTES * (j % ITEM_SLOTS));
             if (item.left_piece == 0) break;  // the producer's end record
             left = item.left_piece & ((1 << ITEM_PIECE_SHIFT) - 1);
+            narrow = (((uint32_t)item.left_piece >> ITEM_PIECE_SHIFT) & PIECE_NARROW) != 0;
             take_item(item, t, m0, n0, piece);  // (used here by the trace builds only: read again after the mainloop)
         }
         {
@@ -869,43 +1067,23 @@ __device__ __forceinline__ void consume(const void* smem_raw, const CUtensorMap*
             if (j > 0) mbar_wait(turn + 8 * consumer, (uint32_t)((j - 1) >> 1) & 1u);
         }
 
-        // A count of the item's k-tiles left, and the previous k-tile's stage (-1 before the first).
-        int prev = -1;
-        for (; left > 0; --left) {
-            mbar_wait(full + 8 * s, phase);
-            const uint64_t da = desc_a0 + (uint64_t)s * DESC_A_STAGE;
-            const uint64_t db = desc_b0 + (uint64_t)s * DESC_B_STAGE;
-            fence_accumulators(acc);
-            wgmma_fence();
-#pragma unroll
-            for (int kk = 0; kk < BK / WGMMA_K; ++kk) {
-                wgmma_m64n256k16<DT>(acc, da + kk * DESC_K_STEP, db + kk * DESC_K_STEP, (prev >= 0 || kk > 0) ? 1u : 0u);
-            }
-            wgmma_commit();
-            if (PP && left == 1) {  // my last stage has landed: the other consumer's turn
-                if (lane == 0) mbar_arrive(turn + 8 * (1 - consumer));
-                __syncwarp();
-            }
-            // Keep this k-tile's wgmma in flight; the previous one has finished, so release its stage
-            // to the producers of both CTAs (each of them writes into this CTA's copy of it). (Releasing each
-            // stage at once after a wait_group 0, a stage more of lead, measured within noise in runs 30-31.)
-            wgmma_wait<1>();
-            fence_accumulators(acc);
-            if (prev >= 0) release_stage(release_target, (uint32_t)prev);
-            __syncwarp();  // the warp whole again before the next .sync.aligned wgmma instructions
-            prev = s;
-            if (++s == stages) { s = 0; phase ^= 1u; }
+        if constexpr (PP) {
+            mainloop<DT, BN, PP>(acc, left, s, phase, full, desc_a0, desc_b0, release_target, turn, consumer, lane);
+        } else if (narrow) {  // a balanced schedule's narrow tile: m64n240k16, its first 120 accumulators
+            mainloop<DT, NARROW_BN, PP>(acc, left, s, phase, full, desc_a0, desc_b0, release_target, turn, consumer, lane);
+        } else {
+            mainloop<DT, BN, PP>(acc, left, s, phase, full, desc_a0, desc_b0, release_target, turn, consumer, lane);
         }
-        wgmma_wait<0>();
-        fence_accumulators(acc);
-        release_stage(release_target, (uint32_t)prev);  // the producer goes on into the next tile
-        __syncwarp();
         RUNG9_TRACE(trace_slot, j, 1, global_timer_ns());
         RUNG9_TRACE(trace_slot, j, 7, sm_clock());
         if constexpr (!PP) take_item(get_item(items + ITEM_BYTES * (j % ITEM_SLOTS)), t, m0, n0, piece);
 
 
         if constexpr (SPLITS) {
+            // (Nothing is in flight: this wait tells ptxas so. With two k-loops in the kernel it could not see it, took
+            // the fix-up's adds for writes under running wgmmas and serialised them, C7515.)
+            wgmma_wait<0>();
+            fence_accumulators(acc);
             // Stream-K (see the header): a piece without the tile's first k-tile leaves its sums in its slot; the
             // piece with it adds the tile's other pieces' sums before the epilogue. Whole tiles do neither.
             const int cl = (int)cluster_index(), clusters = (int)cluster_count(), rank = (int)cluster_ctarank();
@@ -934,8 +1112,12 @@ __device__ __forceinline__ void consume(const void* smem_raw, const CUtensorMap*
         }
 
         RUNG9_TRACE(trace_slot, j, 2, global_timer_ns());
+        // A narrow tile's columns end at n0 + NARROW_BN: its accumulators 120..127 hold nothing of it, and the columns
+        // after it are the next tile's.
+        auto narrow_tile = [&]() { return !PP && item_narrow(items + ITEM_BYTES * (j % ITEM_SLOTS)); };
         if (!tma_store) {
-            store_fragment<DT, EPI>(acc, C, bias, M, N, ldc, m0, n0, true);
+            store_fragment<DT, EPI>(acc, C, bias, M, narrow_tile() && n0 + NARROW_BN < N ? n0 + NARROW_BN : N, ldc, m0, n0,
+                                    true);
             RUNG9_TRACE(trace_slot, j, 3, global_timer_ns());
             continue;
         }
@@ -985,6 +1167,12 @@ __device__ __forceinline__ void consume(const void* smem_raw, const CUtensorMap*
                     st_shared_u32(buf + swizzle128_offset(row, col), pack2<DT>(v0, v1));
                 }
             }
+            if (jc == BN / C_CHUNK_COLS - 1 && narrow_tile()) {
+                // A narrow tile's last chunk has 48 columns of it: a 64-column box would write 16 of the next tile's.
+                // Each warp copies its own 16 rows (it wrote them) to C itself, and the chunk gets no TMA store.
+                __syncwarp();
+                store_narrow_rows(buf, C, M, N, ldc, m0, n0 + 3 * C_CHUNK_COLS);
+            }
             RUNG9_EPI_STAMP(jc, 2);
             if (jc % GROUP != GROUP - 1) continue;  // the group's last chunk fences and stores them all
             fence_proxy_async_smem();
@@ -998,8 +1186,9 @@ __device__ __forceinline__ void consume(const void* smem_raw, const CUtensorMap*
                 if (lane == 0) {
 #pragma unroll
                     for (int c = jc + 1 - GROUP; c <= jc; ++c)
-                        tma_store_2d(tm_c, staging(c) + warp * C_STORE_BYTES, n0 + c * C_CHUNK_COLS,
-                                     m0 + warp * C_STORE_ROWS, c_policy);
+                        if (c != BN / C_CHUNK_COLS - 1 || !narrow_tile())
+                            tma_store_2d(tm_c, staging(c) + warp * C_STORE_BYTES, n0 + c * C_CHUNK_COLS,
+                                         m0 + warp * C_STORE_ROWS, c_policy);
                     bulk_commit();
                 }
             } else {
@@ -1008,7 +1197,8 @@ __device__ __forceinline__ void consume(const void* smem_raw, const CUtensorMap*
                 if (tid == 0) {
 #pragma unroll
                     for (int c = jc + 1 - GROUP; c <= jc; ++c)
-                        tma_store_2d(tm_c, staging(c), n0 + c * C_CHUNK_COLS, m0, c_policy);
+                        if (c != BN / C_CHUNK_COLS - 1 || !narrow_tile())
+                            tma_store_2d(tm_c, staging(c), n0 + c * C_CHUNK_COLS, m0, c_policy);
                     bulk_commit();
                 }
             }
@@ -1061,7 +1251,7 @@ rung9_kernel(const __grid_constant__ CUtensorMap tm_a, const __grid_constant__ C
             const int rows = pp ? PP_BM : BM;  // rows of C a CTA's tile has
             const uint32_t a_bytes = pp ? PP_A_TILE_BYTES : A_TILE_BYTES;
             const bool split = (pp ? consumer_splits<EPI, true>() : consumer_splits<EPI, false>()) && sched.streamk != 0;
-            const Walk w = make_walk(M, N, K, rows, sched.cluster, split, sk.dp_end, sk.units);
+            const Walk w = make_walk(M, N, K, rows, sched.cluster, split, sk.dp_end, sk.units, pp ? 0 : sched.narrow_rows);
             const bool multicast = (debug & DEBUG_NO_MULTICAST) == 0 && w.csize == CLUSTER;
             const uint32_t s_a = smem_base(smem_raw), s_b = s_a + stages * a_bytes;
             const uint32_t full = s_a + FULL_OFFSET, empty = s_a + EMPTY_OFFSET, items = s_a + ITEM_OFFSET;
@@ -1073,10 +1263,11 @@ rung9_kernel(const __grid_constant__ CUtensorMap tm_a, const __grid_constant__ C
             int t, kb, ke;  // the consumers' work items: tile t, k-tiles [kb, ke)
             int j = 0;
             for (; work_item(w, j, t, kb, ke); ++j) {
-                const TileRC tile = tile_at(t, w.tiles_m, w.tiles_n, sched.group_m, sched.order);
+                const TileSpan tile = tile_span(t, w.tiles_m, w.tiles_n, sched.group_m, sched.order, w.narrow_rows);
                 const int m0 = tile.row * (rows * w.csize) + (int)w.rank * rows;
-                const int n0 = tile.col * BN;
-                const int piece = (kb > 0 ? PIECE_LATER : 0) | (ke < w.k_tiles ? PIECE_UNFINISHED : 0);
+                const int n0 = tile.n0;
+                const int piece = (kb > 0 ? PIECE_LATER : 0) | (ke < w.k_tiles ? PIECE_UNFINISHED : 0) |
+                                  (tile.narrow ? PIECE_NARROW : 0);
                 for (int kt = kb; kt < ke; ++kt) {
                     // Both CTAs' consumers released this stage (first lap: parity 1 of a fresh barrier passes).
                     mbar_wait(empty + 8 * s, phase ^ 1u);
@@ -1159,6 +1350,7 @@ int g_cluster_size = 0;  // 0: CLUSTER
 int g_pingpong = 0;      // tilefuse_rung9_set_pingpong: 0 cooperative consumers (the default), 1 ping-pong
 int g_warp_stores = 0;   // tilefuse_rung9_set_stores: 0 one store thread a consumer (the default), 1 one a warp
 int g_streamk = 1;       // tilefuse_rung9_set_streamk: 1 (the default) splits the last round's tiles where it pays
+int g_balance = 1;       // tilefuse_rung9_set_balance: 1 (the default) narrows the last round's tiles where it pays
 // tilefuse_rung9_set_l2: Schedule::l2; the default evict-normal on A's and B's loads, evict-first on C's stores
 constexpr int L2_DEFAULT = (L2_EVICT_NORMAL << L2_A_SHIFT) | (L2_EVICT_NORMAL << L2_B_SHIFT) | (L2_EVICT_FIRST << L2_C_SHIFT);
 int g_l2 = L2_DEFAULT;
@@ -1377,6 +1569,14 @@ extern "C" int tilefuse_rung9_set_streamk(int on) {
 }
 extern "C" int tilefuse_rung9_get_streamk(void) { return g_streamk; }
 
+// Not part of the ladder ABI: balanced rounds (see the header) on (1, the default) or off (0).
+extern "C" int tilefuse_rung9_set_balance(int on) {
+    if (on != 0 && on != 1) return cudaErrorInvalidValue;
+    g_balance = on;
+    return cudaSuccess;
+}
+extern "C" int tilefuse_rung9_get_balance(void) { return g_balance; }
+
 // Not part of the ladder ABI: the L2 policies of later launches (see the header, "L2 policies"), for A's loads,
 // B's loads and C's stores: 0 evict-normal, 1 evict-first, 2 evict-last (default 0, 0, 1). Returns
 // cudaErrorInvalidValue (and changes nothing) for anything else.
@@ -1416,7 +1616,7 @@ extern "C" int tilefuse_rung9_streamk_plan(int tiles, int clusters, int k_tiles,
     // a Walk for (tiles x 1) cluster-tiles of 128 x 2 rows, K = k_tiles * BK, as the kernel builds it
     const StreamK extent = streamk_extent(tiles, clusters, k_tiles);
     const Walk w = walk_for(cluster, clusters, 0, tiles * BM * CLUSTER, BN, k_tiles * BK, BM, CLUSTER, split,
-                            extent.dp_end, extent.units);
+                            extent.dp_end, extent.units, 0);
     int n = 0, t, kb, ke;
     for (int j = 0; work_item(w, j, t, kb, ke); ++j, ++n) {
         if (n >= cap) return -1;
@@ -1431,6 +1631,25 @@ extern "C" int tilefuse_rung9_streamk_plan(int tiles, int clusters, int k_tiles,
         if (sk_third_piece(extent.units, extent.dp_end, k_tiles, t, cluster, clusters)) waits[4 * n + 1] = cluster + 2;
     }
     return n;
+}
+
+// Not part of the ladder ABI, and needs no GPU: the balanced-rounds plan for tiles_m x tiles_n cluster-tiles of an
+// N-column C on `clusters` clusters (the default order): with spans == nullptr the narrow rows balance_rows picks;
+// otherwise every tile of the walk in order, 3 ints each (cluster-row, first column, width), at most `cap` of them.
+// Returns the tile count, or -1 for bad arguments or a full `cap`.
+extern "C" int tilefuse_rung9_balance_plan(int tiles_m, int tiles_n, int clusters, int N, int* spans, int cap) {
+    if (tiles_m < 1 || tiles_n < 1 || clusters < 1 || N < 1 || N > tiles_n * BN || cap < 0) return -1;
+    const int y = balance_rows(tiles_m, tiles_n, clusters, N);
+    if (spans == nullptr) return y;
+    const long long tiles = (long long)tiles_m * tiles_n + y;
+    if (tiles > cap) return -1;
+    for (int t = 0; t < (int)tiles; ++t) {
+        const TileSpan span = tile_span(t, tiles_m, tiles_n, GROUP_M, ORDER_ROW_GROUPS, y);
+        spans[3 * t] = span.row;
+        spans[3 * t + 1] = span.n0;
+        spans[3 * t + 2] = span.narrow ? NARROW_BN : BN;
+    }
+    return (int)tiles;
 }
 
 // Not part of the ladder ABI: the current schedule as set (out[0..3] = clusters, group_m, order, cluster_size,
@@ -1495,7 +1714,7 @@ extern "C" int tilefuse_rung9(const void* A, const void* B, void* C, const void*
     if (e != cudaSuccess) return e;
 
     Schedule sched{g_cluster_size == 0 ? CLUSTER : g_cluster_size, g_group_m == 0 ? GROUP_M : g_group_m,
-                   g_order, pingpong, warp_stores, 0, g_l2};
+                   g_order, pingpong, warp_stores, 0, g_l2, 0};
     const int csize = sched.cluster;
     const long long tiles = (long long)((M + rows * csize - 1) / (rows * csize)) * ((N + BN - 1) / BN);
     const int debug = g_debug_flags;
@@ -1545,6 +1764,13 @@ extern "C" int tilefuse_rung9(const void* A, const void* B, void* C, const void*
                 sched.streamk = 1;
             }
         }
+    }
+
+    // Balanced rounds (see the header) where stream-K does not split: cooperative, the default order, persistent.
+    if (g_balance && !sched.streamk && !pingpong && sched.order == ORDER_ROW_GROUPS &&
+        (debug & DEBUG_NOT_PERSISTENT) == 0) {
+        const int tiles_m = (M + rows * csize - 1) / (rows * csize), tiles_n = (N + BN - 1) / BN;
+        sched.narrow_rows = balance_rows(tiles_m, tiles_n, clusters, N);
     }
 
     e = cudaLaunchKernelEx(&cfg, kernel, tm_a, tm_b, tm_c, C, bias, M, N, K, ldc, debug, sched, sk);
