@@ -145,9 +145,15 @@ constexpr int CLUSTER = 2;         // CTAs a cluster (the default; 1 at run time
 constexpr int CONSUMERS = 2;
 constexpr int THREADS = 128 * (1 + CONSUMERS);
 constexpr int CONSUMER_WARPS = CONSUMERS * 4;
-constexpr int PRODUCER_REGS = 48;  // the producer loop with balanced tiles (tile_span) spilled at 40; 232 for the consumers
-constexpr int CONSUMER_REGS = 232;
-static_assert(128 * PRODUCER_REGS + 128 * CONSUMERS * CONSUMER_REGS <= 65536, "register file of an SM");
+constexpr int PRODUCER_REGS = 48;  // the producer loop with balanced tiles (tile_span) spilled at 40
+constexpr int CONSUMER_REGS = 224;  // 232 before balanced tiles; no spills at 224 either
+// setmaxnreg only moves registers inside the CTA's launch allocation, THREADS x the registers ptxas gives each thread
+// (__launch_bounds__(THREADS, 1): 65536 / 384 rounded down to a multiple of 8, 168). Asking for more leaves the
+// consumers' setmaxnreg.inc waiting for registers that never come (device run 99: 48 + 2 x 232 hung every launch).
+constexpr int LAUNCH_REGS = 65536 / THREADS / 8 * 8;
+static_assert(LAUNCH_REGS == 168, "the per-thread registers at launch (test_setmaxnreg_took_effect checks the build)");
+static_assert(128 * PRODUCER_REGS + 128 * CONSUMERS * CONSUMER_REGS <= THREADS * LAUNCH_REGS,
+              "setmaxnreg redistributes the CTA's launch allocation, no more");
 constexpr int GROUP_M = 8;         // cluster-rows of tiles walked together (L2 reuse; see the header)
 constexpr int A_TILE_BYTES = BM * BK * 2;                 // 16 KB
 constexpr int B_TILE_BYTES = BN * BK * 2;                 // 32 KB
