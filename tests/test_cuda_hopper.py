@@ -302,6 +302,7 @@ def test_abi_rejects_bad_arguments_before_touching_the_gpu(rung):
     assert call(M=0) == 0 and call(N=0) == 0  # empty output: nothing to do
     if rung == 9:
         assert call(ldc=260) == CUDA_ERROR_INVALID_VALUE  # C is stored by TMA too
+        assert call(N=250) == CUDA_ERROR_INVALID_VALUE    # and its stores clip N to 16-byte units only
 
 
 def _schedule_abi(lib):
@@ -1575,7 +1576,7 @@ def test_rung9_balance_switch():
 # (tiles_m, tiles_n, clusters, N, narrow rows expected): the bar's 4096^3 and 8192^3 on 66 clusters, a ragged N whose
 # last narrow tile ends past it, one whose last narrow tile would be empty (none), whole rounds, N too small, the
 # 132 clusters of a cluster of one, and a cluster count that does not divide anything
-BALANCE_CASES = [(16, 16, 66, 4096, 4), (32, 32, 66, 8192, 29), (16, 16, 66, 4090, 4), (16, 16, 66, 3856, 0),
+BALANCE_CASES = [(16, 16, 66, 4096, 4), (32, 32, 66, 8192, 29), (16, 16, 66, 4088, 4), (16, 16, 66, 3856, 0),
                  (12, 22, 66, 5632, 0), (8, 8, 66, 2048, 0), (32, 16, 132, 4096, 8), (7, 40, 13, 10240, None)]
 
 
@@ -1608,9 +1609,9 @@ def test_rung9_balance_plan(tiles_m, tiles_n, clusters, n, rows):
         assert plan == _balance_plan(lib, tiles_m, tiles_n, 10 ** 6, n)
 
 
-# (M, N, K, ldc): the bar's 4096^3, and ragged M, N (not a multiple of 8: C is a view of a wider buffer, and the last
-# narrow tile's direct copy ends inside a 16-byte unit) and K
-BALANCE_GPU_SHAPES = [(4096, 4096, 4096, 4096), (4000, 4090, 1000, 4096)]
+# (M, N, K, ldc): the bar's 4096^3, and ragged M, N (the last narrow tile's 48-column chunk cut after 40, C a view
+# of a wider buffer) and K
+BALANCE_GPU_SHAPES = [(4096, 4096, 4096, 4096), (4000, 4088, 1000, 4096)]
 BALANCE_VARIANTS = {"default": (0, (0, 0, 0, 0), 0), "warp-stores": (0, (0, 0, 0, 0), 1),
                     "direct-store": (4, (0, 0, 0, 0), 0), "cluster-1": (0, (0, 0, 0, 1), 0)}
 
@@ -1654,7 +1655,7 @@ def test_rung9_balanced(name):
                 assert torch.equal(outs[0], outs[1]), f"{what}: not deterministic"
                 assert lib.tilefuse_rung9_set_balance(0) == 0
                 try:
-                    whole = poisoned_empty(M, N, dtype=dt, device="cuda")
+                    whole = poison(torch.empty(M, ldc + 8, device="cuda", dtype=dt))[:, :N]
                     _run(9, a, b_nk, whole, bias if epilogue else None, epilogue)
                 finally:
                     assert lib.tilefuse_rung9_set_balance(1) == 0

@@ -46,8 +46,8 @@
 // returns 1; ldb >= K), C is [M,N] row-major (ldc >= N). bf16 (dtype 0) or fp16 (dtype 1) in and out, fp32
 // accumulation. epilogue 0: C = A*B^T; 1: + bias[N]; 2: gelu(erf form)(x + bias[N]); bias has C's dtype.
 // Requirements (TMA): A, B and C 16-byte aligned, lda, ldb and ldc multiples of 8 elements (16-byte row
-// strides), so K and (for a contiguous C) N multiples of 8; K >= 8; M any. Anything else returns
-// cudaErrorInvalidValue before a launch.
+// strides), so K multiple of 8, and N a multiple of 8 even with a wider ldc (TMA's stores clip C's last columns to
+// whole 16-byte units only); K >= 8; M any. Anything else returns cudaErrorInvalidValue before a launch.
 //
 // Debug: tilefuse_rung9_set_debug(flags) (not part of the ladder ABI) switches single features off, to find
 // which one a wrong result comes from: 1 = no multicast (each CTA loads its whole B tile itself), 2 = not
@@ -727,7 +727,7 @@ __device__ __forceinline__ void store_fragment(const float (&d)[NREG], void* C, 
 }
 
 // A narrow tile's last C chunk (columns 0..47 of a staging chunk, see tile_span), rows 16 warp .. 16 warp + 15, from
-// staging to C (row0, col0) with 16-byte stores (3 a lane), element by element where N ends inside one.
+// staging to C (row0, col0) with 16-byte stores, 3 a lane (N is a multiple of 8: a unit is in C or past its end).
 __device__ __forceinline__ void store_narrow_rows(uint32_t buf, void* C, int M, int N, long long ldc, int row0, int col0) {
     constexpr int units = NARROW_CHUNK_COLS / 8;  // 16-byte units a row
     // The thread index read here (volatile): from threadIdx, ptxas computed this copy's addresses at the kernel's
@@ -742,14 +742,9 @@ __device__ __forceinline__ void store_narrow_rows(uint32_t buf, void* C, int M, 
         uint32_t v[4];
         asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];"
                      : "=r"(v[0]), "=r"(v[1]), "=r"(v[2]), "=r"(v[3]) : "r"(buf + swizzle128_offset(r, col - col0)) : "memory");
-        uint16_t* dst = reinterpret_cast<uint16_t*>(C) + (long long)(row0 + r) * ldc + col;
-        if (col + 8 <= N) {
-            *reinterpret_cast<uint4*>(dst) = make_uint4(v[0], v[1], v[2], v[3]);  // C and ldc keep 16-byte alignment
-        } else {
-#pragma unroll
-            for (int e = 0; e < 8; ++e)
-                if (col + e < N) dst[e] = (uint16_t)(v[e / 2] >> (16 * (e % 2)));
-        }
+        // C and ldc keep the 16-byte alignment
+        *reinterpret_cast<uint4*>(reinterpret_cast<uint16_t*>(C) + (long long)(row0 + r) * ldc + col) =
+            make_uint4(v[0], v[1], v[2], v[3]);
     }
 }
 static_assert(NARROW_CHUNK_COLS % 8 == 0 && 16 * (NARROW_CHUNK_COLS / 8) % 32 == 0, "whole 16-byte units, 3 a lane");
@@ -1699,6 +1694,9 @@ extern "C" int tilefuse_rung9(const void* A, const void* B, void* C, const void*
     if (M == 0 || N == 0) return cudaSuccess;
     if (K < 8 || K % 8 != 0 || lda < K || ldb < K || ldc < N) return cudaErrorInvalidValue;
     if (lda % 8 != 0 || ldb % 8 != 0 || ldc % 8 != 0) return cudaErrorInvalidValue;
+    // N too, even with a wider ldc: TMA's stores clip C's last columns only to whole 16-byte units (device run 100:
+    // at N = 4090, ldc 4104, the last chunk's box wrote columns 4090-4095), as tilefuse_rung9_requirements says.
+    if (N % 8 != 0) return cudaErrorInvalidValue;
     if (!aligned16(A) || !aligned16(B) || !aligned16(C)) return cudaErrorInvalidValue;
 
     CUtensorMap tm_a, tm_b, tm_c;
