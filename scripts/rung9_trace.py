@@ -10,7 +10,8 @@ epilogue), one with the library's split policy and one that splits wherever stre
 untraced, for what the stamps cost), and prints per phase:
 
 * the launch's span (first entry to last epilogue), and when the whole-tile rounds end (spread over warpgroups);
-* mainloop ns a k-tile, in whole tiles and in stream-K pieces (a piece restarts the pipeline);
+* mainloop ns a k-tile, in whole tiles, in a balanced round's narrow tiles (240 columns) and in stream-K pieces (a
+  piece restarts the pipeline);
 * the stream-K step: a piece's partial sums written, or the other pieces' sums waited for and added;
 * the epilogue, and the idle gap between one item's epilogue and the next item's mainloop;
 * the tail: the last warpgroup's end against the median one's;
@@ -52,7 +53,8 @@ VARIANTS = {  # name: the defines prepended to the source
     "trace": "#define TILEFUSE_RUNG9_TRACE 1\n",
     "trace-split": "#define TILEFUSE_RUNG9_TRACE 1\n#define TILEFUSE_RUNG9_SK_FIXUP_K_TILES 0\n",
 }
-PIECE_LATER, PIECE_UNFINISHED = 1, 2  # the kernel's piece bits
+PIECE_LATER, PIECE_UNFINISHED, PIECE_NARROW = 1, 2, 4  # the kernel's piece bits (4: a balanced round's narrow tile)
+SPLIT_BITS = PIECE_LATER | PIECE_UNFINISHED
 EPI_WORDS, EPI_CHUNKS, EPI_STEPS = 8, 4, 5  # the kernel's TRACE_EPI_WORDS: 5 %clock stamps a chunk, then the end
 EPI_STEP_NAMES = ("wait", "write", "fence", "barrier", "issue")
 
@@ -127,14 +129,15 @@ def summarize(rows: list[dict]) -> dict:
         by_slot.setdefault(r["slot"], []).append(r)
     ends = sorted(max(r["epi_end"] for r in items) for items in by_slot.values())
     whole = [r for r in rows if r["piece"] == 0]
-    pieces = [r for r in rows if r["piece"] != 0]
+    narrow = [r for r in rows if r["piece"] & PIECE_NARROW]
+    pieces = [r for r in rows if r["piece"] & SPLIT_BITS]
     out = {"span_us": ends[-1] * us, "tail_us": (ends[-1] - med(ends)) * us, "items": len(rows),
-           "pieces": len(pieces)}
+           "pieces": len(pieces), "narrow": len(narrow)}
     if pieces:  # the whole-tile rounds end where a warpgroup's first piece starts
-        firsts = [min(r["start"] for r in items if r["piece"]) for items in by_slot.values()
-                  if any(r["piece"] for r in items)]
+        firsts = [min(r["start"] for r in items if r["piece"] & SPLIT_BITS) for items in by_slot.values()
+                  if any(r["piece"] & SPLIT_BITS for r in items)]
         out["dp_end_us_min"], out["dp_end_us_max"] = min(firsts) * us, max(firsts) * us
-    for name, group in (("whole", whole), ("piece", pieces)):
+    for name, group in (("whole", whole), ("narrow", narrow), ("piece", pieces)):
         if group:
             out[f"{name}_ns_per_ktile"] = med((r["main_end"] - r["start"]) / r["k_tiles"] for r in group)
         stored = [r for r in group if not r["piece"] & PIECE_LATER]  # items that ran the epilogue

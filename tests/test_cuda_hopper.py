@@ -1890,6 +1890,23 @@ def test_rung9_trace_decode_and_summary():
     assert s["round0_ns_per_ktile"] == pytest.approx(1000.0) and "round0_mhz" not in s  # no clock words
 
 
+def test_rung9_trace_narrow_tiles():
+    """A balanced round's narrow tiles (piece bit 4) count apart from whole tiles and from stream-K pieces: their own
+    ns a k-tile and epilogue, and no round or fix-up figures from them."""
+    tr = _trace_module()
+    layout = (2 + 4 * 6, 4, 6)
+    t = 10_000_000
+    words = _trace_words(layout, [
+        [(0, 0, 64, 0, t, t + 64_000, t + 64_000, t + 66_000),
+         (5, 0, 64, tr.PIECE_NARROW, t + 66_500, t + 126_500, t + 126_500, t + 128_000)],
+    ])
+    s = tr.summarize(tr.decode(words, 1, layout))
+    assert s["items"] == 2 and s["narrow"] == 1 and s["pieces"] == 0
+    assert s["whole_ns_per_ktile"] == pytest.approx(1000.0) and s["narrow_ns_per_ktile"] == pytest.approx(937.5)
+    assert s["narrow_epi_us"] == pytest.approx(1.5) and s["whole_epi_us"] == pytest.approx(2.0)
+    assert "round1_ns_per_ktile" not in s and "fixup_wait_add_us" not in s and "dp_end_us_min" not in s
+
+
 def test_rung9_trace_rounds_and_clock():
     """The kernel's 8-word items: by round (a consumer's j-th whole tile), ns and SM cycles a k-tile and the clock
     they imply; a second round at the same cycles but a slower clock reads as the clock."""

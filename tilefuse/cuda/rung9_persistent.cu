@@ -40,7 +40,10 @@
 //   one TMA box a C chunk, benchmarks/results/run97/ladder.csv and run98/): 4096^3 676-686 TFLOP/s (1.015, 0.972 and
 //   0.984x cublas_nt in three suites; 1.001 and 0.999x in the interleaved A/Bs), 8192^3 684-716 (1.013-1.047x),
 //   16384x4096x4096 680-698 (1.025-1.049x). The mainloop takes 1025-1043 SM cycles a k-tile against 1024 at the tensor cores'
-//   peak (device run 91, the trace's %clock stamps); the rest is the epilogue, the start and the last round.
+//   peak (device run 91, the trace's %clock stamps); the rest is the epilogue, the start and the last round. With the
+//   balanced last round (device runs 100-101, benchmarks/results/run100/ and run101/): 4096^3 1.007-1.011x cublas_nt in
+//   four interleaved A/Bs, 1.024, 1.010 and 0.992x in three suites (715 TFLOP/s in run 100's); 8192^3 1.033-1.062x
+//   and 1.010-1.020x.
 //
 // Layouts: A is [M,K] row-major (lda >= K), B is given as [N,K] row-major (K-major B: tilefuse_rung9_b_layout()
 // returns 1; ldb >= K), C is [M,N] row-major (ldc >= N). bf16 (dtype 0) or fp16 (dtype 1) in and out, fp32
@@ -99,7 +102,9 @@
 // 256-row B tile as always (wgmma reads 240 of its rows) and records the width in the work item; the consumers run an
 // m64n240k16 copy of the k-loop for it, and the epilogue stores a narrow tile's last 48-column chunk from staging with
 // plain 16-byte stores (a 64-column TMA box would write 16 columns of the next tile). Never in ping-pong, with stream-K,
-// in the transposed order or without a persistent grid.
+// in the transposed order or without a persistent grid. Measured at 4096^3 against the same build with it off: 1.3 %
+// and 0.8 % faster (device runs 100-101, scripts/ladder_sweep.py --ab no-balance). Instead of stream-K at 8192^3 and
+// 16384x4096x4096 it was 0.1-1.5 % faster in both runs, inside those shapes' noise, so stream-K keeps precedence.
 //
 // Stores: tilefuse_rung9_set_stores(1) (not part of the ladder ABI; default 0). The TMA-store epilogue writes a
 // consumer's 64x64 C chunks into staging, two at a time, and, by default, meets the other warps of its warpgroup at
