@@ -43,7 +43,7 @@
 //   peak (device run 91, the trace's %clock stamps); the rest is the epilogue, the start and the last round. With the
 //   balanced last round (device runs 100-101, benchmarks/results/run100/ and run101/): 4096^3 1.007-1.011x cublas_nt in
 //   four interleaved A/Bs, 1.024, 1.010 and 0.992x in three suites (715 TFLOP/s in run 100's); 8192^3 1.033-1.062x
-//   and 1.010-1.020x.
+//   and 1.010-1.020x. (The issue's bar at 4096^3 is not claimed on three suites: benchmarks/NOTES.md.)
 //
 // Layouts: A is [M,K] row-major (lda >= K), B is given as [N,K] row-major (K-major B: tilefuse_rung9_b_layout()
 // returns 1; ldb >= K), C is [M,N] row-major (ldc >= N). bf16 (dtype 0) or fp16 (dtype 1) in and out, fp32
