@@ -274,7 +274,9 @@ static_assert(tile_at(1, 16, 16, 8, ORDER_COLUMN_GROUPS).col == 1 && tile_at(1, 
 constexpr int NARROW_BN = 240;   // m64n240k16: 15/16 of a tile's tensor-core time
 constexpr int NARROW_TILES = 16;
 static_assert(NARROW_TILES * NARROW_BN == (NARROW_TILES - 1) * BN, "a narrow row spans the columns of a whole one");
-constexpr int NARROW_CHUNK_COLS = NARROW_BN - 3 * 64;  // a narrow tile's last C chunk: 48 columns, stored directly
+constexpr int NARROW_CHUNK = NARROW_BN / C_CHUNK_COLS;  // a narrow tile's short C chunk, its last (3)
+constexpr int NARROW_CHUNK_COLS = NARROW_BN - NARROW_CHUNK * C_CHUNK_COLS;  // 48 columns, stored directly
+static_assert(NARROW_CHUNK == BN / C_CHUNK_COLS - 1, "the short chunk is a narrow tile's last (the epilogue's pairs)");
 // Tile t of the walk: its cluster-row, first column and width. With narrow_rows = y > 0 (the default order only)
 // the first tiles_m - y cluster-rows are walked as tile_at walks them, then the last y rows, column-major as one
 // group: first their whole tiles (columns 0 .. tiles_n - NARROW_TILES), then their narrow ones.
@@ -1047,8 +1049,8 @@ __device__ __forceinline__ void consume(const void* smem_raw, const CUtensorMap*
             const Item item = get_item(items + ITEM_BYTES * (j % ITEM_SLOTS));
             if (item.left_piece == 0) break;  // the producer's end record
             left = item.left_piece & ((1 << ITEM_PIECE_SHIFT) - 1);
-            narrow = (((uint32_t)item.left_piece >> ITEM_PIECE_SHIFT) & PIECE_NARROW) != 0;
             take_item(item, t, m0, n0, piece);  // (used here by the trace builds only: read again after the mainloop)
+            narrow = (piece & PIECE_NARROW) != 0;
         }
         {
 #if TILEFUSE_RUNG9_TRACE
@@ -1119,6 +1121,8 @@ __device__ __forceinline__ void consume(const void* smem_raw, const CUtensorMap*
         // A narrow tile's columns end at n0 + NARROW_BN: its accumulators 120..127 hold nothing of it, and the columns
         // after it are the next tile's.
         auto narrow_tile = [&]() { return !PP && item_narrow(items + ITEM_BYTES * (j % ITEM_SLOTS)); };
+        // Whether chunk c goes out by TMA (all but a narrow tile's short chunk, which store_narrow_rows copies).
+        auto tma_stored = [&](int c) { return c != NARROW_CHUNK || !narrow_tile(); };
         if (!tma_store) {
             store_fragment<DT, EPI>(acc, C, bias, M, narrow_tile() && n0 + NARROW_BN < N ? n0 + NARROW_BN : N, ldc, m0, n0,
                                     true);
@@ -1171,11 +1175,11 @@ __device__ __forceinline__ void consume(const void* smem_raw, const CUtensorMap*
                     st_shared_u32(buf + swizzle128_offset(row, col), pack2<DT>(v0, v1));
                 }
             }
-            if (jc == BN / C_CHUNK_COLS - 1 && narrow_tile()) {
+            if (!tma_stored(jc)) {
                 // A narrow tile's last chunk has 48 columns of it: a 64-column box would write 16 of the next tile's.
                 // Each warp copies its own 16 rows (it wrote them) to C itself, and the chunk gets no TMA store.
                 __syncwarp();
-                store_narrow_rows(buf, C, M, N, ldc, m0, n0 + 3 * C_CHUNK_COLS);
+                store_narrow_rows(buf, C, M, N, ldc, m0, n0 + NARROW_CHUNK * C_CHUNK_COLS);
             }
             RUNG9_EPI_STAMP(jc, 2);
             if (jc % GROUP != GROUP - 1) continue;  // the group's last chunk fences and stores them all
@@ -1190,7 +1194,7 @@ __device__ __forceinline__ void consume(const void* smem_raw, const CUtensorMap*
                 if (lane == 0) {
 #pragma unroll
                     for (int c = jc + 1 - GROUP; c <= jc; ++c)
-                        if (c != BN / C_CHUNK_COLS - 1 || !narrow_tile())
+                        if (tma_stored(c))
                             tma_store_2d(tm_c, staging(c) + warp * C_STORE_BYTES, n0 + c * C_CHUNK_COLS,
                                          m0 + warp * C_STORE_ROWS, c_policy);
                     bulk_commit();
@@ -1201,7 +1205,7 @@ __device__ __forceinline__ void consume(const void* smem_raw, const CUtensorMap*
                 if (tid == 0) {
 #pragma unroll
                     for (int c = jc + 1 - GROUP; c <= jc; ++c)
-                        if (c != BN / C_CHUNK_COLS - 1 || !narrow_tile())
+                        if (tma_stored(c))
                             tma_store_2d(tm_c, staging(c), n0 + c * C_CHUNK_COLS, m0, c_policy);
                     bulk_commit();
                 }
@@ -1723,7 +1727,8 @@ extern "C" int tilefuse_rung9(const void* A, const void* B, void* C, const void*
     Schedule sched{g_cluster_size == 0 ? CLUSTER : g_cluster_size, g_group_m == 0 ? GROUP_M : g_group_m,
                    g_order, pingpong, warp_stores, 0, g_l2, 0};
     const int csize = sched.cluster;
-    const long long tiles = (long long)((M + rows * csize - 1) / (rows * csize)) * ((N + BN - 1) / BN);
+    const int tiles_m = (M + rows * csize - 1) / (rows * csize), tiles_n = (N + BN - 1) / BN;
+    const long long tiles = (long long)tiles_m * tiles_n;
     const int debug = g_debug_flags;
 
     cudaLaunchAttribute attr[1];
@@ -1776,7 +1781,6 @@ extern "C" int tilefuse_rung9(const void* A, const void* B, void* C, const void*
     // Balanced rounds (see the header) where stream-K does not split: cooperative, the default order, persistent.
     if (g_balance && !sched.streamk && !pingpong && sched.order == ORDER_ROW_GROUPS &&
         (debug & DEBUG_NOT_PERSISTENT) == 0) {
-        const int tiles_m = (M + rows * csize - 1) / (rows * csize), tiles_n = (N + BN - 1) / BN;
         sched.narrow_rows = balance_rows(tiles_m, tiles_n, clusters, N);
     }
 
