@@ -85,8 +85,9 @@ def test_missing_rows_and_bad_files(tmp_path):
 
 
 def test_run_counts_finished_suites_only(tmp_path, monkeypatch):
-    """--run: a suite that finished has its CSV copied to OUT/ladderK.csv and counted with the files named; one
-    that failed or was cut off is reported and left out; ladder_bar.log holds every suite's log and the summary."""
+    """--run: a suite that wrote its CSV (exit 0, or 1 for a failed row elsewhere) has it copied to OUT/ladderK.csv
+    and counted with the files named; one cut off or dead before its CSV is reported and left out; ladder_bar.log
+    holds every suite's log and the summary."""
     bar = _bar()
     calls = []
 
@@ -95,8 +96,11 @@ def test_run_counts_finished_suites_only(tmp_path, monkeypatch):
         out = Path(cmd[cmd.index("--out") + 1])
         if len(calls) == 2:
             raise subprocess.TimeoutExpired(cmd, kw["timeout"], output=b"== bench ladder\n")
-        if len(calls) == 3:
+        if len(calls) == 3:  # died before its CSV
             return subprocess.CompletedProcess(cmd, 1, "== bench ladder\n", "boom\n")
+        if len(calls) == 4:  # a row of another rung wrong: exit 1, the CSV written, its rung-9 rows count
+            (out / "ladder.csv").write_text(RUN100_CSV.read_text())
+            return subprocess.CompletedProcess(cmd, 1, "== ladder: 52 rows (1 error/wrong)\n", "")
         (out / "ladder.csv").write_text(RUN100_CSV.read_text())
         return subprocess.CompletedProcess(cmd, 0, "== bench ladder\n", "")
 
