@@ -313,9 +313,12 @@ def _schedule_abi(lib):
     return lib
 
 
+RUNG9_SWITCHES = {"pingpong": 0, "stores": 0, "streamk": 1, "balance": 1}  # name -> default
+
+
 def _switches_abi(lib):
-    """Declare rung 9's on/off switches: tilefuse_rung9_set/get_pingpong and tilefuse_rung9_set/get_stores."""
-    for switch in ("pingpong", "stores"):
+    """Declare rung 9's on/off switches: tilefuse_rung9_set/get_NAME for each of RUNG9_SWITCHES."""
+    for switch in RUNG9_SWITCHES:
         getattr(lib, f"tilefuse_rung9_set_{switch}").restype = ctypes.c_int
         getattr(lib, f"tilefuse_rung9_set_{switch}").argtypes = [ctypes.c_int]
         getattr(lib, f"tilefuse_rung9_get_{switch}").restype = ctypes.c_int
@@ -345,20 +348,23 @@ def test_rung9_schedule_abi_checks_its_arguments():
 
 
 @needs_nvcc
-@pytest.mark.parametrize("switch", ["pingpong", "stores"])
+@pytest.mark.parametrize("switch", list(RUNG9_SWITCHES))
 def test_rung9_on_off_switches(switch):
     """tilefuse_rung9_set_pingpong (cooperative consumers by default) and tilefuse_rung9_set_stores (one store
-    thread a warpgroup by default): off until measured to win, 0 or 1 only, a refused value changes nothing."""
+    thread a warpgroup by default) are off until measured to win; tilefuse_rung9_set_streamk and
+    tilefuse_rung9_set_balance are on (measured: benchmarks/notes/hopper_rungs.md). Each takes 0 or 1 only, and a
+    refused value changes nothing."""
     lib = _switches_abi(_load(9))
     set_, get = getattr(lib, f"tilefuse_rung9_set_{switch}"), getattr(lib, f"tilefuse_rung9_get_{switch}")
-    assert get() == 0
+    default = RUNG9_SWITCHES[switch]
+    assert get() == default
     for bad in (-1, 2, 7):
         assert set_(bad) == CUDA_ERROR_INVALID_VALUE
-        assert get() == 0
+        assert get() == default
     try:
-        assert set_(1) == 0 and get() == 1
+        assert set_(1 - default) == 0 and get() == 1 - default
     finally:
-        assert set_(0) == 0
+        assert set_(default) == 0
 
 
 RUNG9_DEFAULT_L2 = (0, 0, 1)  # A's and B's loads evict-normal, C's stores evict-first
@@ -396,10 +402,7 @@ def test_rung9_l2_switch():
 
 
 def _streamk_abi(lib):
-    lib.tilefuse_rung9_set_streamk.restype = ctypes.c_int
-    lib.tilefuse_rung9_set_streamk.argtypes = [ctypes.c_int]
-    lib.tilefuse_rung9_get_streamk.restype = ctypes.c_int
-    lib.tilefuse_rung9_get_streamk.argtypes = []
+    _switches_abi(lib)
     lib.tilefuse_rung9_streamk_launches.restype = ctypes.c_longlong
     lib.tilefuse_rung9_streamk_launches.argtypes = []
     lib.tilefuse_rung9_streamk_plan.restype = ctypes.c_int
@@ -408,18 +411,10 @@ def _streamk_abi(lib):
 
 
 @needs_nvcc
-def test_rung9_streamk_switch():
-    """tilefuse_rung9_set_streamk: on by default (measured: benchmarks/notes/hopper_rungs.md), 0 or 1 only, a refused
-    value changes nothing."""
+def test_rung9_streamk_launch_counter():
+    """tilefuse_rung9_streamk_launches (the switch itself: test_rung9_on_off_switches) answers without a GPU."""
     lib = _streamk_abi(_load(9))
-    assert lib.tilefuse_rung9_get_streamk() == 1 and lib.tilefuse_rung9_streamk_launches() >= 0
-    for bad in (-1, 2):
-        assert lib.tilefuse_rung9_set_streamk(bad) == CUDA_ERROR_INVALID_VALUE
-        assert lib.tilefuse_rung9_get_streamk() == 1
-    try:
-        assert lib.tilefuse_rung9_set_streamk(0) == 0 and lib.tilefuse_rung9_get_streamk() == 0
-    finally:
-        assert lib.tilefuse_rung9_set_streamk(1) == 0
+    assert lib.tilefuse_rung9_streamk_launches() >= 0
 
 
 def _streamk_items(lib, tiles: int, clusters: int, k_tiles: int):
@@ -1537,10 +1532,7 @@ def test_rung9_streamk():
 
 
 def _balance_abi(lib):
-    lib.tilefuse_rung9_set_balance.restype = ctypes.c_int
-    lib.tilefuse_rung9_set_balance.argtypes = [ctypes.c_int]
-    lib.tilefuse_rung9_get_balance.restype = ctypes.c_int
-    lib.tilefuse_rung9_get_balance.argtypes = []
+    _switches_abi(lib)
     lib.tilefuse_rung9_balance_plan.restype = ctypes.c_int
     lib.tilefuse_rung9_balance_plan.argtypes = [ctypes.c_int] * 4 + [ctypes.POINTER(ctypes.c_int), ctypes.c_int]
     return lib
@@ -1556,18 +1548,9 @@ def _balance_plan(lib, tiles_m: int, tiles_n: int, clusters: int, n: int) -> lis
 
 
 @needs_nvcc
-def test_rung9_balance_switch():
-    """tilefuse_rung9_set_balance: on by default, 0 or 1 only, a refused value changes nothing; the plan refuses bad
-    arguments."""
+def test_rung9_balance_plan_refuses_bad_arguments():
+    """tilefuse_rung9_balance_plan (the switch itself: test_rung9_on_off_switches) refuses bad arguments."""
     lib = _balance_abi(_load(9))
-    assert lib.tilefuse_rung9_get_balance() == 1
-    for bad in (-1, 2):
-        assert lib.tilefuse_rung9_set_balance(bad) == CUDA_ERROR_INVALID_VALUE
-        assert lib.tilefuse_rung9_get_balance() == 1
-    try:
-        assert lib.tilefuse_rung9_set_balance(0) == 0 and lib.tilefuse_rung9_get_balance() == 0
-    finally:
-        assert lib.tilefuse_rung9_set_balance(1) == 0
     for bad in ((0, 16, 66, 4096), (16, 0, 66, 4096), (16, 16, 0, 4096), (16, 16, 66, 0), (16, 16, 66, 4097)):
         assert lib.tilefuse_rung9_balance_plan(*bad, None, 0) == -1, bad
     assert lib.tilefuse_rung9_balance_plan(16, 16, 66, 4096, (ctypes.c_int * 3)(), 1) == -1  # cap too small
