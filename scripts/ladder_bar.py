@@ -37,6 +37,10 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
 BAR_SHAPES = ("4096x4096x4096", "8192x8192x8192")
 BAR = 1.00
 MIN_SUITES = 5  # one suite spreads ~1 % (benchmarks/notes/hopper_rungs.md): a median of fewer decides nothing
@@ -59,8 +63,11 @@ class Reading:
 
 
 def peer_of(rung: str) -> str:
-    """The cuBLAS row a rung is compared with, as the ladder suite does: rungs 7-9 read B K-major (cublas_nt)."""
-    return "cublas_nt" if rung in ("7", "8", "9") else "cublas"
+    """The cuBLAS row the ladder suite times rung ``rung`` against (its ``baseline`` column)."""
+    from tilefuse.bench.ladder_suite import baseline
+    from tilefuse.cuda import build
+
+    return baseline(build.rung(rung))
 
 
 def suite_times(path: Path) -> dict[tuple[str, str], float]:
@@ -86,13 +93,13 @@ def suite_times(path: Path) -> dict[tuple[str, str], float]:
 
 def readings(paths: list[Path], rung: str, shapes=BAR_SHAPES) -> tuple[list[Reading], list[str]]:
     """Every (suite, shape) where both the rung and its peer were timed, and a line for each where not."""
-    got, missing = [], []
+    got, missing, peer = [], [], peer_of(rung)
     for path in paths:
         times = suite_times(path)
         for shape in shapes:
-            r, p = times.get((shape, f"rung{rung}")), times.get((shape, peer_of(rung)))
+            r, p = times.get((shape, f"rung{rung}")), times.get((shape, peer))
             if r is None or p is None:
-                missing.append(f"{path}: {shape}: not run (no timed rung{rung} and {peer_of(rung)} rows)")
+                missing.append(f"{path}: {shape}: not run (no timed rung{rung} and {peer} rows)")
             else:
                 got.append(Reading(str(path), shape, r, p))
     return got, missing
@@ -113,9 +120,10 @@ def verdict(got: list[Reading], shapes=BAR_SHAPES, bar: float = BAR,
 
 def report(paths: list[Path], rung: str, shapes=BAR_SHAPES, min_suites: int = MIN_SUITES) -> tuple[str, int]:
     got, missing = readings(paths, rung, shapes)
-    lines = [f"rung {rung} against {peer_of(rung)} (peer ms / rung ms; above 1 the rung is faster), bar {BAR:.2f}"]
+    peer = peer_of(rung)
+    lines = [f"rung {rung} against {peer} (peer ms / rung ms; above 1 the rung is faster), bar {BAR:.2f}"]
     for g in got:
-        lines.append(f"  {g.source}  {g.shape:>16}  rung {g.rung_ms:.4f} ms  {peer_of(rung)} {g.peer_ms:.4f} ms  "
+        lines.append(f"  {g.source}  {g.shape:>16}  rung {g.rung_ms:.4f} ms  {peer} {g.peer_ms:.4f} ms  "
                      f"{g.ratio:.4f}")
     lines += [f"  {m}" for m in missing]
     medians, status = verdict(got, shapes, min_suites=min_suites)
@@ -138,8 +146,7 @@ def run_suites(n: int, out: Path, timeout_s: float) -> tuple[list[Path], str]:
     env = dict(os.environ)
     env.setdefault("TILEFUSE_CACHE_DIR", str(scratch / "cache"))
     env["PYTHONUNBUFFERED"] = "1"
-    root = Path(__file__).resolve().parent.parent
-    env["PYTHONPATH"] = str(root) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    env["PYTHONPATH"] = str(ROOT) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     csvs, logs = [], []
     for i in range(1, n + 1):
         work = scratch / f"suite{i}"
@@ -147,7 +154,7 @@ def run_suites(n: int, out: Path, timeout_s: float) -> tuple[list[Path], str]:
         start = time.perf_counter()
         cmd = [sys.executable, "-m", "tilefuse", "bench", "ladder", "--out", str(work)]
         try:
-            proc = subprocess.run(cmd, env=env, cwd=root, capture_output=True, text=True, timeout=timeout_s)
+            proc = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True, timeout=timeout_s)
             text, rc = proc.stdout + proc.stderr, proc.returncode
         except subprocess.TimeoutExpired as exc:
             text = (exc.stdout or b"").decode(errors="replace") if isinstance(exc.stdout, bytes) else (exc.stdout or "")
@@ -175,6 +182,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--min-suites", type=int, default=MIN_SUITES,
                    help=f"suites a shape needs for a verdict (default {MIN_SUITES})")
     args = p.parse_args(argv)
+    try:
+        peer_of(args.rung)
+    except ValueError as exc:
+        p.error(f"--rung: {exc}")
     if args.min_suites < 1:
         p.error(f"--min-suites {args.min_suites}: 1 or more")
     if args.run < 0:

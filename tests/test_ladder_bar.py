@@ -79,7 +79,7 @@ def test_missing_rows_and_bad_files(tmp_path):
         bar.suite_times(other)
     for argv in ([], ["--run", "2"], ["--out", str(tmp_path)], [str(tmp_path / "none.csv")],
                  [str(ROOT / "README.md")], ["--run", "-1", "--out", str(tmp_path)],
-                 ["--min-suites", "0", str(RUN100_CSV)], ["--run", "1", "--out", str(tmp_path), "--timeout-s", "0"]):
+                 ["--min-suites", "0", str(RUN100_CSV)], ["--rung", "10", str(RUN100_CSV)], ["--run", "1", "--out", str(tmp_path), "--timeout-s", "0"]):
         with pytest.raises(SystemExit):
             bar.parse_args(argv)
 

@@ -62,6 +62,16 @@ def _rung_note(r) -> str:
     return f"{r.title}; {own} lines of code" + (f" (+{shared} in shared headers)" if shared else "")
 
 
+def _kmajor(r) -> bool:
+    """Rungs 7-9 (sm_90a) read B K-major: they get the transposed view of the (N, K) weight."""
+    return r.arch == "sm_90a"
+
+
+def baseline(r) -> str:
+    """The cuBLAS row rung ``r`` is timed against: ``cublas_nt`` (the same K-major B) for a K-major rung."""
+    return "cublas_nt" if _kmajor(r) else "cublas"
+
+
 def _timed_here(name: str, shape) -> str | None:
     """None when rung ``name`` is timed at ``shape``, else why not."""
     m, n, k = shape
@@ -155,13 +165,13 @@ def run_gpu(rec: harness.Recorder, opts: SuiteOptions) -> None:
             if why:
                 rec.skip(case, impl, why, dtype=DTYPE, shape=shape)
                 continue
-            kmajor = r.arch == "sm_90a"
+            kmajor = _kmajor(r)
 
             def call(a, b, w, name=r.name, kmajor=kmajor):
                 return ladder_gemm(a, w.t() if kmajor else b, rung=name)
             slow = r.name in SLOW_RUNGS
             entry = (impl, harness.Rotating(call, sets),
-                     dict(baseline="cublas_nt" if kmajor else "cublas", check=_checker(lambda c=call: c(a, b, w), ref),
+                     dict(baseline=baseline(r), check=_checker(lambda c=call: c(a, b, w), ref),
                           note=_rung_note(r) + ("; slow rung: short repetition" if slow else ""), **timing))
             (slow_entries if slow else entries).append(entry)
         rec.time_interleaved(case, entries, dtype=DTYPE, shape=shape)
