@@ -144,8 +144,8 @@ def tilefuse_backend(gm: torch.fx.GraphModule, example_inputs, **kwargs):
             partition_fn=_partition_fn(),
             keep_inference_input_mutations=True,
         )
-    except FallbackError:
-        raise
+    except (FallbackError, torch._dynamo.exc.RestartAnalysis):
+        raise  # RestartAnalysis: Dynamo's request to trace the frame again (e.g. with scalars specialised)
     except Exception as exc:
         if config.get().strict:
             raise

@@ -331,6 +331,17 @@ def mod_index(ix: Index, mod: Optional[int]) -> Index:
             return reduced
         if rlo >= 0:
             ix = reduced
+        # ix = g*H + R with 0 <= R < g and g | mod  =>  ix % mod == g*(H % (mod/g)) + R (a reshape's split
+        # index (8*i1 + i2) % 32 over i2 < 8 -> 8*(i1 % 4) + i2, which then merges with 32*(i1 // 4): without
+        # it the view of a (7, 2, 32) block as (7, 8, 8) heads was "not strided", and MHA's graphs ran in ATen)
+        for g in sorted({math.gcd(mod, abs(c)) for _, c in ix.terms} - {1}, reverse=True):
+            high = [(a, c // g) for a, c in ix.terms if c % g == 0]
+            q_off, r_off = divmod(ix.offset, g)
+            rest = make_index([(a, c) for a, c in ix.terms if c % g != 0], r_off)
+            h = make_index(high, q_off)
+            rlo, rhi = rest.bounds()
+            if high and rlo >= 0 and rhi < g and h.bounds()[0] >= 0:
+                return add(scale(mod_index(h, mod // g), g), rest)
         if len(ix.terms) == 1 and ix.offset == 0 and ix.terms[0][1] == 1:
             a = ix.terms[0][0]
             if isinstance(a, Var):

@@ -49,7 +49,9 @@ EXTERN_OPS = frozenset(filter(None, [
         "convolution_backward", "_convolution", "cudnn_convolution", "_scaled_dot_product_flash_attention",
         "_scaled_dot_product_efficient_attention", "_scaled_dot_product_cudnn_attention",
         "_scaled_dot_product_flash_attention_backward", "_scaled_dot_product_efficient_attention_backward",
-        "_scaled_dot_product_cudnn_attention_backward", "_flash_attention_forward", "_flash_attention_backward",
+        "_scaled_dot_product_cudnn_attention_backward", "_scaled_dot_product_flash_attention_for_cpu",
+        "_scaled_dot_product_flash_attention_for_cpu_backward", "multilabel_margin_loss_forward",
+        "multilabel_margin_loss_backward", "_flash_attention_forward", "_flash_attention_backward",
         "_efficient_attention_forward", "_efficient_attention_backward", "_cdist_forward", "_cdist_backward",
         "_int_mm", "_weight_int8pack_mm")]))
 

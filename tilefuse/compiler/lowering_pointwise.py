@@ -63,6 +63,16 @@ def _mul(low, a, b):
     return _binary(low, a, b, lambda x, y, dt: P.build("and" if dt == torch.bool else "mul", x, y))
 
 
+@register(prims.fma.default)
+def _fma(low, a, b, c):
+    """``a * b + c`` rounded once (torch's lerp and AdamW's updates decompose to it)."""
+    dt = _args_dtype(low)
+    if not _is_float(dt):
+        raise LoweringError(f"prims.fma of {dt}")
+    return low.pointwise(lambda x, y, z: P.build("fma", low.scalar(x, dt), low.scalar(y, dt), low.scalar(z, dt)),
+                         a, b, c)
+
+
 @register(aten.div.Tensor, aten.div.Scalar, aten.true_divide.Tensor)
 def _div(low, a, b):
     return _binary(low, a, b, lambda x, y, dt: P.build("truediv", x, y))

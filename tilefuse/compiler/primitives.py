@@ -48,6 +48,7 @@ PRIMITIVES: dict[str, Primitive] = {
     "sub": P(2, "({0} - {1})"),
     "mul": P(2, "({0} * {1})"),
     "truediv": P(2, "({0} / {1})", floats_only=True),
+    "fma": P(3, "tl.fma({0}, {1}, {2})", floats_only=True),  # prims.fma: one rounding, as eager's
     "neg": P(1, "(-{0})"),
     "abs": P(1, "tl.abs({0})"),
     "reciprocal": P(1, "(1.0 / {0})", floats_only=True),

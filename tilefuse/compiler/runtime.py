@@ -158,18 +158,22 @@ class WrapperWriter:
             call = f"{op_name}({args}{', ' if args and kwargs else ''}{kwargs})"
             for ref in scheduler._refs(ext.args) + scheduler._refs(tuple(v for _, v in ext.kwargs)):
                 used.add(self._base_var(ref.name))
+            self.globals.setdefault("extern_layout", extern_layout)
             if ext.tuple_output:
                 tmp = self.var(ext.name) + "_out"
                 lines.append(f"    {tmp} = {call}  # extern {ext.name}")
                 for k, meta in enumerate(ext.outputs):
                     if meta is not None:
                         v = self.var(ext.output_name(k))
-                        lines.append(f"    {v} = {tmp}[{k}]")
+                        lines.append(f"    {v} = extern_layout({tmp}[{k}], {meta.shape!r}, {meta.stride!r}, "
+                                     f"{ext.output_name(k)!r})")
                         used.add(v)
                 lines.append(f"    del {tmp}")
             else:
                 v = self.var(ext.name)
-                lines.append(f"    {v} = {call}  # extern {ext.name}")
+                meta = ext.outputs[0]
+                lines.append(f"    {v} = extern_layout({call}, {meta.shape!r}, {meta.stride!r}, {ext.name!r})"
+                             f"  # extern")
                 used.add(v)
             return lines, used
         ks, fn = self.kernels[step.name]
@@ -203,6 +207,26 @@ class WrapperWriter:
         self.globals.setdefault("_kernel_names", {})[launcher] = ks.name
         lines.append(f"    {launcher}({', '.join(args)})  # {ks.name}")
         return lines, used
+
+
+def extern_layout(t: torch.Tensor, shape: tuple, stride: tuple, name: str) -> torch.Tensor:
+    """An extern's result in the layout the graph's metadata gives it, which the kernels after it index by.
+
+    An ATen kernel may return another layout than its meta function promised (a CPU kernel's choice of
+    memory format, a fused op's transposed output); such a result is copied into the promised strides, once a
+    call, and counted (``stats()["extern_relayouts"]``), rather than read through the wrong strides."""
+    got = t.stride()
+    if got == stride and t.shape == shape:
+        return t
+    if tuple(t.shape) != tuple(shape):
+        raise PlanError(f"extern {name} returned shape {tuple(t.shape)} where the graph says {tuple(shape)}")
+    if all(g == s for g, s, n in zip(got, stride, shape) if n > 1):
+        return t
+    fixed = torch.empty_strided(shape, stride, dtype=t.dtype, device=t.device)
+    fixed.copy_(t)
+    records.bump("extern_relayouts")
+    config.log(1, f"extern {name} returned strides {tuple(got)} where the graph says {tuple(stride)}: copied")
+    return fixed
 
 
 def _bind_launch(fn, grid, constexprs, num_warps, num_stages):
@@ -442,6 +466,9 @@ class CompiledGraph:
             self.plan = build_plan(gm, lambda n: n.meta.get("val"), kind, self.graph_id, strict)
             self.report = self.plan.report
 
+    # Never traced by Dynamo: a compiled step that calls ``loss.backward()`` runs this graph's backward from
+    # inside Dynamo's frame hook, which would otherwise trace into the wrapper and Triton's launcher.
+    @torch.compiler.disable
     def __call__(self, args):
         if self.fallback_reason is not None:
             return self.gm(*args)
