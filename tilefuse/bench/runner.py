@@ -22,6 +22,7 @@ SUITES = {
     "gemm": "Triton GEMM library vs cuBLAS / torch._scaled_mm / the unfused eager chain",
     "ladder": "CUDA C++ GEMM ladder, rung by rung, vs the Triton GEMM and cuBLAS",
     "compiler": "tilefuse backend vs eager and Inductor on memory-bound graphs, with compile times",
+    "models": "whole models (Hugging Face, vision), training and inference, vs eager and each Inductor mode",
 }
 DEFAULT_OUT = Path("benchmarks/results")
 
@@ -34,6 +35,10 @@ class SuiteOptions:
     warmup_ms: int = 25
     rep_ms: int = 100
     rows: int = 0  # compiler suite: rows of its 2-D graphs (0: the suite's own, 32768)
+    mode: str = ""  # models suite: "train" or "infer" ("": both)
+    dtype: str = ""  # models suite: "bf16", "fp16" or "fp32" ("": bf16 on a GPU, fp32 in a smoke run)
+    batch: int = 0  # models suite: batch size (0: each model's own)
+    backends: tuple[str, ...] = ()  # models suite: backends to run (eager is always added)
     log: Callable[[str], None] = print
 
     def wants(self, case: str) -> bool:
@@ -65,6 +70,14 @@ def add_arguments(p) -> None:
     p.add_argument("--rep-ms", type=int, default=100, help="do_bench repetition time per measurement (ms)")
     p.add_argument("--rows", type=int, default=0, metavar="N",
                    help="compiler suite only: rows of its graphs (default 32768; each is N x 4096, cross-entropy N x 32000)")
+    p.add_argument("--mode", choices=("train", "infer"), default="", help="models suite only: training or inference "
+                   "steps (default both)")
+    p.add_argument("--dtype", choices=("bf16", "fp16", "fp32"), default="", help="models suite only: the models' "
+                   "dtype (training: autocast to it); default bf16, fp32 with --smoke")
+    p.add_argument("--batch", type=int, default=0, metavar="N", help="models suite only: batch size (default each "
+                   "model's own)")
+    p.add_argument("--backends", default="", metavar="LIST", help="models suite only: comma-separated, from "
+                   "eager,inductor,inductor-max-autotune,inductor-reduce-overhead,tilefuse,tilefuse-reduce-overhead")
 
 
 def run_suite(name: str, opts: SuiteOptions) -> list[harness.Row]:
@@ -84,13 +97,29 @@ def main(args) -> int:
     if rows and (rows < 1 or args.smoke or set(args.suites) != {"compiler"}):
         raise ValueError(f"--rows {rows}: accepted for the compiler suite alone, without --smoke, as a positive row "
                          f"count (got suites {', '.join(args.suites)})")
+    models_only = {"mode": getattr(args, "mode", ""), "dtype": getattr(args, "dtype", ""),
+                   "batch": getattr(args, "batch", 0), "backends": getattr(args, "backends", "")}
+    given = [f"--{k}" for k, v in models_only.items() if v]
+    if given and set(args.suites) != {"models"}:
+        raise ValueError(f"{', '.join(given)}: accepted for the models suite alone (got suites {', '.join(args.suites)})")
+    if models_only["batch"] and models_only["batch"] < 1:
+        raise ValueError(f"--batch {models_only['batch']}: accepted values are positive batch sizes")
+    backends = tuple(b for b in models_only["backends"].split(",") if b)
+    if backends:
+        from .models_suite import BACKENDS
+
+        unknown = [b for b in backends if b not in BACKENDS]
+        if unknown:
+            raise ValueError(f"--backends: unknown {', '.join(unknown)}; accepted values are {', '.join(BACKENDS)}")
     dev = device.current()
     if (not dev.is_gpu or dev.interpreter) and not args.smoke:
         print(f"tilefuse bench: not run: {dev.describe()}; timings need a GPU "
               "(--smoke runs tiny shapes on the interpreter to check the suites' code, with no timing value)",
               file=sys.stderr)
         return 1
-    opts = SuiteOptions(quick=args.quick, smoke=args.smoke, only=tuple(args.only), rep_ms=args.rep_ms, rows=rows)
+    opts = SuiteOptions(quick=args.quick, smoke=args.smoke, only=tuple(args.only), rep_ms=args.rep_ms, rows=rows,
+                        mode=models_only["mode"], dtype=models_only["dtype"], batch=models_only["batch"],
+                        backends=backends)
     status = 0
     for name in args.suites:
         print(f"== bench {name}: {SUITES[name]} on {dev.describe()}", flush=True)

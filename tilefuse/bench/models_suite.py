@@ -1,0 +1,482 @@
+"""``tilefuse bench models``: whole models, training and inference, tilefuse against eager and Inductor.
+
+The method is PyTorch's dynamo benchmark harness's (``benchmarks/dynamo/common.py``), which users and reviewers
+know:
+
+1. **Accuracy first.** Each backend runs one step from the same weights and inputs as eager; the outputs (and,
+   in training, the loss and every parameter gradient) must match eager by :func:`accuracy`: ``allclose`` at the
+   dtype's tolerance, else the backend's RMSE against a float64 run of the model at most
+   :data:`RMSE_FACTOR` times eager's own RMSE (plus a floor for results that are exactly eager's). A row whose
+   backend is wrong says ``wrong: ...`` and is not timed.
+2. **Speed** as the ratio of medians over interleaved rounds: each round runs every backend's step
+   :data:`STEPS_PER_ROUND` times (order rotated a round), so a drift of the GPU's clocks lands on all alike.
+   ``ms_p50`` is the median over rounds of a step's mean, ``ms_p20``/``ms_p80`` the spread of the rounds.
+3. **Summary**: geomean of the speed-ups over the models, per backend and mode.
+
+Rows: ``case`` = ``<model>-<mode>-b<batch>``; ``impl`` = the backend; ``baseline`` = eager (``vs_baseline`` = eager
+time / this time); ``note`` carries ``key=value`` fields: the speed-up over each Inductor mode run, compile
+seconds cold (the first call in a fresh Dynamo) and warm (the same after ``torch._dynamo.reset()``, with the disk
+caches warm), peak GPU memory, Dynamo graphs and graph breaks, and tilefuse's kernels, externs and fallbacks.
+
+Models (random weights built from config objects: nothing is downloaded): the Hugging Face families GPT-2
+124M, a Llama-style ~1B, BERT-base, T5-small, ViT-B/16, a Qwen2-style model with grouped-query attention; the
+torchvision models ResNet-50, MobileNetV2 and ConvNeXt-T where torchvision is installed; and a UNet written
+here. ``--smoke`` runs tiny configs of the Hugging Face and plain-PyTorch models on the CPU (Triton's
+interpreter), eager and tilefuse only: it proves the code path and the accuracy check; its times mean nothing.
+
+Not yet here: the decode step with a KV cache (batch 1), which needs a static cache to compile without a
+recompile a token; ``tilefuse-reduce-overhead`` rows say "not run" until tilefuse has CUDA graphs.
+"""
+from __future__ import annotations
+
+import copy
+import dataclasses
+import math
+import statistics
+import time
+from typing import Any, Callable
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from . import harness, runner
+
+SUITE = "models"
+BACKENDS = ("eager", "inductor", "inductor-max-autotune", "inductor-reduce-overhead", "tilefuse",
+            "tilefuse-reduce-overhead")
+SMOKE_BACKENDS = ("eager", "tilefuse")  # Inductor on the CPU builds C++ for minutes: not a smoke test
+MODES = ("train", "infer")
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+NOT_YET = {"tilefuse-reduce-overhead": "tilefuse has no CUDA-graph mode yet (compiles as the default mode)"}
+
+# The dynamo harness's tolerances: allclose at these, else the RMSE rule below.
+TOLERANCE = {torch.float32: 1e-4, torch.bfloat16: 1e-2, torch.float16: 1e-3, torch.float64: 1e-7}
+# A backend's RMSE against float64 may be this many times eager's own RMSE (the harness's multiplier is 2-3;
+# training steps compare gradients, whose error a different but correct summation order changes more).
+RMSE_FACTOR = 3.0
+RMSE_FLOOR = 1e-7  # against results eager computes exactly (an RMSE of 0.0 would admit nothing)
+ROUNDS, STEPS_PER_ROUND = 5, 3
+SMOKE_ROUNDS, SMOKE_STEPS = 2, 1
+
+
+# ------------------------------------------------------------------------------------------------ models
+@dataclasses.dataclass
+class ModelCase:
+    """A model builder and its inputs: ``build(tiny)`` -> module; ``inputs(model, batch, device)`` -> kwargs;
+    ``loss(output)`` -> scalar for training; ``batch``: the serving / training batch at real size."""
+    name: str
+    build: Callable[[bool], nn.Module]
+    inputs: Callable[[nn.Module, int, torch.device], dict]
+    batch: int
+    family: str  # "hf" or "vision"
+
+
+def _hf():
+    import transformers  # noqa: F401  (a clear ImportError where it is missing)
+
+    return transformers
+
+
+def _tokens(vocab: int, seq: int, labels: bool = True):
+    def make(model, batch, device):
+        ids = torch.randint(0, vocab, (batch, seq), device=device)
+        return {"input_ids": ids, **({"labels": ids.clone()} if labels else {})}
+    return make
+
+
+def _gpt2(tiny):
+    t = _hf()
+    cfg = t.GPT2Config(n_embd=64, n_layer=2, n_head=4, vocab_size=128, n_positions=64) if tiny else t.GPT2Config()
+    cfg.resid_pdrop = cfg.embd_pdrop = cfg.attn_pdrop = 0.0
+    return t.GPT2LMHeadModel(cfg)
+
+
+def _llama(tiny):
+    t = _hf()
+    if tiny:
+        cfg = t.LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                            num_key_value_heads=2, vocab_size=128, max_position_embeddings=64)
+    else:  # ~1.1B: TinyLlama's shape
+        cfg = t.LlamaConfig(hidden_size=2048, intermediate_size=5632, num_hidden_layers=22, num_attention_heads=32,
+                            num_key_value_heads=4, vocab_size=32000, max_position_embeddings=2048)
+    return t.LlamaForCausalLM(cfg)
+
+
+def _qwen2(tiny):
+    t = _hf()
+    if tiny:
+        cfg = t.Qwen2Config(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                            num_key_value_heads=1, vocab_size=128, max_position_embeddings=64)
+    else:  # Qwen2-0.5B's shape: 14 query heads sharing 2 key/value heads
+        cfg = t.Qwen2Config(hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14,
+                            num_key_value_heads=2, vocab_size=151936, max_position_embeddings=4096)
+    return t.Qwen2ForCausalLM(cfg)
+
+
+def _bert(tiny):
+    t = _hf()
+    cfg = (t.BertConfig(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128,
+                        vocab_size=128, max_position_embeddings=64) if tiny else t.BertConfig())
+    cfg.hidden_dropout_prob = cfg.attention_probs_dropout_prob = 0.0
+    return t.BertForMaskedLM(cfg)
+
+
+def _t5(tiny):
+    t = _hf()
+    kw = dict(d_model=64, d_kv=16, d_ff=128, num_layers=2, num_decoder_layers=2, num_heads=4, vocab_size=128,
+              relative_attention_num_buckets=8, relative_attention_max_distance=16) if tiny else \
+        dict(d_model=512, d_kv=64, d_ff=2048, num_layers=6, num_heads=8, vocab_size=32128)  # t5-small
+    return t.T5ForConditionalGeneration(t.T5Config(dropout_rate=0.0, decoder_start_token_id=0, pad_token_id=0, **kw))
+
+
+def _t5_inputs(vocab, seq):
+    def make(model, batch, device):
+        return {"input_ids": torch.randint(1, vocab, (batch, seq), device=device),
+                "labels": torch.randint(1, vocab, (batch, seq // 2), device=device)}
+    return make
+
+
+def _vit(tiny):
+    t = _hf()
+    cfg = (t.ViTConfig(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128,
+                       image_size=32, patch_size=8, num_labels=10) if tiny else t.ViTConfig(num_labels=1000))
+    cfg.hidden_dropout_prob = cfg.attention_probs_dropout_prob = 0.0
+    return t.ViTForImageClassification(cfg)
+
+
+def _images(size, classes):
+    def make(model, batch, device):
+        return {"pixel_values": torch.randn(batch, 3, size, size, device=device),
+                "labels": torch.randint(0, classes, (batch,), device=device)}
+    return make
+
+
+class UNet(nn.Module):
+    """A small UNet: two levels down (conv, BatchNorm, ReLU, max-pool), up by transposed convs with skips."""
+
+    def __init__(self, width: int = 16, classes: int = 3):
+        super().__init__()
+
+        def block(ci, co):
+            return nn.Sequential(nn.Conv2d(ci, co, 3, padding=1, bias=False), nn.BatchNorm2d(co), nn.ReLU(),
+                                 nn.Conv2d(co, co, 3, padding=1, bias=False), nn.BatchNorm2d(co), nn.ReLU())
+        w = width
+        self.down1, self.down2, self.mid = block(3, w), block(w, 2 * w), block(2 * w, 4 * w)
+        self.up2, self.dec2 = nn.ConvTranspose2d(4 * w, 2 * w, 2, stride=2), block(4 * w, 2 * w)
+        self.up1, self.dec1 = nn.ConvTranspose2d(2 * w, w, 2, stride=2), block(2 * w, w)
+        self.head = nn.Conv2d(w, classes, 1)
+
+    def forward(self, pixel_values, labels=None):
+        d1 = self.down1(pixel_values)
+        d2 = self.down2(F.max_pool2d(d1, 2))
+        m = self.mid(F.max_pool2d(d2, 2))
+        u2 = self.dec2(torch.cat([self.up2(m), d2], 1))
+        logits = self.head(self.dec1(torch.cat([self.up1(u2), d1], 1)))
+        return logits if labels is None else (F.cross_entropy(logits, labels), logits)
+
+
+def _unet(tiny):
+    return UNet(width=8 if tiny else 64)
+
+
+def _seg_inputs(size, classes=3):
+    def make(model, batch, device):
+        return {"pixel_values": torch.randn(batch, 3, size, size, device=device),
+                "labels": torch.randint(0, classes, (batch, size, size), device=device)}
+    return make
+
+
+class Classifier(nn.Module):
+    """An image classifier called as the Hugging Face models are: ``(pixel_values, labels) -> (loss, logits)``."""
+
+    def __init__(self, net: nn.Module):
+        super().__init__()
+        self.net = net
+
+    def forward(self, pixel_values, labels=None):
+        logits = self.net(pixel_values)
+        return logits if labels is None else (F.cross_entropy(logits, labels), logits)
+
+
+def _torchvision(name):
+    def build(tiny):
+        import torchvision
+
+        return Classifier(getattr(torchvision.models, name)(weights=None))
+    return build
+
+
+def cases(smoke: bool) -> list[ModelCase]:
+    """The suite's models: tiny configs on the CPU smoke run, real sizes otherwise."""
+    if smoke:
+        return [ModelCase("gpt2", _gpt2, _tokens(128, 16), 2, "hf"),
+                ModelCase("llama", _llama, _tokens(128, 16), 2, "hf"),
+                ModelCase("qwen2-gqa", _qwen2, _tokens(128, 16), 2, "hf"),
+                ModelCase("bert", _bert, _tokens(128, 16), 2, "hf"),
+                ModelCase("t5", _t5, _t5_inputs(128, 16), 2, "hf"),
+                ModelCase("vit", _vit, _images(32, 10), 2, "hf"),
+                ModelCase("unet", _unet, _seg_inputs(16), 2, "vision")]
+    out = [ModelCase("gpt2-124m", _gpt2, _tokens(50257, 512), 8, "hf"),
+           ModelCase("llama-1b", _llama, _tokens(32000, 1024), 4, "hf"),
+           ModelCase("qwen2-0.5b-gqa", _qwen2, _tokens(151936, 1024), 4, "hf"),
+           ModelCase("bert-base", _bert, _tokens(30522, 512), 16, "hf"),
+           ModelCase("t5-small", _t5, _t5_inputs(32128, 512), 16, "hf"),
+           ModelCase("vit-b16", _vit, _images(224, 1000), 32, "hf"),
+           ModelCase("unet", _unet, _seg_inputs(256), 8, "vision")]
+    try:
+        import torchvision  # noqa: F401
+
+        out += [ModelCase("resnet50", _torchvision("resnet50"), _images(224, 1000), 64, "vision"),
+                ModelCase("mobilenet_v2", _torchvision("mobilenet_v2"), _images(224, 1000), 64, "vision"),
+                ModelCase("convnext_tiny", _torchvision("convnext_tiny"), _images(224, 1000), 64, "vision")]
+    except ImportError:
+        pass
+    return out
+
+
+# ------------------------------------------------------------------------------------------------ steps
+def _loss(out) -> torch.Tensor:
+    """A scalar from any model's output: the model's own loss where it returns one."""
+    if isinstance(out, torch.Tensor):
+        return out.float().pow(2).mean()
+    loss = getattr(out, "loss", None)
+    if loss is not None:
+        return loss
+    if isinstance(out, (tuple, list)):
+        return out[0].float() if out[0].dim() == 0 else out[0].float().pow(2).mean()
+    return out.logits.float().pow(2).mean()
+
+
+def _outputs(out) -> list[torch.Tensor]:
+    """The tensors of a model's output, in a fixed order (logits, loss, ...)."""
+    if isinstance(out, torch.Tensor):
+        return [out]
+    if isinstance(out, (tuple, list)):
+        return [t for t in out if isinstance(t, torch.Tensor)]
+    return [v for k, v in out.items() if isinstance(v, torch.Tensor)]
+
+
+class Runner:
+    """One backend's model (its own copy of the weights), optimizer and step."""
+
+    def __init__(self, model: nn.Module, backend: str, mode: str, dtype: torch.dtype, device: torch.device):
+        self.model, self.backend = model, backend
+        self.mode, self.dtype, self.device = mode, dtype, device
+        self.fn = model if backend == "eager" else torch.compile(model, **_compile_args(backend))
+        self.opt = torch.optim.AdamW(model.parameters(), lr=1e-4) if mode == "train" else None
+        self.autocast = dtype != torch.float32 and device.type == "cuda" and mode == "train"
+
+    def step(self, kwargs) -> list[torch.Tensor]:
+        if self.mode == "infer":
+            with torch.no_grad():
+                return _outputs(self.fn(**kwargs))
+        with torch.autocast(self.device.type, dtype=self.dtype, enabled=self.autocast):
+            out = self.fn(**kwargs)
+            loss = _loss(out)
+        loss.backward()
+        grads = [p.grad.detach().clone() if p.grad is not None else torch.zeros_like(p)
+                 for p in self.model.parameters()]
+        self.opt.step()
+        self.opt.zero_grad(set_to_none=True)
+        return [loss.detach()] + grads
+
+
+def _compile_args(backend: str) -> dict:
+    if backend.startswith("inductor"):
+        mode = backend.removeprefix("inductor").lstrip("-") or None
+        return {"backend": "inductor", "mode": mode}
+    if backend.startswith("tilefuse"):
+        return {"backend": "tilefuse"}
+    raise ValueError(f"unknown backend {backend!r}: accepted values are {', '.join(BACKENDS)}")
+
+
+# ------------------------------------------------------------------------------------------------ accuracy
+def _rmse(a: torch.Tensor, b: torch.Tensor) -> float:
+    return torch.sqrt(torch.mean((a.double() - b.double()) ** 2)).item() if a.numel() else 0.0
+
+
+def accuracy(got: list[torch.Tensor], eager: list[torch.Tensor], ref: list[torch.Tensor],
+             dtype: torch.dtype) -> str | None:
+    """None if ``got`` matches ``eager`` by the dynamo harness's rule, else what differs (the first tensor).
+
+    Per tensor: ``allclose(got, eager)`` at :data:`TOLERANCE`; else ``rmse(got, ref) <= RMSE_FACTOR *
+    rmse(eager, ref) + RMSE_FLOOR`` against the float64 run ``ref``. A non-finite value where eager has a finite
+    one always fails."""
+    if len(got) != len(eager):
+        return f"{len(got)} tensors where eager has {len(eager)}"
+    tol = TOLERANCE.get(dtype, 1e-4)
+    for i, (g, e, r) in enumerate(zip(got, eager, ref)):
+        if g.shape != e.shape:
+            return f"tensor {i}: shape {tuple(g.shape)}, eager {tuple(e.shape)}"
+        g64, e64 = g.detach().double().cpu(), e.detach().double().cpu()
+        if bool((torch.isfinite(e64) & ~torch.isfinite(g64)).any()):
+            return f"tensor {i}: non-finite values where eager's are finite"
+        if torch.allclose(g64, e64, rtol=tol, atol=tol, equal_nan=True):
+            continue
+        r64 = r.detach().double().cpu()
+        mine, theirs = _rmse(g64, r64), _rmse(e64, r64)
+        if mine > RMSE_FACTOR * theirs + RMSE_FLOOR:
+            return f"tensor {i}: rmse {mine:.3g} against float64, eager's {theirs:.3g}"
+    return None
+
+
+# ------------------------------------------------------------------------------------------------ the suite
+def _stats_note(backend: str) -> dict:
+    from torch._dynamo.utils import counters
+
+    note = {"graphs": int(counters["stats"]["unique_graphs"]),
+            "graph_breaks": int(sum(counters["graph_break"].values()))}
+    if backend.startswith("tilefuse"):
+        import tilefuse.compiler as compiler
+
+        s = compiler.stats()
+        note.update(kernels=s["kernels"], externs=s["externs"], fallbacks=len(s["fallbacks"]))
+    return note
+
+
+def _fmt_note(fields: dict) -> str:
+    return "; ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in fields.items())
+
+
+def run_case(rec: harness.Recorder, case: ModelCase, mode: str, dtype: torch.dtype, batch: int,
+             backends: tuple[str, ...], smoke: bool, log: Callable[[str], None]) -> list[harness.Row]:
+    device = torch.device("cpu") if smoke else torch.device("cuda")
+    name = f"{case.name}-{mode}-b{batch}"
+    torch.manual_seed(0)
+    try:
+        base = case.build(smoke)
+    except ImportError as exc:
+        return [rec.skip(name, b, f"not run: {exc}") for b in backends]
+    base.train(mode == "train")
+    model_dtype = torch.float32 if mode == "train" else dtype
+    kwargs = case.inputs(base, batch, device)
+    if case.family == "vision" and "pixel_values" in kwargs:
+        kwargs["pixel_values"] = kwargs["pixel_values"].to(model_dtype)
+    shape = f"batch {batch}"
+
+    # float64 reference (the accuracy rule's yardstick), then eager's own step from the same weights
+    ref_model = copy.deepcopy(base).to(device=device, dtype=torch.float64)
+    ref_kwargs = {k: v.double() if v.is_floating_point() else v for k, v in kwargs.items()}
+    ref = Runner(ref_model, "eager", mode, torch.float64, device).step(ref_kwargs)
+    del ref_model
+    runners: dict[str, Runner] = {}
+    results: dict[str, list[torch.Tensor]] = {}
+    fields: dict[str, dict] = {}
+    rows: list[harness.Row] = []
+    for backend in backends:
+        if backend in NOT_YET:
+            rows.append(rec.skip(name, backend, f"not run: {NOT_YET[backend]}", dtype=dtype, shape=shape))
+            continue
+        log(f"  {name:<28} {backend:<26} compile + accuracy")
+        torch._dynamo.reset()
+        from torch._dynamo.utils import counters
+
+        counters.clear()
+        if backend.startswith("tilefuse"):
+            import tilefuse.compiler as compiler
+
+            compiler.reset_stats()
+        model = copy.deepcopy(base).to(device=device, dtype=model_dtype)
+        try:
+            r = Runner(model, backend, mode, dtype, device)
+            t0 = time.perf_counter()
+            results[backend] = r.step(kwargs)
+            _sync(device)
+            cold = time.perf_counter() - t0
+            f = {"compile_cold_s": cold, **_stats_note(backend)}
+            if backend != "eager":  # warm: a fresh Dynamo, the disk caches of the cold compile
+                torch._dynamo.reset()
+                warm_model = copy.deepcopy(base).to(device=device, dtype=model_dtype)
+                t0 = time.perf_counter()
+                Runner(warm_model, backend, mode, dtype, device).step(kwargs)
+                _sync(device)
+                f["compile_warm_s"] = time.perf_counter() - t0
+                del warm_model
+        except Exception as exc:  # one backend failing must not end the suite
+            rows.append(rec._error_row(name, backend, dtype, shape, exc, {"baseline": "eager"}))
+            continue
+        wrong = None if backend == "eager" else accuracy(results[backend], results["eager"], ref, dtype)
+        if wrong:
+            log(f"  {name:<28} {backend:<26} WRONG {wrong}")
+            rows.append(rec._row(name, backend, dtype, shape, status=f"wrong: {wrong}", baseline="eager",
+                                 note=_fmt_note(f)))
+            continue
+        runners[backend], fields[backend] = r, f
+
+    # speed: interleaved rounds over the backends that ran and were right
+    log(f"  {name:<28} timing {', '.join(runners)}")
+    rounds, steps = (SMOKE_ROUNDS, SMOKE_STEPS) if smoke else (ROUNDS, STEPS_PER_ROUND)
+    samples: dict[str, list[float]] = {b: [] for b in runners}
+    peak: dict[str, int] = {}
+    order = list(runners)
+    for k in range(rounds):
+        for backend in order[k % len(order):] + order[:k % len(order)]:
+            if device.type == "cuda":
+                torch.cuda.reset_peak_memory_stats()
+            _sync(device)
+            t0 = time.perf_counter()
+            for _ in range(steps):
+                runners[backend].step(kwargs)
+            _sync(device)
+            samples[backend].append((time.perf_counter() - t0) * 1e3 / steps)
+            if device.type == "cuda":
+                peak[backend] = max(peak.get(backend, 0), torch.cuda.max_memory_allocated())
+    medians = {b: statistics.median(v) for b, v in samples.items()}
+    for backend, times in samples.items():
+        f = fields[backend]
+        for other in ("inductor", "inductor-max-autotune", "inductor-reduce-overhead"):
+            if other in medians and other != backend:
+                f[f"x_{other}"] = medians[other] / medians[backend]
+        if backend in peak:
+            f["peak_gib"] = peak[backend] / 2**30
+        rows.append(rec._timed_row(name, backend, dtype, shape, medians[backend], min(_quantile(times, 0.2), medians[backend]),
+                                   max(_quantile(times, 0.8), medians[backend]),
+                                   {"baseline": "eager", "note": _fmt_note(f)}))
+    return rows
+
+
+def _quantile(values: list[float], q: float) -> float:
+    s = sorted(values)
+    return s[min(len(s) - 1, max(0, round(q * (len(s) - 1))))]
+
+
+def _sync(device):
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def summary(rows: list[harness.Row]) -> list[str]:
+    """One line per (backend, mode): geomean speed-up over eager, and how many models were right."""
+    lines = []
+    keys = sorted({(r.impl, r.case.split("-")[-2]) for r in rows if r.impl != "eager"})
+    for impl, mode in keys:
+        mine = [r for r in rows if r.impl == impl and r.case.split("-")[-2] == mode]
+        ok = [r.vs_baseline for r in mine if r.ok and r.vs_baseline]
+        g = harness.geomean(ok)
+        lines.append(f"{impl:<26} {mode:<6} geomean {g:.3f}x eager over {len(ok)} models"
+                     if g else f"{impl:<26} {mode:<6} no model timed")
+        bad = [r.case for r in mine if r.status.startswith(("wrong", "error"))]
+        if bad:
+            lines.append(f"{'':<26} {mode:<6} wrong or failed: {', '.join(bad)}")
+    return lines
+
+
+def run(opts: runner.SuiteOptions) -> list[harness.Row]:
+    rec = opts.recorder(SUITE, compute_bound=True)
+    modes = (opts.mode,) if opts.mode else MODES
+    dtype = DTYPES[opts.dtype] if opts.dtype else (torch.float32 if opts.smoke else torch.bfloat16)
+    backends = tuple(opts.backends) if opts.backends else (SMOKE_BACKENDS if opts.smoke else BACKENDS)
+    if "eager" not in backends:
+        backends = ("eager",) + backends  # the baseline and the accuracy yardstick
+    for case in cases(opts.smoke):
+        if not opts.wants(case.name):
+            continue
+        for mode in modes:
+            batch = opts.batch or case.batch
+            opts.log(f"[models] {case.name} {mode} batch {batch} ({', '.join(backends)})")
+            run_case(rec, case, mode, dtype, batch, backends, opts.smoke, opts.log)
+    rows = rec.finish()
+    for line in summary(rows):
+        opts.log(f"[models] {line}")
+    return rows
