@@ -20,7 +20,7 @@ import time
 import torch
 
 from .. import config
-from . import lowering, records, runtime
+from . import lowering, options, records, runtime
 from .decompositions import decomposition_table
 from .lowering import FallbackError
 
@@ -105,45 +105,53 @@ def _partition_fn():
 _MODES_WARNED: set = set()
 
 
-def check_backend_arguments(kwargs: dict) -> None:
-    """What ``torch.compile(..., mode=, options=)`` hands the backend. tilefuse has one mode: another mode
-    ("reduce-overhead", "max-autotune", ...) compiles the default, with a warning a mode (tilefuse has no
-    CUDA graphs and does not autotune its generated kernels). ``options`` has no keys tilefuse reads: its
-    settings are environment variables (tilefuse.config), so any key is an error that says so, rather than
-    an option silently dropped."""
+def check_backend_arguments(kwargs: dict) -> dict:
+    """What ``torch.compile(..., mode=, options=)`` hands the backend; returns the config overrides of
+    ``options`` (:mod:`.options`: debug, strict, cache_dir, autotune; an unknown key or bad value is an error).
+    tilefuse has one mode: another mode ("reduce-overhead", "max-autotune", ...) compiles the default, with a
+    warning a mode (tilefuse has no CUDA graphs yet and does not autotune its generated kernels)."""
     kwargs = dict(kwargs)
-    mode, options = kwargs.pop("mode", None), kwargs.pop("options", None)
+    mode, opts = kwargs.pop("mode", None), kwargs.pop("options", None)
     if kwargs:
         raise TypeError(f"tilefuse backend: unexpected argument(s) {', '.join(sorted(kwargs))}; "
                         f"torch.compile passes only mode= and options=")
-    if options:
-        raise ValueError(f"tilefuse backend: options={{{', '.join(repr(k) for k in sorted(options))}}} not "
-                         f"accepted: the backend takes no options; its settings are the TILEFUSE_* environment "
-                         f"variables (TILEFUSE_DEBUG, TILEFUSE_STRICT, ...; see tilefuse.config)")
+    overrides = options.validate(opts)
     if mode not in (None, "default") and mode not in _MODES_WARNED:
         import warnings
 
         _MODES_WARNED.add(mode)
         warnings.warn(f"tilefuse backend: mode={mode!r} is not a tilefuse mode (it has one: no CUDA graphs, "
                       f"no autotuning of generated kernels); compiling with its default", stacklevel=2)
+    return overrides
 
 
 def tilefuse_backend(gm: torch.fx.GraphModule, example_inputs, **kwargs):
     """Dynamo backend entry point (``torch.compile(..., backend="tilefuse")``)."""
     from torch._functorch.aot_autograd import aot_module_simplified
 
-    check_backend_arguments(kwargs)
+    overrides = check_backend_arguments(kwargs)
+
+    def compiler(kind):
+        compile_graph = _compiler(kind)
+        if not overrides:
+            return compile_graph
+
+        def with_options(gm, example_inputs):
+            with options.applied(overrides):
+                return compile_graph(gm, example_inputs)
+        return with_options
 
     try:
-        return aot_module_simplified(
-            gm, example_inputs,
-            fw_compiler=_compiler("forward"),
-            bw_compiler=_compiler("backward"),
-            inference_compiler=_compiler("inference"),
-            decompositions=decomposition_table(),
-            partition_fn=_partition_fn(),
-            keep_inference_input_mutations=True,
-        )
+        with options.applied(overrides):
+            return aot_module_simplified(
+                gm, example_inputs,
+                fw_compiler=compiler("forward"),
+                bw_compiler=compiler("backward"),
+                inference_compiler=compiler("inference"),
+                decompositions=decomposition_table(),
+                partition_fn=_partition_fn(),
+                keep_inference_input_mutations=True,
+            )
     except (FallbackError, torch._dynamo.exc.RestartAnalysis):
         raise  # RestartAnalysis: Dynamo's request to trace the frame again (e.g. with scalars specialised)
     except Exception as exc:
