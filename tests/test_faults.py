@@ -145,6 +145,7 @@ def test_a_bad_tuning_entry_is_reported_once_deleted_and_rebuilt(tmp_cache, dama
 def test_read_json_guards_the_parse_and_the_content(tmp_cache):
     path = diskcache.folder("faults") / "entry.json"
     diskcache.write_json(path, {"n": 3})
+    assert path.stat().st_mode & 0o777 == diskcache.FILE_MODE  # as open() would make it, not mkstemp's 0600
     assert diskcache.read_json(path, check=lambda v: v["n"] == 3) == {"n": 3}
     with pytest.warns(tilefuse.TilefuseCacheWarning, match=r"entry\.json.*KeyError"):
         assert diskcache.read_json(path, check=lambda v: v["m"]) is None

@@ -27,6 +27,22 @@ from typing import Any, Callable
 
 from . import config
 
+def _read_umask() -> int:
+    """The process's umask, read without changing it (os.umask sets as it reads: a race with other threads)."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    return 0o022
+
+
+# Entries get the mode a plain open() would give them (mkstemp makes 0600): a cache folder shared by several
+# users (a team's TILEFUSE_CACHE_DIR) stays readable by all of them.
+FILE_MODE = 0o666 & ~_read_umask()
+
 _lock = threading.Lock()
 _roots: dict[Path, Path] = {}  # configured folder -> the folder in use for it (itself, or a private one)
 _reported: set[str] = set()  # bad entries already reported in this process (once each)
@@ -114,6 +130,7 @@ def _write_once(path: Path, data: bytes) -> None:
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "wb") as f:
+            os.fchmod(f.fileno(), FILE_MODE)
             f.write(data)
         os.replace(tmp, path)
     except BaseException:
@@ -167,6 +184,9 @@ def read_bytes(path: Path) -> tuple[bytes, tuple] | None:
         return None
     except IsADirectoryError:
         discard(path, "a folder where a file belongs")
+        return None
+    except OSError as exc:  # unreadable (another user's 0600 file, an I/O error): a miss, said once
+        discard(path, f"it cannot be read: {type(exc).__name__}: {exc}")
         return None
 
 
