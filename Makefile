@@ -14,9 +14,23 @@ SYSPY     ?= python3
 DEPS      := torch==2.13.0 triton==3.6.0 "numpy<2.4" pytest pytest-xdist hypothesis matplotlib
 PYTEST_JOBS ?= 2
 
-.PHONY: demo test test-fast gpu-test bench targets clean
+.PHONY: demo test test-fast gpu-test bench targets clean deps
+
+# System packages the tests need: clang-19 compiles the HIP translation of the CUDA C++ ladder for gfx90a and
+# gfx942 (compile-only). Installed with apt where apt can (root, or passwordless sudo); elsewhere the tests
+# that need it skip, saying so. CI (.ci/run) runs this same step through `make test`.
+deps:
+	@if command -v clang-19 >/dev/null 2>&1; then :; \
+	elif command -v apt-get >/dev/null 2>&1 && { [ "$$(id -u)" -eq 0 ] || sudo -n true 2>/dev/null; }; then \
+	  SUDO=$$([ "$$(id -u)" -eq 0 ] || echo sudo); \
+	  echo "installing clang-19 (HIP compile-only tests) with apt-get"; \
+	  $$SUDO apt-get update -q && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -q clang-19; \
+	else \
+	  echo "note: clang-19 is not installed and apt-get cannot install it here: the HIP compile tests will skip"; \
+	fi
 
 $(STAMP): pyproject.toml
+	$(MAKE) --no-print-directory deps
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q $(DEPS)
@@ -26,7 +40,7 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	$(PY) -m tilefuse demo
 
-test: $(STAMP)
+test: $(STAMP) deps
 	OMP_NUM_THREADS=1 $(PY) -m pytest -q -n $(PYTEST_JOBS) --dist loadgroup
 
 targets: $(STAMP)

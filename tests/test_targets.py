@@ -70,9 +70,16 @@ def test_every_registered_kernel_builds_for_every_claimed_target():
     results = [targets.Result(**r) for r in data["results"]]
     assert results, "no kernel is registered"
     bad = targets.failures(results)
+    # the ladder's HIP cells need clang-19 (`make test` installs it where apt can): without it they are
+    # skipped with the reason test_cuda_ladder gives, after every other cell is checked
+    no_clang = [r for r in bad if r.kind == "hip" and "not found (TILEFUSE_HIP_CLANG)" in r.error]
+    bad = [r for r in bad if r not in no_clang]
     assert not bad, "\n".join(f"{r.kernel} [{r.example}] {r.target}: {r.error}" for r in bad)
-    assert proc.returncode == 0
+    assert proc.returncode == (1 if no_clang else 0)
     gemm = [r for r in results if r.kernel == "gemm_tiled" and r.ok]
     assert {r.target for r in gemm} == set(targets.ALL_TARGETS)
     assert any(r.mma == "wgmma" for r in gemm if r.target == "sm_90a")
     assert any(r.mma == "v_mfma" for r in gemm if r.target == "gfx942")
+    if no_clang:
+        pytest.skip(f"clang-19 is not installed (TILEFUSE_HIP_CLANG): {len(no_clang)} HIP cells of the CUDA C++ "
+                    "ladder not compiled (every other cell passed)")

@@ -15,6 +15,8 @@ from __future__ import annotations
 import importlib
 
 from . import config, device  # device first: it switches the interpreter on before any @triton.jit runs
+from .config import (TilefuseCacheWarning, TilefuseConfigWarning, TilefuseFallbackWarning,  # noqa: F401
+                     TilefuseWarning)
 
 __version__ = "0.1.0"
 

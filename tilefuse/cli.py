@@ -26,16 +26,19 @@ def cmd_info(args) -> int:
     import torch
     import triton
 
-    from . import config, device
+    from . import config, device, diskcache
 
     dev = device.current()
+    cache_in_use = diskcache.root()
+    cache_line = str(config.get().cache_dir) + (f" (unusable: this process uses {cache_in_use})"
+                                                if cache_in_use != config.get().cache_dir else "")
     lines = [f"tilefuse {__import__('tilefuse').__version__}",
              f"device:    {dev.describe()}",
              f"torch:     {torch.__version__}" + (f" (HIP {torch.version.hip})" if torch.version.hip else
                                                  f" (CUDA {torch.version.cuda})" if torch.version.cuda else ""),
              f"triton:    {triton.__version__}",
              f"python:    {sys.version.split()[0]}",
-             f"cache dir: {config.get().cache_dir}",
+             f"cache dir: {cache_line}",
              f"debug:     TILEFUSE_DEBUG={config.get().debug} ({config.DEBUG_LEVELS[config.get().debug]})"]
     sheet = device.datasheet(dev)
     if sheet:

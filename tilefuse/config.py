@@ -30,6 +30,14 @@ variable                   meaning
 ``LOCAL_RANK``,            set by torchrun (read, never set, by tilefuse): only local rank 0 of a host
 ``LOCAL_WORLD_SIZE``       tunes GEMM configs; the others read its decisions from the shared disk cache.
 =========================  =========================================================================
+
+A value tilefuse cannot use never stops ``import tilefuse``: the settings read at import warn
+(:class:`TilefuseConfigWarning`, naming the variable and the accepted values) and use the default for that
+variable. :func:`load` called directly raises ``ValueError`` instead.
+
+The warning categories tilefuse emits live here (the floor every layer may import) and are exported as
+``tilefuse.TilefuseWarning`` and its subclasses, so a user can filter them:
+``warnings.simplefilter("error", tilefuse.TilefuseFallbackWarning)``.
 """
 from __future__ import annotations
 
@@ -37,8 +45,26 @@ import contextlib
 import dataclasses
 import os
 import sys
+import warnings
 from pathlib import Path
 from typing import Iterator, Mapping
+
+class TilefuseWarning(UserWarning):
+    """Base of every warning tilefuse emits."""
+
+
+class TilefuseFallbackWarning(TilefuseWarning):
+    """Work ran in ATen (or torch) instead of a tilefuse kernel: correct results, not tilefuse's code."""
+
+
+class TilefuseCacheWarning(TilefuseWarning):
+    """The disk cache healed itself: a bad entry was deleted and rebuilt, or an unusable cache folder was
+    replaced by a private temporary one."""
+
+
+class TilefuseConfigWarning(TilefuseWarning):
+    """A ``TILEFUSE_*`` value could not be used; its default is in force."""
+
 
 DEBUG_LEVELS = {0: "quiet", 1: "kernel names, fallbacks, timings", 2: "+ kernel sources", 3: "+ IR after each pass"}
 INTERPRET_CHOICES = ("auto", "0", "1")
@@ -112,30 +138,49 @@ def _default_cache_dir(env: Mapping[str, str]) -> Path:
     return Path(base) / "tilefuse"
 
 
-def load(env: Mapping[str, str] | None = None) -> Config:
-    """Read the settings from ``env`` (default: the process environment)."""
+def _interpret_var(env: Mapping[str, str], name: str, default: str) -> str:
+    value = env.get(name, default).strip().lower() or default
+    if value not in INTERPRET_CHOICES:
+        raise ValueError(f"{name}={value!r}: expected one of {', '.join(INTERPRET_CHOICES)}")
+    return value
+
+
+def load(env: Mapping[str, str] | None = None, *, strict: bool = True) -> Config:
+    """Read the settings from ``env`` (default: the process environment).
+
+    ``strict`` (default): a value that cannot be used raises ``ValueError`` naming the variable and the
+    accepted values. ``strict=False`` (the import of tilefuse): it warns the same message
+    (:class:`TilefuseConfigWarning`) and that variable takes its default."""
     env = os.environ if env is None else env
-    interpret = env.get("TILEFUSE_INTERPRET", "auto").strip().lower() or "auto"
-    if interpret not in INTERPRET_CHOICES:
-        raise ValueError(f"TILEFUSE_INTERPRET={interpret!r}: expected one of {', '.join(INTERPRET_CHOICES)}")
+
+    def parsed(read, name, default):
+        try:
+            return read(env, name, default)
+        except ValueError as exc:
+            if strict:
+                raise
+            warnings.warn(f"{exc}; using the default ({default!r}) instead", TilefuseConfigWarning, stacklevel=3)
+            return default
+
     cache_dir = env.get("TILEFUSE_CACHE_DIR", "").strip()
     return Config(
-        debug=_int_var(env, "TILEFUSE_DEBUG", 0, range(0, 4)),
+        debug=parsed(lambda e, n, d: _int_var(e, n, d, range(0, 4)), "TILEFUSE_DEBUG", 0),
         cache_dir=Path(cache_dir).expanduser() if cache_dir else _default_cache_dir(env),
-        autotune=_bool_var(env, "TILEFUSE_AUTOTUNE", None),
-        interpret=interpret,
-        strict=bool(_bool_var(env, "TILEFUSE_STRICT", False)),
+        autotune=parsed(_bool_var, "TILEFUSE_AUTOTUNE", None),
+        interpret=parsed(_interpret_var, "TILEFUSE_INTERPRET", "auto"),
+        strict=bool(parsed(_bool_var, "TILEFUSE_STRICT", False)),
         nvcc=env.get("TILEFUSE_NVCC", "").strip() or "nvcc",
         hip_clang=env.get("TILEFUSE_HIP_CLANG", "").strip() or "clang-19",
-        progress=bool(_bool_var(env, "TILEFUSE_PROGRESS", True)),
+        progress=bool(parsed(_bool_var, "TILEFUSE_PROGRESS", True)),
         git_sha=env.get("TILEFUSE_GIT_SHA", "").strip(),
-        tune_wait_s=_float_var(env, "TILEFUSE_TUNE_WAIT_S", 300.0),
+        tune_wait_s=parsed(_float_var, "TILEFUSE_TUNE_WAIT_S", 300.0),
         local_rank=_launcher_int(env, "LOCAL_RANK", None, minimum=0),
         local_world_size=_launcher_int(env, "LOCAL_WORLD_SIZE", 1, minimum=1) or 1,
     )
 
 
-_current: Config = load()
+# At import a bad value warns and takes its default: `import tilefuse` never fails on the environment.
+_current: Config = load(strict=False)
 
 
 def get() -> Config:

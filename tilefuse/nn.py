@@ -6,13 +6,18 @@ initialisation and the same ``state_dict`` keys as ``torch.nn.Linear``: weights 
 ``activation=`` (None, "relu", "gelu", "gelu_tanh", "silu", "sigmoid", "tanh") is applied in the same
 kernel, i.e. ``Linear(..., activation="gelu")(x) == gelu(torch.nn.Linear(...)(x))``.
 
-Inputs of any leading shape (..., in_features). Where the tilefuse kernels cannot take the input (a tensor
-on another device than the one tilefuse runs on, or a dtype outside fp16/bf16/fp32) the module falls back
-to ``torch.nn.functional.linear`` (logged at ``TILEFUSE_DEBUG=1``), so swapping the class never breaks a
-model.
+Inputs of any leading shape (..., in_features), zero-size ones included (``Linear(0, 4)`` gives the bias,
+as torch does). Input torch would refuse (a last dimension other than ``in_features``, a 0-d tensor, a dtype
+other than the weight's) is refused before any launch with torch's own error: the call goes to
+``torch.nn.functional.linear``, which raises it. Where the tilefuse kernels cannot take a valid input (a
+tensor on another device than the one tilefuse runs on, or a dtype outside fp16/bf16/fp32) the module runs
+``torch.nn.functional.linear`` instead, with one :class:`tilefuse.TilefuseFallbackWarning` a (dtype,
+device) so it is never silent; swapping the class never breaks a model.
 """
 from __future__ import annotations
 
+import math
+import warnings
 from typing import Optional
 
 import torch
@@ -48,21 +53,40 @@ class Linear(torch.nn.Linear):
         new.activation = activation
         return new
 
+    def _valid(self, x) -> bool:
+        """What torch.nn.Linear accepts (else torch's own error is raised, by torch)."""
+        return (isinstance(x, torch.Tensor) and x.dim() >= 1 and x.shape[-1] == self.in_features
+                and x.dtype == self.weight.dtype and x.device == self.weight.device
+                and (self.bias is None or (self.bias.dtype == x.dtype and self.bias.device == x.device)))
+
     def _runs_here(self, x: torch.Tensor) -> bool:
         where = device.torch_device()
-        return (x.device.type == where.type and x.dtype in (torch.float16, torch.bfloat16, torch.float32)
-                and self.weight.dtype == x.dtype and self.weight.device == x.device)
+        return x.device.type == where.type and x.dtype in (torch.float16, torch.bfloat16, torch.float32)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if not self._runs_here(x):
-            config.log(1, f"tilefuse.nn.Linear: {x.dtype} input on {x.device} (weight {self.weight.dtype} on "
-                          f"{self.weight.device}) falls back to torch.nn.functional.linear")
-            y = torch.nn.functional.linear(x, self.weight, self.bias)
+        if not self._valid(x) or not self._runs_here(x):
+            if self._valid(x) and x.device.type != "meta":  # (meta tensors carry shapes only: nothing runs)
+                _warn_fallback(x)
+            y = torch.nn.functional.linear(x, self.weight, self.bias)  # torch's error for input torch refuses
             return linalg._TORCH_ACTIVATIONS[self.activation](y) if self.activation else y
         lead = x.shape[:-1]
-        x2 = x.reshape(-1, self.in_features)
+        x2 = x.reshape(math.prod(lead), self.in_features)  # (not -1: ambiguous for zero-size input)
         y = linalg.gemm(x2, self.weight.t(), bias=self.bias, activation=self.activation)
         return y.reshape(*lead, self.out_features)
 
     def extra_repr(self) -> str:
         return super().extra_repr() + (f", activation={self.activation!r}" if self.activation else "")
+
+
+_WARNED: set = set()
+
+
+def _warn_fallback(x: torch.Tensor) -> None:
+    key = (x.dtype, x.device.type)
+    if key in _WARNED:
+        return
+    _WARNED.add(key)
+    where = device.torch_device()
+    warnings.warn(f"tilefuse.nn.Linear: a {x.dtype} input on {x.device} runs torch.nn.functional.linear, not "
+                  f"tilefuse's GEMM (which takes float16, bfloat16 and float32 on {where.type}); "
+                  f"shown once for {x.dtype} on {x.device.type}", config.TilefuseFallbackWarning, stacklevel=3)

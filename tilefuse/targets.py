@@ -264,7 +264,7 @@ def _compile_cached(task: tuple[str, int, str]) -> dict:
     spec = _KERNELS[name]
     example = list(spec.examples(target))[index]
     path = diskcache.folder("targets") / f"{_cache_key(spec, example, target)}.json"
-    hit = diskcache.read_json(path)
+    hit = diskcache.read_json(path, check=lambda row: Result(**row).kernel == name and row["target"] == target)
     if hit is not None:
         return hit
     row = compile_example(spec, example, target).to_json()
@@ -315,7 +315,7 @@ def _compile_in_child(target_names, kernel_names, include_providers) -> list[Res
         cmd += ["--kernel", ",".join(kernel_names)]
     if not include_providers:
         cmd += ["--triton-only"]
-    env["TILEFUSE_CACHE_DIR"] = str(config.get().cache_dir)
+    env["TILEFUSE_CACHE_DIR"] = str(diskcache.root())  # the folder in use (a private one if the configured one is not)
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
     try:
         rows = json.loads(proc.stdout)["results"]

@@ -30,9 +30,8 @@ __all__ = ["tilefuse_backend"]
 def _fallback(where: str, reason: str) -> None:
     if config.get().strict:
         raise FallbackError(f"tilefuse strict mode: {where} would fall back to ATen: {reason}")
-    records.add_fallback(where, reason)
+    records.add_fallback(where, reason)  # (warns: a fallback is never silent)
     records.bump("graph_fallbacks")
-    config.log(1, f"fallback: {where} runs in ATen: {reason}")
 
 
 def _boxed(gm):
@@ -81,8 +80,7 @@ def _compiler(kind: str):
 def _account(report: records.GraphReport, elapsed: float | None = None) -> None:
     records.bump("kernels", len(report.kernels))
     records.bump("externs", len(report.externs))
-    for where, reason in report.fallbacks:
-        records.add_fallback(where, reason)
+    records.add_op_fallbacks(report.graph_id, report.kind, report.fallbacks)  # (one warning a graph)
     records.record(report)
     if config.get().debug >= 1:
         total = elapsed if elapsed is not None else sum(report.seconds.values())

@@ -39,29 +39,34 @@ def kernel_path(ks: KernelSource) -> Path:
 
 
 def load(ks: KernelSource):
-    """The ``@triton.jit`` function of ``ks`` (from this process, the disk cache, or newly written)."""
+    """The ``@triton.jit`` function of ``ks`` (from this process, the disk cache, or newly written).
+
+    The file on disk is used only when its bytes are exactly ``ks.source`` (the name carries the source's
+    hash, so anything else is a corrupt or torn entry: reported once with its path, replaced)."""
     key = kernel_key(ks.source)
     with _lock:
         fn = _loaded.get(key)
         if fn is not None:
             return fn, "memory"
         path = kernel_path(ks)
-        origin = "disk"
-        try:
-            on_disk = path.read_text()
-        except OSError:
-            on_disk = None
-        if on_disk != ks.source:
-            diskcache.write_text(path, ks.source)
+        want = ks.source.encode()
+        got = diskcache.read_bytes(path)
+        if got is not None and got[0] == want:
+            origin = "disk"
+            records.bump("cache_hits")
+        else:
+            if got is not None:
+                diskcache.discard(path, "its text is not the kernel source it is named for (corrupt or torn)",
+                                  got[1])
+            path = diskcache.write_bytes(path, want)
             origin = "new"
             records.bump("kernels_compiled")
-        else:
-            records.bump("cache_hits")
         module_name = f"tilefuse_kernel_{ks.name}_{key[:8]}"
         spec = importlib.util.spec_from_file_location(module_name, path)
         module = importlib.util.module_from_spec(spec)
         sys.modules[module_name] = module  # Triton finds the source of a jit function through its module
-        spec.loader.exec_module(module)
+        # run the bytes checked above (not a re-read of the file, nor a .pyc beside it that nothing checks)
+        exec(compile(want, str(path), "exec"), module.__dict__)
         fn = getattr(module, ks.name)
         _loaded[key] = fn
         return fn, origin

@@ -6,13 +6,20 @@
 ``cache_hits``: kernels served from the disk cache (Triton's own cache then skips its compile on a GPU);
 ``fallbacks``: ``(node or graph, reason)`` for everything that ran in ATen instead of a tilefuse kernel;
 ``externs``: extern nodes (ATen calls) in the compiled graphs, by design (matmul) or by fallback.
+
+A fallback is never silent: :func:`add_fallback` (a whole graph, or a graph at one shape, runs in ATen) warns
+once for it with :class:`tilefuse.TilefuseFallbackWarning` and its reason, at every debug level;
+:func:`add_op_fallbacks` (ops of a compiled graph that run in ATen) warns one summary a graph.
 """
 from __future__ import annotations
 
 import collections
 import dataclasses
 import threading
+import warnings
 from typing import Any
+
+from .. import config
 
 _lock = threading.Lock()
 _counters: dict[str, Any] = {}
@@ -36,9 +43,38 @@ def bump(key: str, n=1) -> None:
         _counters[key] = _counters.get(key, 0) + n
 
 
+REASON_CHARS = 300  # a reason longer than this is cut in the warning (explain and stats keep it whole)
+SUMMARY_OPS = 5  # per-op fallbacks named in a graph's one warning
+_summarised: set = set()  # graph ids whose per-op fallbacks were warned about (a dynamic graph plans per shape)
+
+
+def _short(reason: str, chars: int = REASON_CHARS) -> str:
+    reason = " ".join(str(reason).split())
+    return reason if len(reason) <= chars else reason[:chars - 3] + "..."
+
+
 def add_fallback(where: str, reason: str) -> None:
+    """``where`` (a whole graph) runs in ATen: counted, and one warning with the reason."""
     with _lock:
         _counters["fallbacks"].append((where, reason))
+    warnings.warn(f"tilefuse: {where} runs in ATen, not on tilefuse's kernels: {_short(reason)} "
+                  f"(TILEFUSE_STRICT=1 raises instead)", config.TilefuseFallbackWarning, stacklevel=3)
+
+
+def add_op_fallbacks(graph_id: int, kind: str, fallbacks: list) -> None:
+    """Ops of graph ``graph_id`` that run in ATen: each counted; one warning a graph names them."""
+    if not fallbacks:
+        return
+    with _lock:
+        _counters["fallbacks"].extend(fallbacks)
+        first = graph_id not in _summarised
+        _summarised.add(graph_id)
+    if first:
+        shown = "; ".join(f"{where}: {_short(why, 200)}" for where, why in fallbacks[:SUMMARY_OPS])
+        more = f"; and {len(fallbacks) - SUMMARY_OPS} more" if len(fallbacks) > SUMMARY_OPS else ""
+        warnings.warn(f"tilefuse: graph {graph_id} ({kind}): {len(fallbacks)} op(s) run in ATen, not on tilefuse's "
+                      f"kernels: {shown}{more} (tilefuse.explain shows them all)", config.TilefuseFallbackWarning,
+                      stacklevel=3)
 
 
 def snapshot() -> dict:

@@ -31,6 +31,10 @@ compiler command and the compiler's version, so editing any of them rebuilds and
 live under ``diskcache.folder("cuda")``; a file lock per entry makes concurrent processes (pytest workers,
 ranks) wait for one build instead of repeating it. A failed compile raises :class:`BuildError` with the
 compiler's own message.
+
+An entry records its library's size and sha256; a library that no longer matches them (truncated, emptied,
+overwritten: :func:`library_problem`) is never handed to ``dlopen``, where a truncated ELF file dies of
+SIGBUS with no message: the entry is reported once with its path, deleted and rebuilt.
 """
 from __future__ import annotations
 
@@ -53,7 +57,7 @@ from typing import Iterable, Iterator, Sequence
 from .. import config, diskcache
 
 CUDA_DIR = Path(__file__).resolve().parent
-BUILD_FORMAT = "1"  # bump when the report's content or the parsing changes: old entries become misses
+BUILD_FORMAT = "2"  # bump when the report's content or the parsing changes: old entries become misses
 
 NVCC_FLAGS = ("-shared", "-Xcompiler", "-fPIC", "-O3", "-std=c++17", "-Xptxas", "-v")
 GENCODE = {"sm_80": "-gencode=arch=compute_80,code=sm_80", "sm_90a": "-gencode=arch=compute_90a,code=sm_90a"}
@@ -251,6 +255,8 @@ class Build:
     sass_path: Path | None
     seconds: float
     cached: bool = False
+    library_bytes: int = 0  # the library's size and sha256 when it was built (checked before each load)
+    library_sha256: str = ""
 
     @property
     def emulated(self) -> bool:
@@ -486,24 +492,63 @@ def build(name: str | int | Rung, target: str | None = None, *, emulate: bool = 
     if hit is not None:
         return hit
     with _locked(root / f".rung{r.name}-{target}-{key}.lock"):
-        hit = _read_report(report)  # another process built it while this one waited
+        # another process may have built it while this one waited; a bad entry is removed here, under the
+        # lock, so no other process is writing it meanwhile
+        hit = _read_report(report, heal=True)
         if hit is not None:
             return hit
         return _compile(r, target, entry, report)
 
 
-def _read_report(report: Path) -> Build | None:
-    data = diskcache.read_json(report)
+ELF_MAGIC = b"\x7fELF"
+
+
+def library_problem(built: Build) -> str | None:
+    """Why ``built.library`` must not be loaded (missing, no ELF header, another size or checksum than when
+    it was built), or None when it is the library that was built. Checked before every ``dlopen``: a
+    truncated shared library kills the process with SIGBUS inside the loader."""
+    path = built.library
+    try:
+        size = path.stat().st_size
+        with open(path, "rb") as f:
+            head = f.read(len(ELF_MAGIC))
+    except FileNotFoundError:
+        return "its library is missing"
+    except OSError as exc:
+        return f"its library cannot be read: {exc}"
+    if head != ELF_MAGIC:
+        return f"{path.name} is not an ELF shared library ({size} bytes, no ELF header)"
+    if not built.library_sha256:
+        return "no checksum was recorded for its library"
+    if size != built.library_bytes:
+        return f"{path.name} has {size} bytes where {built.library_bytes} were built (truncated or overwritten)"
+    if diskcache.file_sha256(path) != built.library_sha256:
+        return f"{path.name} does not match the checksum recorded when it was built"
+    return None
+
+
+def _read_report(report: Path, heal: bool = False) -> Build | None:
+    """The cached build of an entry, or None. With ``heal``, an entry whose library fails
+    :func:`library_problem` is reported and deleted (a torn or foreign report, always)."""
+    data = diskcache.read_json(report, check=Build.from_json)
     if data is None:
         return None
-    try:
-        built = Build.from_json(data)
-    except (TypeError, KeyError):
-        return None
-    if not built.library.exists():
+    built = Build.from_json(data)
+    problem = library_problem(built)
+    if problem is not None:
+        if heal:
+            diskcache.discard(report.parent, problem)
         return None
     built.cached = True
     return built
+
+
+def rebuild(built: Build, problem: str) -> Build:
+    """A fresh build of the entry ``built`` came from, after its library failed a check (``problem``)."""
+    diskcache.discard(built.library.parent, problem)
+    if built.emulated:
+        return build(built.rung, emulate=True)
+    return build(built.rung, built.target)
 
 
 def _compile(r: Rung, target: str, entry: Path, report: Path) -> Build:
@@ -525,6 +570,7 @@ def _compile(r: Rung, target: str, entry: Path, report: Path) -> Build:
         if proc.returncode != 0:
             raise BuildError(f"{Path(cmd[0]).name} failed on {r.path.name} ({target}), exit {proc.returncode}:\n"
                              f"{_compiler_errors(log)}")
+        library_bytes, library_sha256 = out.stat().st_size, diskcache.file_sha256(out)
         os.replace(out, library)
     seconds = round(time.perf_counter() - start, 2)
     sass_counts, sass_path = {}, None
@@ -537,7 +583,7 @@ def _compile(r: Rung, target: str, entry: Path, report: Path) -> Build:
                 sass_counts = sass_opcodes(proc.stdout)
     built = Build(rung=r.name, target=target, library=library, command=cmd[:-3] + ["-o", str(library), str(r.path)],
                   log=log, kernels=parse_ptxas(log) if target != HOST_TARGET else [], sass_counts=sass_counts,
-                  sass_path=sass_path, seconds=seconds)
+                  sass_path=sass_path, seconds=seconds, library_bytes=library_bytes, library_sha256=library_sha256)
     diskcache.write_json(report, built.to_json())  # written last: its presence means the entry is complete
     _progress(f"built rung {r.name} ({target}) in {seconds:.1f} s")
     return built

@@ -136,10 +136,20 @@ _LOAD_LOCK = threading.Lock()
 
 
 def load(built: _build.Build) -> RungLibrary:
-    """ctypes-load a build (once per library file) and read its layout and requirements."""
+    """ctypes-load a build (once per library file) and read its layout and requirements. The library is
+    checked first (:func:`tilefuse.cuda.build.library_problem`): one that is not what was built (truncated,
+    emptied, overwritten since) is rebuilt rather than handed to dlopen, which dies of SIGBUS on a truncated
+    ELF file."""
     with _LOAD_LOCK:
         if built.library in _LOADED:
             return _LOADED[built.library]
+        problem = _build.library_problem(built)
+        if problem is not None:
+            built = _build.rebuild(built, problem)
+            problem = _build.library_problem(built)
+            if problem is not None:
+                raise _build.BuildError(f"rung {built.rung} ({built.target}): the library just built at "
+                                        f"{built.library} fails its check: {problem}")
         lib = ctypes.CDLL(str(built.library))
         name = built.rung
         fn = getattr(lib, f"tilefuse_rung{name}")

@@ -9,6 +9,14 @@ from __future__ import annotations
 import importlib
 import pkgutil
 
+from .. import device
+
+if device.interpreting():
+    # before any kernel runs: numpy 2.4+, threads and bf16 dots on Triton's interpreter (see _interpreter)
+    from . import _interpreter
+
+    _interpreter.install()
+
 _loaded = False
 
 

@@ -146,6 +146,54 @@ def _check_device(name: str, t: torch.Tensor, where: torch.device) -> None:
                           f"({device.current().describe()}): move it with .to('{where}')")
 
 
+def _extent(t: torch.Tensor) -> tuple[int, int]:
+    """[first, last] byte address ``t``'s elements can touch (a superset of them for gapped strides)."""
+    lo = hi = 0
+    for size, stride in zip(t.shape, t.stride()):
+        reach = (size - 1) * stride
+        lo, hi = (lo + reach, hi) if reach < 0 else (lo, hi + reach)
+    e = t.element_size()
+    return t.data_ptr() + lo * e, t.data_ptr() + hi * e + e - 1
+
+
+def _exact_alias(out: torch.Tensor, t: torch.Tensor) -> bool:
+    """``t`` is read element for element where ``out`` is written (same address, dtype and, broadcast to the
+    output, same strides): each element is read before the store that overwrites it, in the same program."""
+    if t.data_ptr() != out.data_ptr() or t.dtype != out.dtype:
+        return False
+    try:
+        return t.expand(out.shape).stride() == out.stride() and 0 not in out.stride()
+    except RuntimeError:
+        return False
+
+
+def check_out_overlap(out, a, b, bias=None, residual=None, scale_a=None, scale_b=None, extra_operands=()) -> None:
+    """``out=`` must not share memory with an input: the kernel writes tiles of ``out`` while other tiles
+    still read the inputs, so an overlap gives a silently wrong result. The one exception is ``out`` being
+    exactly ``residual`` (or an extra epilogue operand) element for element, an in-place residual add: each
+    element is read in the same program, before the store that overwrites it."""
+    if not isinstance(out, torch.Tensor) or out.numel() == 0:
+        return
+    storage = out.untyped_storage().data_ptr()
+    lo, hi = _extent(out)
+    named = [("a", a), ("b", b), ("bias", bias), ("residual", residual), ("scale_a", scale_a), ("scale_b", scale_b)]
+    named += [(f"extra_operands[{i}]", t) for i, t in enumerate(extra_operands or ())]
+    for name, t in named:
+        if not isinstance(t, torch.Tensor) or t.numel() == 0 or t.device != out.device:
+            continue
+        if t.untyped_storage().data_ptr() != storage:
+            continue
+        t_lo, t_hi = _extent(t)
+        if t_lo > hi or lo > t_hi:
+            continue
+        if name in ("residual",) or name.startswith("extra_operands"):
+            if _exact_alias(out, t):
+                continue
+        _fail(ValueError, f"out shares memory with {name}: the GEMM writes out while it still reads {name}, which "
+                          f"would give a wrong result; pass a separate out= tensor (or none). Only residual (or an "
+                          f"extra epilogue operand) may be out= itself, element for element")
+
+
 def _as_mn(name: str, t: torch.Tensor, Z: int, M: int, N: int, dev: torch.device, *, batched_out: bool) -> MNOperand:
     if not isinstance(t, torch.Tensor):
         _fail(TypeError, f"{name} must be a torch.Tensor, got {type(t).__name__}")
@@ -357,6 +405,8 @@ def prepare(a: torch.Tensor, b: torch.Tensor, *, out_dtype=None, bias=None, acti
             _fail(ValueError, f"{name} spans more than 2**31 elements in one matrix; split the problem")
     if out is None and M * N > MAX_INDEX:
         _fail(ValueError, f"the result has {M} x {N} > 2**31 elements a matrix; split the problem")
+    if out is not None:
+        check_out_overlap(out, a, b, bias, residual, scale_a, scale_b, extra_operands)
     if not allocate:
         return None
     if out is None:

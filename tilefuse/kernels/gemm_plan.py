@@ -25,7 +25,7 @@ from .. import config as tf_config
 from .. import device
 from . import gemm_launch as L
 from . import gemm_tuning
-from .gemm_checks import GemmOutputs, MNOperand, Operands, prepare, qmax
+from .gemm_checks import GemmOutputs, MNOperand, Operands, check_out_overlap, prepare, qmax
 from .gemm_configs import SAFE_CONFIG, GemmConfig
 from .gemm_epilogue import QUANT_EPS
 from .launcher import SiteLauncher
@@ -34,7 +34,9 @@ Tensor = torch.Tensor
 
 
 def _sig(t: Tensor) -> tuple:
-    return (t.dtype, t.shape, t.stride(), t.data_ptr() & 15, t.get_device())
+    # the whole device (type and index): a meta or other-device tensor of a planned shape must not replay a
+    # plan checked for CPU or CUDA tensors (get_device() is -1 for CPU and meta alike)
+    return (t.dtype, t.shape, t.stride(), t.data_ptr() & 15, t.device)
 
 
 class Plan:
@@ -145,6 +147,8 @@ def gemm_call(a: Tensor, b: Tensor, *, out_dtype=None, bias=None, activation="no
     except Exception:  # not tensors, an unhashable argument, a tensor without storage: the full path says
         key, plan = None, None
     if plan is not None:
+        if out is not None:  # a signature has no addresses: out='s overlap is checked every call
+            check_out_overlap(out, a, b, bias, residual, scale_a, scale_b, extra_operands)
         return plan.run(a, b, bias, residual, scale_a, scale_b, extra_operands, out, alpha, beta)
     return _first_call(key, a, b, out_dtype=out_dtype, bias=bias, activation=activation, residual=residual,
                        alpha=alpha, beta=beta, scale_a=scale_a, scale_b=scale_b, quantize=quantize,

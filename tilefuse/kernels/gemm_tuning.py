@@ -145,8 +145,8 @@ def _related_problems(problem: GemmProblem) -> list[GemmProblem]:
 def related_ranking(problem: GemmProblem) -> list[tuple[GemmConfig, float]]:
     """The measured (config, ms) ranking of the nearest related key tuned already, or []."""
     for rel in _related_problems(problem):
-        data = diskcache.read_json(_path(key_of(rel)))
-        if not data or data.get("key") != key_of(rel) or not data.get("ranking"):
+        data = diskcache.read_json(_path(key_of(rel)), check=_entry_check(key_of(rel)))
+        if not data or not data.get("ranking"):
             continue
         ranked = [(GemmConfig.from_json(r["config"]), r["ms"]) for r in data["ranking"] if r.get("ms") is not None]
         if ranked:
@@ -185,14 +185,22 @@ def _path(key: str):
     return diskcache.folder("tuning", "gemm") / f"{diskcache.digest(key)}.json"
 
 
+def _entry_check(key: str):
+    """The check a stored decision must pass to be used (a torn or foreign entry is discarded, then retuned):
+    a dict for this very key (the file is named by its digest), a winner and a ranking of configs."""
+    def check(data) -> bool:
+        GemmConfig.from_json(data["winner"])
+        for row in data.get("ranking") or ():
+            GemmConfig.from_json(row["config"])
+            if row.get("ms") is not None:
+                float(row["ms"])
+        return data["key"] == key
+    return check
+
+
 def stored(problem: GemmProblem) -> GemmConfig | None:
-    data = diskcache.read_json(_path(key_of(problem)))
-    if not data or data.get("key") != key_of(problem):
-        return None
-    try:
-        return GemmConfig.from_json(data["winner"])
-    except (KeyError, TypeError):
-        return None
+    data = diskcache.read_json(_path(key_of(problem)), check=_entry_check(key_of(problem)))
+    return GemmConfig.from_json(data["winner"]) if data else None
 
 
 def choose(ops) -> GemmConfig:

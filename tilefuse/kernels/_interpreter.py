@@ -1,0 +1,86 @@
+"""Three fixes to Triton 3.6's interpreter, applied by tilefuse when its kernels run there (no GPU).
+
+Installed by ``tilefuse/kernels/__init__`` when :func:`tilefuse.device.interpreting` is true (every kernel,
+the library's and the compiler's generated ones, is reached through that package); never on a GPU, where
+nothing here is used. The kernels' source is unchanged: only the interpreter's evaluation of it is.
+
+1. **numpy 2.4+.** The interpreter keeps a scalar as a one-element 1-D array and converts it for Python
+   (``range(kt0, kt1)``, an index) with ``int(array)``: numpy 2.4 removed that conversion of an array of
+   ndim > 0 (deprecated since 1.25), so every kernel with a loop failed with "only 0-dimensional arrays can
+   be converted to Python scalars" (``interpreter._patch_lang_tensor``'s ``__index__``). Ours converts
+   through ``.item()``, which every numpy version accepts.
+2. **Threads.** A launch patches triton.language's builtins (module and class attributes, process-wide) for
+   its length and keeps the program id in one global builder; two launches from two threads at once undo
+   each other's patches ("Did you forget to add @triton.jit ?") or read each other's program ids. One
+   lock serialises launches: the interpreter is single-threaded Python anyway, so nothing is lost.
+3. **bf16 ``tl.dot``.** numpy has no bfloat16, so the interpreter keeps bf16 values as their uint16 bit
+   patterns, and ``create_dot`` multiplied those integers (an answer of ~1e10 where ~0.5 is right, and no
+   error). bf16 operands are widened to float32 first (exact: bf16 is the top half of a float32), the
+   accumulator stays float32, as on the GPU.
+"""
+from __future__ import annotations
+
+import functools
+import threading
+
+import numpy as np
+
+LAUNCH_LOCK = threading.RLock()  # re-entrant: a launch from inside a launch (a hook) must not deadlock
+_installed = False
+
+
+def bf16_bits_to_float32(bits: np.ndarray) -> np.ndarray:
+    """bfloat16 bit patterns (uint16) -> float32 values (exact)."""
+    return (np.asarray(bits).astype(np.uint32) << 16).view(np.float32)
+
+
+def install() -> None:
+    """Apply the three fixes (idempotent)."""
+    global _installed
+    if _installed:
+        return
+    import triton.language as tl
+    from triton.runtime import interpreter
+
+    _fix_scalar_index(interpreter)
+    _serialise_launches(interpreter)
+    _fix_bf16_dot(interpreter, tl)
+    _installed = True
+
+
+def _fix_scalar_index(interpreter) -> None:
+    original = interpreter._patch_lang_tensor
+
+    def _patch_lang_tensor(tensor, scope):
+        original(tensor, scope)
+        # the scope restores attributes in reverse order, so this one is undone first, then Triton's
+        scope.set_attr(tensor, "__index__", lambda self: int(np.asarray(self.handle.data).item()))
+
+    interpreter._patch_lang_tensor = _patch_lang_tensor
+
+
+def _serialise_launches(interpreter) -> None:
+    fn_class = interpreter.InterpretedFunction
+    original = fn_class.run
+
+    @functools.wraps(original)
+    def run(self, *args, **kwargs):
+        with LAUNCH_LOCK:
+            return original(self, *args, **kwargs)
+
+    fn_class.run = run
+
+
+def _fix_bf16_dot(interpreter, tl) -> None:
+    builder = interpreter.InterpreterBuilder
+    original = builder.create_dot
+
+    def widen(h):
+        if h.dtype.scalar == tl.bfloat16:
+            return interpreter.TensorHandle(bf16_bits_to_float32(h.data), tl.float32)
+        return h
+
+    def create_dot(self, a, b, d, input_precision, max_num_imprecise_acc):
+        return original(self, widen(a), widen(b), d, input_precision, max_num_imprecise_acc)
+
+    builder.create_dot = create_dot
