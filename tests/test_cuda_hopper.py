@@ -1666,8 +1666,8 @@ def test_repeated_calls_are_deterministic(rung):
     assert torch.equal(outs[0], outs[1]) and torch.equal(outs[0], outs[2])
 
 
-# ------------------------------------------------------------------------ scripts/ladder_sweep.py (CPU)
-SWEEP = ROOT / "scripts" / "ladder_sweep.py"
+# ------------------------------------------------------------------------ tools/ladder_sweep.py (CPU)
+SWEEP = ROOT / "tools" / "ladder_sweep.py"
 
 
 def _sweep_module():
@@ -1758,7 +1758,7 @@ def test_ladder_sweep_settings_are_accepted_by_rung9():
 def _rung_ab_module():
     import importlib.util
 
-    spec = importlib.util.spec_from_file_location("rung_ab", ROOT / "scripts" / "rung_ab.py")
+    spec = importlib.util.spec_from_file_location("rung_ab", ROOT / "tools" / "rung_ab.py")
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
@@ -1818,7 +1818,7 @@ def _trace_module():
     import importlib.util
 
     _sweep_module()  # registered as "ladder_sweep", which the script imports
-    spec = importlib.util.spec_from_file_location("rung9_trace", ROOT / "scripts" / "rung9_trace.py")
+    spec = importlib.util.spec_from_file_location("rung9_trace", ROOT / "tools" / "rung9_trace.py")
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod

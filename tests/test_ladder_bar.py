@@ -1,4 +1,4 @@
-"""scripts/ladder_bar.py: issue 4's bar read from ladder suites (CSV or log), and its --run driver, on the CPU."""
+"""tools/ladder_bar.py: issue 4's bar read from ladder suites (CSV or log), and its --run driver, on the CPU."""
 from __future__ import annotations
 
 import importlib.util
@@ -15,7 +15,7 @@ RUN101_LOGS = [RESULTS / "run101" / "ladder1.log", RESULTS / "run101" / "ladder2
 
 
 def _bar():
-    spec = importlib.util.spec_from_file_location("ladder_bar", ROOT / "scripts" / "ladder_bar.py")
+    spec = importlib.util.spec_from_file_location("ladder_bar", ROOT / "tools" / "ladder_bar.py")
     mod = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = mod  # dataclasses look their module up there
     spec.loader.exec_module(mod)
@@ -123,7 +123,7 @@ def test_run_without_a_gpu_gives_no_verdict(tmp_path):
 
     if torch.cuda.is_available():
         pytest.skip("a GPU is here: the suite would time for minutes (this test is for machines without one)")
-    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "ladder_bar.py"), "--run", "1", "--out",
+    proc = subprocess.run([sys.executable, str(ROOT / "tools" / "ladder_bar.py"), "--run", "1", "--out",
                            str(tmp_path)], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 2, proc.stdout + proc.stderr
     log = (tmp_path / "ladder_bar.log").read_text()

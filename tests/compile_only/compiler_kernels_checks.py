@@ -1,4 +1,4 @@
-"""Every kernel the compiler writes for the bench graphs (scripts/sweep_reductions.plan_backward_kernels, at
+"""Every kernel the compiler writes for the bench graphs (tools/sweep_reductions.plan_backward_kernels, at
 the suite's 32768 x 4096 from fake tensors) builds for sm_90 without local memory and for gfx942, planned for
 each vendor's warp size; the helpers' libdevice (GPU) texts are the ones written, and use the approximate exp
 there. Run in a child process with TILEFUSE_INTERPRET=0 by tests/test_compiler_cross_compile.py:
@@ -15,7 +15,7 @@ from tilefuse.bench import compiler_suite as suite
 from tilefuse.compiler import codegen
 from tilefuse.compiler import primitives as P
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tools"))
 import sweep_reductions as sr  # noqa: E402
 
 ARCHS = {"sm_90": (GPUTarget("cuda", 90, 32), codegen.LaunchTarget(32, False, 132)),

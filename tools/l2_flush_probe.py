@@ -2,7 +2,7 @@
 
 GPU (an H200 image: system python, PYTHONPATH=checkout)::
 
-    python scripts/l2_flush_probe.py [--m 1,16,64,128] [--nk 8192] [--config LABEL ...] [--reps 60]
+    python tools/l2_flush_probe.py [--m 1,16,64,128] [--nk 8192] [--config LABEL ...] [--reps 60]
 
 ``triton.testing.do_bench`` (the suites' timer) clears L2 before every timed call by zeroing a 256 MB buffer,
 which leaves L2 full of dirty lines. A decode GEMM (M <= 128, N = K = 8192 bf16) reads 128 MiB of B once; if
@@ -24,7 +24,7 @@ to be evicted, as with the evict-first hint, for every kernel, cuBLAS's too. ``-
 stream of its own instead of the default stream. Device run 72 (``benchmarks/results/run72/l2_window.*``): the
 window is set and takes effect (without a flush every windowed call gets slower, B's lines no longer staying
 for the next call) but saves nothing after the zeroing flush, so the library does not use it
-(benchmarks/notes/gemm.md).
+(docs/decisions/014-gemm-l2-evict-first-on-b.md).
 """
 from __future__ import annotations
 

@@ -16,7 +16,7 @@ rounds with cuBLAS at M = 64, 128, 256 (do_bench median, the dirty flush), each 
 
 GPU (an H200 image: system python, PYTHONPATH=checkout)::
 
-    python scripts/tma_hint_probe.py [--shape MxNxK ...] [--rounds 6] [--csv PATH]
+    python tools/tma_hint_probe.py [--shape MxNxK ...] [--rounds 6] [--csv PATH]
 
 CPU: ``--ptx`` cross-compiles the four variants for sm_90a and prints each one's hinted loads (no GPU needed).
 """

@@ -2,7 +2,7 @@
 
 Started by torchrun, one process a device:
 
-    torchrun --nproc_per_node=2 scripts/train_distributed.py --wrap ddp --backend tilefuse --steps 50 --out r.json
+    torchrun --nproc_per_node=2 examples/train_distributed.py --wrap ddp --backend tilefuse --steps 50 --out r.json
 
 On a machine with GPUs it uses NCCL on cuda:<local rank>; without, gloo on the CPU (Triton's interpreter runs
 the kernels). Every rank starts from the same weights (seed 0) and sees its own shard of a fixed random data

@@ -10,9 +10,9 @@ profiles exactly those launches.
 GPU machine (the image's ncu; leave the clocks alone, as METHOD.md asks)::
 
     ncu --profile-from-start off --clock-control none --set full -o OUT/gemm \
-        python3 scripts/ncu_profile.py gemm4096 skinny256 ...
+        python3 tools/ncu_profile.py gemm4096 skinny256 ...
     ncu --import OUT/gemm.ncu-rep --page details --csv > OUT/gemm.csv
-    python3 scripts/ncu_profile.py --summary OUT/gemm.csv      # the few numbers worth reading first
+    python3 tools/ncu_profile.py --summary OUT/gemm.csv      # the few numbers worth reading first
 
 Cases (``--list``): GEMMs at the issue's weak shapes, each as cuBLAS, the Triton library and (K-major B)
 the ladder's rung 9; the compiler's layer_norm_gelu forward + backward. Without ncu the script still runs

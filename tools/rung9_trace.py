@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Where rung 9's time goes, from inside the kernel: a timeline of every consumer warpgroup's work items.
 
-Stream-K costs rung 9 ~10 us a launch (benchmarks/notes/hopper_rungs.md, "Stream-K"), which is why 4096^3 is not
+Stream-K costs rung 9 ~10 us a launch (docs/decisions/005-rung9-stream-k.md), which is why 4096^3 is not
 split, and the last round there leaves 8 of 66 clusters idle (~3 % of the kernel): the gap to cuBLAS. This builds
 diagnostic copies of rung 9 (``-D TILEFUSE_RUNG9_TRACE=1``: thread 0 of each consumer warpgroup stamps
 %globaltimer at the start of each work item's mainloop, its end, the end of its stream-K step and the end of its
@@ -28,7 +28,7 @@ kernel), so the GPU is at the clock that sustained load gives it (its power limi
 The library's own builds have none of this code: it is compiled only under the define, and a test checks that the
 library's build exports no trace entry point. GPU machine:
 
-    python3 scripts/rung9_trace.py [--shapes 4096,8192] [--reps 5] [--sustained N] [--csv PATH]
+    python3 tools/rung9_trace.py [--shapes 4096,8192] [--reps 5] [--sustained N] [--csv PATH]
 
 CPU: ``--build-only`` builds both diagnostic copies (nvcc, sm_90a) and prints their resource reports.
 """

@@ -2,9 +2,9 @@
 
 GPU (an H200 image: system python, PYTHONPATH=checkout)::
 
-    python scripts/relayout_probe.py [--shape KxN ...] [--rounds 4] [--csv PATH]
-    python scripts/relayout_probe.py --crossover [--m 128,256,...] [--nk 4096] [--csv PATH]
-    python scripts/relayout_probe.py --tiles [--csv PATH]
+    python tools/relayout_probe.py [--shape KxN ...] [--rounds 4] [--csv PATH]
+    python tools/relayout_probe.py --crossover [--m 128,256,...] [--nk 4096] [--csv PATH]
+    python tools/relayout_probe.py --tiles [--csv PATH]
 
 For each (K, N) it times, in interleaved rounds (do_bench median, the L2 flushed before each call):
 ``torch``: ``b.mT.contiguous()`` of a row-major (K, N) fp32 tensor; ``relayout``:

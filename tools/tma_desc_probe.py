@@ -12,7 +12,7 @@ L2 flushed before each call) at each shape and tile; every output is checked aga
 
 GPU (an H200 image: system python, PYTHONPATH=checkout)::
 
-    python scripts/tma_desc_probe.py [--shape MxNxK ...] [--rounds 6] [--csv PATH]
+    python tools/tma_desc_probe.py [--shape MxNxK ...] [--rounds 6] [--csv PATH]
 
 CPU: ``--check`` runs the three kernels on Triton's interpreter at a small ragged shape.
 """

@@ -1,7 +1,7 @@
 """Where a compiled forward + backward step's time goes: the host's share against the GPU's, for the noisy
 fwd+bwd rows of the compiler bench (GPU only).
 
-    python scripts/step_time.py [CASE ...] [--backends tilefuse,inductor] [--profile]
+    python tools/step_time.py [CASE ...] [--backends tilefuse,inductor] [--profile]
 
 For each case (default: the bench's fwd+bwd graphs at 32768 x 4096 bf16) and backend it prints:
   host_us   host time a step: the GPU is held busy by a sleep kernel while STEPS steps are queued, so the

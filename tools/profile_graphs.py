@@ -1,6 +1,6 @@
 """Per-kernel GPU time of compiler-bench graphs under tilefuse and Inductor (torch.profiler), for the notes.
 
-    python scripts/profile_graphs.py layer_norm_fwd_bwd gelu_chain_fwd_bwd ...
+    python tools/profile_graphs.py layer_norm_fwd_bwd gelu_chain_fwd_bwd ...
 
 Prints, for each graph and backend, every kernel's total CUDA time over 10 steps at the bench's size
 (32768 x 4096 bf16), so a slow graph shows which of its kernels is slow. GPU only.

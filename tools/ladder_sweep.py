@@ -3,7 +3,7 @@
 
 Issue 4: the ladder's best rung must reach >= 1.00x cuBLAS at 4096^3 and 8192^3 bf16 on the H200. Device run 3
 measured rung 9 at 0.52x at 4096^3 but 0.95x at 8192^3 and 1.04x at 16384x4096x4096; this script tells the
-causes apart (benchmarks/notes/ladder.md has the predictions it tests):
+causes apart (docs/lab-log.md, "Notebook: the CUDA C++ ladder", has the predictions it tests):
 
 * host time: every impl is timed three ways. ``ms`` is triton's do_bench (L2 flushed before each call, as
   ``tilefuse bench ladder`` does), ``graph_ms`` replays the calls from a CUDA graph (no host time at all; L2
@@ -31,10 +31,10 @@ timed. Rung 9's non-default settings are first run in a child process on a small
 that traps (a deadlock ends in a trap after 5 s and kills the process's CUDA context) or is wrong is dropped
 there, so the sweep itself goes on. A watchdog ends the whole run after --budget-s.
 
-GPU machine:   python3 scripts/ladder_sweep.py            (PYTHONPATH = the checkout; ~30-45 s, builds cached)
-               python3 scripts/ladder_sweep.py --ab no-streamk[,l2-c-first] [--rounds 8] [--shapes ...]
+GPU machine:   python3 tools/ladder_sweep.py            (PYTHONPATH = the checkout; ~30-45 s, builds cached)
+               python3 tools/ladder_sweep.py --ab no-streamk[,l2-c-first] [--rounds 8] [--shapes ...]
                    [--flush write|read] [--csv PATH]
-CPU (no GPU):  python3 scripts/ladder_sweep.py --list | --build-only
+CPU (no GPU):  python3 tools/ladder_sweep.py --list | --build-only
 """
 from __future__ import annotations
 

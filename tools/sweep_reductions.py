@@ -2,7 +2,7 @@
 
 GPU (an H200 image: system python, PYTHONPATH=checkout, nothing installed):
 
-    python scripts/sweep_reductions.py [--graphs layer_norm,rms_norm,...] [--settings default,run5,...]
+    python tools/sweep_reductions.py [--graphs layer_norm,rms_norm,...] [--settings default,run5,...]
                                        [--budget-s 70] [--json out.json]
 
 compiles the given compiler-suite graphs (default: layer_norm / rms_norm / gelu_chain / residual_layer_norm
@@ -17,7 +17,7 @@ warm or cold (TILEFUSE_CACHE_DIR is whatever the caller set).
 
 CPU (no GPU needed):
 
-    python scripts/sweep_reductions.py --inspect [--graphs ...] [--settings ...] [--source] [--rows N]
+    python tools/sweep_reductions.py --inspect [--graphs ...] [--settings ...] [--source] [--rows N]
 
 plans the same graphs for an H200-like target from fake tensors (nothing runs), prints each forward and
 backward kernel's form, grid, blocks and warps, and cross-compiles it for sm_90 (registers and spills from

@@ -3,17 +3,17 @@
 suite, and the median over the suites.
 
 The bar: the best rung >= 1.00x cuBLAS at 4096^3 and at 8192^3 (bf16). One suite's ratio spreads by ~1 % from
-the next (benchmarks/notes/hopper_rungs.md), so the verdict is the median of several suites of the same build,
+the next (docs/decisions/010-ladder-bar.md), so the verdict is the median of several suites of the same build,
 each a whole ``tilefuse bench ladder`` run (its own process, builds from the cache after the first).
 
 Summarise committed suites (a suite's CSV, or its log where the CSV did not come back from the device: the log's
 time lines carry the same p50 times):
 
-    python3 scripts/ladder_bar.py benchmarks/results/run100/ladder.csv benchmarks/results/run101/ladder1.log ...
+    python3 tools/ladder_bar.py benchmarks/results/run100/ladder.csv benchmarks/results/run101/ladder1.log ...
 
 Run N suites on the GPU machine, then summarise them together with the earlier suites named (of the same build):
 
-    python3 scripts/ladder_bar.py --run 4 --out $OUT [--timeout-s 120] [FILE ...]
+    python3 tools/ladder_bar.py --run 4 --out $OUT [--timeout-s 120] [FILE ...]
 
 ``--run`` writes ``ladder1.csv`` .. ``ladderN.csv`` and one ``ladder_bar.log`` (every suite's log, then the
 summary) at the top of OUT, where the device tool brings files back. A suite cut off or ended before it wrote
@@ -43,7 +43,7 @@ if str(ROOT) not in sys.path:
 
 BAR_SHAPES = ("4096x4096x4096", "8192x8192x8192")
 BAR = 1.00
-MIN_SUITES = 5  # one suite spreads ~1 % (benchmarks/notes/hopper_rungs.md): a median of fewer decides nothing
+MIN_SUITES = 5  # one suite spreads ~1 % (docs/decisions/010-ladder-bar.md): a median of fewer decides nothing
 DTYPE = "bfloat16"
 # a time line of a suite's log: "  mm/bfloat16/4096x4096x4096   rung9     0.1976 ms    695.5 TFLOP/s"
 LOG_LINE = re.compile(r"^\s*mm/(?P<dtype>\w+)/(?P<shape>\d+x\d+x\d+)\s+(?P<impl>\S+)\s+(?P<ms>[0-9.]+) ms\b")

@@ -6,7 +6,7 @@ largest relative error with Lawson's algorithm (iteratively reweighted least squ
 multiplied by its error, which converges to the minimax fit), in a Chebyshev basis for conditioning, then
 converted to the monomial coefficients Horner's rule evaluates. ``erfcx`` in float64 comes from torch.
 
-    python3 scripts/fit_erfc.py --degree 8 5    # prints the coefficients (highest first) and the fit error
+    python3 tools/fit_erfc.py --degree 8 5    # prints the coefficients (highest first) and the fit error
 """
 from __future__ import annotations
 

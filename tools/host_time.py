@@ -1,7 +1,7 @@
 """Host time a call, and where it goes: tilefuse.gemm against torch.matmul, and compiled graphs (tilefuse
 against Inductor and eager), on shapes small enough that the host, not the GPU, sets the time.
 
-    python scripts/host_time.py            (GPU only; prints a report, ~30 s)
+    python tools/host_time.py            (GPU only; prints a report, ~30 s)
 
 Sections:
   gemm: wall time a call (3000 back-to-back calls, synchronised at the end) at 64^3 and 1024^3 bf16 and the

@@ -10,7 +10,7 @@ do_bench (its zeroing L2 flush, as ``tilefuse bench ladder`` times) or after a r
 Every version runs at its own defaults, bf16, epilogue none.
 
     git show REV:tilefuse/cuda/rung9_persistent.cu > /tmp/rung9-REV.cu
-    python3 scripts/rung_ab.py --rung 9 /tmp/rung9-REV.cu [more.cu ...] [--shapes 4096,8192] [--rounds 12]
+    python3 tools/rung_ab.py --rung 9 /tmp/rung9-REV.cu [more.cu ...] [--shapes 4096,8192] [--rounds 12]
                                [--rep-ms 20] [--flush write|read] [--csv PATH]
 
 A version is named after its file's stem; the package's own source is ``current``. Needs a GPU for the timing;
