@@ -116,7 +116,7 @@ def test_splitk_more_splits_than_k_tiles():
     assert_close(res.out[0], ref_mm(a, b), torch.float32)
 
 
-# stream-K: the interpreter runs 3 programs (gemm_launch.num_programs), so a tile count that is not a multiple
+# stream-K: the interpreter launches 3 programs (gemm_launch.num_programs), so a tile count that is not a multiple
 # of 3 leaves a tail of 1 or 2 tiles dealt out as K steps
 SK_CASES = [  # m, n, k, config: the tail's tiles, their K steps
     (150, 20, 200, GemmConfig("persistent", 32, 32, 16, stream_k=True)),  # 5 tiles: tail 2, 13 steps

@@ -23,7 +23,7 @@ def _bar():
 
 
 def test_csv_and_log_of_one_suite_agree():
-    """Run 100 kept both the CSV and the log of its suite: the two readings are the same suite's, so their times
+    """One committed suite kept both its CSV and its log: the two readings are the same suite's, so their times
     agree to the log's 4 decimals (and the ratios to a few parts in 10^4)."""
     bar = _bar()
     from_csv = {g.shape: g for g in bar.readings([RUN100_CSV], "9")[0]}
@@ -36,7 +36,7 @@ def test_csv_and_log_of_one_suite_agree():
 
 
 def test_committed_suites_read_as_the_docs_say():
-    """The three suites of the balanced round (README, benchmarks/notes/hopper_rungs.md): 1.024, 1.010, 0.992 at
+    """The three suites of the balanced round (README, docs/decisions/010-ladder-bar.md): 1.024, 1.010, 0.992 at
     4096^3 and 1.020, 1.010, 1.017 at 8192^3, three suites of the five a verdict needs."""
     bar = _bar()
     got, missing = bar.readings([RUN100_CSV] + RUN101_LOGS, "9")
@@ -112,7 +112,7 @@ def test_run_counts_finished_suites_only(tmp_path, monkeypatch):
     log = (tmp_path / "out" / "ladder_bar.log").read_text()
     assert "suite 2: rc 124" in log and "NOT RUN to the end" in log and "suite 3: rc 1" in log and "boom" in log
     assert "2 of 4 suites did not finish: not counted" in log
-    # run 101's two suites and run 100's twice: 4096^3 ratios 0.992, 1.010, 1.024, 1.024
+    # the two suites of the logs and the CSV's twice: 4096^3 ratios 0.992, 1.010, 1.024, 1.024
     assert "4096x4096x4096: median 1.0170 over 4 suites, 1 below 1.00: met" in log and status == 0
 
 

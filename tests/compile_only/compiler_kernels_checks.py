@@ -61,7 +61,7 @@ def _sass(cubin: bytes) -> str:
 def test_two_row_loop_of_whole_steps_has_no_row_selects_on_sm90():
     """layer_norm_gelu's backward row loop (two rows a step, 32768 rows in chunks of 128: whole steps) runs
     without its row mask: no FSEL and no uniform-to-per-thread predicate copies (PLOP3) selecting each row sum's
-    and column accumulation's terms (run 40: 878 -> 786 SASS instructions a step), and its loop stays under
+    and column accumulation's terms (878 -> 786 SASS instructions a step: docs/decisions/024), and its loop stays under
     800 instructions."""
     gpu_target, launch_target = ARCHS["sm_90"]
     _, kernels = sr.plan_backward_kernels("layer_norm_gelu_fwd_bwd", 32768, 4096, target=launch_target)
