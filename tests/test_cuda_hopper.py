@@ -173,7 +173,8 @@ def test_sass_has_hgmma_and_tma(rung):
         assert "UTMALDG.2D.MULTICAST" in sass, "rung 9 must multicast B across its cluster"
         assert "UTMASTG" in sass, "rung 9's epilogue must store with TMA"
         # tilefuse_rung9_set_l2: every TMA access carries its L2 policy (the `desc[UR]` operand) in one form, so
-        # the policies cost no second copy of the unrolled store loops (run 79's build had one: +36 % SASS)
+        # the policies cost no second copy of the unrolled store loops (a build with one was +36 % SASS and 1.1 %
+        # slower: docs/decisions/006-rung9-l2-policies.md)
         forms = {re.sub(r"UR\d+", "UR", f) for f in re.findall(r"UTMA(?:LDG|STG)[^;]*;", sass)}
         assert forms == {"UTMALDG.2D [UR], [UR], desc[UR] ;", "UTMALDG.2D.MULTICAST [UR], [UR], UR, desc[UR] ;",
                          "UTMASTG.2D [UR], [UR], desc[UR] ;"}, sorted(forms)
@@ -203,7 +204,8 @@ def _hgmma_loops(sass: str) -> list[list[str]]:
 
 
 # Static instructions of a rung-9 consumer k-loop, the timeout spin of the barrier wait included (63 for the
-# cooperative loop, 61 for ping-pong since the mainloop review; 224 and 210 before it: notes/hopper_rungs.md).
+# cooperative loop, 61 for ping-pong since the mainloop review; 224 and 210 before it:
+# docs/decisions/004-rung9-consumer-k-loop.md).
 RUNG9_KLOOP_MAX_INSTRUCTIONS = 72
 BK_STEPS_RUNG9 = 4  # BK / WGMMA_K = 64 / 16 HGMMAs a k-tile
 
@@ -352,7 +354,7 @@ def test_rung9_schedule_abi_checks_its_arguments():
 def test_rung9_on_off_switches(switch):
     """tilefuse_rung9_set_pingpong (cooperative consumers by default) and tilefuse_rung9_set_stores (one store
     thread a warpgroup by default) are off until measured to win; tilefuse_rung9_set_streamk and
-    tilefuse_rung9_set_balance are on (measured: benchmarks/notes/hopper_rungs.md). Each takes 0 or 1 only, and a
+    tilefuse_rung9_set_balance are on (measured: docs/decisions/004, 005, 008, 009). Each takes 0 or 1 only, and a
     refused value changes nothing."""
     lib = _switches_abi(_load(9))
     set_, get = getattr(lib, f"tilefuse_rung9_set_{switch}"), getattr(lib, f"tilefuse_rung9_get_{switch}")
@@ -386,8 +388,9 @@ def _get_l2(lib) -> list[int]:
 
 @needs_nvcc
 def test_rung9_l2_switch():
-    """tilefuse_rung9_set_l2(a, b, c): evict-first on C's stores by default (measured in runs 79-80:
-    benchmarks/notes/hopper_rungs.md), each of 0-2, a refused value changes nothing, a null out pointer is refused."""
+    """tilefuse_rung9_set_l2(a, b, c): evict-first on C's stores by default (the one policy that never lost:
+    docs/decisions/006-rung9-l2-policies.md), each of 0-2, a refused value changes nothing, a null out pointer is
+    refused."""
     lib = _l2_abi(_load(9))
     assert _get_l2(lib) == list(RUNG9_DEFAULT_L2) == [0, 0, 1]
     for bad in ((-1, 0, 0), (0, 3, 0), (0, 0, 7), (3, 3, 3)):
@@ -505,7 +508,7 @@ def test_rung9_streamk_plans_cover_every_piece_kind():
 
 def test_rung9_streamk_policy_cases():
     """streamk_split at the shapes that matter, through the planner: 8192^3 and 16384x4096x4096 split on the H200's
-    66 clusters (their last round is half empty); 4096^3 (58 of 66 busy: 2 % slower split in device run 42), 2048^3,
+    66 clusters (their last round is half empty); 4096^3 (58 of 66 busy: 2 % slower split, docs/decisions/005), 2048^3,
     whole rounds and tiny grids do not."""
     if not _have_nvcc():
         pytest.skip("nvcc is not on the PATH (TILEFUSE_NVCC)")
@@ -1666,8 +1669,8 @@ def test_repeated_calls_are_deterministic(rung):
     assert torch.equal(outs[0], outs[1]) and torch.equal(outs[0], outs[2])
 
 
-# ------------------------------------------------------------------------ scripts/ladder_sweep.py (CPU)
-SWEEP = ROOT / "scripts" / "ladder_sweep.py"
+# ------------------------------------------------------------------------ tools/ladder_sweep.py (CPU)
+SWEEP = ROOT / "tools" / "ladder_sweep.py"
 
 
 def _sweep_module():
@@ -1758,7 +1761,7 @@ def test_ladder_sweep_settings_are_accepted_by_rung9():
 def _rung_ab_module():
     import importlib.util
 
-    spec = importlib.util.spec_from_file_location("rung_ab", ROOT / "scripts" / "rung_ab.py")
+    spec = importlib.util.spec_from_file_location("rung_ab", ROOT / "tools" / "rung_ab.py")
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
@@ -1818,7 +1821,7 @@ def _trace_module():
     import importlib.util
 
     _sweep_module()  # registered as "ladder_sweep", which the script imports
-    spec = importlib.util.spec_from_file_location("rung9_trace", ROOT / "scripts" / "rung9_trace.py")
+    spec = importlib.util.spec_from_file_location("rung9_trace", ROOT / "tools" / "rung9_trace.py")
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod

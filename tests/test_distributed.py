@@ -1,7 +1,7 @@
 """Compiled training under torch.distributed, two processes with gloo on the CPU (issue 6's CPU part).
 
 The two-GPU NCCL run (50 steps, step times vs eager and Inductor DDP) needs the 2-GPU machine:
-scripts/train_distributed.py is the same program there.
+examples/train_distributed.py is the same program there.
 """
 import json
 import os
@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-SCRIPT = ROOT / "scripts" / "train_distributed.py"
+SCRIPT = ROOT / "examples" / "train_distributed.py"
 STEPS = 8  # enough steps for the optimizer to move the weights; each is a few interpreter launches
 TORCHRUN_TIMEOUT_S = 240
 LOSS_RTOL = 1e-4  # fp32 throughout: compiled and eager differ only by summation order

@@ -116,7 +116,7 @@ def test_splitk_more_splits_than_k_tiles():
     assert_close(res.out[0], ref_mm(a, b), torch.float32)
 
 
-# stream-K: the interpreter runs 3 programs (gemm_launch.num_programs), so a tile count that is not a multiple
+# stream-K: the interpreter launches 3 programs (gemm_launch.num_programs), so a tile count that is not a multiple
 # of 3 leaves a tail of 1 or 2 tiles dealt out as K steps
 SK_CASES = [  # m, n, k, config: the tail's tiles, their K steps
     (150, 20, 200, GemmConfig("persistent", 32, 32, 16, stream_k=True)),  # 5 tiles: tail 2, 13 steps
@@ -574,7 +574,7 @@ def test_tma_descriptors_made_on_the_host_or_in_the_kernel_agree(monkeypatch, cf
 
 
 def test_tma_descriptor_probe_kernels_agree_on_the_interpreter():
-    """scripts/tma_desc_probe.py's three kernels (descriptors in the kernel, on the host, pointer loads) against
+    """tools/tma_desc_probe.py's three kernels (descriptors in the kernel, on the host, pointer loads) against
     float64 on a ragged shape: what its device timings compare must compute the same product."""
     import os
     import subprocess
@@ -583,21 +583,21 @@ def test_tma_descriptor_probe_kernels_agree_on_the_interpreter():
 
     root = Path(__file__).resolve().parents[1]
     env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=str(root))
-    got = subprocess.run([sys.executable, str(root / "scripts" / "tma_desc_probe.py"), "--check"], env=env,
+    got = subprocess.run([sys.executable, str(root / "tools" / "tma_desc_probe.py"), "--check"], env=env,
                          capture_output=True, text=True, timeout=300)
     assert got.returncode == 0, got.stdout + got.stderr
     assert got.stdout.count("rel err") == 6
 
 
 def test_l2_flush_probe_window_matches_the_driver_struct():
-    """scripts/l2_flush_probe.py --window hands the driver a CUstreamAttrValue by pointer: its access-policy
+    """tools/l2_flush_probe.py --window hands the driver a CUstreamAttrValue by pointer: its access-policy
     member must have cuda.h's CUaccessPolicyWindow layout (pointer, size_t, float, two enums) at offset 0 of a
     64-byte union, or the driver reads a different window than the one the probe reports."""
     import ctypes
     import importlib.util
     from pathlib import Path
 
-    path = Path(__file__).resolve().parents[1] / "scripts" / "l2_flush_probe.py"
+    path = Path(__file__).resolve().parents[1] / "tools" / "l2_flush_probe.py"
     spec = importlib.util.spec_from_file_location("l2_flush_probe", path)
     probe = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(probe)

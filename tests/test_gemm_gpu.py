@@ -1,7 +1,7 @@
 """The Triton GEMM library on a GPU: bf16/fp8/int8/tf32, large and skinny shapes, every candidate config of
 each shape class, the fused epilogues and quantised outputs, the tuner end to end.
 
-Run by ``scripts/gpu-run`` (``pytest -m gpu``). Tuning is off in this module (the heuristic config, or an
+Run by ``tools/gpu-run`` (``pytest -m gpu``). Tuning is off in this module (the heuristic config, or an
 explicit one) except in the tuner's own test, so the whole file stays well under two minutes; the
 kernels it compiles land in Triton's cache, where the benchmark run that follows finds them.
 """

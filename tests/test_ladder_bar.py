@@ -1,4 +1,4 @@
-"""scripts/ladder_bar.py: issue 4's bar read from ladder suites (CSV or log), and its --run driver, on the CPU."""
+"""tools/ladder_bar.py: issue 4's bar read from ladder suites (CSV or log), and its --run driver, on the CPU."""
 from __future__ import annotations
 
 import importlib.util
@@ -15,7 +15,7 @@ RUN101_LOGS = [RESULTS / "run101" / "ladder1.log", RESULTS / "run101" / "ladder2
 
 
 def _bar():
-    spec = importlib.util.spec_from_file_location("ladder_bar", ROOT / "scripts" / "ladder_bar.py")
+    spec = importlib.util.spec_from_file_location("ladder_bar", ROOT / "tools" / "ladder_bar.py")
     mod = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = mod  # dataclasses look their module up there
     spec.loader.exec_module(mod)
@@ -23,7 +23,7 @@ def _bar():
 
 
 def test_csv_and_log_of_one_suite_agree():
-    """Run 100 kept both the CSV and the log of its suite: the two readings are the same suite's, so their times
+    """One committed suite kept both its CSV and its log: the two readings are the same suite's, so their times
     agree to the log's 4 decimals (and the ratios to a few parts in 10^4)."""
     bar = _bar()
     from_csv = {g.shape: g for g in bar.readings([RUN100_CSV], "9")[0]}
@@ -36,7 +36,7 @@ def test_csv_and_log_of_one_suite_agree():
 
 
 def test_committed_suites_read_as_the_docs_say():
-    """The three suites of the balanced round (README, benchmarks/notes/hopper_rungs.md): 1.024, 1.010, 0.992 at
+    """The three suites of the balanced round (README, docs/decisions/010-ladder-bar.md): 1.024, 1.010, 0.992 at
     4096^3 and 1.020, 1.010, 1.017 at 8192^3, three suites of the five a verdict needs."""
     bar = _bar()
     got, missing = bar.readings([RUN100_CSV] + RUN101_LOGS, "9")
@@ -112,7 +112,7 @@ def test_run_counts_finished_suites_only(tmp_path, monkeypatch):
     log = (tmp_path / "out" / "ladder_bar.log").read_text()
     assert "suite 2: rc 124" in log and "NOT RUN to the end" in log and "suite 3: rc 1" in log and "boom" in log
     assert "2 of 4 suites did not finish: not counted" in log
-    # run 101's two suites and run 100's twice: 4096^3 ratios 0.992, 1.010, 1.024, 1.024
+    # the two suites of the logs and the CSV's twice: 4096^3 ratios 0.992, 1.010, 1.024, 1.024
     assert "4096x4096x4096: median 1.0170 over 4 suites, 1 below 1.00: met" in log and status == 0
 
 
@@ -123,7 +123,7 @@ def test_run_without_a_gpu_gives_no_verdict(tmp_path):
 
     if torch.cuda.is_available():
         pytest.skip("a GPU is here: the suite would time for minutes (this test is for machines without one)")
-    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "ladder_bar.py"), "--run", "1", "--out",
+    proc = subprocess.run([sys.executable, str(ROOT / "tools" / "ladder_bar.py"), "--run", "1", "--out",
                            str(tmp_path)], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 2, proc.stdout + proc.stderr
     log = (tmp_path / "ladder_bar.log").read_text()

@@ -1,4 +1,4 @@
-"""scripts/ncu_profile.py without a GPU: its case list, argument checks and the summary of an ncu report."""
+"""tools/ncu_profile.py without a GPU: its case list, argument checks and the summary of an ncu report."""
 from __future__ import annotations
 
 import importlib.util
@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-SCRIPT = ROOT / "scripts" / "ncu_profile.py"
+SCRIPT = ROOT / "tools" / "ncu_profile.py"
 
 
 def _module():

@@ -93,11 +93,11 @@ def test_gemm_kernels_hint_b_when_cross_compiled():
 
 
 def test_the_probe_writes_each_variants_policies():
-    """scripts/tma_hint_probe.py --ptx: what device run 75 timed, cross-compiled here: the unhinted variant has
-    no hinted load, b_first and a_last hint one operand's loads (half), both hint all, and ptxas takes each."""
+    """tools/tma_hint_probe.py --ptx: what the H200 timed (docs/decisions/014), cross-compiled here: the unhinted
+    variant has no hinted load, b_first and a_last hint one operand's loads (half), both hint all, and ptxas takes each."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["TILEFUSE_INTERPRET"] = "0"
-    proc = subprocess.run([sys.executable, str(HERE.parent / "scripts" / "tma_hint_probe.py"), "--ptx"],
+    proc = subprocess.run([sys.executable, str(HERE.parent / "tools" / "tma_hint_probe.py"), "--ptx"],
                           capture_output=True, text=True, env=env, timeout=600)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     counts = dict(re.findall(r"^(\w+): 16 TMA loads, (\d+) hinted", proc.stdout, flags=re.M))

@@ -1,4 +1,4 @@
-"""Every kernel the compiler writes for the bench graphs (scripts/sweep_reductions.plan_backward_kernels, at
+"""Every kernel the compiler writes for the bench graphs (tools/sweep_reductions.plan_backward_kernels, at
 the suite's 32768 x 4096 from fake tensors) builds for sm_90 without local memory and for gfx942, planned for
 each vendor's warp size; the helpers' libdevice (GPU) texts are the ones written, and use the approximate exp
 there. Run in a child process with TILEFUSE_INTERPRET=0 by tests/test_compiler_cross_compile.py:
@@ -15,7 +15,7 @@ from tilefuse.bench import compiler_suite as suite
 from tilefuse.compiler import codegen
 from tilefuse.compiler import primitives as P
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tools"))
 import sweep_reductions as sr  # noqa: E402
 
 ARCHS = {"sm_90": (GPUTarget("cuda", 90, 32), codegen.LaunchTarget(32, False, 132)),
@@ -61,7 +61,7 @@ def _sass(cubin: bytes) -> str:
 def test_two_row_loop_of_whole_steps_has_no_row_selects_on_sm90():
     """layer_norm_gelu's backward row loop (two rows a step, 32768 rows in chunks of 128: whole steps) runs
     without its row mask: no FSEL and no uniform-to-per-thread predicate copies (PLOP3) selecting each row sum's
-    and column accumulation's terms (run 40: 878 -> 786 SASS instructions a step), and its loop stays under
+    and column accumulation's terms (878 -> 786 SASS instructions a step: docs/decisions/024), and its loop stays under
     800 instructions."""
     gpu_target, launch_target = ARCHS["sm_90"]
     _, kernels = sr.plan_backward_kernels("layer_norm_gelu_fwd_bwd", 32768, 4096, target=launch_target)

@@ -1,12 +1,16 @@
-"""``tilefuse report``: tables (Markdown) and plots rendered only from benchmark CSV rows.
+"""``tilefuse report``: benchmark CSV rows rendered as Markdown tables, or as one self-contained HTML page.
 
-For each suite: one line a case, one column an implementation (TFLOP/s for compute-bound rows, GB/s for
-memory-bound ones), and the ratio of each implementation to the case's baseline peer (baseline time / this
-time: above 1 is faster). A row that did not run shows its status, never a number.
+``tilefuse report CSV... [TARGETS.json] -o report.html`` writes the results page (:mod:`.report_html`: plots
+embedded as PNG, nothing loaded from elsewhere); any other ``-o`` (or none) writes Markdown: for each suite one
+line a case, one column an implementation (TFLOP/s for compute-bound rows, GB/s for memory-bound ones), and
+the ratio of each implementation to the case's baseline peer, headed "× PEER (PEER time / IMPL time)": above
+1 is faster. A row that did not run shows its status, never a number. A ``.json`` input is read as the output
+of ``tilefuse targets --json`` (the cross-vendor matrix, HTML only).
 """
 from __future__ import annotations
 
 import collections
+import json
 from pathlib import Path
 from typing import Iterable, Sequence
 
@@ -14,9 +18,13 @@ from . import harness
 
 
 def add_arguments(p) -> None:
-    p.add_argument("csv", nargs="+", help="benchmark CSV files (as written by `tilefuse bench`)")
-    p.add_argument("-o", "--output", default=None, help="write the Markdown here (default: print it)")
+    p.add_argument("csv", nargs="+", help="benchmark CSV files (as written by `tilefuse bench`), and optionally "
+                   "one `tilefuse targets --json` output (.json)")
+    p.add_argument("-o", "--output", default=None,
+                   help="write here: NAME.html is the self-contained results page, anything else Markdown "
+                        "(default: print the Markdown)")
     p.add_argument("--plot", default=None, metavar="PNG", help="also draw a bar chart of the ratios to baseline")
+    p.add_argument("--title", default="tilefuse results", help="the HTML page's title")
 
 
 def _rate(row: harness.Row) -> str:
@@ -29,12 +37,17 @@ def _rate(row: harness.Row) -> str:
     return f"{row.ms_p50:.3f} ms"
 
 
+def ratio_label(impl: str, baseline: str) -> str:
+    """The heading of a vs_baseline column: the row holds baseline time / impl time."""
+    return f"× {baseline} ({baseline} time / {impl} time)"
+
+
 def suite_table(rows: Sequence[harness.Row]) -> str:
     impls = list(dict.fromkeys(r.impl for r in rows))
     cases = list(dict.fromkeys((r.case, r.dtype) for r in rows))
     by = {(r.case, r.dtype, r.impl): r for r in rows}
     ratio_impls = [i for i in impls if any(r.impl == i and r.vs_baseline is not None for r in rows)]
-    head = ["case", "dtype", *impls, *[f"{i} ÷ {next(r.baseline for r in rows if r.impl == i and r.baseline)}"
+    head = ["case", "dtype", *impls, *[ratio_label(i, next(r.baseline for r in rows if r.impl == i and r.baseline))
                                        for i in ratio_impls]]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for case, dtype in cases:
@@ -92,12 +105,34 @@ def plot(rows: Sequence[harness.Row], path: str | Path) -> Path:
     return Path(path)
 
 
-def main(args) -> int:
-    rows: list[harness.Row] = []
-    for path in args.csv:
+def read_inputs(paths: Sequence[str]) -> tuple[list[tuple[str, list[harness.Row]]], dict | None, str | None]:
+    """(path, rows) a CSV, and the one targets JSON (its dict and path) if a ``.json`` is among ``paths``."""
+    sources, targets, targets_path = [], None, None
+    for path in paths:
         if not Path(path).exists():
-            raise FileNotFoundError(f"no such CSV file: {path}")
-        rows.extend(harness.read_csv(path))
+            raise FileNotFoundError(f"no such {'JSON' if str(path).endswith('.json') else 'CSV'} file: {path}")
+        if str(path).endswith(".json"):
+            if targets is not None:
+                raise ValueError(f"two targets files ({targets_path}, {path}): give at most one .json")
+            targets, targets_path = json.loads(Path(path).read_text()), str(path)
+            if not isinstance(targets, dict) or "results" not in targets:
+                raise ValueError(f"{path}: not the output of `tilefuse targets --json` (no \"results\" key)")
+        else:
+            sources.append((str(path), harness.read_csv(path)))
+    return sources, targets, targets_path
+
+
+def main(args) -> int:
+    sources, targets, targets_path = read_inputs(args.csv)
+    rows = [row for _, part in sources for row in part]
+    if args.output and str(args.output).endswith((".html", ".htm")):
+        from . import report_html
+
+        Path(args.output).write_text(report_html.render(sources, targets, targets_path, title=args.title))
+        print(f"wrote {args.output}")
+        if args.plot:
+            print(f"wrote {plot(rows, args.plot)}")
+        return 0
     text = render(rows)
     if args.output:
         Path(args.output).write_text(text)

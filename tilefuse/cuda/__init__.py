@@ -165,10 +165,11 @@ def _library_for(r: Rung, dev: torch.device) -> _launch.RungLibrary:
 
 
 # The host time of gemm() is inside every timed call: the build lookup alone (hash the rung's source and
-# headers, read its cache report) took 170-240 us a call on the 2-core CI machine, and device run 3 timed
-# rungs 7-9 at a floor of ~0.26-0.37 ms, 4096^3 and 16x8192x8192 alike (do_bench's L2 flush hides only
-# ~0.08 ms of host time). So a loaded library is remembered for (rung, target, cache folder, nvcc) while the
-# stat (mtime, size) of the files it was built from is unchanged: a few microseconds a call.
+# headers, read its cache report) took 170-240 us a call on the 2-core CI machine, and the H200 timed rungs
+# 7-9 at a floor of ~0.26-0.37 ms, 4096^3 and 16x8192x8192 alike (do_bench's L2 flush hides only ~0.08 ms of
+# host time; docs/decisions/002-ladder-host-time-floor.md). So a loaded library is remembered for (rung,
+# target, cache folder, nvcc) while the stat (mtime, size) of the files it was built from is unchanged: a few
+# microseconds a call.
 _LIBRARIES: dict[tuple, tuple[tuple, tuple, _launch.RungLibrary]] = {}
 
 

@@ -2,7 +2,7 @@
 //
 // The exact (erf) GeLU of the Hopper rungs' epilogues (7-9), GeLU(x) = x * Phi(x) with Phi(x) = erfc(-x / sqrt 2) / 2
 // and erfc(|u|) = exp(-u^2) * Q(t), t = 1 / (1 + 0.4 |u|): Q is the degree-8 polynomial of
-// tilefuse/kernels/special.py (our own fit, scripts/fit_erfc.py, relative error 1.2e-7 in exact arithmetic, ~1e-6
+// tilefuse/kernels/special.py (our own fit, tools/fit_erfc.py, relative error 1.2e-7 in exact arithmetic, ~1e-6
 // with the approximate reciprocal and exp2), taken straight from x (0.4 / sqrt 2 = 0.2828..., u^2 = x^2 / 2), so the
 // Triton GEMM's epilogue and these kernels compute the same function. One reciprocal, one exp2 and nine FMAs, no
 // branch: libdevice's erff (two polynomials and selects, ~33 instructions) unrolled over the 128 accumulators of

@@ -6,7 +6,7 @@
 // apart: every access is uncoalesced, which rung 2 fixes by swapping the mapping.
 // Layouts: A [M,K] row-major, B [K,N] row-major, C [M,N] row-major; any M, N, K; bf16 or fp16 in and out,
 // fp32 accumulation; epilogues none / +bias / gelu(+bias).
-// Measured (H200, bf16, device run 3, benchmarks/results/run3/ladder.csv): 4096x4096x4096 1.0 TFLOP/s (0.00x
+// Measured (H200, bf16, docs/decisions/001-ladder-rung-by-rung.md): 4096x4096x4096 1.0 TFLOP/s (0.00x
 //   cuBLAS); 16x8192x8192 0.9 TFLOP/s (0.02x cuBLAS).
 #include "common.cuh"
 

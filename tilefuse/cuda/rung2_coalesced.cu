@@ -6,7 +6,7 @@
 // contiguous runs. Same arithmetic, several times the useful bandwidth; still no data reuse, so it is
 // bound by L1/L2 traffic (2 loads per FMA).
 // Layouts: A [M,K], B [K,N], C [M,N], all row-major; any M, N, K; bf16/fp16; every epilogue.
-// Measured (H200, bf16, device run 3, benchmarks/results/run3/ladder.csv): 4096x4096x4096 5.2 TFLOP/s (0.01x
+// Measured (H200, bf16, docs/decisions/001-ladder-rung-by-rung.md): 4096x4096x4096 5.2 TFLOP/s (0.01x
 //   cuBLAS); 16x8192x8192 3.8 TFLOP/s (0.08x cuBLAS).
 #include "common.cuh"
 

@@ -7,7 +7,7 @@
 // (2 per FMA) and one output per thread leaves no instruction-level parallelism: rung 4 fixes both.
 // Layouts: A [M,K], B [K,N], C [M,N], all row-major; any M, N, K (edges zero-filled); bf16/fp16; every
 // epilogue.
-// Measured (H200, bf16, device run 3, benchmarks/results/run3/ladder.csv): 4096x4096x4096 6.9 TFLOP/s (0.01x
+// Measured (H200, bf16, docs/decisions/001-ladder-rung-by-rung.md): 4096x4096x4096 6.9 TFLOP/s (0.01x
 //   cuBLAS); 16x8192x8192 3.0 TFLOP/s (0.06x cuBLAS).
 #include "common.cuh"
 

@@ -10,7 +10,7 @@
 // of a float4 phase read 8 consecutive 16-byte words of a shared row: no bank conflicts.
 // Layouts: A [M,K], B [K,N], C [M,N] row-major; any M, N % 8 == 0, K % 8 == 0 (16-byte chunks; M and the
 // tile edges are zero-filled); bf16/fp16; every epilogue.
-// Measured (H200, bf16, device run 3, benchmarks/results/run3/ladder.csv): 4096x4096x4096 43.5 TFLOP/s (0.06x
+// Measured (H200, bf16, docs/decisions/001-ladder-rung-by-rung.md): 4096x4096x4096 43.5 TFLOP/s (0.06x
 //   cuBLAS); 8192x8192x8192 43.1 TFLOP/s (0.06x cuBLAS); 16384x4096x4096 43.6 TFLOP/s (0.06x cuBLAS); 16x8192x8192
 //   1.9 TFLOP/s (0.04x cuBLAS).
 #include "common.cuh"

@@ -13,7 +13,7 @@
 // Portable: the lane layout is derived from TF_WARP_LANES (common.cuh: 32 on NVIDIA, 64 on AMD CDNA), and
 // no warp-synchronous operation depends on it, so the kernel is right for any lane count.
 // Layouts: A [M,K], B [K,N], C [M,N] row-major; any M, N % 8 == 0, K % 8 == 0; bf16/fp16; every epilogue.
-// Measured (H200, bf16, device run 3, benchmarks/results/run3/ladder.csv): 4096x4096x4096 46.5 TFLOP/s (0.06x
+// Measured (H200, bf16, docs/decisions/001-ladder-rung-by-rung.md): 4096x4096x4096 46.5 TFLOP/s (0.06x
 //   cuBLAS); 8192x8192x8192 46.9 TFLOP/s (0.07x cuBLAS); 16384x4096x4096 46.4 TFLOP/s (0.07x cuBLAS); 16x8192x8192
 //   2.1 TFLOP/s (0.04x cuBLAS).
 #include "common.cuh"

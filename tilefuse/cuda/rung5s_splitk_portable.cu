@@ -11,7 +11,7 @@
 // meant for skinny problems (small M, long K: decode-time projections), where B is read once and every
 // lane streams it with 16-byte loads.
 // Layouts: A [M,K], B [K,N], C [M,N] row-major; any M, N % 8 == 0, K % 8 == 0; bf16/fp16; every epilogue.
-// Measured (H200, bf16, device run 3, benchmarks/results/run3/ladder.csv): 16x8192x8192 4.9 TFLOP/s (0.10x
+// Measured (H200, bf16, docs/decisions/001-ladder-rung-by-rung.md): 16x8192x8192 4.9 TFLOP/s (0.10x
 //   cuBLAS).
 #include "common.cuh"
 

@@ -16,7 +16,7 @@
 // Registers: ~200 a thread, so one 256-thread block per SM (__launch_bounds__(256, 1)).
 // Layouts: A [M,K], B [K,N] (read with ldmatrix.trans), C [M,N], all row-major; any M, N % 8 == 0,
 // K % 8 == 0 (edges zero-filled by cp.async's src-size operand); bf16/fp16; every epilogue.
-// Measured (H200, bf16, device run 3, benchmarks/results/run3/ladder.csv): 4096x4096x4096 232.7 TFLOP/s (0.30x
+// Measured (H200, bf16, docs/decisions/001-ladder-rung-by-rung.md): 4096x4096x4096 232.7 TFLOP/s (0.30x
 //   cuBLAS); 8192x8192x8192 364.5 TFLOP/s (0.53x cuBLAS); 16384x4096x4096 360.0 TFLOP/s (0.53x cuBLAS);
 //   16x8192x8192 3.8 TFLOP/s (0.08x cuBLAS).
 #include "common.cuh"

@@ -15,35 +15,30 @@
 //     (mapa + mbarrier.arrive.shared::cluster). Cluster barriers fence start (barrier init) and exit.
 //   * TMA-store epilogue: accumulators (+ bias, GeLU) are rounded to 16 bits and written into 128B-swizzled
 //     shared-memory chunks (64x64, bank-conflict free), two at a time (one in each of a consumer's two staging
-//     buffers), then one fence.proxy.async and one thread stores the pair with cp.async.bulk.tensor; full 128-byte
-//     rows reach global memory instead of rung 8's 4-byte scatter. (A chunk at a time, each with its own fence and
-//     barriers, was 0.3-0.8 % slower at 4096^3: device runs 92-93.)
+//     buffers), then one fence.proxy.async and one thread stores the pair with cp.async.bulk.tensor, a 64-row box a
+//     chunk: full 128-byte rows reach global memory instead of rung 8's 4-byte scatter. Pairs halve the fences and
+//     barriers of a chunk at a time (docs/decisions/008-rung9-epilogue-in-pairs.md).
 //   * A lean consumer k-loop (checked in the SASS by tests/test_cuda_hopper.py): the wgmma descriptors live in
 //     uniform registers (stage 0's, stepped by whole tiles), and a stage is released by one predicated arrive a
-//     lane (lane r to CTA r). A warp issues 51 instructions a k-tile (4 HGMMA), 105 before this was reviewed
-//     (benchmarks/notes/hopper_rungs.md, "SASS review of the rung-9 mainloop").
+//     lane (lane r to CTA r): 51 instructions a k-tile a warp, 4 of them HGMMA
+//     (docs/decisions/004-rung9-consumer-k-loop.md).
 //   * Work items handed over (cooperative consumers): the producer, which walks the cluster's tiles one stage ahead
 //     anyway, writes each item's record (corner, tile, k-tiles) into a small shared-memory array before it arrives on
 //     the full barrier of the item's first stage; the consumers read it there instead of rebuilding the walk with a
-//     chain of 32-bit divisions after every epilogue (put_item). In-kernel trace (device run 87): 0.38 us from a
-//     tile's epilogue to the next mainloop, 0.9 us before; 0.76 % faster at 4096^3, 0.57 % at 8192^3, 1.1 % at
-//     16384x4096x4096, interleaved against the build without it (benchmarks/results/run87/ab.csv).
+//     chain of 32-bit divisions after every epilogue (put_item): 0.38 us from a tile's epilogue to the next
+//     mainloop instead of 0.9 (docs/decisions/007-rung9-work-item-handover.md).
 //   * The epilogue kind (none / bias / GeLU) is a template argument, a kernel each: chosen at run time it put a
 //     branch, a bias load and a GeLU around every accumulator pair, and the consumers stalled on instruction fetch
-//     in every tile's epilogue (tensor pipe active 76 % of the time against cuBLAS's 95 %; 94 % since).
+//     in every tile's epilogue (tensor pipe active 76 % of the time against cuBLAS's 95 %; 94 % since:
+//     docs/decisions/003-epilogue-as-template-argument.md).
+//   * A last round that would leave clusters idle is split by k-tiles (stream-K) or evened out with narrow tiles
+//     (balanced rounds): see the switches below.
 //
-// Measured (H200, bf16, the ladder suite of device run 31, benchmarks/results/run31/ladder.csv, through
-//   tilefuse.cuda.gemm, interleaved with cuBLAS): 4096^3 687 TFLOP/s (1.01x cublas_nt, the K-major-B cuBLAS call;
-//   0.98x cuBLAS with B row-major), 8192^3 685 TFLOP/s (1.00x / 1.00x), 16384x4096x4096 673 TFLOP/s (1.01x /
-//   0.99x). Over five runs (30-34) 0.970-1.012x cublas_nt at 4096^3 and 0.993-1.015x at 8192^3: at parity, within
-//   the runs' spread (benchmarks/notes/hopper_rungs.md, "Runs 29-34"). Latest (device runs 97-98, the paired epilogue with
-//   one TMA box a C chunk, benchmarks/results/run97/ladder.csv and run98/): 4096^3 676-686 TFLOP/s (1.015, 0.972 and
-//   0.984x cublas_nt in three suites; 1.001 and 0.999x in the interleaved A/Bs), 8192^3 684-716 (1.013-1.047x),
-//   16384x4096x4096 680-698 (1.025-1.049x). The mainloop takes 1025-1043 SM cycles a k-tile against 1024 at the tensor cores'
-//   peak (device run 91, the trace's %clock stamps); the rest is the epilogue, the start and the last round. With the
-//   balanced last round (device runs 100-101, benchmarks/results/run100/ and run101/): 4096^3 1.007-1.011x cublas_nt in
-//   four interleaved A/Bs, 1.024, 1.010 and 0.992x in three suites (715 TFLOP/s in run 100's); 8192^3 1.033-1.062x
-//   and 1.010-1.020x. (The issue's bar at 4096^3 is not claimed on three suites: benchmarks/NOTES.md.)
+// Measured (H200, bf16, the ladder suite, through tilefuse.cuda.gemm, interleaved with cuBLAS;
+//   docs/decisions/001-ladder-rung-by-rung.md): 4096^3 715 TFLOP/s (1.024x cublas_nt, the K-major-B cuBLAS call),
+//   8192^3 703 TFLOP/s (1.020x), 16384x4096x4096 684 TFLOP/s (1.012x). In interleaved A/Bs 1.007-1.011x cublas_nt
+//   at 4096^3 and 1.033-1.062x at 8192^3 (docs/decisions/010-ladder-bar.md). The mainloop takes 1025-1043 SM
+//   cycles a k-tile against 1024 at the tensor cores' peak; the rest is the epilogue, the start and the last round.
 //
 // Layouts: A is [M,K] row-major (lda >= K), B is given as [N,K] row-major (K-major B: tilefuse_rung9_b_layout()
 // returns 1; ldb >= K), C is [M,N] row-major (ldc >= N). bf16 (dtype 0) or fp16 (dtype 1) in and out, fp32
@@ -52,80 +47,64 @@
 // strides), so K multiple of 8, and N a multiple of 8 even with a wider ldc (TMA's stores clip C's last columns to
 // whole 16-byte units only); K >= 8; M any. Anything else returns cudaErrorInvalidValue before a launch.
 //
-// Debug: tilefuse_rung9_set_debug(flags) (not part of the ladder ABI) switches single features off, to find
-// which one a wrong result comes from: 1 = no multicast (each CTA loads its whole B tile itself), 2 = not
-// persistent (one tile a cluster), 4 = direct register stores instead of the TMA-store epilogue.
+// Run-time switches (none of them part of the ladder ABI; tools/ladder_sweep.py times each setting on the GPU):
 //
-// Schedule: tilefuse_rung9_set_schedule(clusters, group_m, order, cluster_size) (not part of the ladder ABI
-// either; 0 = the default for each) picks, at run time, how many clusters the persistent grid has (default:
-// as many as cudaOccupancyMaxActiveClusters says can be resident), the group depth of the L2-aware order
-// (default GROUP_M), the order (0: groups of cluster-rows walked column-major, the default; 1: the transpose,
-// groups of tile-columns walked row-major) and the cluster size (2, the default, with B multicast; or 1, no
-// cluster: each CTA loads its whole B tile). tilefuse_rung9_occupancy reports the resident-cluster count.
-// scripts/ladder_sweep.py times each setting on the GPU.
+// Debug: tilefuse_rung9_set_debug(flags) switches single features off, to find which one a wrong result comes
+// from: 1 = no multicast (each CTA loads its whole B tile itself), 2 = not persistent (one tile a cluster),
+// 4 = direct register stores instead of the TMA-store epilogue.
 //
-// Ping-pong: tilefuse_rung9_set_pingpong(1) (not part of the ladder ABI; default 0, cooperative, until measured)
-// gives each consumer warpgroup a whole 64x256 tile of its own instead of half of a 128x256 one: the CTA's tiles
-// alternate between the two consumers and their mainloops take turns (an mbarrier hand-over after the last
-// stage of a tile), so one consumer's epilogue (~3-5 % of a tile at K = 4096 in the cooperative schedule, where
-// the tensor cores wait for it) runs under the other one's mainloop. Cost: a 64-row tile reads a 40 KB stage
-// (8 KB A + 32 KB B) for half the math of a 48 KB one, L2->SM traffic 47 instead of 31 B/clk/SM with multicast;
-// 5 stages instead of 4 in the same shared memory; one C staging chunk a consumer; always the TMA-store epilogue
-// (debug flag 4 is ignored: a direct-store copy of the ping-pong path made the kernel spill).
+// Schedule: tilefuse_rung9_set_schedule(clusters, group_m, order, cluster_size) (0 = the default for each) picks
+// how many clusters the persistent grid has (default: as many as cudaOccupancyMaxActiveClusters says can be
+// resident), the group depth of the L2-aware order (default GROUP_M), the order (0: groups of cluster-rows walked
+// column-major, the default; 1: the transpose, groups of tile-columns walked row-major) and the cluster size (2,
+// the default, with B multicast; or 1, no cluster: each CTA loads its whole B tile). Clusters of 4 are not offered:
+// only 30 are resident, a lost round at every shape (docs/decisions/008-rung9-epilogue-in-pairs.md).
+// tilefuse_rung9_occupancy reports the resident-cluster count.
 //
-// Stream-K: tilefuse_rung9_set_streamk(0 or 1; 1, the default; not part of the ladder ABI). A persistent grid of C
-// clusters runs `tiles` cluster-tiles in ceil(tiles / C) rounds, and the last round can leave many clusters idle
-// (8192^3 and 16384x4096x4096: 1024 cluster-tiles on 66 clusters, the 16th round 34 of 66 busy). With stream-K the
-// whole rounds stay whole tiles and the tiles of the last, partial round are cut by k-tiles into C equal ranges,
-// one a cluster, laid end to end over those tiles (tile-major, k-minor). A cluster's range starts in the middle
-// of a tile (its first piece: the tile's later k-tiles) and ends in the middle of another (its last piece: that
-// tile's first k-tiles). A piece without the tile's first k-tile writes its fp32 accumulators to a workspace slot
-// of its own (each thread its 128 values as 32 coalesced float4) and sets its flag (release, gpu scope); the piece
-// with the first k-tile, which its cluster runs last, waits for the flags of the tile's other pieces (acquire),
-// adds their partial sums and runs the epilogue. A cluster writes at most one partial (its first piece), so the
-// workspace is one 64 KB slot a consumer warpgroup of each CTA. Flags hold the launch's epoch (a per-device
-// counter), so no launch has to clear them. The split costs ~10 us (measured), so the host splits only where the
-// last round gets shorter by more than 16 k-tiles (streamk_split: not at 4096^3, where the 4th round has 58 of 66
-// clusters busy), every cluster is resident (a head waits on later clusters), and never in ping-pong, with the
-// GeLU epilogue (its fix-up spilled), with the debug flag 2, or while the stream is being captured into a CUDA
-// graph (a replay would reuse the epoch); a launch on another stream first waits for the last one that used the
-// device's workspace. Measured (device run 42, interleaved with the unsplit kernel and cuBLAS): 8192^3 2.3 %
-// faster (1.039x cublas_nt, 1.018x unsplit), 16384x4096x4096 2.3 % (1.029x), 4096^3 2.2 % slower (not split).
+// Ping-pong: tilefuse_rung9_set_pingpong(1) (default 0, cooperative) gives each consumer warpgroup a whole 64x256
+// tile of its own: the CTA's tiles alternate between the consumers, whose mainloops take turns (an mbarrier
+// hand-over after a tile's last stage), so one's epilogue runs under the other's mainloop. A 64-row tile reads a
+// 40 KB stage for half the math of a 48 KB one (L2->SM 47 instead of 31 B/clk/SM); 5 stages, one C staging chunk a
+// consumer, always the TMA-store epilogue (a direct-store copy spilled). 6-7 % slower than cooperative at 4096^3
+// (docs/decisions/004-rung9-consumer-k-loop.md).
 //
-// Balanced rounds: tilefuse_rung9_set_balance(0 or 1; 1, the default; not part of the ladder ABI). Where stream-K
-// does not split, a last round with idle clusters is evened out with narrow tiles instead: 16 tiles of 240 columns
-// (m64n240k16, 15/16 of a whole tile's tensor-core time) span the columns of 15 whole ones, so a cluster-row made
-// "narrow" (its whole tiles first, then 16 narrow ones) has one tile more. The last y cluster-rows are narrow, walked
-// after the others, column-major, so every whole tile of the walk comes before every narrow one; the host picks the y
-// that leaves the busiest cluster the least work (balance_rows). At 4096^3 on 66 clusters: 4 narrow rows, 260 tiles,
-// the busiest cluster three whole tiles and a narrow one (63/64 of four whole ones). The producer loads the whole
-// 256-row B tile as always (wgmma reads 240 of its rows) and records the width in the work item; the consumers run an
-// m64n240k16 copy of the k-loop for it, and the epilogue stores a narrow tile's last 48-column chunk from staging with
-// plain 16-byte stores (a 64-column TMA box would write 16 columns of the next tile). Never in ping-pong, with stream-K,
-// in the transposed order or without a persistent grid. Measured at 4096^3 against the same build with it off: 1.3 %
-// and 0.8 % faster (device runs 100-101, scripts/ladder_sweep.py --ab no-balance). Instead of stream-K at 8192^3 and
-// 16384x4096x4096 it was 0.1-1.5 % faster in both runs, inside those shapes' noise, so stream-K keeps precedence.
+// Stream-K: tilefuse_rung9_set_streamk(0 or 1; 1, the default). C clusters run `tiles` cluster-tiles in
+// ceil(tiles / C) rounds; at 8192^3 (1024 cluster-tiles on 66 clusters) the 16th round has 34 of 66 busy. The tiles
+// of the last, partial round are cut by k-tiles into C equal ranges, one a cluster, laid end to end (tile-major,
+// k-minor): a range starts in the middle of a tile (its first piece: the tile's later k-tiles) and ends in the middle
+// of another. A piece without its tile's first k-tile writes its fp32 accumulators to a workspace slot (each thread
+// 128 values as 32 coalesced float4) and sets its flag (release, gpu scope); the piece with the first k-tile, which
+// its cluster runs last, waits for the other pieces' flags (acquire), adds their sums and runs the epilogue. A
+// cluster writes at most one partial, so the workspace is one 64 KB slot a consumer warpgroup of each CTA. Flags
+// hold the launch's epoch (a per-device counter), so no launch clears them. The split costs ~10 us, so the host
+// splits only where the last round gets shorter by more than 16 k-tiles (streamk_split: 8192^3 and 16384x4096x4096,
+// 2.3 % faster; not 4096^3, whose last round has 58 of 66 clusters busy), every cluster is resident (a head waits
+// on later clusters), and never in ping-pong, with the GeLU epilogue (its fix-up spilled), with debug flag 2, or
+// under CUDA-graph capture (a replay would reuse the epoch); a launch on another stream first waits for the last
+// one that used the device's workspace (docs/decisions/005-rung9-stream-k.md).
 //
-// Stores: tilefuse_rung9_set_stores(1) (not part of the ladder ABI; default 0). The TMA-store epilogue writes a
-// consumer's 64x64 C chunks into staging, two at a time, and, by default, meets the other warps of its warpgroup at
-// a named barrier before and after each pair (4 barriers a tile), one thread issuing the pair's stores (a 64-row box
-// a chunk). With warp stores each warp waits for its own earlier stores, writes its 16 rows and its lane 0 stores
-// them (a 16-row box: the host encodes C's tensor map for the mode): no warpgroup barrier in the epilogue at all.
-// Measured (device run 93, interleaved, one chunk at a time): 0.5 % / 0.2 % faster than the default at 4096^3 /
-// 8192^3, and with pairs 0.2 % / 0.4 % slower than pairs with the default's barriers.
+// Balanced rounds: tilefuse_rung9_set_balance(0 or 1; 1, the default). Where stream-K does not split, a last round
+// with idle clusters is evened out with narrow tiles: 16 tiles of 240 columns (m64n240k16, 15/16 of a whole tile's
+// tensor-core time) span the columns of 15 whole ones, so a "narrow" cluster-row has one tile more. The last y
+// cluster-rows are narrow, walked after every whole tile; the host picks the y that leaves the busiest cluster the
+// least work (balance_rows; at 4096^3 4 rows: the busiest cluster has 63/64 of four whole tiles' work, 0.8-1.3 %
+// faster). The producer loads the whole 256-row B tile (wgmma reads 240 rows) and records the width in the work
+// item; the consumers run an m64n240k16 copy of the k-loop, and a narrow tile's last 48-column chunk is stored with
+// 16-byte stores (a 64-column TMA box would write the next tile's columns). Never in ping-pong, with stream-K, in
+// the transposed order or without a persistent grid (docs/decisions/009-rung9-balanced-last-round.md).
 //
-// L2 policies: tilefuse_rung9_set_l2(a, b, c) (not part of the ladder ABI) sets the L2 eviction priority of A's TMA
-// loads, B's (multicast or not) and C's TMA stores: 0 evict-normal (the priority of an access without a hint),
-// 1 evict-first, 2 evict-last. Every TMA access carries its policy (a createpolicy.fractional value, selected once a
-// thread, in uniform registers; the .L2::cache_hint form of cp.async.bulk.tensor), so each access has one
-// instruction form. A plain and a hinted copy of each, chosen by a branch (run 79's build), made the plain-epilogue
-// kernel 36 % longer (3904 -> 5296 SASS instructions: the unrolled store loops twice over), and this kernel once
-// stalled on instruction fetch in its epilogue; this way it is 2 % longer (3992). The default is
-// evict-first on C (written once, never read here: its lines leave L2 before the re-read panels of A and B do):
-// 0.994, 0.993 and 1.000 of the no-policy time at 4096^3 in three interleaved runs (device runs 79-81), the one
-// policy that never lost. Evict-last on A and B read 0.990, 1.004, 0.997; evict-first on A or B lost at 4096^3. No
-// policy held beyond the ~1 % by which one such run differs from the next (benchmarks/notes/hopper_rungs.md,
-// stop 21).
+// Stores: tilefuse_rung9_set_stores(1) (default 0): warp stores. Each warp waits for its own earlier stores,
+// writes its 16 rows and its lane 0 stores them (a 16-row box; the host encodes C's tensor map for the mode), so
+// the epilogue has no warpgroup barrier; the default meets the warpgroup at a named barrier before and after each
+// pair of chunks (4 a tile). Off by default: it gained less than the pairs
+// (docs/decisions/008-rung9-epilogue-in-pairs.md).
+//
+// L2 policies: tilefuse_rung9_set_l2(a, b, c): the L2 eviction priority of A's TMA loads, B's and C's TMA stores
+// (0 evict-normal, 1 evict-first, 2 evict-last). Every TMA access carries its policy (a createpolicy.fractional
+// value in uniform registers; the .L2::cache_hint form), so each access has one instruction form: a plain and a
+// hinted copy chosen by a branch made the kernel 36 % longer in SASS and 1.1 % slower. Default: evict-first on C
+// (written once, never read here), the one policy that never lost; none moved 4096^3 beyond the ~1 % between
+// interleaved runs (docs/decisions/006-rung9-l2-policies.md).
 #include <cuda.h>
 #include <cudaTypedefs.h>
 #include <cuda_bf16.h>
@@ -154,7 +133,8 @@ constexpr int PRODUCER_REGS = 48;  // the producer loop with balanced tiles (til
 constexpr int CONSUMER_REGS = 224;  // 232 before balanced tiles; no spills at 224 either
 // setmaxnreg only moves registers inside the CTA's launch allocation, THREADS x the registers ptxas gives each thread
 // (__launch_bounds__(THREADS, 1): 65536 / 384 rounded down to a multiple of 8, 168). Asking for more leaves the
-// consumers' setmaxnreg.inc waiting for registers that never come (device run 99: 48 + 2 x 232 hung every launch).
+// consumers' setmaxnreg.inc waiting for registers that never come (48 + 2 x 232 hung every launch:
+// docs/decisions/009-rung9-balanced-last-round.md).
 constexpr int LAUNCH_REGS = 65536 / THREADS / 8 * 8;
 static_assert(LAUNCH_REGS == 168, "the per-thread registers at launch (test_setmaxnreg_took_effect checks the build)");
 static_assert(128 * PRODUCER_REGS + 128 * CONSUMERS * CONSUMER_REGS <= THREADS * LAUNCH_REGS,
@@ -332,16 +312,16 @@ constexpr int SK_SLOT_FLOATS = 128 * 128;  // one consumer warpgroup's accumulat
 constexpr int PIECE_LATER = 1;       // a work item without its tile's first k-tile: it leaves a partial sum
 constexpr int PIECE_UNFINISHED = 2;  // a work item without its tile's last k-tile: it adds the later ones' sums
 constexpr int PIECE_NARROW = 4;      // a narrow tile of a balanced schedule (NARROW_BN columns; never split)
-// Stream-K pays off when the last round gets shorter by more than what the split costs: measured (device run 42,
-// interleaved against the unsplit kernel) ~10 us, 13-14 k-tiles of a 128x256 tile at 4096^3 and 8192^3, where the
-// partial sums' writes and reads alone were estimated at 2-3 us. See streamk_split.
+// Stream-K pays off when the last round gets shorter by more than what the split costs: measured (interleaved
+// against the unsplit kernel, docs/decisions/005-rung9-stream-k.md) ~10 us, 13-14 k-tiles of a 128x256 tile at 4096^3
+// and 8192^3, where the partial sums' writes and reads alone were estimated at 2-3 us. See streamk_split.
 #ifndef TILEFUSE_RUNG9_SK_FIXUP_K_TILES
 constexpr int SK_FIXUP_K_TILES = 16;
-#else  // a diagnostic build (scripts/rung9_trace.py) may split where the library does not
+#else  // a diagnostic build (tools/rung9_trace.py) may split where the library does not
 constexpr int SK_FIXUP_K_TILES = TILEFUSE_RUNG9_SK_FIXUP_K_TILES;
 #endif
 
-// Timeline trace, compiled only into diagnostic builds (-D TILEFUSE_RUNG9_TRACE=1, scripts/rung9_trace.py): thread 0
+// Timeline trace, compiled only into diagnostic builds (-D TILEFUSE_RUNG9_TRACE=1, tools/rung9_trace.py): thread 0
 // of each consumer warpgroup stamps %globaltimer at its entry and, for each of its work items, at the start of the
 // mainloop, its end, the end of the stream-K step (partial written, or the other pieces' sums added) and the end of
 // the epilogue's stores being issued, with the item's tile, k-tiles and piece bits, and the SM's %clock at the
@@ -509,7 +489,7 @@ __device__ __forceinline__ void mbar_arrive_cluster(uint32_t cluster_addr) {
 // lane's CTA's stage-0 empty barrier in the cluster window (mapa once, before the loop: a stage's barrier is
 // `stage` x 8 bytes further, the window maps a CTA's shared memory as one block). With the lane mapped inside
 // the loop ptxas re-read SR_TID (S2R) every k-tile of a loop that released the stage just read (a variant tried
-// in runs 29-31 and removed: benchmarks/notes/hopper_rungs.md). Lanes that release nothing hold target 0 (no
+// and removed: docs/decisions/004-rung9-consumer-k-loop.md). Lanes that release nothing hold target 0 (no
 // barrier of the window is at 0): the predicate comes from a register the loop holds anyway, where a separate
 // `lane < csize` made ptxas either rebuild it from SR_TID every k-tile or spill it (with stream-K's registers).
 __device__ __forceinline__ void release_stage(uint32_t target, uint32_t stage) {
@@ -559,8 +539,9 @@ __device__ __forceinline__ void st_shared_u32(uint32_t addr, uint32_t v) {
 // (an arrive releases what the thread wrote before it at CTA scope, a completed wait acquires it), and after the last
 // item a record with no k-tiles, on a stage it completes with a plain arrive. The consumers read the record once they
 // waited for that stage, and again after the mainloop (so that nothing of it is held in registers across the
-// k-loop), instead of rebuilding the walk and dividing their way to the next tile after every epilogue (run 85:
-// 0.9 us between a tile's epilogue and the next mainloop, 2 % of a tile at 4096^3). The producer rewrites slot j only
+// k-loop), instead of rebuilding the walk and dividing their way to the next tile after every epilogue (that took
+// 0.9 us between a tile's epilogue and the next mainloop, 2 % of a tile at 4096^3: 0.38 us now,
+// docs/decisions/007-rung9-work-item-handover.md). The producer rewrites slot j only
 // for item j + ITEM_SLOTS, whose first stage it gets back once the consumers released the k-tile `STAGES` before
 // it: since every item has a k-tile, that is a k-tile after item j, released only after item j's epilogue.
 // Record: {m0 of the CTA's tile, n0, t, k-tiles | piece << ITEM_PIECE_SHIFT}, then kb (for the trace builds).
@@ -849,7 +830,7 @@ __host__ __device__ inline StreamK streamk_extent(int tiles, int clusters, int k
 }
 // 8192^3 (1024 cluster-tiles of 128x256 x 2, 128 k-tiles, 66 clusters: the 16th round 34/66 busy) and
 // 16384x4096x4096 split. 4096^3 (256 tiles: the 4th round 58/66 busy, 64 -> 57 k-tiles) does not: it measured 2 %
-// slower split (run 42). Nor 2048^3 (64 tiles on 66 clusters) or whole rounds.
+// slower split (docs/decisions/005-rung9-stream-k.md). Nor 2048^3 (64 tiles on 66 clusters) or whole rounds.
 #ifndef TILEFUSE_RUNG9_SK_FIXUP_K_TILES  // the library's policy (a diagnostic build may change it)
 static_assert(streamk_split(1024, 66, 128) && streamk_split(1024, 66, 64) && !streamk_split(256, 66, 64) &&
                   !streamk_split(64, 66, 32) && !streamk_split(132, 66, 64) && !streamk_split(16, 66, 16),
@@ -949,7 +930,7 @@ __device__ __forceinline__ void mainloop(float (&acc)[128], int left, int& s, ui
         }
         // Keep this k-tile's wgmma in flight; the previous one has finished, so release its stage
         // to the producers of both CTAs (each of them writes into this CTA's copy of it). (Releasing each
-        // stage at once after a wait_group 0, a stage more of lead, measured within noise in runs 30-31.)
+        // stage at once after a wait_group 0, a stage more of lead, measured within noise: docs/decisions/004.)
         wgmma_wait<1>();
         fence_accumulators(d);
         if (prev >= 0) release_stage(release_target, (uint32_t)prev);
@@ -991,7 +972,7 @@ __device__ __forceinline__ void consume(const void* smem_raw, const CUtensorMap*
     // descriptors derived from them then stay in uniform registers across the k-loop. Without it ptxas built
     // the A descriptor in ordinary registers and moved it with R2UR before every HGMMA (8 a k-tile, 16 in
     // ping-pong) and re-derived the base from S2UR SR_CgaCtaId and the index from S2R SR_TID.X every k-tile
-    // (105 instructions a k-tile a warp before, 51 after: benchmarks/notes/hopper_rungs.md, "SASS review").
+    // (105 instructions a k-tile a warp before, 51 after: docs/decisions/004-rung9-consumer-k-loop.md).
     const uint32_t s_a = (uint32_t)warp_uniform((int)smem_base(smem_raw));
     const uint32_t s_b = s_a + stages * a_bytes, s_c = s_b + stages * B_TILE_BYTES;
     const uint32_t full = s_a + FULL_OFFSET, empty = s_a + EMPTY_OFFSET, turn = s_a + TURN_OFFSET;
@@ -1132,8 +1113,8 @@ __device__ __forceinline__ void consume(const void* smem_raw, const CUtensorMap*
         // Epilogue: four 64x64 chunks, each rounded into a swizzled staging buffer and stored by TMA, in groups of
         // GROUP chunks: a wait for the buffers and a barrier before a group, one proxy fence, a barrier and the group's
         // stores (one commit) after it. Cooperative: pairs, chunks 0-1 and then 2-3, one in each of the consumer's two
-        // buffers (a chunk at a time, each with its own fence and barriers, measured 0.8 % / 0.3 % slower at 4096^3 in
-        // device runs 92-93). Ping-pong: one buffer a consumer, so a chunk at a time.
+        // buffers (a chunk at a time, each with its own fence and barriers, measured 0.8 % / 0.3 % slower at 4096^3:
+        // docs/decisions/008-rung9-epilogue-in-pairs.md). Ping-pong: one buffer a consumer, so a chunk at a time.
         constexpr int GROUP = c_buffers;
         // Chunk c's staging buffer.
         auto staging = [&](int c) { return s_c + (consumer * c_buffers + c % c_buffers) * C_CHUNK_BYTES; };
@@ -1188,7 +1169,7 @@ __device__ __forceinline__ void consume(const void* smem_raw, const CUtensorMap*
             // TMA clips rows >= M, cols >= N. A box is the whole chunk (64 rows, 8 KB): one store a chunk from one
             // thread after the barrier; with warp stores one warp's 16 rows (2 KB, 1 KB-aligned in the buffer, so the
             // 128B swizzle's phase is the chunk's), one a chunk from each warp. (Four 16-row boxes a chunk from the one
-            // thread, as before device run 97, issued 16 stores a tile where 4 do.)
+            // thread issued 16 stores a tile where 4 do: 0.8 % slower at 4096^3, docs/decisions/008.)
             if (warp_stores) {
                 __syncwarp();
                 if (lane == 0) {
@@ -1221,7 +1202,7 @@ __device__ __forceinline__ void consume(const void* smem_raw, const CUtensorMap*
 
 // A kernel a dtype and epilogue. EPI (0 none, 1 + bias, 2 GeLU(+ bias)) is a template argument:
 // with the epilogue chosen at run time the unrolled epilogue branched around a bias load and an erff GeLU for every
-// pair of accumulators (~180 KB of SASS to walk through for a plain tile), and ncu (device run 29, 4096^3) saw the
+// pair of accumulators (~180 KB of SASS to walk through for a plain tile), and ncu (4096^3, docs/decisions/003) saw the
 // consumers stall on instruction fetch ("no instruction" 3.3 cycles an issued instruction, cuBLAS 0.13) with the
 // tensor pipe active 76 % of the time (cuBLAS 95 %).
 template <int DT, int EPI>
@@ -1701,8 +1682,8 @@ extern "C" int tilefuse_rung9(const void* A, const void* B, void* C, const void*
     if (M == 0 || N == 0) return cudaSuccess;
     if (K < 8 || K % 8 != 0 || lda < K || ldb < K || ldc < N) return cudaErrorInvalidValue;
     if (lda % 8 != 0 || ldb % 8 != 0 || ldc % 8 != 0) return cudaErrorInvalidValue;
-    // N too, even with a wider ldc: TMA's stores clip C's last columns only to whole 16-byte units (device run 100:
-    // at N = 4090, ldc 4104, the last chunk's box wrote columns 4090-4095), as tilefuse_rung9_requirements says.
+    // N too, even with a wider ldc: TMA's stores clip C's last columns only to whole 16-byte units (a GPU test: at
+    // N = 4090, ldc 4104, the last chunk's box wrote columns 4090-4095), as tilefuse_rung9_requirements says.
     if (N % 8 != 0) return cudaErrorInvalidValue;
     if (!aligned16(A) || !aligned16(B) || !aligned16(C)) return cudaErrorInvalidValue;
 
