@@ -66,7 +66,8 @@ def _nonfinite_problem(what, res, ref) -> str | None:
                 f"(first differing index {_first(torch.isnan(res) != torch.isnan(ref))})")
     infs = torch.isinf(ref) | torch.isinf(res)
     if not torch.equal(res[infs], ref[infs]):
-        return f"{what}: Inf elements differ from eager's (first at index {_first(torch.isinf(res) != torch.isinf(ref))})"
+        first = _first(torch.isinf(res) != torch.isinf(ref))
+        return f"{what}: Inf elements differ from eager's (first at index {first})"
     return None
 
 
@@ -119,13 +120,13 @@ def named_leaves(obj: Any, prefix: str = "") -> list[tuple[str, Any]]:
     """(name, leaf) for every leaf of a model output: tensors, numbers, None; through ModelOutput, dicts,
     tuples and lists."""
     if obj is None or isinstance(obj, (torch.Tensor, int, float, bool, str)):
-        return [(prefix or "output", obj)]
+        return [(prefix, obj)]
     if isinstance(obj, Mapping):
         items = list(obj.items())
     elif isinstance(obj, (tuple, list)):
         items = [(str(i), v) for i, v in enumerate(obj)]
     else:
-        raise TypeError(f"{prefix or 'output'}: cannot compare a {type(obj).__name__} (return tensors, dicts, "
+        raise TypeError(f"{prefix or 'the output'}: cannot compare a {type(obj).__name__} (return tensors, dicts, "
                         f"tuples; e.g. use_cache=False for a Hugging Face model)")
     out = []
     for key, value in items:
@@ -141,7 +142,7 @@ def tree_problems(what: str, res: Any, ref: Any, fp64: Any) -> list[str]:
     floor = group_floor(list(fp_l.values()))
     problems = []
     for name, r in ref_l.items():
-        c, label = res_l[name], f"{what} {name}"
+        c, label = res_l[name], f"{what} {name}" if name else what
         if isinstance(r, torch.Tensor):
             f = fp_l.get(name)
             p = tensor_problem(label, c, r, f if isinstance(f, torch.Tensor) else None, floor)
