@@ -77,7 +77,8 @@ def _first(mask: torch.Tensor) -> tuple:
 
 
 def tensor_problem(what: str, res: Any, ref: torch.Tensor, fp64: torch.Tensor | None, floor: float = 0.0) -> str | None:
-    """None if the compiled tensor ``res`` passes against eager's ``ref`` and the float64 run's ``fp64``."""
+    """None if the compiled tensor ``res`` passes against eager's ``ref`` and the float64 run's ``fp64``, else
+    what is wrong with the numbers that decided it. ``floor``: the group's absolute noise floor (group_floor)."""
     if not isinstance(res, torch.Tensor):
         return f"{what}: compiled gave {type(res).__name__}, eager a tensor"
     if res.shape != ref.shape or res.dtype != ref.dtype or res.device != ref.device:
@@ -283,6 +284,7 @@ def _bert():
 
 def _bert_batch(device):
     b = _masked_lm_batch(device)
+    # expanded (stride 0), as BertModel makes them itself when none are given
     b["token_type_ids"] = (torch.arange(SEQ, device=device) >= SEQ // 2).long().expand(BATCH, SEQ)
     return b
 
