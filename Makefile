@@ -11,7 +11,8 @@ STAMP     := $(VENV)/.tilefuse-installed
 SYSPY     ?= python3
 # torch 2.13.0 is the CPU wheel on the dev/CI machines' disk; triton 3.6.0 is the GPU machine's version;
 # numpy stays below 2.4 because Triton 3.6's interpreter fails on numpy 2.4+.
-DEPS      := torch==2.13.0 triton==3.6.0 "numpy<2.4" pytest pytest-xdist hypothesis matplotlib
+# transformers 5.17.0: the Hugging Face families of the real-model suite (tests/test_real_models.py).
+DEPS      := torch==2.13.0 triton==3.6.0 "numpy<2.4" pytest pytest-xdist hypothesis matplotlib transformers==5.17.0
 PYTEST_JOBS ?= 2
 
 .PHONY: demo test test-fast gpu-test bench targets clean deps
