@@ -36,7 +36,8 @@ def test_tf32_space_has_real_choices(cls):
         assert C.smem_estimate(cfg, prob) <= H200.smem_bytes
         assert cfg.block_k * 4 <= 512, "a 4-byte stage sized like a 2-byte one"
     if cls == "large":
-        # the 2-byte space kept one config here (T64x64x32, 0.14x cuBLAS in runs 3/5/7)
+        # the 2-byte space kept one config here (T64x64x32, 0.14x cuBLAS in three suites,
+        # docs/decisions/012-gemm-config-space.md)
         assert len(cands) == 11
         assert any(c.block_m * c.block_n >= 128 * 256 for c in cands)
         assert any(c.kernel == "persistent" and c.tma for c in cands)
@@ -59,7 +60,8 @@ def test_tf32_order_follows_the_layout():
 
 def test_no_warp_specialisation_for_an_n_major_8_bit_b():
     """Triton 3.6 fails to compile the warp-specialised persistent kernel for an N-major fp8 or int8 B on
-    sm_90a (PassManager, ConvertNVGPUToLLVM; the tuner hit it in run 59), as for tf32: offered K-major only."""
+    sm_90a (PassManager, ConvertNVGPUToLLVM; the tuner hit it on the H200,
+    docs/decisions/018-gemm-k-major-copy.md), as for tf32: offered K-major only."""
     for dtype in ("float8_e4m3fn", "int8"):
         out = "int32" if dtype == "int8" else "bfloat16"
         for shape in ((4096, 4096, 4096), (256, 4096, 4096)):
@@ -378,7 +380,8 @@ def test_b_stream_configs_only_where_the_hint_survives():
     assert not any(c.b_stream for c in C.candidates(prob, C.PART_BY_TARGET["gfx942"]))
     # only the decode class holds them (a b_stream entry elsewhere would be pruned: dead data)
     assert {cls for cls, cfgs in C.NVIDIA_SPACE.items() if any(c.b_stream for c in cfgs)} == {"decode"}
-    # 64-row tiles and more lost to the pipelined configs on the H200 (device run 36): not offered from M = 17 on
+    # 64-row tiles and more lost to the pipelined configs on the H200
+    # (docs/decisions/013-gemm-decode-and-skinny-tiles.md): not offered from M = 17 on
     for m in (17, 64, 128, 256):
         wide = C.GemmProblem(m, 8192, 8192, 1, "bfloat16", "bfloat16", "bfloat16", False, True, True, "plain")
         assert not any(c.b_stream for c in C.candidates(wide, H200)), m
@@ -549,7 +552,8 @@ def test_skinny_candidates_that_need_a_second_wave_come_later():
         return cands[0]
     # M = 128: 64x128 tiles are 128 programs, one wave: the space's first config leads
     assert first(128).label() == "T64x128x64-w4-s8-tma-ef"
-    # M = 256 (and 200): 64-row tiles would be 256 programs at one a SM; the 7-stage 128x128 leads (run 65)
+    # M = 256 (and 200): 64-row tiles would be 256 programs at one a SM; the 7-stage 128x128 leads
+    # (docs/decisions/013-gemm-decode-and-skinny-tiles.md)
     assert first(256).label() == first(200).label() == "T128x128x64-w4-s7-tma-ef"
     # N = 4096: 64x128 tiles are 128 programs again
     assert first(256, 4096).label() == "T64x128x64-w4-s8-tma-ef"

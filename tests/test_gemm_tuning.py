@@ -467,7 +467,8 @@ def test_sweep_needs_a_gpu():
 
 def test_a_tie_goes_to_the_space_order(tmp_cache, monkeypatch):
     """Scores within TUNE_TIE of the best are a tie, settled by the candidates' order (the space's sweeps); a
-    later candidate faster by more than that still wins. Run 73's 128x8192x8192 final, as canned times."""
+    later candidate faster by more than that still wins. The 128x8192x8192 final of
+    docs/decisions/019-gemm-tuner-timing.md, as canned times."""
     _tagged_bound(monkeypatch)
     c = [C.GemmConfig("tiled", 32, 32, 16), C.GemmConfig("tiled", 16, 32, 16)]
     inf = float("inf")

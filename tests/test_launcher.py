@@ -110,7 +110,8 @@ def test_direct_uses_the_launchers_own_call_on_other_triton_versions(monkeypatch
 
 def test_no_launch_hook_is_installed_until_a_profiler_adds_one():
     """Triton 3.6 keeps an (empty) HookChain in each launch-hook knob: an empty chain is no hook. (Reading
-    "not None" as "installed" sent every launch through the JIT: device run 6 measured 35 us a GEMM launch.)"""
+    "not None" as "installed" sent every launch through the JIT: 35 us a GEMM launch on the H200
+    (docs/decisions/020-gemm-launch-host-time.md).)"""
     assert not launcher.hooks_installed()
 
     def hook(metadata):

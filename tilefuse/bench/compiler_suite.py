@@ -192,7 +192,7 @@ def minimal_bytes(graph: Graph, args: Sequence[torch.Tensor], two_pass: bool = T
     exist, reads them and writes the gradients, and must also read what it needs from the forward:
     ``graph.saved`` tensors the size of the first input (softmax's backward reads its output or its input;
     a norm's, its input; SwiGLU's, both operands). ``two_pass=False`` leaves that read out (the count
-    before device run 20: no implementation of separate passes can move that little)."""
+    the bench used first: no implementation of separate passes can move that little)."""
     def nbytes(ts):
         return sum(t.numel() * t.element_size() for t in ts)
 

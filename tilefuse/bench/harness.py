@@ -72,7 +72,7 @@ def environment() -> dict[str, str]:
     from .. import config, device
 
     # an explicit TILEFUSE_GIT_SHA wins: a snapshot (git archive) unpacked inside another checkout would
-    # otherwise record that checkout's HEAD (run 16's rows say 4414754aa995+dirty for commit 775c78d)
+    # otherwise record that checkout's HEAD (a snapshot's rows once recorded the enclosing checkout's sha +dirty)
     sha = config.get().git_sha or _git_sha()
     return {"gpu": device.current().name, "torch": torch.__version__, "triton": triton.__version__,
             "git_sha": sha or "unknown", "date": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d")}

@@ -138,9 +138,10 @@ def run_gpu(rec: harness.Recorder, opts: SuiteOptions) -> None:
         flops, moved = 2.0 * m * n * k, (m * k + k * n + m * n) * DTYPE.itemsize
         timing = dict(flops=flops, bytes_moved=moved)
         common = dict(dtype=DTYPE, shape=shape, **timing)
-        # cuBLAS, the Triton GEMM and the fast rungs in interleaved rounds (a clock drift at the power limit
-        # falls on all of them alike; run 15 read cuBLAS at 8192^3 as 686 TFLOP/s in this suite and 793 in
-        # the sweep of the same run); the slow rungs after them, alone, with a short repetition
+        # cuBLAS, the Triton GEMM and the fast rungs in interleaved rounds (a clock drift at the power limit falls on
+        # all of them alike: timed one after another, cuBLAS at 8192^3 read 686 TFLOP/s in the suite and 793 in a
+        # sweep of the same session; docs/decisions/011-interleaved-timing.md); the slow rungs after them, alone, with
+        # a short repetition
         entries = [
             ("cublas", harness.Rotating(lambda a, b, w: torch.matmul(a, b), sets),
              dict(check=_checker(lambda: torch.matmul(a, b), ref), note="torch.matmul, B [K,N] row-major", **timing)),

@@ -143,7 +143,7 @@ def make_ab_descriptors(a_ptr, b_ptr, a_desc_h, b_desc_h, M, N, K, stride_am, st
     # rule) and the tile is transposed in shared memory for free by the MMA's operand layout.
     # HOST_DESC: the launch made the same descriptors on the host (gemm_launch.host_descriptors), and they
     # arrive as kernel parameters: made here, each program writes and fences them before its first load,
-    # 1.4-3.6 us a call (device run 69, benchmarks/notes/gemm.md).
+    # 1.4-3.6 us a call (docs/decisions/015-gemm-host-tma-descriptors.md).
     if HOST_DESC:
         a_desc = a_desc_h
         b_desc = b_desc_h

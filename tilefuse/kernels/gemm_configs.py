@@ -247,9 +247,9 @@ def C(kernel, bm, bn, bk, w, s, **kw) -> GemmConfig:
 # that a piece's partial store and pipeline fill stay small against its main loop
 STREAM_K_MIN_STEPS = 8
 
-# Runs 24-25 (benchmarks/results/run24, run25): the stream-K tail costs about 20 us beyond its main loop
-# (4096^3: 0.216 ms against 0.199 without it, where it saves 8 of a round's 64 steps), so it pays only where
-# the last round is nearly empty and long: 16384x8192x28672 (4 tiles of 448 steps in the last round) +1.8 %.
+# docs/decisions/016-gemm-stream-k-tail.md: the stream-K tail costs about 20 us beyond its main loop (4096^3: 0.216 ms
+# against 0.199 without it, where it saves 8 of a round's 64 steps), so it pays only where the last round is nearly
+# empty and long: 16384x8192x28672 (4 tiles of 448 steps in the last round) +1.8 %.
 STREAM_K_MAX_TAIL = 0.25  # the last round at most this full
 STREAM_K_MIN_TILE_STEPS = 128  # and its tiles at least this many K steps
 
@@ -294,97 +294,101 @@ def stream_k_pieces(tiles: int, k_steps: int, programs: int, min_steps: int = ST
 AUTO_SPLIT = -1  # split_k filled in from the SM count (see fill_split_k)
 DECODE_M = -1  # block_m filled in from M (16, 32 or 64)
 
-# NVIDIA, in order of preference within a class (the first that survives pruning is the default; the tuner
-# times the first TUNE_MAX_CANDIDATES of the class). Device run 1 (H200, bf16, vs cuBLAS) is quoted as "r1",
-# device run 10 (benchmarks/results/run10/gemm-sweep.json, every class's configs timed through the kept
-# launcher) as "r10".
+# NVIDIA, in order of preference within a class (the first that survives pruning is the default; the tuner times the
+# first TUNE_MAX_CANDIDATES of the class). A figure after a config is its ratio to cuBLAS (H200, bf16) in the sweep
+# that placed it: docs/decisions/012-gemm-config-space.md names each sweep and its CSV; 013 covers the decode/skinny
+# tiles, 014 the -ef hint, 016 stream-K, 017 the flattened loop.
 # Hopper numbers: 227 KB smem; a 128x256x64 bf16 stage is 48 KB, so 3 stages + a 64 KB TMA store buffer
 # fit (211 KB), 4 stages fit only with the store split in two 32 KB column halves (epi_subtile=2).
-# ws=True (Hopper): triton 3.6's automatic warp specialisation at num_warps=4 gives one producer warp group
-# (TMA loads, 40 registers) and two consumer groups (wgmma + epilogue, 232 registers) splitting BLOCK_M:
-# the recipe that closes the gap to cuBLAS on large shapes (r1's best non-specialised kernel: 0.944x at 4096^3).
+# ws=True (Hopper): triton 3.6's automatic warp specialisation at num_warps=4 gives one producer warp group (TMA
+# loads, 40 registers) and two consumer groups (wgmma + epilogue, 232 registers) splitting BLOCK_M: the recipe that
+# closes the gap to cuBLAS on large shapes (the first sweep's best non-specialised kernel: 0.944x at 4096^3).
 NVIDIA_SPACE: dict[str, tuple[GemmConfig, ...]] = {
     "decode": (
         # B dominates: BLOCK_N x BLOCK_K x 2 bytes a stage; 3-4 stages in flight keep ~100 KB a SM moving.
-        C("tiled", DECODE_M, 64, 256, 4, 4, group_m=1, split_k=AUTO_SPLIT),  # r1 M=1: 1.018x
-        # r36 (scripts/l2_flush_probe.py, after do_bench's zeroing flush): M=1 0.0417 ms against cuBLAS 0.0429
-        # and the config above 0.0430; M=16 0.0423 against 0.0424 / 0.0435 (M <= 16 only: see b_stream_possible)
+        C("tiled", DECODE_M, 64, 256, 4, 4, group_m=1, split_k=AUTO_SPLIT),  # M=1: 1.018x
+        # after do_bench's zeroing flush (tools/l2_flush_probe.py,
+        # docs/decisions/013-gemm-decode-and-skinny-tiles.md): M=1 0.0417 ms against cuBLAS 0.0429 and the config
+        # above 0.0430; M=16 0.0423 against 0.0424 / 0.0435 (M <= 16 only: see b_stream_possible)
         C("tiled", DECODE_M, 64, 128, 4, 1, group_m=1, split_k=AUTO_SPLIT, b_stream=True),
-        # r72/r73 (benchmarks/results/run72/m64.log, run73/m64.log, 6 interleaved rounds each): M=64 1.009x / 0.999x
-        # through TMA with the descriptors made on the host (6 stages 1.008x) against 0.985x / 0.983x for the
-        # pointer tile below, the pick of every suite before; the two configs above do not fit M=64 (shared
-        # memory; b_stream is for 16-row tiles), so this one is M=64's first. B_HINT (-ef): its TMA loads of B
-        # evict-first in L2 (r75, scripts/tma_hint_probe.py: at M=128/256 2.4-4.2 us faster after do_bench's
-        # dirty flush; r76 sweep at M=64: 1.116x cuBLAS hinted against 1.008x plain), first, and the tuner
-        # times both
+        # two sweeps of 6 interleaved rounds (docs/decisions/013-gemm-decode-and-skinny-tiles.md): M=64 1.009x /
+        # 0.999x through TMA with the descriptors made on the host (6 stages 1.008x) against 0.985x / 0.983x for the
+        # pointer tile below, the pick of every suite before; the two configs above do not fit M=64 (shared memory;
+        # b_stream is for 16-row tiles), so this one is M=64's first. B_HINT (-ef): its TMA loads of B evict-first in
+        # L2 (docs/decisions/014-gemm-l2-evict-first-on-b.md, tools/tma_hint_probe.py: at M=128/256 2.4-4.2 us faster
+        # after do_bench's dirty flush; a sweep at M=64: 1.116x cuBLAS hinted against 1.008x plain), first, and the
+        # tuner times both
         C("tiled", DECODE_M, 64, 128, 4, 7, group_m=1, split_k=AUTO_SPLIT, tma=True, b_evict_first=True),
         C("tiled", DECODE_M, 64, 128, 4, 7, group_m=1, split_k=AUTO_SPLIT, tma=True),
-        C("tiled", DECODE_M, 64, 128, 4, 6, group_m=1, split_k=AUTO_SPLIT),  # r1 M=16: 0.961x
-        C("tiled", DECODE_M, 128, 256, 8, 3, group_m=1, split_k=AUTO_SPLIT),  # r1 M=16: 0.947x
+        C("tiled", DECODE_M, 64, 128, 4, 6, group_m=1, split_k=AUTO_SPLIT),  # M=16: 0.961x
+        C("tiled", DECODE_M, 128, 256, 8, 3, group_m=1, split_k=AUTO_SPLIT),  # M=16: 0.947x
         C("tiled", DECODE_M, 128, 128, 8, 5, group_m=1, split_k=AUTO_SPLIT),
         C("tiled", DECODE_M, 32, 256, 4, 4, group_m=1, split_k=AUTO_SPLIT),  # 2 CTAs a SM, 256 tiles
         C("tiled", DECODE_M, 64, 128, 4, 8, group_m=1, split_k=AUTO_SPLIT),
         C("tiled", DECODE_M, 64, 256, 8, 4, group_m=1, split_k=AUTO_SPLIT),
-        C("tiled", DECODE_M, 128, 128, 4, 4, group_m=1, split_k=AUTO_SPLIT),  # r1 M=1: 0.981x, M=16: 0.411x
-        C("tiled", DECODE_M, 128, 128, 8, 1, group_m=1, split_k=AUTO_SPLIT, b_stream=True),  # r36 M=1: 0.0425 ms
-        # (r36, b_stream, M=1/16 ms: 16x64x64 w4 0.0442/0.0448, 16x64x256 w8 0.0456/0.0550, 16x32x256 w4
-        # 0.0473/0.0634; at M=64 every b_stream config lost 25-190 %, at M=128/256 45-200 %: notes/gemm.md)
-        # (run 12 swept 256/128-column strips split along K, and TMA-loaded B: all slower at M = 1/16/64,
-        # 0.81-0.98x cuBLAS against the leaders' 0.96-1.00x; notes/gemm.md)
+        C("tiled", DECODE_M, 128, 128, 4, 4, group_m=1, split_k=AUTO_SPLIT),  # M=1: 0.981x, M=16: 0.411x
+        C("tiled", DECODE_M, 128, 128, 8, 1, group_m=1, split_k=AUTO_SPLIT, b_stream=True),  # M=1: 0.0425 ms
+        # (b_stream, M=1/16 ms: 16x64x64 w4 0.0442/0.0448, 16x64x256 w8 0.0456/0.0550, 16x32x256 w4 0.0473/0.0634; at
+        # M=64 every b_stream config lost 25-190 %, at M=128/256 45-200 %:
+        # docs/decisions/013-gemm-decode-and-skinny-tiles.md)
+        # (256/128-column strips split along K, and TMA-loaded B, swept: all slower at M = 1/16/64, 0.81-0.98x cuBLAS
+        # against the leaders' 0.96-1.00x; docs/decisions/013-gemm-decode-and-skinny-tiles.md)
     ),
     "skinny": (
-        # r72/r73 (benchmarks/results/run72/m128.log, run73/m128.log): M=128 0.991x / 0.983x with host descriptors,
-        # against 0.980x / 0.971x for the 64x128x128 at 4 stages below (in run 65, with descriptors made in the
-        # kernel, 0.928-0.952x: tied); the suites' tuner finals had the two within 0.2-1.1 %, either way round.
-        # r75 (scripts/tma_hint_probe.py, interleaved with cuBLAS after do_bench's flush): with B's TMA loads
-        # evict-first in L2 (-ef, ptx_hints) the 64x128x64 ran 44.38 -> 40.19 us at M=128 (0.999x -> 1.104x) and
-        # the 128x128x64 at 7 stages 51.17 -> 48.78 us at M=256 (1.018x -> 1.067x); r76 sweeps (run76/m128.log,
-        # m256.log): M=128 1.093x against 0.983x, M=256 1.133x against 1.055x. Each tile hinted, then plain
+        # two interleaved sweeps (docs/decisions/013-gemm-decode-and-skinny-tiles.md): M=128 0.991x / 0.983x with host
+        # descriptors, against 0.980x / 0.971x for the 64x128x128 at 4 stages below (in an earlier sweep, with
+        # descriptors made in the kernel, 0.928-0.952x: tied); the suites' tuner finals had the two within 0.2-1.1 %,
+        # either way round.
+        # tools/tma_hint_probe.py (docs/decisions/014-gemm-l2-evict-first-on-b.md, interleaved with cuBLAS after
+        # do_bench's flush): with B's TMA loads evict-first in L2 (-ef, ptx_hints) the 64x128x64 ran 44.38 -> 40.19 us
+        # at M=128 (0.999x -> 1.104x) and the 128x128x64 at 7 stages 51.17 -> 48.78 us at M=256 (1.018x -> 1.067x);
+        # sweeps: M=128 1.093x against 0.983x, M=256 1.133x against 1.055x. Each tile hinted, then plain
         C("tiled", 64, 128, 64, 4, 8, group_m=8, split_k=AUTO_SPLIT, tma=True, b_evict_first=True),
         C("tiled", 64, 128, 64, 4, 8, group_m=8, split_k=AUTO_SPLIT, tma=True),
         C("tiled", 64, 128, 128, 4, 4, group_m=8, split_k=AUTO_SPLIT, tma=True, b_evict_first=True),
-        C("tiled", 64, 128, 128, 4, 4, group_m=8, split_k=AUTO_SPLIT, tma=True),  # r1 M=128: 0.951x
-        # r65 (benchmarks/results/run65, three interleaved sweeps): the tiled kernel has no TMA store buffer, so a
-        # 128x128x64 tile takes a seventh 32 KB stage (230 KB): M=256 bf16 1.018x / 1.010x cuBLAS, fp16 1.015x,
-        # where the persistent 6-stage configs below read 0.958-0.967x in the same sweeps (8 warps: 1.017x /
-        # 1.005x, fp16 0.993x / 1.003x). At M=128 (64 tiles) they leave half the SMs idle: the 64x128 leads.
+        C("tiled", 64, 128, 128, 4, 4, group_m=8, split_k=AUTO_SPLIT, tma=True),  # M=128: 0.951x
+        # three interleaved sweeps (docs/decisions/013-gemm-decode-and-skinny-tiles.md): the tiled kernel has no TMA
+        # store buffer, so a 128x128x64 tile takes a seventh 32 KB stage (230 KB): M=256 bf16 1.018x / 1.010x cuBLAS,
+        # fp16 1.015x, where the persistent 6-stage configs below read 0.958-0.967x in the same sweeps (8 warps:
+        # 1.017x / 1.005x, fp16 0.993x / 1.003x). At M=128 (64 tiles) they leave half the SMs idle: the 64x128 leads.
         C("tiled", 128, 128, 64, 4, 7, group_m=8, tma=True, b_evict_first=True),
         C("tiled", 128, 128, 64, 4, 7, group_m=8, tma=True),
         C("tiled", 128, 128, 64, 8, 7, group_m=8, tma=True, b_evict_first=True),
         C("tiled", 128, 128, 64, 8, 7, group_m=8, tma=True),
-        # cuBLAS's pick at 256x8192x8192 (ncu, device run 29) is 128x128x64 tiles with 6 stages; ours at 6 stages
-        # (229 KB of shared memory): r32 M=256 0.965x against 0.934x at 5 stages (M=128 0.830x: the 64x128 leads)
+        # cuBLAS's pick at 256x8192x8192 (ncu) is 128x128x64 tiles with 6 stages; ours at 6 stages
+        # (229 KB of shared memory): M=256 0.965x against 0.934x at 5 stages (M=128 0.830x: the 64x128 leads)
         C("persistent", 128, 128, 64, 4, 6, group_m=8, tma=True),
-        C("persistent", 128, 128, 64, 4, 6, group_m=8, tma=True, flatten=True),  # r54 M=256: 0.976x against 0.973x
-        C("persistent", 128, 128, 64, 4, 5, group_m=8, tma=True),  # r10 M=256: 0.922x (next best 0.876x)
+        C("persistent", 128, 128, 64, 4, 6, group_m=8, tma=True, flatten=True),  # M=256: 0.976x against 0.973x
+        C("persistent", 128, 128, 64, 4, 5, group_m=8, tma=True),  # M=256: 0.922x (next best 0.876x)
         C("tiled", 64, 128, 128, 4, 4, group_m=8, tma=True, warp_specialize=True),  # M=128: 128 tiles, no split
         C("persistent", 128, 128, 64, 4, 4, group_m=8, tma=True, warp_specialize=True),  # M=256: 128 tiles
-        C("tiled", 128, 128, 128, 8, 3, group_m=8, split_k=AUTO_SPLIT),  # r1 M=256: 0.772x
+        C("tiled", 128, 128, 128, 8, 3, group_m=8, split_k=AUTO_SPLIT),  # M=256: 0.772x
         C("tiled", 64, 256, 64, 4, 4, group_m=8, split_k=AUTO_SPLIT, tma=True),  # M=256: 128 tiles
         C("tiled", 128, 128, 64, 4, 4, group_m=8, tma=True, warp_specialize=True),
-        C("tiled", 128, 64, 128, 4, 4, group_m=8, split_k=AUTO_SPLIT),  # r1 M=128: 0.909x
-        C("tiled", 128, 128, 64, 8, 4, group_m=8, split_k=AUTO_SPLIT),  # r1 M=256: 0.757x
-        # (r36: four b_stream configs, 64- and 128-row tiles, lost 45-200 % at M = 128 and 256: not offered)
-        # (r65 at M = 128, none better than the 64x128 leader's 0.942-0.947x: 64x128x64 at 7-9 stages and 4 or
+        C("tiled", 128, 64, 128, 4, 4, group_m=8, split_k=AUTO_SPLIT),  # M=128: 0.909x
+        C("tiled", 128, 128, 64, 8, 4, group_m=8, split_k=AUTO_SPLIT),  # M=256: 0.757x
+        # (four b_stream configs, 64- and 128-row tiles, lost 45-200 % at M = 128 and 256: not offered)
+        # (at M = 128, none better than the 64x128 leader's 0.942-0.947x: 64x128x64 at 7-9 stages and 4 or
         # 8 warps 0.928-0.952x, 128x64x64 at 7-9 stages 0.907-0.920x, and every 2-way split of 128x128 tiles
         # 0.83-0.88x, with the register fix-up or without, at 4, 6 or 7 stages, TMA or pointer loads)
-        # (P128x128x64-w4-s6-tma-ws, the warp-specialised form of the second config here, returned inf on the
-        # H200 in device run 32, test_every_candidate_config_is_correct[skinny]: triton 3.6's warp
+        # (P128x128x64-w4-s6-tma-ws, the warp-specialised form of the second config here, returned inf on the H200 in
+        # test_every_candidate_config_is_correct[skinny] (docs/decisions/012-gemm-config-space.md): triton 3.6's warp
         # specialisation at 6 stages is wrong; 4 stages are right. Not offered.)
     ),
     "small": (
-        # 128x128 at num_warps=8 (64 accumulator registers a thread): at 4 warps bias+GeLU needs 255 + 64 B
-        # of stack on sm_90a. "r14": device run 14's sweep (benchmarks/results/run14/gemm-sweep*.json, every
-        # class's configs at 1024^3 and 2048^3): the 1024^3 leaders first, then 2048^3's (the tiled 128x256
-        # with TMA led there at 0.910x bf16 / 0.927x fp16; the tuner's pick, P128x256 ws, 0.889x / 0.903x)
-        # r69 (scripts/tma_desc_probe.py): the same tile through TMA with descriptors made on the host, 8.64 us at
-        # 1024^3 against 9.55 with pointer loads and 11.06 with descriptors made in the kernel (cuBLAS 9.22)
+        # 128x128 at num_warps=8 (64 accumulator registers a thread): at 4 warps bias+GeLU needs 255 + 64 B of stack
+        # on sm_90a. The sweep of every class's configs at 1024^3 and 2048^3
+        # (docs/decisions/012-gemm-config-space.md): the 1024^3 leaders first, then 2048^3's (the tiled 128x256 with
+        # TMA led there at 0.910x bf16 / 0.927x fp16; the tuner's pick, P128x256 ws, 0.889x / 0.903x)
+        # tools/tma_desc_probe.py (docs/decisions/015-gemm-host-tma-descriptors.md): the same tile through TMA with
+        # descriptors made on the host, 8.64 us at 1024^3 against 9.55 with pointer loads and 11.06 with descriptors
+        # made in the kernel (cuBLAS 9.22)
         C("tiled", 64, 128, 128, 4, 4, group_m=1, tma=True),
-        C("tiled", 64, 128, 128, 4, 4, group_m=1),  # r10 1024^3: 0.907x (the split-K 64x128x64 0.643x)
-        C("tiled", 128, 64, 128, 4, 4, group_m=8),  # r10 1024^3: 0.899x
-        C("tiled", 128, 256, 64, 8, 3, group_m=8, split_k=AUTO_SPLIT, tma=True),  # r14 2048^3: 0.910x
-        C("persistent", 128, 256, 64, 4, 3, group_m=8, tma=True, warp_specialize=True),  # r14 2048^3: 0.889x
-        C("persistent", 128, 128, 64, 4, 5, group_m=8, tma=True),  # r14 2048^3: 0.848x
+        C("tiled", 64, 128, 128, 4, 4, group_m=1),  # 1024^3: 0.907x (the split-K 64x128x64 0.643x)
+        C("tiled", 128, 64, 128, 4, 4, group_m=8),  # 1024^3: 0.899x
+        C("tiled", 128, 256, 64, 8, 3, group_m=8, split_k=AUTO_SPLIT, tma=True),  # 2048^3: 0.910x
+        C("persistent", 128, 256, 64, 4, 3, group_m=8, tma=True, warp_specialize=True),  # 2048^3: 0.889x
+        C("persistent", 128, 128, 64, 4, 5, group_m=8, tma=True),  # 2048^3: 0.848x
         C("tiled", 128, 128, 64, 8, 4, group_m=8, split_k=AUTO_SPLIT, tma=True),
         C("persistent", 128, 128, 64, 4, 4, group_m=8, tma=True, warp_specialize=True),
         C("tiled", 128, 128, 64, 4, 4, group_m=8, tma=True, warp_specialize=True),
@@ -392,23 +396,24 @@ NVIDIA_SPACE: dict[str, tuple[GemmConfig, ...]] = {
         C("persistent", 128, 128, 64, 8, 4, group_m=8, tma=True),
     ),
     "large": (
-        # the tile and K loops flattened into one pipelined loop: the next tile's first stages load during
-        # this tile's epilogue instead of after it (a pipeline fill a tile; see FLATTEN_NOTE). "r54": device
-        # run 54's sweep (benchmarks/results/run54/gemm-sweep.json, 6 interleaved rounds): 4096^3 0.972x
-        # against 0.944x unflattened, 8192^3 1.019x against 1.023x
+        # the tile and K loops flattened into one pipelined loop: the next tile's first stages load during this tile's
+        # epilogue instead of after it (a pipeline fill a tile; see FLATTEN_NOTE). An interleaved sweep of 6 rounds
+        # (docs/decisions/017-gemm-flattened-persistent-loop.md): 4096^3 0.972x against 0.944x unflattened, 8192^3
+        # 1.019x against 1.023x
         C("persistent", 128, 256, 64, 8, 3, group_m=8, tma=True, flatten=True),
-        C("persistent", 128, 256, 64, 8, 3, group_m=8, tma=True),  # r1 4096^3: 0.944x
-        # stream-K, offered where the last round is nearly empty (stream_k_worth_it): r25 16384x8192x28672
-        # 1.039x against 1.021x without it; where it is not offered it lost (4096^3 0.873x against 0.948x)
+        C("persistent", 128, 256, 64, 8, 3, group_m=8, tma=True),  # 4096^3: 0.944x
+        # stream-K, offered where the last round is nearly empty (stream_k_worth_it): 16384x8192x28672
+        # (docs/decisions/016-gemm-stream-k-tail.md) 1.039x against 1.021x without it; where it is not offered it lost
+        # (4096^3 0.873x against 0.948x)
         C("persistent", 128, 256, 64, 8, 3, group_m=8, tma=True, stream_k=True),
         C("persistent", 128, 256, 64, 4, 3, group_m=8, tma=True, warp_specialize=True),
-        # r54 8192^3: 1.042x flattened against 1.024x (4096^3 0.970x against 0.957x)
+        # 8192^3: 1.042x flattened against 1.024x (4096^3 0.970x against 0.957x)
         C("persistent", 128, 256, 64, 8, 4, group_m=8, tma=True, epi_subtile=2, flatten=True),
-        C("persistent", 128, 256, 64, 8, 4, group_m=8, tma=True, epi_subtile=2),  # r1 8192^3: 0.979x
-        C("persistent", 128, 256, 64, 8, 4, group_m=8, tma=True, epi_subtile=2, stream_k=True),  # r25 1.035x
+        C("persistent", 128, 256, 64, 8, 4, group_m=8, tma=True, epi_subtile=2),  # 8192^3: 0.979x
+        C("persistent", 128, 256, 64, 8, 4, group_m=8, tma=True, epi_subtile=2, stream_k=True),  # 1.035x
         C("persistent", 128, 128, 64, 4, 4, group_m=8, tma=True, warp_specialize=True),
         C("tiled", 128, 256, 64, 4, 3, group_m=8, tma=True, warp_specialize=True),
-        C("tiled", 128, 256, 64, 8, 3, group_m=8, tma=True),  # r1 8192^3: 0.961x
+        C("tiled", 128, 256, 64, 8, 3, group_m=8, tma=True),  # 8192^3: 0.961x
         C("persistent", 128, 128, 64, 4, 5, group_m=8, tma=True),
         C("tiled", 128, 256, 64, 8, 3, group_m=8),
         C("tiled", 256, 128, 64, 8, 3, group_m=8),
@@ -450,19 +455,19 @@ SPACES = {"nvidia": NVIDIA_SPACE, "amd": AMD_SPACE}
 
 # 4-byte inputs (fp32: tf32 tensor cores when torch.backends.cuda.matmul.allow_tf32, exact fp32 otherwise;
 # gemm_launch._input_precision decides, the space serves both). The 2-byte spaces pruned to one config here
-# (T64x64x32, the SAFE_CONFIG: 0.14x cuBLAS tf32 at 4096^3 in runs 3, 5 and 7): their BLOCK_K=64 stages
-# double in bytes. Sized for 4 bytes: BLOCK_K 32 keeps a 128x256 stage at 48 KB (the bf16 128x256x64
-# stage), so 3 stages fit in 227 KB, 4 with the persistent kernel's fp32 TMA store buffer halved (sub2).
+# (T64x64x32, the SAFE_CONFIG: 0.14x cuBLAS tf32 at 4096^3 in three suites, docs/decisions/012-gemm-config-space.md):
+# their BLOCK_K=64 stages double in bytes. Sized for 4 bytes: BLOCK_K 32 keeps a 128x256 stage at 48 KB (the bf16
+# 128x256x64 stage), so 3 stages fit in 227 KB, 4 with the persistent kernel's fp32 TMA store buffer halved (sub2).
 # Cross-compiled for sm_90a (tf32, NN and NT, plain and bias+gelu): no spills, wgmma m64nNk8 tf32;
 # tests/test_gemm_configs.py keeps that true. Layout matters more than for 2-byte types: tf32 wgmma reads
 # B K-major only, so with an N-major B (the plain NN case) the pointer kernels' cp.async writes B
 # transposed into shared memory (4-byte copies) while a TMA-loaded B tile goes through registers to be
 # transposed each K step and the wgmma waits for it (ttgir: local_load + local_alloc, pendings=0);
-# :func:`candidates` puts the pointer configs first there and the TMA ones first for a K-major B. Run 56
-# at 4096^3: K-major, the flattened persistent 128x256 TMA config 0.96x cuBLAS, the pointer kernels
-# 0.53-0.80x; N-major, every config 0.18-0.35x. That is why gemm_plan.wgmma_copies has an N-major B copied
-# K-major on sm_90 before the GEMM (the N-major order below serves what it leaves: small M, other parts).
-# The warp-specialised persistent kernel fails to compile for an N-major tf32 B (PassManager,
+# :func:`candidates` puts the pointer configs first there and the TMA ones first for a K-major B. Measured
+# (docs/decisions/018-gemm-k-major-copy.md) at 4096^3: K-major, the flattened persistent 128x256 TMA config 0.96x
+# cuBLAS, the pointer kernels 0.53-0.80x; N-major, every config 0.18-0.35x. That is why gemm_plan.wgmma_copies has an
+# N-major B copied K-major on sm_90 before the GEMM (the N-major order below serves what it leaves: small M, other
+# parts). The warp-specialised persistent kernel fails to compile for an N-major tf32 B (PassManager,
 # ConvertNVGPUToLLVM) and is offered for a K-major B only.
 NVIDIA_SPACE_4B: dict[str, tuple[GemmConfig, ...]] = {
     "decode": (
@@ -686,9 +691,9 @@ def ws_possible(cfg: GemmConfig, part: Part, hooked: bool) -> bool:
     the epilogue's column halves (reshape/permute/split), and the split-K atomics after the loop. Pointer
     loads fail (the pass wants TMA). A generated hook could hold any op, so hooked epilogues stay
     unspecialised."""
-    # The tiled kernel is never specialised: device run 3 (H200) found its warp-specialised form compiles
-    # and runs but returns wrong results (inf/garbage at 128x4096, 1024^2 and 4096^2, every such candidate);
-    # the persistent kernel's specialised form passed the same checks.
+    # The tiled kernel is never specialised: on the H200 (docs/decisions/012-gemm-config-space.md) its
+    # warp-specialised form compiles and runs but returns wrong results (inf/garbage at 128x4096, 1024^2 and 4096^2,
+    # every such candidate); the persistent kernel's specialised form passed the same checks.
     return (part.vendor == "nvidia" and part.capability == WS_CAPABILITY and cfg.tma and tma_allowed(part)
             and cfg.num_warps == WS_NUM_WARPS and cfg.epi_subtile == 1 and not hooked
             and cfg.kernel == "persistent")
@@ -710,8 +715,9 @@ def b_evict_first_possible(cfg: GemmConfig, part: Part, hooked: bool) -> bool:
             and not (cfg.warp_specialize and ws_possible(cfg, part, hooked)))
 
 
-# Device run 36: with 16-row tiles the register-fed dot is cheap and b_stream led at M = 1 and 16; with 64 rows
-# and more (M = 64 ... 256) every b_stream config lost to the pipelined ones by 25-200 %.
+# Measured (docs/decisions/013-gemm-decode-and-skinny-tiles.md): with 16-row tiles the register-fed dot is cheap and
+# b_stream led at M = 1 and 16; with 64 rows and more (M = 64 ... 256) every b_stream config lost to the pipelined
+# ones by 25-200 %.
 B_STREAM_MAX_BLOCK_M = 16
 
 
@@ -755,7 +761,7 @@ def candidates(problem: GemmProblem, part: Part | None = None, limit: int | None
         if cfg.stream_k and not stream_k_worth_it(cfg, problem, part):
             continue
         if cfg.warp_specialize and (four_byte or one_byte) and not k_major_operands(problem):
-            continue  # triton 3.6 fails to compile it (see NVIDIA_SPACE_4B; fp8 likewise, run 59)
+            continue  # triton 3.6 cannot compile it (NVIDIA_SPACE_4B; fp8 too: docs/decisions/018-gemm-k-major-copy.md)
         if cfg.kpack > 1 and part.arch == "gfx950":
             cfg = dataclasses.replace(cfg, kpack=1)  # deprecated from gfx950 on (the compiler forces 1)
         cfg = fill_block_m(cfg, problem)

@@ -9,7 +9,7 @@
 compiles or finds the kernel and returns it; later runs call that compiled kernel's launcher directly with
 the arguments in order and pointers as integers: no argument binding, no specialisation key, no cache key,
 no ``cuPointerGetAttribute`` a pointer. That dispatch is most of the ~20 us a call measured on the H200
-(device run 1: 1024^3 at 0.031 ms against cuBLAS's 0.009).
+(1024^3 at 0.031 ms against cuBLAS's 0.009: docs/decisions/020-gemm-launch-host-time.md).
 
 Scratch memory a launch needs is kept a (device, stream): the split-K counters (zero between launches by
 construction), the split-K workspace and the global scratch of in-kernel TMA descriptors. Reusing one buffer
@@ -99,11 +99,12 @@ def ensure_scratch_allocator() -> None:
     _allocator_set = True
 
 
-# TMA descriptors made on the host and passed to the kernel (HOST_DESC), rather than made by every program in
-# the kernel: device run 69 (scripts/tma_desc_probe.py) measured the in-kernel ones at 1.4-3.6 us a call (1024^3:
-# 8.64 us with host descriptors, 11.06 with in-kernel ones, cuBLAS 9.22). NVIDIA and the interpreter; AMD keeps
-# the in-kernel path (its TMA-less parts never take it), and so do warp-specialised kernels (triton 3.6's
-# Hopper warp specialisation fails to compile with descriptor parameters). A switch for tests and A/B timing.
+# TMA descriptors made on the host and passed to the kernel (HOST_DESC), rather than made by every program in the
+# kernel: tools/tma_desc_probe.py measured (docs/decisions/015-gemm-host-tma-descriptors.md) the in-kernel ones at
+# 1.4-3.6 us a call (1024^3: 8.64 us with host descriptors, 11.06 with in-kernel ones, cuBLAS 9.22). NVIDIA and the
+# interpreter; AMD keeps the in-kernel path (its TMA-less parts never take it), and so do warp-specialised kernels
+# (triton 3.6's Hopper warp specialisation fails to compile with descriptor parameters). A switch for tests and A/B
+# timing.
 HOST_DESCRIPTORS = True
 
 

@@ -159,12 +159,13 @@ def gemm_call(a: Tensor, b: Tensor, *, out_dtype=None, bias=None, activation="no
 # Hopper's wgmma transposes 16-bit operands itself, but reads tf32, fp8 and int8 operands from shared memory
 # K-major only. An N-major B (a row-major (K, N) tensor, the plain A @ B) is transposed on its way in: by
 # the pointer kernels' cp.async, or through registers each K step after a TMA load. For tf32 the best of
-# those ran 0.35x cuBLAS at 4096^3, while the K-major candidates reached 0.96x (run 56 sweeps). So an
-# N-major B (an M-major A) is copied K-major first (:func:`relayout`: 38 us for 4096^2 fp32; tf32 NN end to
-# end 0.91x cuBLAS at 4096^3 in run 57), when the other dimension is at least K_MAJOR_MIN. Measured for
-# tf32 at N = K = 4096 (run 58, scripts/relayout_probe.py --crossover), copy against no copy: M = 128
+# those ran 0.35x cuBLAS at 4096^3, while the K-major candidates reached 0.96x
+# (docs/decisions/018-gemm-k-major-copy.md). So an N-major B (an M-major A) is copied K-major first (:func:`relayout`:
+# 38 us for 4096^2 fp32; tf32 NN end to
+# end 0.91x cuBLAS at 4096^3), when the other dimension is at least K_MAJOR_MIN. Measured for
+# tf32 at N = K = 4096 (tools/relayout_probe.py --crossover), copy against no copy: M = 128
 # 0.0722 / 0.0719 ms (a tie), 256 0.079 / 0.122, 384 0.098 / 0.205, 512 0.098 / 0.205, 1024 0.145 / 0.400
-# ms. Both grow with N x K, so the crossover is a row count. fp8 and int8 (run 60, N = K = 4096, copy
+# ms. Both grow with N x K, so the crossover is a row count. fp8 and int8 (N = K = 4096, copy
 # against no copy): M = 256 0.045 / 0.061 and 0.027 / 0.060 ms, M = 4096 0.115 / 0.813 and 0.125 / 0.792 ms.
 K_MAJOR_MIN = 256
 K_MAJOR_DTYPES = frozenset((torch.float32, torch.float8_e4m3fn, torch.float8_e5m2, torch.int8))
@@ -208,8 +209,9 @@ RELAYOUT_BLOCK = {4: 64, 2: 128, 1: 128}  # tile side by element size: 64 x 64 x
 
 def relayout(x: Tensor, out: Tensor) -> Tensor:
     """``out[...] = x`` through :func:`~tilefuse.kernels.gemm.relayout_kernel` (2-D or 3-D, same shape and
-    dtype; out must not overlap x). On the H200 (run 57, ``scripts/relayout_probe.py``) it moved 4096 x 4096 fp32
-    in 38 us (3.5 TB/s, 97 % of a plain copy) where torch's own transposing copy took 128 us (1.05 TB/s)."""
+    dtype; out must not overlap x). On the H200 (``tools/relayout_probe.py``,
+    docs/decisions/018-gemm-k-major-copy.md) it moved 4096 x 4096 fp32 in 38 us (3.5 TB/s, 97 % of a plain
+    copy) where torch's own transposing copy took 128 us (1.05 TB/s)."""
     from .gemm import relayout_kernel
 
     if x.shape != out.shape or x.dtype != out.dtype or x.dim() not in (2, 3):

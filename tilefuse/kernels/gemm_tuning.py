@@ -52,26 +52,27 @@ RELATED_CLEAR_WIN = 1.10  # a related winner this much faster than its runner-up
 TUNE_WARMUP_MS = 5
 TUNE_REP_MS = 25  # do_bench repetition time a candidate; a 12 ms GEMM still gets 2+ timed runs
 # The quick look that decides the early stop: QUICK_LOOK_RUNS launches, each behind an L2 flush (as do_bench
-# times them), the fastest counts. Run 5 timed one launch on an idle stream, which counts the launcher's
-# host time and reads 0.14-0.15 ms for decode kernels whose steady time is 0.05 ms: four of six bf16 M=1
-# candidates (r1's 0.96x one among them) were dropped unmeasured, the winner was whichever slipped under
-# the bar. Behind the flush (a ~80 us memset of 256 MB) the launch is queued before the GPU reaches it.
+# times them), the fastest counts. One launch timed on an idle stream, which counts the launcher's host time and reads
+# 0.14-0.15 ms for decode kernels whose steady time is 0.05 ms: four of six bf16 M=1 candidates (the first sweep's
+# 0.96x one among them) were dropped unmeasured, the winner was whichever slipped under the bar. Behind the flush (a
+# ~80 us memset of 256 MB) the launch is queued before the GPU reaches it.
 QUICK_LOOK_RUNS = 3
 QUICK_LOOK_ENOUGH_MS = 2.0  # a launch this long is its own measurement: no second quick run
 TUNE_EARLY_STOP = 1.5  # a candidate whose quick look is slower than this x the best so far is not timed
 # The final: candidates within TUNE_CLOSE of the best after the first pass (at most TUNE_FINAL_MAX) are
 # timed again in TUNE_FINAL_ROUNDS interleaved rounds (each a full do_bench, the order rotated each round,
 # so drift in clocks or temperature hits every finalist alike); each is scored by the median of its first
-# pass and its rounds. Decode candidates sit within a few % of each other (bandwidth-bound: r1's M=1 best
+# pass and its rounds. Decode candidates sit within a few % of each other (bandwidth-bound: the first sweep's M=1 best
 # three 0.98-1.02x cuBLAS), where one 25 ms measurement a candidate decided by noise.
 TUNE_CLOSE = 1.06
 TUNE_FINAL_MAX = 3
 TUNE_FINAL_ROUNDS = 2
 # Candidates whose scores are within TUNE_TIE of the best are a tie, which the candidates' order settles: the
 # spaces are ordered by interleaved sweeps of 6 rounds and more, a firmer measurement than the final's three
-# samples. Device run 73: at 128x8192x8192 the final scored the space's first config 0.0457 ms and its second
-# 0.0456, and kept the second, which two sweeps (runs 72 and 73) had timed 1.1-1.2 % slower. (In run 74 the
-# same final had the first 1.1 % behind: outside the tie, so the second was kept again.)
+# samples. Measured (docs/decisions/019-gemm-tuner-timing.md): at 128x8192x8192 the final scored the space's first
+# config 0.0457 ms and its second 0.0456, and kept the second, which two interleaved sweeps had timed 1.1-1.2 %
+# slower. (In the next suite the same final had the first 1.1 % behind: outside the tie, so the second was kept
+# again.)
 TUNE_TIE = 1.005
 PROGRESS_AFTER_S = 1.0
 COMPILE_THREADS = min(16, max(2, (os.cpu_count() or 2)))

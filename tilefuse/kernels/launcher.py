@@ -105,9 +105,9 @@ class Direct:
     def _unwrap_descriptors(self, launch) -> None:
         """A kernel with tensor-descriptor parameters gets a launcher wrapped by Triton
         (``wrap_handle_tensordesc``), which encodes each descriptor's tensor map on the host at every launch
-        (~4 us a descriptor, device run 70). Keep the C launcher under it and the descriptors' positions:
-        :meth:`launch` expands them itself, keeping the encoded tensor map for a (position, address, shape,
-        strides) it has seen (the map holds only those)."""
+        (~4 us a descriptor, docs/decisions/015-gemm-host-tma-descriptors.md). Keep the C launcher under it
+        and the descriptors' positions: :meth:`launch` expands them itself, keeping the encoded tensor map for
+        a (position, address, shape, strides) it has seen (the map holds only those)."""
         code = getattr(launch, "__code__", None)
         if code is None or code.co_freevars != ("launcher", "tensordesc_indices", "tensordesc_meta"):
             return

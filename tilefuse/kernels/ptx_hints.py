@@ -7,8 +7,9 @@ evicts one of them pays for writing it back. PTX lets a TMA load carry an L2 pol
 lines go first and the dirty ones stay. Triton 3.6 drops a policy from its TMA loads (``desc.load`` takes none,
 and its internal ``descriptor_load`` policy does not reach the PTX).
 
-Device run 75 (``scripts/tma_hint_probe.py``, the same tile with and without the hint, interleaved with
-cuBLAS): at 128x8192x8192 44.38 -> 40.19 us (0.999x -> 1.104x cuBLAS), at 256x8192x8192 51.17 -> 48.78 us.
+Measured (docs/decisions/014-gemm-l2-evict-first-on-b.md, ``tools/tma_hint_probe.py``, the same tile with
+and without the hint, interleaved with cuBLAS): at 128x8192x8192 44.38 -> 40.19 us (0.999x -> 1.104x cuBLAS),
+at 256x8192x8192 51.17 -> 48.78 us.
 
 How: a kernel compiled with ``B_HINT`` puts :data:`MARKER` into its PTX (:func:`mark`, an empty inline asm),
 and the stage hook :func:`install` adds, between Triton's ptx and cubin stages, the policy to every TMA load

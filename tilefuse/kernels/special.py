@@ -10,7 +10,7 @@ instruction-bound at 55 % of the copy bandwidth.
 
 The form: for ``z = |x|``, ``erfc(z) = exp(-z^2) * Q(t)`` with ``t = 1 / (1 + 0.4 z)`` and ``Q`` of degree 8
 in ``t``, fitted for relative error on ``z`` in [0, 10] (our own Lawson-weighted least-squares fit,
-``scripts/fit_erfc.py``; the fit's error is 1.2e-7); ``erfc(-z) = 2 - erfc(z)``. A degree-6 fit (6.2e-6,
+``tools/fit_erfc.py``; the fit's error is 1.2e-7); ``erfc(-z) = 2 - erfc(z)``. A degree-6 fit (6.2e-6,
 :func:`erfc_poly_half`) serves kernels that round every value computed from it to float16 or bfloat16
 before an output. Evaluated in float32 on the interpreter the relative error is
 at most 6e-7 for ``|x| <= 2``, 9e-7 for ``|x| <= 4`` and 5e-6 down to the underflow at ``x = 9.2``, where the
