@@ -122,5 +122,6 @@ def test_extern_result_in_another_layout_is_copied_into_the_graphs_strides():
     assert runtime.extern_layout(same, (4, 3), (3, 1), "mm") is same
     ones = torch.empty(4, 1)  # strides of size-1 dims do not matter
     assert runtime.extern_layout(ones, (4, 1), (1, 7), "mm") is ones
+    assert runtime.extern_layout(None, (0,), (1,), "mkldnn_rnn_layer.3") is None  # ATen's undefined output
     with pytest.raises(runtime.PlanError, match="shape"):
         runtime.extern_layout(same, (3, 4), (4, 1), "mm")
