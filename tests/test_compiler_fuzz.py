@@ -626,3 +626,45 @@ def test_replay():
     program = eval(os.environ["TILEFUSE_FUZZ_REPLAY"], {"Program": Program, "In": In, "Step": Step})  # noqa: S307
     check_program(program)
 
+
+# ------------------------------------------------------------------------------------------- regressions
+# Programs the fuzzer found, each failing before its fix (the finding is in the name and the comment).
+REGRESSIONS = {
+    # codegen cached emitted text under id() of IR objects; an index's loads substituted to the kernel's
+    # variables are temporaries, and a later expression at a freed one's address (gelu's erfc argument)
+    # reused its text: the loaded index instead of -x (fix: caches keyed by the interned objects).
+    "codegen_cache_keyed_by_identity": Program(
+        items=(In((1,), grad=True), In((1,)), Step("mul", (0, 1)), In((1,), "int64", low=0, high=1),
+               Step("gather", (2, 3), (("dim", 0),)), Step("mul_scalar", (4,), (("value", -2.0),)),
+               Step("exp", (5,)), In((1, 1), "int64", low=-1, high=1), Step("index", (6, 7), (("dim", 0),)),
+               Step("gelu", (8,), (("approximate", "none"),)), Step("div", (9, 8)),
+               Step("add_scalar", (10,), (("value", -2.0),))),
+        outputs=(11,), seed=705712),
+}
+
+
+@pytest.mark.parametrize("name", sorted(REGRESSIONS))
+def test_fuzzer_regression(name):
+    for _ in range(3):  # a finding that depended on memory reuse shows within a few compiles
+        check_program(REGRESSIONS[name])
+
+
+def test_kernel_text_does_not_depend_on_memory_reuse():
+    """The same graph compiled again writes the same kernels (code generation is a function of the IR)."""
+    program = REGRESSIONS["codegen_cache_keyed_by_identity"]
+    seen = []
+    real = codegen.generate
+
+    def keep(group, sched, target=None):
+        ks = real(group, sched, target)
+        seen[-1].append(ks.source)
+        return ks
+
+    leaves, inputs = make_inputs(program)
+    with mock.patch.object(codegen, "generate", keep):
+        for _ in range(4):
+            seen.append([])
+            cc.reset()
+            out = torch.compile(lambda *args: run(program, args), backend="tilefuse")(*inputs)
+            _grads(out, leaves, [torch.ones_like(o) for o in out])
+    assert all(s == seen[0] for s in seen), "kernel sources differ between compiles of one graph"

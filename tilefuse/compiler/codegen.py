@@ -246,7 +246,10 @@ class _Scope:
         self.parent = parent
         self.indent = indent
         self.lines: list[str] = []
-        self.cache: dict[int, tuple[str, torch.dtype]] = {}
+        # keyed by the IR objects themselves (identity: they are interned), never by id(): code generation
+        # makes temporary expressions (a kernel's own index substitutions, peephole rewrites) that die while
+        # the writer runs, and a later object at the same address would find their text
+        self.cache: dict = {}
         self.row_level = row_level
 
     def lookup(self, key):
@@ -265,8 +268,8 @@ class KernelWriter:
         self.target = target
         self.table = sched.graph.by_name()
         self.helpers: set[str] = set()
-        self.peepholes: dict[int, ir.Expr] = {}  # id(Op) -> what P.peephole writes for it
-        self._users: Optional[dict[int, dict[int, ir.Expr]]] = None  # user_count(), users_of()
+        self.peepholes: dict[ir.Expr, ir.Expr] = {}  # Op -> what P.peephole writes for it
+        self._users: Optional[dict] = None  # user_count(), users_of(): {expr: {user: user}}
         self.sizes: dict[int, str] = {}  # value -> argument name
         self.size_order: list[tuple[str, int]] = []
         self.buffers: dict[tuple[str, str], str] = {}  # (kind, buffer) -> pointer arg
@@ -299,7 +302,7 @@ class KernelWriter:
 
     def symbolic_const(self, c) -> str:
         """A constant that came from a size (the divisor of a mean over a dynamic dim): its own argument."""
-        key = id(c)
+        key = c
         if key not in self.sym_consts:
             is_float = isinstance(c.value, float) or P.compute_dtype(c.dtype).is_floating_point
             name = f"{'kf' if is_float else 'ki'}{len(self.sym_consts)}"
@@ -337,7 +340,7 @@ class KernelWriter:
     def atom_text(self, atom, scope: _Scope) -> str:
         if isinstance(atom, ir.Var):
             return atom.name
-        key = ("atom", id(atom))
+        key = ("atom", atom)
         found = scope.lookup(key)
         if found:
             return found[0]
@@ -361,7 +364,7 @@ class KernelWriter:
         """A data-dependent index: its value (``raw``, kept for :meth:`check_indirect`), then, for an op that
         counts negative indices from the end, the value wrapped into ``0 .. size-1`` (unless its range is
         proven non-negative)."""
-        raw = self.emit(target, self.expr(atom.expr, target)[0], torch.int64, ("raw", id(atom)), prefix="idx_")[0]
+        raw = self.emit(target, self.expr(atom.expr, target)[0], torch.int64, ("raw", atom), prefix="idx_")[0]
         name = raw
         rng = value_range(atom.expr)
         if atom.wrap and (rng is None or rng[0] < 0):
@@ -383,9 +386,9 @@ class KernelWriter:
             if rng is not None and lo <= rng[0] and rng[1] < atom.size:
                 continue
             self.atom_text(atom, scope)
-            raw = scope.lookup(("raw", id(atom)))[0]
+            raw = scope.lookup(("raw", atom))[0]
             valid = self.validity_mask(atom.expr, scope, mask)
-            key = ("check", id(atom), valid)
+            key = ("check", atom, valid)
             if scope.lookup(key):
                 continue
             size = self.size(atom.size)
@@ -419,7 +422,7 @@ class KernelWriter:
         if self.sched.graph.device.type != "cpu" or e.dtype.is_floating_point or e.dtype == torch.bool or \
                 e.name not in INT_DIVISIONS or nonzero(e.args[1]):
             return
-        key = ("divisor", id(e.args[1]))
+        key = ("divisor", e.args[1])
         if scope.lookup(key):
             return
         ux, ur = self.expr_uses(e.args[1])
@@ -447,7 +450,7 @@ class KernelWriter:
 
     def expr(self, e: ir.Expr, scope: _Scope) -> tuple[str, torch.dtype]:
         """Text naming ``e``'s value (emitting lines as needed) and its register dtype."""
-        key = id(e)
+        key = e
         found = scope.lookup(key)
         if found:
             return found
@@ -527,19 +530,19 @@ class KernelWriter:
     def user_count(self, e: ir.Expr) -> int:
         """How many distinct expressions of the kernel's bodies use ``e`` (expressions are interned: one
         object a value), so a peephole can tell a value shared with another use from one it may replace."""
-        return len(self._user_map().get(id(e), ()))
+        return len(self._user_map().get(e, ()))
 
     def users_of(self, e: ir.Expr) -> list:
         """The distinct expressions of the kernel's bodies that use ``e``."""
-        return list(self._user_map().get(id(e), {}).values())
+        return list(self._user_map().get(e, {}).values())
 
     def _user_map(self) -> dict:
         if self._users is None:
-            users: dict[int, dict[int, ir.Expr]] = {}
+            users: dict = {}
             for body in self.bodies.values():
                 for node in ir.walk(body):
                     for c in ir.children(node):
-                        users.setdefault(id(c), {})[id(node)] = node
+                        users.setdefault(c, {})[node] = node
             self._users = users
         return self._users
 
@@ -634,7 +637,7 @@ class KernelWriter:
         return None
 
     def load(self, e: ir.Load, scope: _Scope):
-        key = id(e)
+        key = e
         off = self.physical(e.buffer, e.index)
         empty = math.prod(ir.node_meta(self.table[e.buffer], e.buffer).shape) == 0
         if empty and not any(a.op for a in ir._indirect_atoms(off)):
@@ -686,7 +689,7 @@ class KernelWriter:
         return ux, ur
 
     def expr_uses(self, e: ir.Expr) -> tuple[bool, bool]:
-        key = ("uses", id(e))
+        key = ("uses", e)
         found = self.uses_cache.get(key)
         if found is not None:
             return found
