@@ -18,6 +18,10 @@ variable                   meaning
                            are compiled, which on a machine with no GPU is only good for cross-compiling).
 ``TILEFUSE_STRICT``        1: the compiler raises where it would otherwise fall back to ATen (tests use
                            it so a fallback cannot hide a lowering bug). Default 0.
+``TILEFUSE_CHECK_BOUNDS``  1: on Triton's interpreter, every load and store of every kernel is checked
+                           against its pointer argument's storage (a stray access raises, naming the
+                           kernel, the argument and the offset: tilefuse.compiler.interpreter_check).
+                           Default 0. Slow: for debugging and the fuzzer.
 ``TILEFUSE_NVCC``          the nvcc used to build the CUDA C++ ladder (default ``nvcc``).
 ``TILEFUSE_HIP_CLANG``     the clang used to compile the HIP translation (default ``clang-19``).
 ``TILEFUSE_GIT_SHA``       the commit recorded in benchmark rows (for a snapshot of a commit run on a device
@@ -84,6 +88,7 @@ class Config:
     tune_wait_s: float = 300.0
     local_rank: int | None = None  # torchrun's LOCAL_RANK; None outside a distributed launch
     local_world_size: int = 1  # torchrun's LOCAL_WORLD_SIZE
+    check_bounds: bool = False  # interpreter: every load and store checked against its buffer
 
 
 def _int_var(env: Mapping[str, str], name: str, default: int, allowed: range) -> int:
@@ -176,6 +181,7 @@ def load(env: Mapping[str, str] | None = None, *, strict: bool = True) -> Config
         tune_wait_s=parsed(_float_var, "TILEFUSE_TUNE_WAIT_S", 300.0),
         local_rank=_launcher_int(env, "LOCAL_RANK", None, minimum=0),
         local_world_size=_launcher_int(env, "LOCAL_WORLD_SIZE", 1, minimum=1) or 1,
+        check_bounds=bool(_bool_var(env, "TILEFUSE_CHECK_BOUNDS", False)),
     )
 
 

@@ -42,9 +42,19 @@ import torch
 from .. import device
 from . import ir
 from . import primitives as P
+from .ranges import nonzero, value_range
 from .scheduler import KernelGroup, Schedule
 
 CODEGEN_VERSION = "1"  # part of every cache key: bump when generated code changes meaning
+
+# Device asserts of generated kernels start with this (the interpreter checks exactly these, see
+# interpreter_check); a kernel with one is compiled with Triton's debug option on a GPU (without it Triton
+# drops them) and without its integer-overflow sanitizer (the asserts it adds to every int32 add would fire on
+# integer tensors' wrapping arithmetic, which eager does too).
+ASSERT_PREFIX = "tilefuse: "
+ASSERT_OPTIONS = (("debug", True), ("sanitize_overflow", False))
+# Integer primitives that divide by their second operand (eager on the CPU raises for a zero divisor).
+INT_DIVISIONS = frozenset({"floordiv_int", "truncdiv_int", "remainder", "fmod"})
 
 # Launch heuristics (host side). Vector width: 16 bytes a thread for 2-byte types -> 8 elements a thread.
 ELEMS_PER_THREAD = 8
@@ -227,6 +237,7 @@ class KernelSource:
     form: str  # "pointwise" | "tiled" | "persistent" | "looped" | "rowloop"
     group: str
     stores: tuple  # names of buffers written
+    options: tuple = ()  # ((name, value), ...): compile options beyond warps and stages (ASSERT_OPTIONS)
 
 
 # ----------------------------------------------------------------------------------------- emitter
@@ -235,7 +246,10 @@ class _Scope:
         self.parent = parent
         self.indent = indent
         self.lines: list[str] = []
-        self.cache: dict[int, tuple[str, torch.dtype]] = {}
+        # keyed by the IR objects themselves (identity: they are interned), never by id(): code generation
+        # makes temporary expressions (a kernel's own index substitutions, peephole rewrites) that die while
+        # the writer runs, and a later object at the same address would find their text
+        self.cache: dict = {}
         self.row_level = row_level
 
     def lookup(self, key):
@@ -254,8 +268,8 @@ class KernelWriter:
         self.target = target
         self.table = sched.graph.by_name()
         self.helpers: set[str] = set()
-        self.peepholes: dict[int, ir.Expr] = {}  # id(Op) -> what P.peephole writes for it
-        self._users: Optional[dict[int, dict[int, ir.Expr]]] = None  # user_count(), users_of()
+        self.peepholes: dict[ir.Expr, ir.Expr] = {}  # Op -> what P.peephole writes for it
+        self._users: Optional[dict] = None  # user_count(), users_of(): {expr: {user: user}}
         self.sizes: dict[int, str] = {}  # value -> argument name
         self.size_order: list[tuple[str, int]] = []
         self.buffers: dict[tuple[str, str], str] = {}  # (kind, buffer) -> pointer arg
@@ -264,6 +278,7 @@ class KernelWriter:
         self.uses_seed = False
         self.named: list[str] = []
         self.sym_consts: dict[int, str] = {}
+        self.asserts = 0  # device asserts written (bounds of data-dependent indices, integer divisors)
 
     # -------------------------------------------------------------------------------- naming
     def size(self, value: int) -> str:
@@ -287,7 +302,7 @@ class KernelWriter:
 
     def symbolic_const(self, c) -> str:
         """A constant that came from a size (the divisor of a mean over a dynamic dim): its own argument."""
-        key = id(c)
+        key = c
         if key not in self.sym_consts:
             is_float = isinstance(c.value, float) or P.compute_dtype(c.dtype).is_floating_point
             name = f"{'kf' if is_float else 'ki'}{len(self.sym_consts)}"
@@ -325,7 +340,7 @@ class KernelWriter:
     def atom_text(self, atom, scope: _Scope) -> str:
         if isinstance(atom, ir.Var):
             return atom.name
-        key = ("atom", id(atom))
+        key = ("atom", atom)
         found = scope.lookup(key)
         if found:
             return found[0]
@@ -339,12 +354,82 @@ class KernelWriter:
                 text = f"({text}) % {self.size(atom.mod)}" if atom.div != 1 else f"{text} % {self.size(atom.mod)}"
             prefix = "r" if atom_uses_r(atom) else "x"
         else:
-            text = self.expr(atom.expr, target)[0]
-            prefix = "idx"
+            return self.indirect_text(atom, target, key)
         name = self.fresh(prefix + "_")
         target.lines.append(f"{target.indent}{name} = {text}")
         target.cache[key] = (name, torch.int64)
         return name
+
+    def indirect_text(self, atom: ir.Indirect, target: _Scope, key) -> str:
+        """A data-dependent index: its value (``raw``, kept for :meth:`check_indirect`), then, for an op that
+        counts negative indices from the end, the value wrapped into ``0 .. size-1`` (unless its range is
+        proven non-negative)."""
+        raw = self.emit(target, self.expr(atom.expr, target)[0], torch.int64, ("raw", atom), prefix="idx_")[0]
+        name = raw
+        rng = value_range(atom.expr)
+        if atom.wrap and (rng is None or rng[0] < 0):
+            size = self.size(atom.size)
+            name = self.emit(target, f"tl.where({raw} < 0, {raw} + {size}, {raw})", torch.int64, prefix="idx_")[0]
+        target.cache[key] = (name, torch.int64)
+        return name
+
+    def check_indirect(self, ix: ir.Index, scope: _Scope, mask: Optional[str]) -> None:
+        """A device assert that each checked data-dependent index of ``ix`` is in the range its ATen op
+        accepts, on the lanes ``mask`` selects (a lane masked off reads nothing: its index may be anything) and
+        where the index's own loads read something (a masked-off load gives 0, which is no index of the
+        graph's). Skipped where the index's range is proven (an arange's position, a clamped value)."""
+        for atom in ir._indirect_atoms(ix):
+            if not atom.op:
+                continue
+            lo = -atom.size if atom.wrap else 0
+            rng = value_range(atom.expr)
+            if rng is not None and lo <= rng[0] and rng[1] < atom.size:
+                continue
+            self.atom_text(atom, scope)
+            raw = scope.lookup(("raw", atom))[0]
+            valid = self.validity_mask(atom.expr, scope, mask)
+            key = ("check", atom, valid)
+            if scope.lookup(key):
+                continue
+            size = self.size(atom.size)
+            low = f"-{size}" if atom.wrap else "0"
+            cond = f"({low} <= {raw}) & ({raw} < {size})"
+            ends = " (negative counts from the end)" if atom.wrap else ""
+            msg = f"{ASSERT_PREFIX}index {raw} out of bounds for a dim of size {size}{ends} in {atom.op}"
+            self.assert_line(scope, cond, msg, valid)
+            scope.cache[key] = ("", torch.bool)
+
+    def validity_mask(self, e: ir.Expr, scope: _Scope, mask: Optional[str]) -> Optional[str]:
+        """``mask`` and the masks of the loads ``e`` reads (where a load is masked off, ``e``'s value is made
+        up: such a lane's index or divisor must not fail a check)."""
+        parts = [mask] if mask else []
+        for ld in ir.loads(e):
+            if ld.mask is not None:
+                text = self.expr(ld.mask, scope)[0]
+                if text not in parts:
+                    parts.append(text)
+        return " & ".join(f"({p})" if " " in p else p for p in parts) or None
+
+    def assert_line(self, scope: _Scope, cond: str, msg: str, mask: Optional[str]) -> None:
+        self.asserts += 1
+        where = f", mask={mask}" if mask else ""
+        scope.lines.append(f"{scope.indent}tl.device_assert({cond}, {msg!r}{where})")
+
+    def check_divisor(self, e: ir.Op, divisor: str, scope: _Scope) -> None:
+        """Integer division or remainder by zero raises in eager on the CPU (``ZeroDivisionError``, where the GPU
+        gives an unspecified value without an error): a CPU graph's kernel asserts that the divisor is not 0
+        where it is not proven so."""
+        if self.sched.graph.device.type != "cpu" or e.dtype.is_floating_point or e.dtype == torch.bool or \
+                e.name not in INT_DIVISIONS or nonzero(e.args[1]):
+            return
+        key = ("divisor", e.args[1])
+        if scope.lookup(key):
+            return
+        ux, ur = self.expr_uses(e.args[1])
+        valid = self.validity_mask(e.args[1], scope, self.level_mask(ux, ur))
+        self.assert_line(scope, f"{divisor} != 0", f"{ASSERT_PREFIX}ZeroDivisionError: integer {e.name} by zero",
+                         valid)
+        scope.cache[key] = ("", torch.bool)
 
     def scope_for(self, uses_r: bool, scope: _Scope) -> _Scope:
         """Row-level values go to the outermost row scope (hoisted out of reduction loops)."""
@@ -365,7 +450,7 @@ class KernelWriter:
 
     def expr(self, e: ir.Expr, scope: _Scope) -> tuple[str, torch.dtype]:
         """Text naming ``e``'s value (emitting lines as needed) and its register dtype."""
-        key = id(e)
+        key = e
         found = scope.lookup(key)
         if found:
             return found
@@ -383,7 +468,9 @@ class KernelWriter:
         if isinstance(e, ir.Local):
             return self.local(e, scope)
         if isinstance(e, ir.IndexValue):
-            text = self.index_text(self.kernel_index(e.index), target)
+            kix = self.kernel_index(e.index)
+            text = self.index_text(kix, target)
+            self.check_indirect(kix, target, self.level_mask(*self.index_uses(kix)))
             if text.lstrip("-").isdigit() or re.fullmatch(r"ks\d+|xnumel|rnumel", text):
                 return self.emit(target, f"tl.full([], {text}, {TL_DTYPE[e.dtype]})", e.dtype, key)
             return self.emit(target, f"({text}).to({TL_DTYPE[e.dtype]})", e.dtype, key)
@@ -414,6 +501,8 @@ class KernelWriter:
             for a in e.args:
                 text, dt = self.expr(a, target)
                 args.append(self.tensor_text(text, dt, target) if typed else text)
+            if e.name in INT_DIVISIONS:
+                self.check_divisor(e, args[1], target)
             if e.name == "nextafter" and e.args[0].dtype in P.HALF:
                 half = TL_DTYPE[e.args[0].dtype]
                 args = [f"{a}.to({half})" for a in args]
@@ -441,19 +530,19 @@ class KernelWriter:
     def user_count(self, e: ir.Expr) -> int:
         """How many distinct expressions of the kernel's bodies use ``e`` (expressions are interned: one
         object a value), so a peephole can tell a value shared with another use from one it may replace."""
-        return len(self._user_map().get(id(e), ()))
+        return len(self._user_map().get(e, ()))
 
     def users_of(self, e: ir.Expr) -> list:
         """The distinct expressions of the kernel's bodies that use ``e``."""
-        return list(self._user_map().get(id(e), {}).values())
+        return list(self._user_map().get(e, {}).values())
 
     def _user_map(self) -> dict:
         if self._users is None:
-            users: dict[int, dict[int, ir.Expr]] = {}
+            users: dict = {}
             for body in self.bodies.values():
                 for node in ir.walk(body):
                     for c in ir.children(node):
-                        users.setdefault(id(c), {})[id(node)] = node
+                        users.setdefault(c, {})[node] = node
             self._users = users
         return self._users
 
@@ -548,14 +637,15 @@ class KernelWriter:
         return None
 
     def load(self, e: ir.Load, scope: _Scope):
-        key = id(e)
-        if math.prod(ir.node_meta(self.table[e.buffer], e.buffer).shape) == 0:
+        key = e
+        off = self.physical(e.buffer, e.index)
+        empty = math.prod(ir.node_meta(self.table[e.buffer], e.buffer).shape) == 0
+        if empty and not any(a.op for a in ir._indirect_atoms(off)):
             # a buffer with no elements (a reduction over an empty dim: prod of a (0,) tensor is 1) is never
             # read: every position that would use the value is masked off, and its index need not be in bounds
             reg = P.compute_dtype(e.dtype)
             return self.emit(scope, f"tl.full([], 0, {TL_DTYPE[reg]})", reg, key)
-        off = self.physical(e.buffer, e.index)
-        ptr = self.pointer("load", e.buffer)
+        ptr = None if empty else self.pointer("load", e.buffer)
         offtext = self.index_text(off, scope)
         ux, ur = self.index_uses(off)
         mask = self.level_mask(ux, ur)
@@ -566,6 +656,12 @@ class KernelWriter:
             mask = f"{mask} & {mtext}" if mask else mtext
             if not (ux or ur):  # a scalar address under a tensor mask: broadcast the address
                 offtext = f"{offtext} + 0 * {self.zero_shape(mux, mur)}"
+        self.check_indirect(off, scope, mask)
+        if empty:
+            # a data-dependent index into a buffer with no elements: checked above (every index is out of
+            # bounds), nothing to read
+            reg = P.compute_dtype(e.dtype)
+            return self.emit(scope, f"tl.full([], 0, {TL_DTYPE[reg]})", reg, key)
         args = f"{ptr} + ({offtext})"
         if mask:
             other = "0" if e.dtype != torch.bool else "0"
@@ -593,7 +689,7 @@ class KernelWriter:
         return ux, ur
 
     def expr_uses(self, e: ir.Expr) -> tuple[bool, bool]:
-        key = ("uses", id(e))
+        key = ("uses", e)
         found = self.uses_cache.get(key)
         if found is not None:
             return found
@@ -1462,7 +1558,7 @@ class KernelWriter:
         stages = 1 if self.form in ("pointwise", "tiled", "persistent") or self.target.interpreter \
             else int(TUNING["num_stages"])
         return KernelSource(name, source, tuple(args), tuple(constexprs), tuple(int(x) for x in grid), warps, stages,
-                            self.form, g.name, stores)
+                            self.form, g.name, stores, ASSERT_OPTIONS if self.asserts else ())
 
 
 def _even_mask(test: str, even: bool, shape: str) -> str:

@@ -82,6 +82,9 @@ def install() -> None:
     ops.apply_impl = apply_impl
     _patch_bf16_casts(interpreter)
     _patch_comparisons(interpreter)
+    from . import interpreter_check
+
+    interpreter_check.install()  # tilefuse's device asserts, and the bounds-checking mode
     _installed = True
 
 

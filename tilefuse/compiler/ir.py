@@ -118,19 +118,29 @@ class DivMod(Interned):
 
 @_interned
 class Indirect(Interned):
-    """A data-dependent index: the integer value of ``expr``, assumed in ``0 .. size-1`` (the lowering wraps
-    negative indices the way the ATen op does before building one)."""
+    """A data-dependent index: the integer value of ``expr`` into a dim of ``size`` elements, in ``0 .. size-1``
+    once ``wrap`` (the ATen op counts a negative index from the end, as ``x[idx]`` does) adds ``size`` to a
+    negative value. ``op`` names the ATen op the index belongs to: code generation checks the value (``-size
+    <= expr < size`` with ``wrap``, else ``0 <= expr < size``) unless its range is proven, and a value outside
+    is an error naming ``op`` (eager raises; a read outside the buffer would give garbage). ``op`` empty: the
+    index is trusted (built in range by the lowering itself)."""
     expr: "Expr"
     size: int
+    wrap: bool = False
+    op: str = ""
 
     def sort_key(self):
-        return _cached(self, "_skey", lambda: ("2", expr_key(self.expr), self.size))
+        return _cached(self, "_skey", lambda: ("2", expr_key(self.expr), self.size, self.wrap, self.op))
 
     def bounds(self) -> tuple[int, int]:
         return (0, max(self.size - 1, 0))
 
+    def rebuilt(self, expr: "Expr") -> "Indirect":
+        """The same index with another value expression (loop variables substituted, loads replaced)."""
+        return self if expr is self.expr else Indirect.make(expr, self.size, self.wrap, self.op)
+
     def __repr__(self):
-        return f"[{format_expr(self.expr)}]"
+        return f"[{format_expr(self.expr)}{' wrapped' if self.wrap else ''}]"
 
 
 Atom = Union[Var, DivMod, Indirect]
@@ -364,7 +374,7 @@ def substitute(ix: Index, mapping: Mapping[str, Index]) -> Index:
         elif isinstance(atom, DivMod):
             part = divmod_index(substitute(atom.inner, mapping), atom.div, atom.mod)
         else:
-            part = Index.make(((Indirect.make(substitute_expr(atom.expr, mapping), atom.size), 1),), 0)
+            part = Index.make(((atom.rebuilt(substitute_expr(atom.expr, mapping)), 1),), 0)
         terms.extend((a, c * coef) for a, c in part.terms)
         offset += part.offset * coef
     return make_index(terms, offset)
@@ -611,7 +621,7 @@ def _replace_index_loads(ix: Index, fn, memo) -> Index:
     offset = ix.offset
     for atom, coef in ix.terms:
         if isinstance(atom, Indirect):
-            terms.append((Indirect.make(replace_loads(atom.expr, fn, memo), atom.size), coef))
+            terms.append((atom.rebuilt(replace_loads(atom.expr, fn, memo)), coef))
         elif isinstance(atom, DivMod):
             part = divmod_index(_replace_index_loads(atom.inner, fn, memo), atom.div, atom.mod)
             terms.extend((a, c * coef) for a, c in part.terms)

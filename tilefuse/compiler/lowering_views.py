@@ -11,8 +11,8 @@ import torch
 
 from . import ir
 from . import primitives as P
-from .lowering import (TV, LoweringError, aten, and_, index_cond, index_value, ints, is_dense, norm_dim, plain,
-                       register)
+from .lowering import (TV, LoweringError, aten, and_, index_cond, index_value, ints, is_dense, norm_dim, op_name,
+                       plain, register)
 
 prims = torch.ops.prims
 
@@ -346,12 +346,11 @@ def _select_scatter(low, base, src, dim, index):
 
 # ---------------------------------------------------------------------------------- data-dependent
 def _indirect(low, index_tv: TV, at, size: int, wrap: bool) -> ir.Index:
-    """The index tensor's value at ``at`` as an Index atom (negative values wrapped when ``wrap``)."""
+    """The index tensor's value at ``at`` as an Index atom into a dim of ``size``, checked in the kernel against
+    the range the current ATen op accepts (``wrap``: negative values count from the end, as in ``x[idx]``;
+    otherwise a negative index is an error, as in embedding, gather and index_select)."""
     value = P.cast(low.load(index_tv, at), torch.int64)
-    if wrap:
-        value = P.where(P.build("lt", value, P.const(0, torch.int64)),
-                        P.build("add", value, P.const(size, torch.int64)), value)
-    return ir.Index.make(((ir.Indirect.make(value, size), 1),), 0)
+    return ir.Index.make(((ir.Indirect.make(value, size, wrap, op_name(low.current.target)), 1),), 0)
 
 
 @register(aten.index_select.default)
@@ -423,7 +422,9 @@ def _scatter(low, a, dim, index, value):
     vars_ = ir.loop_vars(meta.shape)
     at = list(vars_)
     at[dim] = ir.const_index(0)
-    target = P.cast(low.load(index, at), torch.int64)
+    # the index's value through a checked Indirect atom: an index outside the dim is an error, as in eager
+    # (a comparison with the positions would silently scatter nothing)
+    target = index_value(_indirect(low, index, at, meta.shape[dim], wrap=False))
     pos = index_value(vars_[dim])
     hit = P.build("eq", pos, target)
     if isinstance(value, TV):

@@ -203,7 +203,7 @@ class WrapperWriter:
             return lines, used
         launcher = f"launch_{step.name}"
         constexprs = dict(ks.constexprs)
-        self.globals[launcher] = _bind_launch(fn, ks.grid, constexprs, ks.num_warps, ks.num_stages)
+        self.globals[launcher] = _bind_launch(fn, ks.grid, constexprs, ks.num_warps, ks.num_stages, ks.options)
         self.globals.setdefault("_kernel_names", {})[launcher] = ks.name
         lines.append(f"    {launcher}({', '.join(args)})  # {ks.name}")
         return lines, used
@@ -231,11 +231,12 @@ def extern_layout(t: torch.Tensor, shape: tuple, stride: tuple, name: str) -> to
     return fixed
 
 
-def _bind_launch(fn, grid, constexprs, num_warps, num_stages):
+def _bind_launch(fn, grid, constexprs, num_warps, num_stages, extra=()):
     """The launch closure of one kernel call site: the JIT's dispatch on the first call, then the compiled
     kernel's own launcher (:class:`tilefuse.kernels.launcher.SiteLauncher`: ~20-40 us less host time a launch
-    on Triton 3.6; it returns to the JIT whenever an argument would need another specialisation)."""
-    options = {} if tf_device.interpreting() else {"num_warps": num_warps, "num_stages": num_stages}
+    on Triton 3.6; it returns to the JIT whenever an argument would need another specialisation). ``extra``:
+    the kernel's own compile options (KernelSource.options: debug for a kernel with device asserts)."""
+    options = {} if tf_device.interpreting() else {"num_warps": num_warps, "num_stages": num_stages, **dict(extra)}
     return SiteLauncher(fn, tuple(grid), options, constexprs)
 
 
@@ -348,7 +349,7 @@ def precompile(kernels, fns, graph) -> None:
                 args.append(a[1])
         try:
             fn.warmup(*args, grid=tuple(ks.grid), num_warps=ks.num_warps, num_stages=ks.num_stages,
-                      **dict(ks.constexprs))
+                      **dict(ks.options), **dict(ks.constexprs))
         except Exception as exc:
             raise PlanError(f"Triton could not compile {ks.name}: {type(exc).__name__}: {exc}") from exc
 
