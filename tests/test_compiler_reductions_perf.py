@@ -259,7 +259,7 @@ def gpu_kernels(gpu_forms, monkeypatch):
 
 
 def test_column_first_stage_with_many_programs_loops_and_second_stage_stays_persistent(gpu_kernels):
-    """Run 7: a first stage with many column programs (16384 at 32768 x 4096) ran 744 us persistent, 332
+    """decision 021: a first stage with many column programs (16384 at 32768 x 4096) ran 744 us persistent, 332
     looped at 64 x 8 with 4 warps; a second stage (few programs) stays persistent. 1000 x 300 in 8 chunks:
     38 first-stage programs against a threshold of 0.1 x 132 SMs, 5 second-stage ones."""
     with codegen.tuning(outer_persistent_max_waves=0.1, stages_as_rows=False):
@@ -336,7 +336,7 @@ def test_tiled_pointwise_launches_a_2d_grid_without_dividing_the_program_id(gpu_
 
 def test_few_rows_spread_over_the_sms(gpu_kernels):
     """A persistent row reduction over fewer rows than a program would take (40 rows of 256; a program holds
-    4096 elements) gives each SM a row rather than 3 programs of 16 rows (run 20: cross-entropy's 128 partial
+    4096 elements) gives each SM a row rather than 3 programs of 16 rows (decision 022: cross-entropy's 128 partial
     rows of its loss in 8 programs took 18 us)."""
     x = _mats(40, 256, 1, 0)[0]
     _check(lambda t: (t * t).sum(-1), [x])
@@ -454,10 +454,10 @@ def test_the_two_switches_turn_the_rewrites_off(gpu_forms):
     (layer_norm, 1, 2, 2, True),            # two row operands (x, dy), row sums: 16 elements a thread
     (rms_norm, 1, 1, 2, True),
     (residual_layer_norm, 2, 2, 4, True),   # three row operands: 8 a thread
-    (gelu_chain, 1, 2, 4, False),           # no row sums: 8 a thread, no prefetch (run 22)
+    (gelu_chain, 1, 2, 4, False),           # no row sums: 8 a thread, no prefetch (decision 022)
 ], ids=["layer_norm", "rms_norm", "residual_layer_norm", "gelu_chain"])
 def test_row_loop_thread_share_and_prefetch_follow_its_row_sums(gpu_kernels, fn, n_mat, n_vec, warps, prefetched):
-    """Run 22: a row loop with row sums and at most rowloop_wide_max_loads row operands takes 16 elements a
+    """decision 022: a row loop with row sums and at most rowloop_wide_max_loads row operands takes 16 elements a
     thread (layer_norm's backward 8 warps a 4096-wide row: 0.398 -> 0.342 ms fwd+bwd); the prefetch only
     where there are row sums to hide it under. 64 rows of 1024 in 8 chunks: warps = 1024 / (32 x share)."""
     _check(fn, _mats(64, 1024, n_mat, n_vec))

@@ -64,11 +64,11 @@ FLOAT32_MAX = 3.4028234663852886e38
 MAX_GRID_Y = 65535  # CUDA's (and HIP's) limit on a launch grid's second dimension
 PERSISTENT_MAX_R = 8192  # a row of 8192 fp32 values in 16 warps is 16 registers a thread per live tensor
 PERSISTENT_ELEMS = 4096  # rows per program so that a program holds about this many elements
-LOOPED_RBLOCK = 1024  # elements a step of the looped row form (run 12: see TUNING["looped_rblock"])
+LOOPED_RBLOCK = 1024  # elements a step of the looped row form (see TUNING["looped_rblock"]; decision 022)
 # Reductions over a non-contiguous dim (column sums): OUTER_XBLOCK contiguous columns x OUTER_RBLOCK rows a step.
-# Device run 3 profiled 64 x 64 at ~0.5 TB/s on a layer norm's weight gradient (128-byte pieces of 64 rows a
+# On the H200, 64 x 64 at ~0.5 TB/s on a layer norm's weight gradient (128-byte pieces of 64 rows a
 # step); 256 columns (512 contiguous bytes of bf16) x 16 rows keeps the step's 4096 elements in longer runs.
-# Device run 7 (benchmarks/results/run7/sweep_reductions.json): gelu's backward column kernel (dx and the bias
+# Measured (docs/decisions/021-compiler-column-reductions.md): gelu's backward column kernel (dx and the bias
 # partials over 256 chunks of 128 rows, 16384 programs) ran 744 us persistent (64 x 128, 16 warps, 76
 # registers: one program an SM), 547 us looped at 256 x 16 (16 warps), 332 us looped at 64 x 8 with 4 warps
 # (40 registers, many programs an SM: one program's reduction and stores overlap the others' loads).
@@ -84,7 +84,7 @@ INTERP_BLOCK = 16384
 INTERP_PERSISTENT_MAX_R = 65536
 INTERP_OUTER_XBLOCK = 256
 
-# Performance choices of the GPU forms, overridable for a sweep (scripts/sweep_reductions.py) with
+# Performance choices of the GPU forms, overridable for a sweep (tools/sweep_reductions.py) with
 # :func:`tuning`; the scheduler's fusion switches live in ``scheduler.TUNING`` and are set by the same call.
 # Block sizes and warps are launch parameters, not kernel text: a setting changes no cache key, but
 # split_outer_* change the IR (the partial buffer's shape), so the kernels' text too.
@@ -95,13 +95,13 @@ TUNING = {
     # fewer column programs than SMs: halve the columns a program (down to this) for more programs
     "outer_min_xblock": 32,
     # an outer reduction up to this many rows keeps the whole column chunk in registers (persistent form,
-    # every load issued at once: a split's second stage over 256 partials); longer ones loop. Run 5: a
+    # every load issued at once: a split's second stage over 256 partials); longer ones loop. decision 021: a
     # split's stage 1 over 512 rows ran persistent as 8 columns x 512 rows (16 contiguous bytes a row), 457
     # us for 512 MB where Inductor's looped form moved 256 MB in 64 us.
     "outer_persistent_max_r": 256,
     # ... and has at most this many programs (at outer_xblock columns) per SM: a split's second stage (4096
-    # columns: 64 programs, latency-bound, all loads at once: 2.5 us in run 7 against 6.8 looped); a first
-    # stage (4096 columns x 256 chunks: 16384 programs) loops, many small programs an SM (run 7: 744 -> 332 us)
+    # columns: 64 programs, latency-bound, all loads at once: 2.5 us against 6.8 looped); a first
+    # stage (4096 columns x 256 chunks: 16384 programs) loops, many small programs an SM (744 -> 332 us, decision 021)
     "outer_persistent_max_waves": 4,
     # a persistent column reduction covers at least this many contiguous bytes of each row
     "outer_run_bytes": 128,
@@ -115,29 +115,29 @@ TUNING = {
     # (a GeLU chain's backward: 2 of ~54 instructions an element on sm_90a)
     "rowloop_exact_rows": True,
     # ... elements a thread when the step has row sums (warps = the step's elements / (warp size x this)):
-    # run 22 (benchmarks/results/run22/sweep.log, kernel ms of fwd+bwd): layer_norm's backward at 8 warps
+    # docs/decisions/022-compiler-row-reductions.md (kernel ms of fwd+bwd): layer_norm's backward at 8 warps
     # (16 a thread, a row's sums exchanged between 8 warps, two 128-register programs an SM) 0.398 -> 0.342,
     # rms_norm 0.334 -> 0.336, layer_norm_gelu (two rows a step: 16 warps either way) unchanged. A loop
     # without row sums (a GeLU chain's backward) keeps ELEMS_PER_THREAD (16 warps a 4096-wide row), and so
     # does a step with more row operands than rowloop_wide_max_loads (residual_layer_norm's backward, three:
-    # 172 registers at 8 warps, one program an SM: run 23, 0.570 ms fwd+bwd at 16 warps against 0.581)
+    # 172 registers at 8 warps, one program an SM: 0.570 ms fwd+bwd at 16 warps against 0.581)
     "rowloop_thread_elems": 16,
     "rowloop_wide_max_loads": 2,
-    # ... two rows a step when the bodies' element_cost() is at least this: run 20, layer_norm_gelu's
+    # ... two rows a step when the bodies' element_cost() is at least this (decision 022): layer_norm_gelu's
     # backward (cost 50, 78 registers a thread at 16 warps: one program an SM either way) 0.798 -> 0.553 ms
     # with two rows (each step's two row sums and their barriers serve two rows), while layer_norm's (cost
     # 11, 64 registers: two programs an SM at one row) went 0.430 -> 0.465
     "rowloop_heavy_cost": 24,
     # ... each step's row loads issued a step ahead (prefetched_rows), when the step has row sums (whose
-    # barriers the loads then run under). Run 21 (kernel ms, on/off): layer_norm fwd+bwd 0.397/0.426,
-    # rms_norm 0.333/0.369, layer_norm_gelu 0.472/0.554; run 22: a GeLU chain's backward, which has no row
+    # barriers the loads then run under). Measured (kernel ms, on/off; decision 022): layer_norm fwd+bwd 0.397/0.426,
+    # rms_norm 0.333/0.369, layer_norm_gelu 0.472/0.554; a GeLU chain's backward, which has no row
     # sums, 0.432/0.402 (the prefetch's registers and no barrier to hide under)
     "rowloop_prefetch": True,
     "num_stages": 1,  # Triton software pipelining of the looped forms' loads
     # issue a step's loads before its first reduction (row-loop form; the persistent form)
     "rowloop_loads_first": True,
     # tiled pointwise form with no transposed operand: columns a tile (rows: TILE_ELEMS // this); 128 was
-    # the tile before run 7's sweep (8 x 128)
+    # the tile before the column-reduction sweep (8 x 128; decision 021)
     "tile_contiguous_xblock": TILE_ELEMS,
     # ... and its elements a tile and a thread (a tile with a transposed operand: TILE_ELEMS at
     # ELEMS_PER_THREAD); the 2-D launch grid of every tiled kernel (False: one grid axis, the program id
@@ -148,14 +148,14 @@ TUNING = {
     "persistent_loads_first": False,
     # row reductions, persistent form (whole rows in registers): elements a program (rows a program =
     # this // the row's padded length, at least 1) and elements a thread (warps = a program's elements //
-    # (warp size x this), at most MAX_WARPS). Device run 11 (benchmarks/results/run11/sweep_rows.json, 32768 x
+    # (warp size x this), at most MAX_WARPS). Measured (docs/decisions/022-compiler-row-reductions.md, 32768 x
     # 4096 bf16, kernel us): 8 a thread (16 warps a row) -> 32 (4 warps): softmax forward 168 -> 130, layer
     # norm 170 -> 129, softmax + layer norm 233 -> 174, rms norm 144 -> 132, log_softmax's backward 203 ->
     # 185; fewer cross-warp reductions (shuffles, bar.sync) and up to 16 programs an SM instead of 4
     "persistent_elems": PERSISTENT_ELEMS,
     "persistent_thread_elems": 32,
     # row reductions, looped form (rows longer than PERSISTENT_MAX_R): elements a step, elements a thread.
-    # Run 12 (benchmarks/results/run12/sweep_ce.json, cross-entropy over 32768 x 32000 bf16, kernel ms):
+    # Measured (docs/decisions/022-compiler-row-reductions.md, cross-entropy over 32768 x 32000 bf16, kernel ms):
     # 1024 a step at 4 warps 0.788 against 2048 at 8 warps 0.812 (forward), 2.085 against 2.109 (fwd+bwd);
     # 16 a thread at 2048 or 4096 a step slower (0.889, 0.943): the loop is instruction-bound (~20 SASS
     # instructions an element with the online max and sum), not short of loads in flight
@@ -862,7 +862,7 @@ class KernelWriter:
             if t.interpreter:
                 xb = min(next_pow2(inner), cap)
             elif self.x_contiguous_tile():
-                # run 20: 2048 elements at 16 a thread (two rows of 1024 at 4 warps: a broadcast operand's
+                # decision 022: 2048 elements at 16 a thread (two rows of 1024 at 4 warps: a broadcast operand's
                 # conversion and the program's setup shared by twice the elements) 0.138 ms on gelu_chain
                 # against 0.147 at 1024 / 8
                 cap, per_thread = int(TUNING["tile_elems"]), int(TUNING["tile_thread_elems"])
@@ -870,7 +870,7 @@ class KernelWriter:
                 # TILE_ELEMS columns, so a broadcast [1, XBLOCK] operand is laid out like the tile (8
                 # contiguous elements a thread, one 16-byte load) instead of 1 a thread and a shared-memory
                 # layout conversion (an 8 x 128 tile: 2048 bytes of shared memory and barriers in gelu_chain's
-                # forward, 0.245 ms vs Inductor's flat 0.224 in run 7)
+                # forward, 0.245 ms vs Inductor's flat 0.224)
                 xb = min(next_pow2(inner), int(TUNING["tile_contiguous_xblock"]))
             else:
                 xb = min(next_pow2(inner), 128)
@@ -907,7 +907,7 @@ class KernelWriter:
             per_thread = ELEMS_PER_THREAD if outer else int(TUNING["persistent_thread_elems"])
             xb = max(1, min(next_pow2(xnumel), per_prog // rb))
             # few rows (a split reduction's second stage: cross-entropy's 128 partial rows of its loss): no
-            # fewer programs than SMs while a program has rows to give (run 20: 8 programs of 16 rows took
+            # fewer programs than SMs while a program has rows to give (decision 022: 8 programs of 16 rows took
             # 18 us of cross_entropy's 578)
             while not outer and not t.interpreter and xb > 1 and -(-xnumel // xb) < t.multiprocessors:
                 xb //= 2
@@ -1403,7 +1403,7 @@ class KernelWriter:
         exp(-|d|) is the new term when v <= m and the old sum's rescale exp(m - v) when v > m (then the term is
         exp(0) = 1). ``v`` is the masked max input (-inf off the row): -inf terms add nothing (masked scores,
         the first step's -inf maximum); NaN sticks in both the maximum and the sum; +inf gives NaN later, as
-        the two-loop form's exp(inf - inf) does. (Run 11: two exps an element made the loop MUFU-bound, no
+        the two-loop form's exp(inf - inf) does. (Two exps an element made the loop MUFU-bound, no
         faster than two passes over the row.) The exp is the helper ``_tf_exp_neg_abs``, on a GPU an exp2
         with the abs and the sign on its multiply and without the denormal range fix-up (3 of the loop's
         instructions an element on sm_90): a term below 1.2e-38 added to a sum of at least 1 changes nothing.

@@ -51,7 +51,7 @@ def row_index(vars_, out_dims) -> tuple[ir.Index, ...]:
 # buffer (S x more programs), stage 2 reduces the S partials (and takes the epilogue). "Programs" counts what
 # the code generator launches: one a row for an innermost reduction, one per codegen.OUTER_SPLIT_XBLOCK
 # outputs for an outer one (256: the 16-warp column program these thresholds were set with; the 4-warp
-# 64-column program of run 7 is a quarter of one).
+# 64-column program (decision 021) is a quarter of one).
 SPLIT_MIN_R = 8192  # rows shorter than this are not split
 SPLIT_MAX_PROGRAMS = 256  # a reduction with at least this many programs (about 2 per SM) is not split
 SPLIT_TARGET_PROGRAMS = 1024  # stage 1 aims at this many programs
@@ -59,7 +59,7 @@ SPLIT_MIN_CHUNK = 256  # each stage-1 program reduces at least this many element
 SPLIT_KINDS = ("sum", "prod", "max", "min", "any", "all")
 # An outer (column) split cuts the rows into at least this many chunks (of at least that many rows): the
 # first stage can then run inside the row kernel that reads the same rows (scheduler's columns_into_rows),
-# one program per chunk, and 256 chunks are about two programs per SM of a 132-SM H200. 64 chunks (run 5)
+# one program per chunk, and 256 chunks are about two programs per SM of a 132-SM H200. 64 chunks (decision 021)
 # were enough for the 16 x 64 column programs of a separate kernel, not for a program per chunk.
 # Overridable for a sweep (codegen.tuning).
 TUNING = {"split_outer_chunks": 256, "split_outer_min_rows": 32}
