@@ -30,12 +30,16 @@ GRAD_TOLERANCE = {torch.float32: 1e-5, torch.float16: 3e-3, torch.bfloat16: 2e-2
 
 
 @pytest.fixture(autouse=True)
-def poisoned_outputs():
-    """torch.empty / empty_like return NaN-filled tensors while deterministic algorithms are on."""
+def poisoned_outputs_on_the_device():
+    """torch.empty / empty_like return NaN-filled tensors while deterministic algorithms are on; tensors are
+    made where tilefuse runs kernels (cuda on a GPU machine, the CPU on the interpreter)."""
+    from tilefuse import device
+
     before = (torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled())
     torch.use_deterministic_algorithms(True, warn_only=True)  # warn_only: cuBLAS needs no workspace setting
     assert torch.utils.deterministic.fill_uninitialized_memory
-    yield
+    with torch.device(device.torch_device()):
+        yield
     torch.use_deterministic_algorithms(before[0], warn_only=before[1])
 
 
@@ -205,7 +209,7 @@ def test_fully_masked_rows_give_zeros():
 
 
 def test_dropout_regenerates_the_same_mask_in_backward():
-    B, H, H_kv, Sq, Sk, D, p = 2, 4, 2, 33, 65, 32, 0.3
+    B, H, H_kv, Sq, Sk, D, p = 1, 4, 2, 33, 65, 32, 0.3
     keep = attn.dropout_mask(1234, B, H, Sq, Sk, p)
     assert abs(keep.float().mean().item() - (1 - p)) < 0.03
     assert not torch.equal(keep, attn.dropout_mask(1235, B, H, Sq, Sk, p))
@@ -394,3 +398,25 @@ def test_gpu_realistic_causal_bf16_matches_sdpa():
     det = torch.autograd.grad(attn.attention(q, k, v, causal=True, deterministic=True), (q, k, v), dout)
     for g, r in zip(det, ref_grads):
         assert_close(g, r, BF16)
+
+
+# ---------------------------------------------------------------------------------------------- bench
+def test_bench_attention_smoke_run_checks_and_times_every_impl(tmp_path):
+    """`tilefuse bench attention --smoke`: tilefuse checked against SDPA and timed on the interpreter; the
+    GPU-only and compiled impls are "not run" rows; FLOPs by FlashAttention's convention."""
+    from tilefuse.bench import attention_suite, harness, runner
+
+    assert "attention" in runner.SUITES
+    rows = attention_suite.run(runner.SuiteOptions(smoke=True, log=lambda s: None))
+    by = {(r.case, r.impl): r for r in rows}
+    assert not [r for r in rows if r.status.startswith(("error", "wrong"))]
+    for case in ("mha-smoke-fwd", "mha-smoke-bwd", "decode-smoke-fwd"):
+        assert by[(case, "tilefuse")].ok and by[(case, "sdpa-math")].ok
+        for impl in ("sdpa-cudnn", "sdpa-flash", "sdpa-efficient", "flex", "inductor"):
+            assert by[(case, impl)].status.startswith("not run")
+    fwd, bwd = by[("mha-smoke-fwd", "tilefuse")], by[("mha-smoke-bwd", "tilefuse")]
+    flops = 4 * 1 * 2 * 65 * 65 * 32 / 2  # causal
+    assert fwd.tflops == pytest.approx(flops / (fwd.ms_p50 * 1e-3) / 1e12)
+    assert bwd.tflops == pytest.approx(2.5 * flops / (bwd.ms_p50 * 1e-3) / 1e12)
+    assert by[("decode-smoke-fwd", "tilefuse")].gbps > 0  # decode reads K/V once: GB/s
+    harness.write_csv(rows, tmp_path / "attention-smoke.csv")
