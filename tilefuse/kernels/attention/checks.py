@@ -32,7 +32,8 @@ class Params:
     diag: int
     lo_off: int
     hi_off: int
-    banded: bool  # causal or a window: some tiles may be skipped
+    band_lo: bool  # a window's left edge: keys before i + lo_off are hidden
+    band_hi: bool  # causal or a window's right edge: keys after i + hi_off are hidden
     softcap: float | None
     has_alibi: bool
     mask_kind: int
@@ -114,9 +115,10 @@ def normalize_window(window) -> tuple[int, int] | None:
     return out[0], out[1]
 
 
-def band(causal: str, window: tuple[int, int] | None, Sq: int, Sk: int) -> tuple[int, int, int, bool]:
-    """(diag, lo_off, hi_off, banded). The diagonal is top-left (``j = i``) unless ``causal='bottom_right'``
-    (``j = i + Sk - Sq``); a window is measured from that diagonal; causal caps the right side at 0."""
+def band(causal: str, window: tuple[int, int] | None, Sq: int, Sk: int) -> tuple[int, int, int, bool, bool]:
+    """(diag, lo_off, hi_off, band_lo, band_hi). The diagonal is top-left (``j = i``) unless
+    ``causal='bottom_right'`` (``j = i + Sk - Sq``); a window is measured from that diagonal; causal caps the
+    right side at 0. An edge at or past every key is no edge."""
     diag = Sk - Sq if causal == "bottom_right" else 0
     unbounded = Sq + Sk + 1  # past every key from every query: int32-safe
     left, right = window if window is not None else (-1, -1)
@@ -124,8 +126,10 @@ def band(causal: str, window: tuple[int, int] | None, Sq: int, Sk: int) -> tuple
     right = unbounded if right < 0 else min(right, unbounded)
     if causal != "none":
         right = 0
-    banded = left < unbounded or right < unbounded
-    return diag, diag - left, diag + right, banded
+    # every key visible from every query on that side: j >= i + diag - left for all i, j (and the same right)
+    band_lo = diag - left > -Sq
+    band_hi = diag + right < Sk - 1
+    return diag, diag - left, diag + right, band_lo, band_hi
 
 
 def check_mask(mask, B, H, Sq, Sk, device) -> tuple[torch.Tensor | None, int]:
@@ -210,10 +214,10 @@ def check_arguments(q, k, v, *, causal, window, softcap, alibi, mask, score_mod,
                          "score_mod_grad(score, b, h, q_idx, k_idx) returning d score_mod / d score")
     mask_view, mask_kind = check_mask(mask, B, H, Sq, Sk, q.device)
     alibi_view = check_alibi(alibi, B, H, q.device)
-    diag, lo_off, hi_off, banded = band(causal_kind, win, Sq, Sk)
+    diag, lo_off, hi_off, band_lo, band_hi = band(causal_kind, win, Sq, Sk)
     if dropout_p > 0 and dropout_seed is None:
         dropout_seed = int(torch.randint(0, 2 ** 31 - 1, (1,)).item())  # from torch's generator: manual_seed works
-    params = Params(B, H, H_kv, Sq, Sk, D, float(scale), diag, lo_off, hi_off, banded, softcap,
+    params = Params(B, H, H_kv, Sq, Sk, D, float(scale), diag, lo_off, hi_off, band_lo, band_hi, softcap,
                     alibi_view is not None, mask_kind, score_mod, score_mod_grad, dropout_p,
                     int(dropout_seed or 0), deterministic)
     return params, mask_view, alibi_view

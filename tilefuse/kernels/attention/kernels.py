@@ -20,7 +20,13 @@ probability", so its gradients are 0 too.
 
 Tiles that the band leaves fully masked are never visited: :func:`band_tiles` gives, for a block of rows,
 the tiles with any visible element and, inside them, the tiles where every element is visible; only the
-tiles at the edges pay for the mask (``MASKED`` constexpr).
+tiles at the edges pay for the mask (``MASKED`` constexpr). ``BAND_LO`` (a window's left edge) and
+``BAND_HI`` (causal or a window's right edge) say which edges exist, so a kernel holds only the loops it
+needs: the forward and dQ pass have a leading masked loop only with BAND_LO and always a trailing one (the
+diagonal, and the ragged last key tile: keys past Sk must get no probability); the dK/dV pass a leading one
+only with BAND_HI and a trailing one only with BAND_LO. Padded rows need no mask in the backward: a query
+row past Sq has ``lse = +inf`` (p = 0), and a key row past Sk is zero in K and V (its dK/dV rows are not
+stored, its dQ share is ``dS @ 0``).
 
 Dropout: keep ``(i, j)`` of (batch, head) ``bh`` iff ``rand(seed + bh * 2^32, i * Sk + j) >= p`` (Philox,
 ``tl.rand``): a counter-based draw, so the backward (and :func:`dropout_keep_kernel`, for tests) regenerate
@@ -182,7 +188,7 @@ def attn_fwd_kernel(
         sm_scale, softcap, diag, lo_off, hi_off, dropout_p, seed,
         # meta-parameters
         HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-        GROUP: tl.constexpr, PACK_GQA: tl.constexpr,
+        GROUP: tl.constexpr, PACK_GQA: tl.constexpr, BAND_LO: tl.constexpr, BAND_HI: tl.constexpr,
         SOFTCAP: tl.constexpr, ALIBI: tl.constexpr, MASK_KIND: tl.constexpr, SCORE_MOD: tl.constexpr,
         DROPOUT: tl.constexpr, DOT_F32: tl.constexpr, INPUT_PRECISION: tl.constexpr):
     """One program: BLOCK_M query rows of one (batch, head) [, one KV split]. Grid
@@ -236,13 +242,14 @@ def attn_fwd_kernel(
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
-    for tile in range(s0, s1):
-        acc, l_i, m_i = _fwd_tile(acc, l_i, m_i, q, k_base, v_base, tile, b, h_arg, bh, row_q, Sq, Sk,
-                                  sm_scale, softcap, diag, lo_off, hi_off, dropout_p, seed,
-                                  mask_ptr, stride_mb, stride_mh, stride_mm, stride_mn, alibi_ptr, stride_ab,
-                                  stride_ah, stride_kn, stride_kd, stride_vn, stride_vd,
-                                  HEAD_DIM, BLOCK_D, BLOCK_N, True, SOFTCAP, ALIBI, MASK_KIND, SCORE_MOD,
-                                  DROPOUT, DOT_F32, INPUT_PRECISION)
+    if BAND_LO:
+        for tile in range(s0, s1):
+            acc, l_i, m_i = _fwd_tile(acc, l_i, m_i, q, k_base, v_base, tile, b, h_arg, bh, row_q, Sq, Sk,
+                                      sm_scale, softcap, diag, lo_off, hi_off, dropout_p, seed,
+                                      mask_ptr, stride_mb, stride_mh, stride_mm, stride_mn, alibi_ptr, stride_ab,
+                                      stride_ah, stride_kn, stride_kd, stride_vn, stride_vd,
+                                      HEAD_DIM, BLOCK_D, BLOCK_N, True, SOFTCAP, ALIBI, MASK_KIND, SCORE_MOD,
+                                      DROPOUT, DOT_F32, INPUT_PRECISION)
     for tile in range(s1, s2):
         acc, l_i, m_i = _fwd_tile(acc, l_i, m_i, q, k_base, v_base, tile, b, h_arg, bh, row_q, Sq, Sk,
                                   sm_scale, softcap, diag, lo_off, hi_off, dropout_p, seed,
@@ -391,7 +398,7 @@ def attn_bwd_dkdv_kernel(
         H, Sq, Sk,
         sm_scale, softcap, diag, lo_off, hi_off, dropout_p, seed,
         HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-        GROUP: tl.constexpr,
+        GROUP: tl.constexpr, BAND_LO: tl.constexpr, BAND_HI: tl.constexpr,
         SOFTCAP: tl.constexpr, ALIBI: tl.constexpr, MASK_KIND: tl.constexpr, SCORE_MOD: tl.constexpr,
         SCORE_MOD_GRAD: tl.constexpr, DROPOUT: tl.constexpr, ATOMIC_DQ: tl.constexpr,
         DOT_F32: tl.constexpr, INPUT_PRECISION: tl.constexpr):
@@ -420,8 +427,7 @@ def attn_bwd_dkdv_kernel(
     n_first = pid_n * BLOCK_N
     n_last = tl.minimum(n_first + BLOCK_N, Sk) - 1
     t0, t1, t2, t3 = band_tiles(n_first, n_last, -hi_off, -lo_off, Sq, BLOCK_M)
-    if n_first + BLOCK_N > Sk:  # a ragged key tile: every query tile needs the bounds mask
-        t1 = t3
+    if not BAND_LO:  # no left edge: only a ragged last query tile is left, and its rows past Sq carry p = 0
         t2 = t3
     dk = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
     dv = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
@@ -433,13 +439,14 @@ def attn_bwd_dkdv_kernel(
         dq_base = dq_ptr + b64 * stride_dqb + h.to(tl.int64) * stride_dqh
         lse_base = lse_ptr + bh.to(tl.int64) * Sq
         delta_base = delta_ptr + bh.to(tl.int64) * Sq
-        for tile in range(t0, t1):
-            dk, dv = _bwd_kv_tile(dk, dv, k, v, q_base, do_base, lse_base, delta_base, dq_base, tile, b, h, bh,
-                                  k_idx, Sq, Sk, sm_scale, softcap, diag, lo_off, hi_off, dropout_p, seed,
-                                  mask_ptr, stride_mb, stride_mh, stride_mm, stride_mn, alibi_ptr, stride_ab,
-                                  stride_ah, stride_qm, stride_qd, stride_dom, stride_dod, stride_dqm, stride_dqd,
-                                  HEAD_DIM, BLOCK_D, BLOCK_M, True, SOFTCAP, ALIBI, MASK_KIND, SCORE_MOD,
-                                  SCORE_MOD_GRAD, DROPOUT, ATOMIC_DQ, DOT_F32, INPUT_PRECISION)
+        if BAND_HI:
+            for tile in range(t0, t1):
+                dk, dv = _bwd_kv_tile(dk, dv, k, v, q_base, do_base, lse_base, delta_base, dq_base, tile, b, h, bh,
+                                      k_idx, Sq, Sk, sm_scale, softcap, diag, lo_off, hi_off, dropout_p, seed,
+                                      mask_ptr, stride_mb, stride_mh, stride_mm, stride_mn, alibi_ptr, stride_ab,
+                                      stride_ah, stride_qm, stride_qd, stride_dom, stride_dod, stride_dqm, stride_dqd,
+                                      HEAD_DIM, BLOCK_D, BLOCK_M, True, SOFTCAP, ALIBI, MASK_KIND, SCORE_MOD,
+                                      SCORE_MOD_GRAD, DROPOUT, ATOMIC_DQ, DOT_F32, INPUT_PRECISION)
         for tile in range(t1, t2):
             dk, dv = _bwd_kv_tile(dk, dv, k, v, q_base, do_base, lse_base, delta_base, dq_base, tile, b, h, bh,
                                   k_idx, Sq, Sk, sm_scale, softcap, diag, lo_off, hi_off, dropout_p, seed,
@@ -447,13 +454,14 @@ def attn_bwd_dkdv_kernel(
                                   stride_ah, stride_qm, stride_qd, stride_dom, stride_dod, stride_dqm, stride_dqd,
                                   HEAD_DIM, BLOCK_D, BLOCK_M, False, SOFTCAP, ALIBI, MASK_KIND, SCORE_MOD,
                                   SCORE_MOD_GRAD, DROPOUT, ATOMIC_DQ, DOT_F32, INPUT_PRECISION)
-        for tile in range(t2, t3):
-            dk, dv = _bwd_kv_tile(dk, dv, k, v, q_base, do_base, lse_base, delta_base, dq_base, tile, b, h, bh,
-                                  k_idx, Sq, Sk, sm_scale, softcap, diag, lo_off, hi_off, dropout_p, seed,
-                                  mask_ptr, stride_mb, stride_mh, stride_mm, stride_mn, alibi_ptr, stride_ab,
-                                  stride_ah, stride_qm, stride_qd, stride_dom, stride_dod, stride_dqm, stride_dqd,
-                                  HEAD_DIM, BLOCK_D, BLOCK_M, True, SOFTCAP, ALIBI, MASK_KIND, SCORE_MOD,
-                                  SCORE_MOD_GRAD, DROPOUT, ATOMIC_DQ, DOT_F32, INPUT_PRECISION)
+        if BAND_LO:
+            for tile in range(t2, t3):
+                dk, dv = _bwd_kv_tile(dk, dv, k, v, q_base, do_base, lse_base, delta_base, dq_base, tile, b, h, bh,
+                                      k_idx, Sq, Sk, sm_scale, softcap, diag, lo_off, hi_off, dropout_p, seed,
+                                      mask_ptr, stride_mb, stride_mh, stride_mm, stride_mn, alibi_ptr, stride_ab,
+                                      stride_ah, stride_qm, stride_qd, stride_dom, stride_dod, stride_dqm, stride_dqd,
+                                      HEAD_DIM, BLOCK_D, BLOCK_M, True, SOFTCAP, ALIBI, MASK_KIND, SCORE_MOD,
+                                      SCORE_MOD_GRAD, DROPOUT, ATOMIC_DQ, DOT_F32, INPUT_PRECISION)
     dk = dk * sm_scale
     tl.store(dk_ptr + b64 * stride_dkb + kvh.to(tl.int64) * stride_dkh + offs_n[:, None] * stride_dkn
              + offs_d[None, :] * stride_dkd, dk.to(dk_ptr.dtype.element_ty), mask=kv_ok)
@@ -510,7 +518,7 @@ def attn_bwd_dq_kernel(
         H, Sq, Sk,
         sm_scale, softcap, diag, lo_off, hi_off, dropout_p, seed,
         HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-        GROUP: tl.constexpr,
+        GROUP: tl.constexpr, BAND_LO: tl.constexpr, BAND_HI: tl.constexpr,
         SOFTCAP: tl.constexpr, ALIBI: tl.constexpr, MASK_KIND: tl.constexpr, SCORE_MOD: tl.constexpr,
         SCORE_MOD_GRAD: tl.constexpr, DROPOUT: tl.constexpr, DOT_F32: tl.constexpr,
         INPUT_PRECISION: tl.constexpr):
@@ -541,17 +549,15 @@ def attn_bwd_dq_kernel(
     m_first = pid_m * BLOCK_M
     m_last = tl.minimum(m_first + BLOCK_M, Sq) - 1
     t0, t1, t2, t3 = band_tiles(m_first, m_last, lo_off, hi_off, Sk, BLOCK_N)
-    if m_first + BLOCK_M > Sq:  # ragged query tile: rows past Sq must see nothing
-        t1 = t3
-        t2 = t3
     dq = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
-    for tile in range(t0, t1):
-        dq = _bwd_q_tile(dq, q, do, lse2, delta, k_base, v_base, tile, b, h, pid_bh, q_idx, Sq, Sk,
-                         sm_scale, softcap, diag, lo_off, hi_off, dropout_p, seed,
-                         mask_ptr, stride_mb, stride_mh, stride_mm, stride_mn, alibi_ptr, stride_ab, stride_ah,
-                         stride_kn, stride_kd, stride_vn, stride_vd,
-                         HEAD_DIM, BLOCK_D, BLOCK_N, True, SOFTCAP, ALIBI, MASK_KIND, SCORE_MOD, SCORE_MOD_GRAD,
-                         DROPOUT, DOT_F32, INPUT_PRECISION)
+    if BAND_LO:
+        for tile in range(t0, t1):
+            dq = _bwd_q_tile(dq, q, do, lse2, delta, k_base, v_base, tile, b, h, pid_bh, q_idx, Sq, Sk,
+                             sm_scale, softcap, diag, lo_off, hi_off, dropout_p, seed,
+                             mask_ptr, stride_mb, stride_mh, stride_mm, stride_mn, alibi_ptr, stride_ab, stride_ah,
+                             stride_kn, stride_kd, stride_vn, stride_vd,
+                             HEAD_DIM, BLOCK_D, BLOCK_N, True, SOFTCAP, ALIBI, MASK_KIND, SCORE_MOD, SCORE_MOD_GRAD,
+                             DROPOUT, DOT_F32, INPUT_PRECISION)
     for tile in range(t1, t2):
         dq = _bwd_q_tile(dq, q, do, lse2, delta, k_base, v_base, tile, b, h, pid_bh, q_idx, Sq, Sk,
                          sm_scale, softcap, diag, lo_off, hi_off, dropout_p, seed,

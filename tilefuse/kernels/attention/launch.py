@@ -86,7 +86,8 @@ def _input_precision(dtype: torch.dtype) -> str:
 
 def _common_constexprs(p: Params, dtype: torch.dtype) -> dict:
     interp = device.current().interpreter
-    return dict(HEAD_DIM=p.D, BLOCK_D=block_d(p.D), GROUP=p.group, SOFTCAP=p.softcap is not None,
+    return dict(HEAD_DIM=p.D, BLOCK_D=block_d(p.D), GROUP=p.group, BAND_LO=p.band_lo, BAND_HI=p.band_hi,
+                SOFTCAP=p.softcap is not None,
                 ALIBI=p.has_alibi, MASK_KIND=p.mask_kind, SCORE_MOD=p.score_mod, DROPOUT=p.dropout_p > 0,
                 DOT_F32=interp, INPUT_PRECISION=_input_precision(dtype))
 

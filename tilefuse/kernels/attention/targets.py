@@ -3,7 +3,8 @@ config of the family's spaces (:mod:`.configs`) for every target and checks the 
 
 Each config of a kernel's space (the target's arch class, every head-dim class) is one example, compiled with
 a rotating set of score options so that each option reaches every target's code generator: bf16 causal,
-fp16 with a boolean mask + ALiBi + soft cap + a ``score_mod`` hook, bf16 sliding window with dropout, and
+fp16 with a boolean mask + ALiBi + soft cap + a ``score_mod`` hook (no band), bf16 sliding window (both
+band edges) with dropout, and
 head dims that are not powers of two (80, 96). Pointer arguments and the non-unit strides are marked
 16-divisible and the head-dim strides are the constant 1, as the JIT specialises a contiguous-D launch.
 """
@@ -37,10 +38,10 @@ def example_relative_bias_grad(score, b, h, q_idx, k_idx):
 
 # options: (label, dtype, head_dim, constexpr overrides)
 _OPTION_SETS = (
-    ("bf16", "bf16", None, {}),
+    ("bf16 causal", "bf16", None, {"BAND_HI": True}),
     ("fp16 bool mask+alibi+softcap+score_mod", "fp16", None,
      {"MASK_KIND": 2, "ALIBI": True, "SOFTCAP": True, "SCORE_MOD": example_relative_bias}),
-    ("bf16 window+dropout", "bf16", None, {"DROPOUT": True}),
+    ("bf16 window+dropout", "bf16", None, {"BAND_LO": True, "BAND_HI": True, "DROPOUT": True}),
 )
 _ODD_HEAD_DIM = {64: 48, 128: 80, 256: 192}  # non-power-of-two head dims: padded block, masked loads
 
@@ -72,7 +73,7 @@ def _unit_strides(fn) -> dict:
 
 
 def _score_constexprs(overrides: dict) -> dict:
-    base = {"SOFTCAP": False, "ALIBI": False, "MASK_KIND": 0, "SCORE_MOD": None, "DROPOUT": False,
+    base = {"BAND_LO": False, "BAND_HI": False, "SOFTCAP": False, "ALIBI": False, "MASK_KIND": 0, "SCORE_MOD": None, "DROPOUT": False,
             "DOT_F32": False, "INPUT_PRECISION": "tf32"}
     return {**base, **overrides}
 
