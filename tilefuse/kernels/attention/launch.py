@@ -77,9 +77,11 @@ def plan_forward(p: Params, dtype: torch.dtype, *, num_splits: int | None = None
 
 def _input_precision(dtype: torch.dtype) -> str:
     interp, vendor, _, _ = _part()
+    if vendor == "amd":
+        return "ieee"  # the AMD backend accepts ieee / bf16x3 / bf16x6 only (tf32 is refused at compile time)
     if dtype != torch.float32:
         return "tf32"  # ignored for half inputs
-    if interp or vendor == "amd" or not torch.backends.cuda.matmul.allow_tf32:
+    if interp or not torch.backends.cuda.matmul.allow_tf32:
         return "ieee"
     return "tf32"
 

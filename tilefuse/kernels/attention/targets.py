@@ -20,6 +20,8 @@ from .kernels import (attn_bwd_dkdv_kernel, attn_bwd_dq_kernel, attn_bwd_preproc
 
 EXPECT_PREFILL = {"sm_80": "mma.sync", "sm_90a": "wgmma", "sm_100a": "tcgen05",
                   "gfx90a": "v_mfma", "gfx942": "v_mfma", "gfx950": "v_mfma"}
+# d=256 dK/dV on Blackwell: 32-key tiles, mma.sync (dK + dV alone fill tensor memory's 512 columns)
+EXPECT_D256_DKDV = {**EXPECT_PREFILL, "sm_100a": "mma.sync"}
 # decode's 16-row tiles are below wgmma's and tcgen05's 64: mma.sync on every NVIDIA target (memory-bound)
 EXPECT_DECODE = {"sm_80": "mma.sync", "sm_90a": "mma.sync", "sm_100a": "mma.sync",
                  "gfx90a": "v_mfma", "gfx942": "v_mfma", "gfx950": "v_mfma"}
@@ -78,17 +80,21 @@ def _score_constexprs(overrides: dict) -> dict:
     return {**base, **overrides}
 
 
-def _examples_of(kernel: str, fn, target: str, extra: dict) -> list[targets.Example]:
+def _examples_of(kernel: str, fn, target: str, extra: dict, head_dims=(64, 128, 256)) -> list[targets.Example]:
     vendor = targets.vendor_of(target)
     arch = configs.ARCH_OF_TARGET[target]
     out = []
     i = 0
     for hd_class, space in configs.SPACES[(arch, kernel)].items():
+        if hd_class not in head_dims:
+            i += len(space)
+            continue
         for cfg in space:
             label, dtype, _, overrides = _OPTION_SETS[i % len(_OPTION_SETS)]
             head_dim = _ODD_HEAD_DIM[hd_class] if i % 2 else hd_class
             i += 1
             consts = {**_unit_strides(fn), **_score_constexprs(overrides),
+                      "INPUT_PRECISION": "ieee" if vendor == "amd" else "tf32",
                       "HEAD_DIM": head_dim, "BLOCK_D": hd_class, "BLOCK_M": cfg.block_m, "BLOCK_N": cfg.block_n,
                       "GROUP": 2 if "dropout" not in label else 1, **extra}
             if "SCORE_MOD_GRAD" in fn.arg_names:
@@ -109,8 +115,12 @@ def _decode_examples(target):
 
 
 def _dkdv_examples(target):
-    return (_examples_of("bwd_dkdv", attn_bwd_dkdv_kernel, target, {"ATOMIC_DQ": True})
-            + _examples_of("bwd_dkdv", attn_bwd_dkdv_kernel, target, {"ATOMIC_DQ": False})[:1])
+    return (_examples_of("bwd_dkdv", attn_bwd_dkdv_kernel, target, {"ATOMIC_DQ": True}, (64, 128))
+            + _examples_of("bwd_dkdv", attn_bwd_dkdv_kernel, target, {"ATOMIC_DQ": False}, (64, 128))[:1])
+
+
+def _dkdv_d256_examples(target):
+    return _examples_of("bwd_dkdv", attn_bwd_dkdv_kernel, target, {"ATOMIC_DQ": True}, (256,))
 
 
 def _dq_examples(target):
@@ -137,6 +147,9 @@ def _register() -> None:
     targets.register(targets.KernelSpec(
         "attention_bwd_dkdv", family="attention", fn=attn_bwd_dkdv_kernel, examples=_dkdv_examples,
         expect_mma=EXPECT_PREFILL, description="attention backward dK/dV (+ atomic dQ), GQA summed in-program"))
+    targets.register(targets.KernelSpec(
+        "attention_bwd_dkdv_d256", family="attention", fn=attn_bwd_dkdv_kernel, examples=_dkdv_d256_examples,
+        expect_mma=EXPECT_D256_DKDV, description="attention backward dK/dV at head dim 256 (mma.sync on sm_100a)"))
     targets.register(targets.KernelSpec(
         "attention_bwd_dq", family="attention", fn=attn_bwd_dq_kernel, examples=_dq_examples,
         expect_mma=EXPECT_PREFILL, description="attention backward dQ, deterministic pass"))
