@@ -301,6 +301,8 @@ BAD = [
     (dict(score_mod=quadratic_bias, q=torch.randn(1, 2, 7, 32, requires_grad=True)), ValueError,
      "needs score_mod_grad"),
     (dict(deterministic=1), TypeError, "deterministic must be a bool"),
+    (dict(q=torch.empty(1, 2, 7, 32, device="meta"), k=torch.empty(1, 2, 7, 32, device="meta"),
+          v=torch.empty(1, 2, 7, 32, device="meta")), ValueError, "q is on meta: tilefuse runs Triton kernels on"),
 ]
 
 
@@ -367,6 +369,23 @@ def test_transformers_llama_matches_eager_logits_and_gradients(monkeypatch):
     assert [p.mask_kind for p in calls] == [attn.checks.MASK_BOOL] * 2 and [p.group for p in calls] == [2, 2]
     assert_close(ours(input_ids=ids).logits, eager(input_ids=ids).logits, F32, tol=2e-5, what="causal logits")
     assert [(p.mask_kind, p.hi_off) for p in calls[2:]] == [(0, 0)] * 2  # is_causal, no mask tensor
+
+
+def test_transformers_gpt2_matches_eager():
+    transformers = pytest.importorskip("transformers")
+    attn.register_transformers()
+    cfg = transformers.GPT2Config(vocab_size=97, n_positions=32, n_embd=64, n_layer=2, n_head=4)
+    models = []
+    for impl in ("eager", "tilefuse"):
+        torch.manual_seed(0)
+        models.append(transformers.GPT2LMHeadModel._from_config(cfg, attn_implementation=impl).eval())  # no dropout
+    models[1].load_state_dict(models[0].state_dict())
+    ids = torch.randint(0, 97, (2, 11))
+    outs = [m(input_ids=ids).logits for m in models]
+    assert_close(outs[1], outs[0], F32, tol=2e-5, what="gpt2 logits")
+    grads = [torch.autograd.grad(o.square().mean(), m.transformer.h[0].attn.c_attn.weight)[0]
+             for o, m in zip(outs, models)]
+    assert_close(grads[1], grads[0], F32, tol=1e-4, what="gpt2 c_attn gradient")
 
 
 # --------------------------------------------------------------------------------- cross-compilation
