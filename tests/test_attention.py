@@ -440,3 +440,29 @@ def test_bench_attention_smoke_run_checks_and_times_every_impl(tmp_path):
     assert bwd.tflops == pytest.approx(2.5 * flops / (bwd.ms_p50 * 1e-3) / 1e12)
     assert by[("decode-smoke-fwd", "tilefuse")].gbps > 0  # decode reads K/V once: GB/s
     harness.write_csv(rows, tmp_path / "attention-smoke.csv")
+
+
+def test_tuning_keeps_the_fastest_candidate_and_stores_it(monkeypatch, tmp_cache):
+    """On a GPU the first call of a key times the space; here the timer is faked. A failing candidate is
+    skipped; the decision is reused from disk by a fresh process (forget())."""
+    from tilefuse.kernels.attention import tuning
+
+    monkeypatch.setattr(tuning, "tuning_enabled", lambda: True)
+    tuning.forget()
+    space = (configs.AttentionConfig(64, 64), configs.AttentionConfig(128, 64), configs.AttentionConfig(32, 32))
+    fake_ms = {space[0]: 2.0, space[1]: 1.0}
+    ran = []
+
+    def run(cfg):
+        ran.append(cfg)
+        if cfg not in fake_ms:
+            raise RuntimeError("out of resources")
+
+    timer = lambda fn: (fn(), fake_ms[ran[-1]])[1]  # noqa: E731
+    assert tuning.choose("k1", space, run, timer) == space[1]
+    assert tuning.choose("k1", space, lambda c: pytest.fail("tuned twice")) == space[1]
+    tuning.forget()
+    before = tuning.counters["from_disk"]
+    assert tuning.choose("k1", space, lambda c: pytest.fail("tuned again")) == space[1]
+    assert tuning.counters["from_disk"] == before + 1
+    tuning.forget()

@@ -172,15 +172,23 @@ def candidates(arch: str, kernel: str, block_d: int) -> tuple[AttentionConfig, .
     return SPACES[(arch, kernel)][head_dim_class(block_d)]
 
 
-def select(kernel: str, block_d: int, *, interpreter: bool, vendor: str = "nvidia",
-           capability: tuple[int, int] | None = None, fp32: bool = False) -> AttentionConfig:
-    """The default config of a kernel on this part. fp32 inputs take twice the shared memory a tile: their
-    BLOCK_N is halved (and d=256 fp32 halves BLOCK_M too)."""
+def space(kernel: str, block_d: int, *, interpreter: bool, vendor: str = "nvidia",
+          capability: tuple[int, int] | None = None, fp32: bool = False) -> tuple[AttentionConfig, ...]:
+    """The candidates of a kernel on this part, the default first. fp32 inputs take twice the shared memory
+    a tile: their BLOCK_N is halved (and at d=256 BLOCK_M too), at most 2 stages."""
     if interpreter:
-        return INTERPRETER
-    cfg = candidates(arch_class(vendor, capability), kernel, block_d)[0]
-    if fp32:
-        cfg = dataclasses.replace(cfg, block_n=max(16, cfg.block_n // 2), num_stages=min(cfg.num_stages, 2))
-        if block_d > 128:
-            cfg = dataclasses.replace(cfg, block_m=max(16, cfg.block_m // 2))
-    return cfg
+        return (INTERPRETER,)
+    out = []
+    for cfg in candidates(arch_class(vendor, capability), kernel, block_d):
+        if fp32:
+            cfg = dataclasses.replace(cfg, block_n=max(16, cfg.block_n // 2), num_stages=min(cfg.num_stages, 2))
+            if block_d > 128:
+                cfg = dataclasses.replace(cfg, block_m=max(16, cfg.block_m // 2))
+        if cfg not in out:
+            out.append(cfg)
+    return tuple(out)
+
+
+def select(kernel: str, block_d: int, **part) -> AttentionConfig:
+    """The default config of a kernel on this part (the first of :func:`space`)."""
+    return space(kernel, block_d, **part)[0]

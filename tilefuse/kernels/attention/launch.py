@@ -12,7 +12,7 @@ import torch
 import triton
 
 from ... import device
-from . import configs
+from . import configs, tuning
 from .checks import Params
 from .kernels import (LN2, attn_bwd_dkdv_kernel, attn_bwd_dq_kernel, attn_bwd_preprocess_kernel,
                       attn_combine_kernel, attn_fwd_kernel, dropout_keep_kernel)
@@ -43,10 +43,14 @@ def block_d(D: int) -> int:
     return max(16, triton.next_power_of_2(D))
 
 
-def kernel_config(kernel: str, D: int, dtype: torch.dtype) -> configs.AttentionConfig:
+def kernel_space(kernel: str, D: int, dtype: torch.dtype) -> tuple[configs.AttentionConfig, ...]:
     interp, vendor, cap, _ = _part()
-    return configs.select(kernel, block_d(D), interpreter=interp, vendor=vendor if vendor != "cpu" else "nvidia",
-                          capability=cap, fp32=dtype == torch.float32)
+    return configs.space(kernel, block_d(D), interpreter=interp, vendor=vendor if vendor != "cpu" else "nvidia",
+                         capability=cap, fp32=dtype == torch.float32)
+
+
+def kernel_config(kernel: str, D: int, dtype: torch.dtype) -> configs.AttentionConfig:
+    return kernel_space(kernel, D, dtype)[0]
 
 
 def plan_forward(p: Params, dtype: torch.dtype, *, num_splits: int | None = None, pack_gqa: bool | None = None,
@@ -108,8 +112,13 @@ def _aux(q, mask, alibi):
 
 def forward(q, k, v, p: Params, mask=None, alibi=None, plan: Plan | None = None):
     """(out, lse2): ``out`` like ``q``; ``lse2`` (B*H, Sq) fp32 in log2 units (-inf for rows with nothing
-    visible)."""
-    plan = plan or plan_forward(p, q.dtype)
+    visible). Without a ``plan``, the config of a prefill is tuned on a GPU (:mod:`.tuning`)."""
+    if plan is None:
+        plan = plan_forward(p, q.dtype)
+        if plan.num_splits == 1 and not plan.pack_gqa and tuning.tuning_enabled():
+            cfg = tuning.choose(tuning.key_of("fwd", p, q.dtype, block_d(p.D)), kernel_space("fwd", p.D, q.dtype),
+                                lambda c: forward(q, k, v, p, mask, alibi, Plan(c, False, 1)))
+            plan = Plan(cfg, False, 1)
     cfg = plan.config
     out = torch.empty_like(q)
     lse2 = torch.empty((p.B * p.H, p.Sq), dtype=torch.float32, device=q.device)
@@ -160,8 +169,11 @@ def backward(do, q, k, v, out, lse2, p: Params, mask=None, alibi=None, *, dkdv_c
     attn_bwd_preprocess_kernel[(triton.cdiv(p.Sq, pre_rows), p.B * p.H)](
         out, do, delta, p.H, p.Sq, *out.stride(), *do.stride(), HEAD_DIM=p.D, BLOCK_D=bd, BLOCK_M=pre_rows,
         num_warps=4)
+    if dkdv_config is None or (p.deterministic and dq_config is None):
+        dkdv_config, dq_config = _tuned_backward_configs(do, q, k, v, out, lse2, p, mask, alibi, dkdv_config,
+                                                         dq_config)
     common = _common_constexprs(p, q.dtype)
-    kv_cfg = dkdv_config or kernel_config("bwd_dkdv", p.D, q.dtype)
+    kv_cfg = dkdv_config
     atomic = not p.deterministic
     dq_acc = torch.zeros((p.B, p.H, p.Sq, p.D), dtype=torch.float32, device=q.device) if atomic else dq
     attn_bwd_dkdv_kernel[(triton.cdiv(p.Sk, kv_cfg.block_n), p.B * p.H_kv)](
@@ -181,6 +193,21 @@ def backward(do, q, k, v, out, lse2, p: Params, mask=None, alibi=None, *, dkdv_c
             BLOCK_M=q_cfg.block_m, BLOCK_N=q_cfg.block_n, SCORE_MOD_GRAD=p.score_mod_grad,
             **common, **q_cfg.launch_options(vendor))
     return dq, dk, dv
+
+
+def _tuned_backward_configs(do, q, k, v, out, lse2, p, mask, alibi, dkdv_config, dq_config):
+    """dK/dV config (timed with the default dQ config), then dQ's (deterministic only, timed with that)."""
+    bd = block_d(p.D)
+    dq_space = kernel_space("bwd_dq", p.D, q.dtype)
+    if dkdv_config is None:
+        dkdv_config = tuning.choose(
+            tuning.key_of("bwd_dkdv", p, q.dtype, bd), kernel_space("bwd_dkdv", p.D, q.dtype),
+            lambda c: backward(do, q, k, v, out, lse2, p, mask, alibi, dkdv_config=c, dq_config=dq_space[0]))
+    if p.deterministic and dq_config is None:
+        dq_config = tuning.choose(
+            tuning.key_of("bwd_dq", p, q.dtype, bd), dq_space,
+            lambda c: backward(do, q, k, v, out, lse2, p, mask, alibi, dkdv_config=dkdv_config, dq_config=c))
+    return dkdv_config, dq_config
 
 
 def lse_natural(lse2: torch.Tensor, B: int, H: int) -> torch.Tensor:
