@@ -273,6 +273,25 @@ def test_deterministic_backward_is_bitwise_reproducible_and_matches_atomic():
         assert_close(a, c.float(), F16)
 
 
+def test_any_strides_including_a_strided_head_dim():
+    """q with every other element of its head dim (stride 2), k transposed in memory, v contiguous."""
+    from .support import noncontiguous
+
+    B, H, S, D = 2, 2, 33, 32
+    q = noncontiguous(torch.randn(B, H, S, D)).requires_grad_()
+    k = torch.randn(B, D, S, H).permute(0, 3, 2, 1).requires_grad_()  # (B, H, S, D) view, head dim outermost
+    v = torch.randn(B, H, S, D, requires_grad=True)
+    assert q.stride(-1) == 2 and k.stride(-1) == S * H
+    out = attn.attention(q, k, v, causal=True)
+    dout = torch.randn_like(out)
+    grads = torch.autograd.grad(out, (q, k, v), dout)
+    leaves = [t.detach().double().requires_grad_() for t in (q, k, v)]
+    ref = reference(*leaves, causal=True)
+    assert_close(out, ref, F32)
+    for g, r in zip(grads, torch.autograd.grad(ref, leaves, dout.double())):
+        assert_close(g, r, F32)
+
+
 def test_no_grad_inputs_and_score_mod_without_grad_run_forward_only():
     q = torch.randn(1, 2, 7, 32)
     out = attn.attention(q, q, q, score_mod=quadratic_bias)  # no input requires grad: no score_mod_grad needed
