@@ -26,6 +26,7 @@ BACKEND_ENTRY_POINT = "tilefuse.compiler.backend:tilefuse_backend"
 # attribute -> (module, attribute in it or None for the module itself)
 _LAZY = {
     "gemm": ("tilefuse.linalg", "gemm"),
+    "attention": ("tilefuse.kernels.attention", "attention"),
     "linalg": ("tilefuse.linalg", None),
     "nn": ("tilefuse.nn", None),
     "explain": ("tilefuse.compiler.explain", "explain"),

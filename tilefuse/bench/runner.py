@@ -23,6 +23,7 @@ SUITES = {
     "ladder": "CUDA C++ GEMM ladder, rung by rung, vs the Triton GEMM and cuBLAS",
     "compiler": "tilefuse backend vs eager and Inductor on memory-bound graphs, with compile times",
     "models": "whole models (Hugging Face, vision), training and inference, vs eager and each Inductor mode",
+    "attention": "Triton flash attention (fwd, bwd, GQA prefill, decode) vs SDPA's backends, FlexAttention, Inductor",
 }
 DEFAULT_OUT = Path("benchmarks/results")
 
