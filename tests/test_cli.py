@@ -49,7 +49,7 @@ def test_bench_without_gpu_is_reported_as_not_run(capsys):
 def test_unknown_suite_is_a_one_line_error(capsys):
     assert cli.main(["bench", "nosuch", "--smoke"]) == 2
     err = capsys.readouterr().err.strip()
-    assert err == "tilefuse bench: error: unknown suite 'nosuch': accepted values are gemm, ladder, compiler, models"
+    assert err == "tilefuse bench: error: unknown suite 'nosuch': accepted values are gemm, ladder, compiler, models, attention"
 
 
 def test_report_of_missing_file_is_a_one_line_error(capsys):
