@@ -306,8 +306,15 @@ def run_stage(root: Path, stage: str, python: str, seed: int, timeout: float) ->
     found = _FAILED.search(proc.stdout)
     if proc.returncode == 5:  # nothing collected: a bad selection, not a catch
         return "error", f"no tests collected by {stage!r}", seconds
-    killer = found.group(2) if found else (proc.stdout.strip().splitlines() or ["(no output)"])[-1][:200]
-    return "failed", killer, seconds
+    if found:
+        return "failed", found.group(2), seconds
+    # no test reported failing: the run itself died (a crash in a kernel, a collection error)
+    if proc.returncode < 0:  # killed by a signal: faulthandler's traceback names the test function
+        frames = re.findall(r'File "[^"]*/(tests/test_\w+\.py)", line \d+ in (test_\w+)', proc.stderr)
+        where = f" in {frames[-1][0]}::{frames[-1][1]}" if frames else ""
+        return "failed", f"(crashed: signal {-proc.returncode}{where})", seconds
+    tail = (proc.stdout.strip().splitlines() + proc.stderr.strip().splitlines() or ["(no output)"])[-1][:160]
+    return "failed", f"(pytest exit {proc.returncode}: {tail})", seconds
 
 
 def check_imports_copy(root: Path, python: str) -> None:
