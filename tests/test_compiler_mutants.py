@@ -53,3 +53,34 @@ def test_constant_pad(pad):
     The source is non-contiguous and NaN-poisoned between its elements, so a read past a row's end shows."""
     x = noncontiguous(torch.randn(7, 129)).requires_grad_()
     cc.check_function(lambda x: torch.nn.functional.pad(torch.tanh(x), pad, value=-3.0) * 2.0, x, what=f"pad {pad}")
+
+
+LOOPED_REDUCTIONS = {
+    "sum": lambda x: x.sum(-1),
+    "prod": lambda x: (1.0 + x * 1e-2).prod(-1),
+    "amax amin": lambda x: x.amax(-1) - x.amin(-1),
+    "mean var": lambda x: x.mean(-1) + x.var(-1),
+    "argmax argmin": lambda x: x.argmax(-1) * 1000 + x.argmin(-1),
+    "any all": lambda x: (x > 2.5).any(-1) ^ (x > -2.5).all(-1),
+    "logsumexp": lambda x: torch.logsumexp(x, -1),
+}
+
+
+@pytest.mark.parametrize("case", sorted(LOOPED_REDUCTIONS))
+@pytest.mark.parametrize("form", ["persistent", "looped"])
+def test_reductions_in_both_row_forms(case, form, monkeypatch):
+    """looped_prod_adds: every reduction kind in the looped form (rows longer than a block, here 300 over steps
+    of 64: four whole steps and a partial one) as well as the persistent one; argmax/argmin over rows with
+    ties (ties go to the lowest index, as in torch)."""
+    if form == "looped":
+        from tilefuse.compiler import codegen
+
+        monkeypatch.setattr(codegen, "INTERP_PERSISTENT_MAX_R", 64)
+        monkeypatch.setattr(codegen, "INTERP_BLOCK", 64)
+    x = torch.randn(9, 300)
+    if case.startswith("argmax"):
+        x = x.round()  # ties everywhere: the first of several maxima and minima
+        x[0] = 1.0  # the whole row tied
+    # (prod's backward is a cumprod: the quadratic scan takes minutes in the looped form on the interpreter)
+    grad = not case.startswith(("argmax", "any")) and not (form == "looped" and case == "prod")
+    cc.check_function(LOOPED_REDUCTIONS[case], x.requires_grad_(grad), what=f"{case} ({form})", backward=grad)
