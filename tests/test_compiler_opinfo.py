@@ -102,6 +102,13 @@ VIEW_CATEGORIES = {"cast", "view"}
 CATEGORY_OF_NAME = {name: cat for cat, names in SCOPE.items() for name in names}
 
 
+# Samples whose eager result is so far from the float64 reference that the capped eager-error allowance
+# (compiler_checks.EAGER_ERROR_CAP) is too tight for any implementation: (op key, dtype, sample label) ->
+# (cap, why). Each entry names its numbers; nothing else may exceed the cap. None is needed today: the one
+# sample that exceeded it (prod of 125 float32 factors below 1, 9.5e-57 in float64) underflows to 0, which the
+# reference rounded to float32 also is (compiler_checks.tensor_problem).
+EAGER_CAP_EXEMPTIONS: dict[tuple[str, str, str], tuple[float, str]] = {}
+
 # OpInfo wraps dropout in wrapper_set_seed (it reseeds the generator before each call, for its own tests):
 # Dynamo cannot trace that, and a reseed would hide a compiler that ignores the generator's state.
 CALLABLE_OVERRIDES = {"nn.functional.dropout": torch.nn.functional.dropout}
@@ -349,7 +356,7 @@ def _grads(outputs, inputs, sample, cotangents):
     return torch.autograd.grad(targets, inputs, cotangents[:len(targets)], allow_unused=True)
 
 
-def _grad_problems(got, eager, ref, tol) -> list[str]:
+def _grad_problems(got, eager, ref, tol, **limits) -> list[str]:
     problems = []
     for i, (g, e, r) in enumerate(zip(got, eager, ref)):
         if e is None:
@@ -359,7 +366,7 @@ def _grad_problems(got, eager, ref, tol) -> list[str]:
         if g is None:
             problems.append(f"grad[{i}]: compiled gives no gradient, eager does")
             continue
-        p = cc.tensor_problem(f"grad[{i}]", g, e, r, tol=tol)
+        p = cc.tensor_problem(f"grad[{i}]", g, e, r, tol=tol, **limits)
         if p:
             problems.append(p)
     return problems
@@ -417,6 +424,10 @@ def run_case(op, category: str, case: Case, dtype) -> tuple[str, str]:
                                                detached, False), dtype)
     ref_out, ref_grads = _reference(fn, sample, (inp, args, kwargs), dtype, eager_grads is not None, cotangents)
     tol = cc.tol_for(dtype, *[t.dtype for t in cc.tensors(eager_out)])
+    limits = {"dtypes": (dtype, *[t.dtype for t in cc.tensors(eager_out)])}
+    exemption = EAGER_CAP_EXEMPTIONS.get((op_key(op), DTYPE_NAMES.get(dtype), case.label))
+    if exemption is not None:
+        limits.update(eager_cap=exemption[0], eager_cap_reason=exemption[1])
 
     cc.reset()
     graphs_before = cc.dynamo_graphs()
@@ -437,13 +448,13 @@ def run_case(op, category: str, case: Case, dtype) -> tuple[str, str]:
         problems.append(f"fell back to ATen in strict mode: {run.stats['fallbacks']}")
     if run.work == 0 and _fresh_outputs(eager_out, inputs):
         problems.append("a fresh output appeared with no kernel and no extern call (is the graph run eagerly?)")
-    problems += cc.tree_problems("out", out, eager_out, None if exact else ref_out, tol=tol, exact=exact)
+    problems += cc.tree_problems("out", out, eager_out, None if exact else ref_out, tol=tol, exact=exact, **limits)
     problems += cc.alias_problems("out", out, eager_out, inputs, require_views=category in VIEW_CATEGORIES)
     if eager_grads is not None and got_grads is None:
         problems.append("compiled outputs carry no gradient (eager's do)")
     elif eager_grads is not None:
         ref_g = ref_grads if ref_grads is not None else [None] * len(eager_grads)
-        problems += _grad_problems(got_grads, eager_grads, ref_g, cc.tol_for(dtype))
+        problems += _grad_problems(got_grads, eager_grads, ref_g, cc.tol_for(dtype), **limits)
     return ("fail", "; ".join(problems)) if problems else ("pass", "")
 
 
