@@ -141,6 +141,9 @@ OPS = {
     "index_put": lambda a, i, v, accumulate: a.index_put((i,), v, accumulate=accumulate),
     "scatter": lambda a, i, dim, value: a.scatter(dim, i, value),
     "scatter_add": lambda a, i, s, dim: a.scatter_add(dim, i, s),
+    "layer_norm": lambda a, w, b: F.layer_norm(a, a.shape[-1:], w, b),
+    "cat": lambda a, b, dim: torch.cat([a, b], dim),
+    "pad": lambda a, pad, value: F.pad(a, pad, value=value),
     "mm": torch.mm,
     "bmm": torch.bmm,
     "conv1d": lambda a, w, padding, stride: F.conv1d(a, w, padding=padding, stride=stride),
@@ -277,6 +280,9 @@ def _reduction(b: Builder, a: int, op: str) -> bool:
     rank = b.metas[a].dim()
     if rank == 0:
         return False
+    if op == "layer_norm":  # over the last dim, with a weight and a bias
+        n = b.metas[a].shape[-1]
+        return b.try_step(op, (a, b.float_input((n,)), b.float_input((n,))))
     dim = b.draw(st.integers(-rank, rank - 1))
     if op in ("softmax", "log_softmax"):
         return b.try_step(op, (a,), dim=dim)
@@ -307,6 +313,16 @@ def _view(b: Builder, a: int, op: str) -> bool:
         return False
     dim = b.draw(st.integers(0, rank - 1))
     n = shape[dim]
+    if op == "cat":  # with a value or a new input of the same shape but along dim
+        other = list(shape)
+        other[dim] = b.draw(st.sampled_from(SIZES[:5]))
+        same = [k for k in b.floats() if k != a and b.metas[k].dtype == b.metas[a].dtype and
+                b.metas[k].dim() == rank and all(b.metas[k].shape[d] == shape[d] for d in range(rank) if d != dim)]
+        c = b.draw(st.sampled_from(same)) if same and b.draw(st.booleans()) else b.float_input(other)
+        return b.try_step(op, (a, c) if b.draw(st.booleans()) else (c, a), dim=dim)
+    if op == "pad":  # the last one or two dims, negative pads crop
+        pads = tuple(b.draw(st.integers(-1 if shape[-1 - k // 2] > 2 else 0, 2)) for k in range(2 * min(rank, 2)))
+        return b.try_step(op, (a,), pad=pads, value=b.draw(st.sampled_from([0.0, -1.5])))
     if op == "slice":
         start = b.draw(st.integers(0, n - 1))
         end = b.draw(st.integers(start + 1, n))
@@ -400,8 +416,9 @@ BUILDERS = {
     **{op: _unary for op in ("exp", "tanh", "sigmoid", "relu", "gelu", "pow", "clamp", "cast", "add_scalar",
                              "mul_scalar")},
     **{op: _binary for op in ("add", "sub", "mul", "div", "where")},
-    **{op: _reduction for op in ("sum", "mean", "amax", "softmax", "log_softmax", "var")},
-    **{op: _view for op in ("transpose", "permute", "reshape", "slice", "expand", "unsqueeze", "select")},
+    **{op: _reduction for op in ("sum", "mean", "amax", "softmax", "log_softmax", "var", "layer_norm")},
+    **{op: _view for op in ("transpose", "permute", "reshape", "slice", "expand", "unsqueeze", "select", "cat",
+                            "pad")},
     **{op: _indexing for op in ("embedding", "index_select", "gather", "index", "index_put", "scatter",
                                 "scatter_add")},
     **{op: _extern for op in ("mm", "bmm", "conv1d", "conv2d")},
@@ -417,11 +434,11 @@ def _broadcasts(small: tuple, big: tuple) -> bool:
 
 @st.composite
 def programs(draw) -> Program:
-    b = Builder(draw, draw(st.sampled_from(["float32", "float32", "float16"])))
+    b = Builder(draw, draw(st.sampled_from(["float32", "float32", "float16", "bfloat16"])))
     b.float_input(b.shape())
     if draw(st.booleans()):
         b.float_input(b.shape())
-    for _ in range(draw(st.integers(2, 8))):
+    for _ in range(draw(st.integers(2, 10))):
         b.step()
     made = [k for k in b.floats() if isinstance(b.items[k], Step)] or b.floats()
     outs = [made[-1]]
@@ -577,6 +594,9 @@ def check_program(program: Program) -> None:
 # its row, through an expanded input) has a relative error that is rounding noise over a tiny norm. Inputs and
 # cotangents are standard normal: errors are also judged against a norm of at least this RMS value.
 RMS_FLOOR = 0.1
+# Where eager's own result is this far from the reference (a layer norm of nearly equal bfloat16 values), the
+# value is not resolved at the graph's precision and nothing is compared.
+UNRESOLVED = 0.5
 
 
 def _problems(what, outs, eagers, refs) -> list[str]:
@@ -593,7 +613,7 @@ def _problems(what, outs, eagers, refs) -> list[str]:
                 return (x.detach()[keep].double() - r.detach()[keep].double()).norm().item() / \
                     max(r.detach()[keep].double().norm().item(), floor)
             limit = max(cc.tol_for(e.dtype), cc.EAGER_ERROR_FACTOR * err(e))
-            if err(o) <= limit:
+            if err(o) <= limit or err(e) >= UNRESOLVED:
                 continue
         problems += p
     if len(outs) != len(eagers):
@@ -668,3 +688,30 @@ def test_kernel_text_does_not_depend_on_memory_reuse():
             out = torch.compile(lambda *args: run(program, args), backend="tilefuse")(*inputs)
             _grads(out, leaves, [torch.ones_like(o) for o in out])
     assert all(s == seen[0] for s in seen), "kernel sources differ between compiles of one graph"
+
+
+@pytest.mark.parametrize("case", ["floor", "ge", "to_int", "argmax", "amax_backward"])
+def test_bfloat16_intermediate_is_rounded_where_a_jump_reads_it(case):
+    """Fuzzer finding: an inlined bfloat16 intermediate stays in float32 registers; where a comparison, a floor
+    or an integer cast reads it, it must have eager's rounded value. a * b = 1 - 2**-14 exactly in float32 and
+    1.0 in bfloat16; amax's backward compares the recomputed sigmoid with its stored (rounded) maximum and got
+    no match (a NaN gradient)."""
+    a = torch.full((4,), 1.0078125, dtype=torch.bfloat16)
+    b = torch.tensor([0.9921875, 0.5, 0.9921875, 0.25], dtype=torch.bfloat16)
+    fns = {
+        "floor": lambda a, b: torch.floor(a * b),
+        "ge": lambda a, b: (a * b) >= 1.0,
+        "to_int": lambda a, b: (a * b).to(torch.int32),
+        "argmax": lambda a, b: torch.argmax(a * b * torch.tensor([1.0, 1.0, 1.0078125, 1.0], dtype=torch.bfloat16)),
+    }
+    cc.reset()
+    if case != "amax_backward":
+        fn = fns[case]
+        cc.assert_matches(case, torch.compile(fn, backend="tilefuse")(a, b), fn(a, b), exact=True)
+        return
+    x = torch.randn(3, 16, 3, dtype=torch.bfloat16, requires_grad=True)
+    fn = lambda t: torch.sigmoid(t).amax()  # noqa: E731
+    (got,) = torch.autograd.grad(torch.compile(fn, backend="tilefuse")(x), x)
+    (want,) = torch.autograd.grad(fn(x), x)
+    assert torch.equal(got != 0, want != 0), (got, want)  # the gradient goes to eager's maxima, and is finite
+    torch.testing.assert_close(got, want, rtol=2e-2, atol=0)
