@@ -337,9 +337,10 @@ _TRITON_TYPES = {"torch.bfloat16": "bf16", "torch.float16": "fp16", "torch.float
                  "torch.bool": "i1"}
 
 
-def compile_kernel(ks, dtypes, target=None):
+def compile_kernel(ks, dtypes, target=None, with_options=False):
     """``ks`` compiled (not launched) for ``target`` (a triton GPUTarget; default sm_90), in a
-    non-interpreting process only."""
+    non-interpreting process only; ``with_options``: also with the kernel's own compile options
+    (``ks.options``: Triton's debug option for a kernel with device asserts, as the runtime launches it)."""
     import importlib.util
     import tempfile
 
@@ -373,7 +374,8 @@ def compile_kernel(ks, dtypes, target=None):
         sig[c] = "constexpr"
     src = ASTSource(fn, sig, constexprs=consts, attrs=attrs)
     return triton.compile(src, target=target or GPUTarget("cuda", 90, 32),
-                          options={"num_warps": ks.num_warps, "num_stages": ks.num_stages})
+                          options={"num_warps": ks.num_warps, "num_stages": ks.num_stages,
+                                   **(dict(getattr(ks, "options", ())) if with_options else {})})
 
 
 def cross_compile(ks, dtypes) -> str:

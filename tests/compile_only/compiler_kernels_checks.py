@@ -74,3 +74,18 @@ def test_two_row_loop_of_whole_steps_has_no_row_selects_on_sm90():
     branches = re.findall(r"/\*([0-9a-f]{4})\*/\s+@!?P\d\s+BRA\s+0x([0-9a-f]+)", sass)
     loops = [(int(a, 16) - int(t, 16)) // 16 + 1 for a, t in branches if int(t, 16) < int(a, 16)]  # backward
     assert loops and max(loops) < 800, loops
+
+
+def test_index_bounds_asserts_are_compiled_in_for_the_gpu():
+    """cross_entropy gathers the target's logit and scatters its one-hot gradient: those kernels assert that
+    the target is a class index, carry Triton's debug option (without it Triton drops device asserts), and
+    still build for sm_90 without local memory."""
+    _, kernels = sr.plan_backward_kernels("cross_entropy_fwd_bwd", 4096, 4096, kinds=("forward", "backward"))
+    checked = [(ks, dtypes) for ks, dtypes in kernels if "tl.device_assert" in ks.source]
+    assert checked, [ks.name for ks, _ in kernels]
+    for ks, dtypes in checked:
+        assert ks.options == codegen.ASSERT_OPTIONS, ks.name
+        compiled = sr.compile_kernel(ks, dtypes, ARCHS["sm_90"][0], with_options=True)
+        assert "__assertfail" in compiled.asm["ptx"], ks.name
+        res = targets.cubin_resources(compiled.asm["cubin"])
+        assert not res.get("LOCAL"), (ks.name, res)

@@ -55,6 +55,13 @@ ASSERT_PREFIX = "tilefuse: "
 ASSERT_OPTIONS = (("debug", True), ("sanitize_overflow", False))
 # Integer primitives that divide by their second operand (eager on the CPU raises for a zero divisor).
 INT_DIVISIONS = frozenset({"floordiv_int", "truncdiv_int", "remainder", "fmod"})
+# Primitives whose result jumps where their operand crosses a value: a half-typed operand computed in float32
+# registers (an inlined producer, a reduction's row value: the scheduler keeps bfloat16 intermediates
+# unrounded) is rounded to its type first, as eager reads it from memory (KernelWriter.as_stored). Else a
+# recomputed bfloat16 value is compared with its stored, rounded maximum (amax's backward: eq(amax, x))
+# and never equals it.
+DISCONTINUOUS = frozenset({"eq", "ne", "lt", "le", "gt", "ge", "floor", "ceil", "trunc", "round", "floordiv",
+                           "remainder", "fmod"})
 
 # Launch heuristics (host side). Vector width: 16 bytes a thread for 2-byte types -> 8 elements a thread.
 ELEMS_PER_THREAD = 8
@@ -500,6 +507,8 @@ class KernelWriter:
             args = []
             for a in e.args:
                 text, dt = self.expr(a, target)
+                if e.name in DISCONTINUOUS:
+                    text = self.as_stored(a, text, target)
                 args.append(self.tensor_text(text, dt, target) if typed else text)
             if e.name in INT_DIVISIONS:
                 self.check_divisor(e, args[1], target)
@@ -599,10 +608,24 @@ class KernelWriter:
             return f"({text})"
         return self.emit(scope, f"tl.full([], {text}, {TL_DTYPE[reg]})", reg)[0]
 
+    def as_stored(self, e: ir.Expr, text: str, scope: _Scope) -> str:
+        """``text`` (the register value of ``e``) rounded to ``e``'s half type when it was computed in float32
+        and not rounded since (see DISCONTINUOUS); a loaded, constant or cast value already is."""
+        if e.dtype not in P.HALF or isinstance(e, (ir.Load, ir.Const, ir.Cast)) or \
+                (isinstance(e, ir.Op) and e.name == "round_fp16"):
+            return text
+        key = ("stored", e)
+        found = scope.lookup(key)
+        if found:
+            return found[0]
+        return self.emit(scope, f"{text}.to({TL_DTYPE[e.dtype]}).to(tl.float32)", torch.float32, key)[0]
+
     def cast(self, e: ir.Cast, scope, key):
         text, src_reg = self.expr(e.arg, scope)
-        text = self.tensor_text(text, src_reg, scope)
         dst, src = e.dtype, e.arg.dtype
+        if not dst.is_floating_point:  # to an integer or bool: a jump at each integer (or at 0)
+            text = self.as_stored(e.arg, text, scope)
+        text = self.tensor_text(text, src_reg, scope)
         reg = P.compute_dtype(dst)
         if dst in P.HALF:
             if src in P.HALF and src == dst:
@@ -1218,6 +1241,8 @@ class KernelWriter:
     def reduction_input(self, r: str, scope: _Scope) -> tuple[str, torch.dtype]:
         node = self.table[r]
         text, reg = self.expr(self.bodies[r], scope)
+        if node.kind in ("argmax", "argmin"):  # which of two values that round alike comes first is eager's
+            text = self.as_stored(self.bodies[r], text, scope)
         if node.kind in ("any", "all") and reg != torch.bool:
             text = f"({text} != 0)"
             reg = torch.bool

@@ -655,7 +655,8 @@ def _as_stored(value: ir.Expr, dtype: torch.dtype) -> ir.Expr:
     """An inlined producer's value as its consumer would have read it from memory. Half types compute in
     float32 registers; a float16 value is rounded to float16 (its range ends at 65504, where eager's
     intermediate is inf); a bfloat16 one stays in float32 (bfloat16 has float32's range, so only precision
-    differs, and the two conversions would cost on a memory-bound kernel)."""
+    differs, and the two conversions would cost on a memory-bound kernel), except where a comparison or a
+    rounding reads it: code generation rounds it there (codegen.DISCONTINUOUS)."""
     if value.dtype != dtype:
         return P.cast(value, dtype)
     if dtype == torch.float16 and not isinstance(value, (ir.Load, ir.Const, ir.Cast)) and \
