@@ -84,3 +84,30 @@ def test_reductions_in_both_row_forms(case, form, monkeypatch):
     # (prod's backward is a cumprod: the quadratic scan takes minutes in the looped form on the interpreter)
     grad = not case.startswith(("argmax", "any")) and not (form == "looped" and case == "prod")
     cc.check_function(LOOPED_REDUCTIONS[case], x.requires_grad_(grad), what=f"{case} ({form})", backward=grad)
+
+
+INDEX_ARITHMETIC = {
+    # mod_index_bound, divmod_drops_needed_mod: the backward's slice_scatter tests (v % 12 == 0) at v = 12
+    "x[::12] of 13 rows": lambda x: x[::12] * 2.0,
+    "x[1::3]": lambda x: x[1::3] * 2.0 + x[::4].sum(),
+    # bounds_negative_coef: a flipped view of a reshape, whose div/mod simplification reads the flip's bounds
+    "reshape then flip": lambda x: x[:12, :8].reshape(24, 4).flip(0) * 2.0,
+    "reshape then flip both dims": lambda x: x[:12, :8].reshape(6, 16).flip(0, 1) + 1.0,
+    "3-d reshape, flip the middle": lambda x: x[:12, :8].reshape(3, 8, 4).flip(1) + 1.0,
+    "expand then reshape": lambda x: x[:1].expand(5, 129).reshape(3, 215) * 2.0,
+    "unfold": lambda x: x.unfold(1, 5, 3).sum(-1) * 1.0,
+    "roll": lambda x: x.roll(3, 1) * 2.0 + x.roll(-1, 0),
+    "pixel-shuffle-like": lambda x: x[:12, :128].reshape(3, 4, 8, 16).permute(0, 2, 1, 3).reshape(24, 64) * 2.0,
+    "repeat": lambda x: x[:2, :5].repeat(3, 2) * 2.0,
+    "transpose, reshape, flip": lambda x: x.t().reshape(129, 13).flip(1) * 2.0,
+    "as_strided": lambda x: torch.as_strided(x, (5, 7), (3, 2), 4) * 2.0,
+}
+
+
+@pytest.mark.parametrize("case", sorted(INDEX_ARITHMETIC))
+def test_index_arithmetic_of_views(case):
+    """The div/mod simplifications of ir.py at their edges: a quotient that reaches the modulus, an index with
+    negative coefficients (a flip) under a reshape's div/mod. Non-strict: some backwards (unfold's, roll's,
+    as_strided's) run in ATen."""
+    x = torch.randn(13, 129).requires_grad_()
+    cc.check_function(INDEX_ARITHMETIC[case], x, what=case, strict_mode=False)
