@@ -208,3 +208,18 @@ def test_bfloat16_intermediate_is_rounded_where_a_jump_reads_it(case):
     (want,) = torch.autograd.grad(fn(x), x)
     assert torch.equal(got != 0, want != 0), (got, want)  # the gradient goes to eager's maxima, and is finite
     torch.testing.assert_close(got, want, rtol=2e-2, atol=0)
+
+
+def test_float16_root_reads_its_stored_value_in_its_own_kernel():
+    """Fuzzer finding: a layer norm over a dim of 1 in float16 was not its bias. x = a + b is a kernel output read
+    at its own position (the register value, unrounded) and at another (recomputed, rounded to float16): x - mean
+    was 2**-11 instead of 0, times rsqrt(eps). A float16 root is read as stored everywhere in its kernel."""
+    a = torch.ones(2, 3, dtype=torch.float16)
+    b = torch.full((2, 3), 2.0**-11, dtype=torch.float16)  # 1 + 2**-11 rounds to 1 in float16
+    fn = lambda a, b: (lambda x: (x, x - x[:, :1]))(a + b)  # noqa: E731
+    cc.reset()
+    cc.assert_matches("x - x[:, 0]", torch.compile(fn, backend="tilefuse")(a, b), fn(a, b), exact=True)
+    w, bias = torch.ones(1, dtype=torch.float16), torch.full((1,), 0.25, dtype=torch.float16)
+    ln = lambda a, b: (lambda x: (x, torch.nn.functional.layer_norm(x, (1,), w, bias)))(a[:, :1] + b[:, :1])  # noqa: E731
+    cc.reset()
+    cc.assert_matches("layer_norm over one element", torch.compile(ln, backend="tilefuse")(a, b), ln(a, b), exact=True)

@@ -479,7 +479,14 @@ def fusion_legality(s: Scheduler, g: dict, node) -> tuple[bool, Optional[dict]]:
             raise _Illegal()  # a column partial is complete only after the loop over the chunk
         root = s.table[ld.buffer]
         if tuple(ld.index) == tuple(positions[ld.buffer]):
-            return Local.make(ld.buffer, ld.dtype)
+            local = Local.make(ld.buffer, ld.dtype)
+            if isinstance(root, ir.Pointwise) and root.dtype == torch.float16:
+                # read as stored, as a recomputation at another position is (_as_stored): the root's register
+                # value is unrounded, and x - x[0] of a stored x must be 0 where x[0] is recomputed (rounded)
+                body = s.inlined(ld.buffer)
+                if _as_stored(body, root.dtype) is not body:
+                    return P.build("round_fp16", local)
+            return local
         if isinstance(root, ir.Pointwise) and not root.into:
             value = _recompute(s, ld)
             return ir.replace_loads(value, resolve)
