@@ -325,9 +325,6 @@ OOB_CASES = {
 }
 
 
-@pytest.mark.xfail(strict=True, reason="finding: generated kernels do not bounds-check indirect indices (DESIGN.md "
-                                      "Tests: an out-of-range index must be an error, as in eager); the kernel "
-                                      "reads past the buffer and returns garbage")
 @pytest.mark.parametrize("case", sorted(OOB_CASES))
 def test_out_of_range_index_is_an_error(case):
     fn, idx = OOB_CASES[case]

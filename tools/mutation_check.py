@@ -127,9 +127,9 @@ MUTATIONS: tuple[Mutation, ...] = (
       '-2.0: lambda: P.build("reciprocal", x),',
       "x ** -2 computed as 1 / x"),
     # ---- views and indexing
-    M("negative_index_wrap_off_by_one", LV,
-      'P.build("add", value, P.const(size, torch.int64)), value)',
-      'P.build("add", value, P.const(size - 1, torch.int64)), value)',
+    M("negative_index_wrap_off_by_one", CODEGEN,
+      'f"tl.where({raw} < 0, {raw} + {size}, {raw})"',
+      'f"tl.where({raw} < 0, {raw} + {size} - 1, {raw})"',
       "a negative index wraps to size - 1 + i instead of size + i"),
     M("gather_off_by_one", LV,
       "    idx[dim] = _indirect(low, index, vars_, src[dim] if src else 1, wrap=False)\n",
