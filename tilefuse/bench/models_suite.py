@@ -31,10 +31,9 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import math
 import statistics
 import time
-from typing import Any, Callable
+from typing import Callable
 
 import torch
 import torch.nn as nn
