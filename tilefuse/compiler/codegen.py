@@ -59,7 +59,7 @@ INT_DIVISIONS = frozenset({"floordiv_int", "truncdiv_int", "remainder", "fmod"})
 # registers (an inlined producer, a reduction's row value: the scheduler keeps bfloat16 intermediates
 # unrounded) is rounded to its type first, as eager reads it from memory (KernelWriter.as_stored). Else a
 # recomputed bfloat16 value is compared with its stored, rounded maximum (amax's backward: eq(amax, x))
-# and never equals it.
+# and never equals it. A cast out of a half type reads the rounded value too (KernelWriter.cast).
 DISCONTINUOUS = frozenset({"eq", "ne", "lt", "le", "gt", "ge", "floor", "ceil", "trunc", "round", "floordiv",
                            "remainder", "fmod"})
 
@@ -623,7 +623,10 @@ class KernelWriter:
     def cast(self, e: ir.Cast, scope, key):
         text, src_reg = self.expr(e.arg, scope)
         dst, src = e.dtype, e.arg.dtype
-        if not dst.is_floating_point:  # to an integer or bool: a jump at each integer (or at 0)
+        if src in P.HALF and dst != src:
+            # out of a half type (an upcast, an integer or bool cast): eager converts the stored, rounded
+            # value. An unrounded one differs from the same value rounded elsewhere (layer norm's float32 x
+            # minus its mean saved in bfloat16: not 0 over one element, then times rsqrt(eps)), and at jumps
             text = self.as_stored(e.arg, text, scope)
         text = self.tensor_text(text, src_reg, scope)
         reg = P.compute_dtype(dst)
