@@ -60,6 +60,16 @@ def vendor_of(target: str) -> str:
     return "nvidia" if TARGETS[target][0] == "cuda" else "amd"
 
 
+def launch_options(vendor: str, num_warps: int, num_stages: int, **amd_options) -> dict[str, Any]:
+    """A config's Triton launch options for ``vendor``: warps and stages everywhere; the AMD-only options
+    (``waves_per_eu``, ``matrix_instr_nonkdim``, ``kpack``, ...) only for AMD and only when set (the NVIDIA
+    backend rejects them, and 0 means "the compiler's default")."""
+    opts: dict[str, Any] = {"num_warps": num_warps, "num_stages": num_stages}
+    if vendor == "amd":
+        opts.update((k, v) for k, v in amd_options.items() if v)
+    return opts
+
+
 def check_target_names(names: Iterable[str], what: str = "target") -> list[str]:
     names = list(names)
     for name in names:

@@ -101,15 +101,10 @@ class GemmConfig:
         return cls(**{k: v for k, v in data.items() if k in fields})
 
     def launch_options(self, vendor: str) -> dict[str, Any]:
-        opts: dict[str, Any] = {"num_warps": self.num_warps, "num_stages": self.num_stages}
-        if vendor == "amd":
-            if self.waves_per_eu:
-                opts["waves_per_eu"] = self.waves_per_eu
-            if self.matrix_instr_nonkdim:
-                opts["matrix_instr_nonkdim"] = self.matrix_instr_nonkdim
-            if self.kpack:
-                opts["kpack"] = self.kpack
-        return opts
+        from ..targets import launch_options
+
+        return launch_options(vendor, self.num_warps, self.num_stages, waves_per_eu=self.waves_per_eu,
+                              matrix_instr_nonkdim=self.matrix_instr_nonkdim, kpack=self.kpack)
 
 
 _LABEL_RE = re.compile(r"(?P<kernel>[TP])(?P<bm>\d+)x(?P<bn>\d+)x(?P<bk>\d+)-w(?P<w>\d+)-s(?P<s>\d+)"

@@ -46,13 +46,10 @@ class AttentionConfig:
 
     def launch_options(self, vendor: str) -> dict[str, Any]:
         """``num_warps``/``num_stages``, and the AMD options only when the target is AMD."""
-        opts: dict[str, Any] = {"num_warps": self.num_warps, "num_stages": self.num_stages}
-        if vendor == "amd":
-            if self.waves_per_eu:
-                opts["waves_per_eu"] = self.waves_per_eu
-            if self.matrix_instr_nonkdim:
-                opts["matrix_instr_nonkdim"] = self.matrix_instr_nonkdim
-        return opts
+        from ...targets import launch_options
+
+        return launch_options(vendor, self.num_warps, self.num_stages, waves_per_eu=self.waves_per_eu,
+                              matrix_instr_nonkdim=self.matrix_instr_nonkdim)
 
 
 C = AttentionConfig
