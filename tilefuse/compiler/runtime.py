@@ -282,6 +282,16 @@ class Plan:
 
 
 def build_plan(gm: torch.fx.GraphModule, meta: Callable, kind: str, graph_id: int, strict: bool) -> Plan:
+    """The plan of ``gm``. AOTAutograd calls the backend with its FakeTensorMode active; the plan holds real
+    tensors (constants moved to the graph's device, precompile's arguments), so it is built with that mode
+    unset: under it, a CPU constant moved to a GPU became a fake tensor that the first launch could not read."""
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+    with unset_fake_temporarily():
+        return _build_plan(gm, meta, kind, graph_id, strict)
+
+
+def _build_plan(gm: torch.fx.GraphModule, meta: Callable, kind: str, graph_id: int, strict: bool) -> Plan:
     times = {}
     t0 = time.perf_counter()
     graph, fallbacks, constants = lowering.lower(gm, meta, strict=strict)
