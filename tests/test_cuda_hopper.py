@@ -233,6 +233,18 @@ def test_hopper_rungs_share_one_header(rung):
     assert ("void tma_load_2d(" in own) == (rung == 9)
 
 
+def test_the_reports_lines_of_code_count_the_shared_header_with_each_rung():
+    """A Hopper rung's figure in the report is still the code it takes to write it: its file and hopper.cuh."""
+    from tilefuse.bench import report_html
+
+    header = report_html.code_lines_cpp((CUDA_DIR / "hopper.cuh").read_text())
+    for rung, name in RUNGS.items():
+        own = report_html.code_lines_cpp((CUDA_DIR / name).read_text())
+        assert report_html.rung_source_lines(str(rung)) == own + header
+    assert report_html.rung_source_lines("6") == report_html.code_lines_cpp(
+        next(CUDA_DIR.glob("rung6_*.cu")).read_text())  # a rung without it: its file alone
+
+
 def test_the_build_cache_key_covers_the_shared_header(tmp_path):
     """Editing hopper.cuh rebuilds every Hopper rung (the key hashes each header a rung includes)."""
     for f in CUDA_DIR.iterdir():
