@@ -4,7 +4,8 @@
 // wrappers (mbarrier, TMA, wgmma, setmaxnreg), the m64nNk16 wgmma instructions the rungs issue, the epilogue's
 // fragment store, and the host's tensor-map encoding. Every function is __forceinline__ device code or a small
 // host helper with internal linkage (the anonymous namespace): each rung's library is one translation unit, and
-// a rung compiles to the same SASS as when it carried its own copy of these lines.
+// a rung compiles to the same cubin, byte for byte, as when it carried its own copy of these lines
+// (docs/decisions/029-layer-rule-and-shared-hopper-header.md).
 // What stays in a rung is what only it uses (rung 9's cluster, multicast, L2-policy and bulk-store wrappers,
 // its n240 instruction and tile walk).
 #pragma once
