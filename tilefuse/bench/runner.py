@@ -81,11 +81,16 @@ def add_arguments(p) -> None:
                    "eager,inductor,inductor-max-autotune,inductor-reduce-overhead,tilefuse,tilefuse-reduce-overhead")
 
 
-def run_suite(name: str, opts: SuiteOptions) -> list[harness.Row]:
+def suite_module(name: str):
+    """The module of suite ``name``, loaded by name: suites import this runner for :class:`SuiteOptions`, so
+    the runner reaches them only through the ``<name>_suite`` convention (no import cycle)."""
     if name not in SUITES:
         raise ValueError(f"unknown suite {name!r}: accepted values are {', '.join(SUITES)}")
-    module = importlib.import_module(f"tilefuse.bench.{name}_suite")
-    return module.run(opts)
+    return importlib.import_module(f"tilefuse.bench.{name}_suite")
+
+
+def run_suite(name: str, opts: SuiteOptions) -> list[harness.Row]:
+    return suite_module(name).run(opts)
 
 
 def main(args) -> int:
@@ -107,11 +112,10 @@ def main(args) -> int:
         raise ValueError(f"--batch {models_only['batch']}: accepted values are positive batch sizes")
     backends = tuple(b for b in models_only["backends"].split(",") if b)
     if backends:
-        from .models_suite import BACKENDS
-
-        unknown = [b for b in backends if b not in BACKENDS]
+        accepted = suite_module("models").BACKENDS
+        unknown = [b for b in backends if b not in accepted]
         if unknown:
-            raise ValueError(f"--backends: unknown {', '.join(unknown)}; accepted values are {', '.join(BACKENDS)}")
+            raise ValueError(f"--backends: unknown {', '.join(unknown)}; accepted values are {', '.join(accepted)}")
     dev = device.current()
     if (not dev.is_gpu or dev.interpreter) and not args.smoke:
         print(f"tilefuse bench: not run: {dev.describe()}; timings need a GPU "
