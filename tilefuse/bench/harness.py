@@ -327,3 +327,69 @@ def rel_error(out, ref) -> float:
     if not bool(out.isfinite().all()):
         return float("inf")
     return (out - ref).norm().item() / (ref.norm().item() or 1.0)
+
+
+# ----------------------------------------------------------------------------------------- time limits
+class TimeLimitExceeded(BaseException):
+    """A :class:`Deadline` ran out. A ``BaseException``, as ``KeyboardInterrupt`` is: Dynamo wraps an
+    ``Exception`` raised while it compiles, and a backend that falls back to eager on an error would swallow one,
+    so the watchdog could not stop a slow compile."""
+
+    def __init__(self, seconds: float, phase: str):
+        super().__init__(f"exceeded {seconds:g} s in phase {phase}")
+        self.seconds, self.phase = seconds, phase
+
+
+class Deadline:
+    """A wall-clock budget shared by the phases of one row (compile, accuracy, timing, ...).
+
+    ``with deadline.phase("compile-cold"):`` checks the budget before the phase and, in the main thread, arms a
+    ``SIGALRM`` timer for what is left, whose handler raises :class:`TimeLimitExceeded` inside the phase: a
+    check between phases alone cannot stop one compile that runs for minutes. ``phases`` holds each phase's
+    wall seconds. ``seconds=None``: no limit (the phases are still timed)."""
+
+    def __init__(self, seconds: float | None):
+        import time
+
+        self.seconds = seconds if seconds and seconds > 0 else None
+        self.start = time.perf_counter()
+        self.phases: dict[str, float] = {}
+
+    def remaining(self) -> float | None:
+        import time
+
+        return None if self.seconds is None else self.seconds - (time.perf_counter() - self.start)
+
+    def check(self, phase: str) -> None:
+        left = self.remaining()
+        if left is not None and left <= 0:
+            raise TimeLimitExceeded(self.seconds, phase)
+
+    def phase(self, name: str):
+        import contextlib
+        import signal
+        import threading
+        import time
+
+        @contextlib.contextmanager
+        def guarded():
+            self.check(name)
+            left = self.remaining()
+            armed = left is not None and threading.current_thread() is threading.main_thread() \
+                and hasattr(signal, "setitimer")
+            previous = None
+            if armed:
+                def expire(signum, frame):
+                    raise TimeLimitExceeded(self.seconds, name)
+
+                previous = signal.signal(signal.SIGALRM, expire)
+                signal.setitimer(signal.ITIMER_REAL, max(left, 1e-3))
+            t0 = time.perf_counter()
+            try:
+                yield
+            finally:
+                if armed:
+                    signal.setitimer(signal.ITIMER_REAL, 0)
+                    signal.signal(signal.SIGALRM, previous)
+                self.phases[name] = self.phases.get(name, 0.0) + time.perf_counter() - t0
+        return guarded()
