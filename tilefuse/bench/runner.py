@@ -42,6 +42,7 @@ class SuiteOptions:
     batch: int = 0  # models suite: batch size (0: each model's own)
     backends: tuple[str, ...] = ()  # models suite: backends to run (eager is always added)
     time_limit: float = 0.0  # models / attention: wall seconds a row may take over its phases (0: the suite's own)
+    budget_s: float = 0.0  # attention suite: wall seconds for the whole suite (0: the suite's own)
     log: Callable[[str], None] = print
 
     def wants(self, case: str) -> bool:
@@ -85,6 +86,8 @@ def add_arguments(p) -> None:
                    "wall seconds one row (a model x backend, a case x impl) may spend over its phases (compile, "
                    "accuracy, timing); past it the row is 'not run: exceeded ...' and the suite goes on (default: "
                    "no limit for models, the attention suite's own)")
+    p.add_argument("--budget", type=float, default=0.0, metavar="SECONDS", help="attention suite only: wall seconds "
+                   "for the whole suite; the rows past it are 'not run' with that reason (default the suite's own)")
 
 
 def run_suite(name: str, opts: SuiteOptions) -> list[harness.Row]:
@@ -113,6 +116,10 @@ def main(args) -> int:
     if time_limit and (time_limit < 0 or not set(args.suites) <= TIME_LIMITED):
         raise ValueError(f"--time-limit {time_limit:g}: accepted as positive seconds for the "
                          f"{' and '.join(sorted(TIME_LIMITED))} suites (got suites {', '.join(args.suites)})")
+    budget = getattr(args, "budget", 0.0) or 0.0
+    if budget and (budget < 0 or set(args.suites) != {"attention"}):
+        raise ValueError(f"--budget {budget:g}: accepted as positive seconds for the attention suite alone "
+                         f"(got suites {', '.join(args.suites)})")
     if models_only["batch"] and models_only["batch"] < 1:
         raise ValueError(f"--batch {models_only['batch']}: accepted values are positive batch sizes")
     backends = tuple(b for b in models_only["backends"].split(",") if b)
@@ -130,7 +137,7 @@ def main(args) -> int:
         return 1
     opts = SuiteOptions(quick=args.quick, smoke=args.smoke, only=tuple(args.only), rep_ms=args.rep_ms, rows=rows,
                         mode=models_only["mode"], dtype=models_only["dtype"], batch=models_only["batch"],
-                        backends=backends, time_limit=time_limit)
+                        backends=backends, time_limit=time_limit, budget_s=budget)
     status = 0
     for name in args.suites:
         print(f"== bench {name}: {SUITES[name]} on {dev.describe()}", flush=True)
