@@ -442,7 +442,7 @@ def run(opts: runner.SuiteOptions) -> list[harness.Row]:
     rec = opts.recorder(SUITE, compute_bound=True)
     device = "cpu" if opts.smoke else tf_device.current().torch_device
     dtype = torch.float32 if opts.smoke else torch.bfloat16
-    budget = harness.Deadline(opts.budget_s or (None if opts.smoke else SUITE_BUDGET_S))
+    budget = harness.Deadline(opts.budget_s or (None if opts.smoke else SUITE_BUDGET_S), wall=True)
     torch.manual_seed(0)
     for case in _ordered_cases(opts):
         if opts.wants(case.name):

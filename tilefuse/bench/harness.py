@@ -341,24 +341,32 @@ class TimeLimitExceeded(BaseException):
 
 
 class Deadline:
-    """A wall-clock budget shared by the phases of one row (compile, accuracy, timing, ...).
+    """A wall-clock budget shared by the phases of one row (compile, accuracy, timing, ...): the time spent
+    inside its phases counts, not the time other rows' phases take in between (the models suite interleaves
+    its backends' timing rounds).
 
     ``with deadline.phase("compile-cold"):`` checks the budget before the phase and, in the main thread, arms a
     ``SIGALRM`` timer for what is left, whose handler raises :class:`TimeLimitExceeded` inside the phase: a
     check between phases alone cannot stop one compile that runs for minutes. ``phases`` holds each phase's
-    wall seconds. ``seconds=None``: no limit (the phases are still timed)."""
+    wall seconds. ``seconds=None``: no limit (the phases are still timed). ``wall=True``: all wall time from now
+    counts (a whole suite's budget, read with :meth:`remaining`; such a budget is never armed)."""
 
-    def __init__(self, seconds: float | None):
+    def __init__(self, seconds: float | None, *, wall: bool = False):
         import time
 
         self.seconds = seconds if seconds and seconds > 0 else None
-        self.start = time.perf_counter()
         self.phases: dict[str, float] = {}
+        self._since: float | None = time.perf_counter() if wall else None  # start of the phase under way
+        self.wall = wall
 
-    def remaining(self) -> float | None:
+    def spent(self) -> float:
         import time
 
-        return None if self.seconds is None else self.seconds - (time.perf_counter() - self.start)
+        now = time.perf_counter()
+        return sum(self.phases.values()) + (now - self._since if self._since is not None else 0.0)
+
+    def remaining(self) -> float | None:
+        return None if self.seconds is None else self.seconds - self.spent()
 
     def check(self, phase: str) -> None:
         left = self.remaining()
@@ -370,6 +378,9 @@ class Deadline:
         import signal
         import threading
         import time
+
+        if self.wall:
+            raise TypeError("Deadline(wall=True) is a budget to read with remaining(), not to arm with phase()")
 
         @contextlib.contextmanager
         def guarded():
@@ -384,12 +395,13 @@ class Deadline:
 
                 previous = signal.signal(signal.SIGALRM, expire)
                 signal.setitimer(signal.ITIMER_REAL, max(left, 1e-3))
-            t0 = time.perf_counter()
+            self._since = time.perf_counter()
             try:
                 yield
             finally:
                 if armed:
                     signal.setitimer(signal.ITIMER_REAL, 0)
                     signal.signal(signal.SIGALRM, previous)
-                self.phases[name] = self.phases.get(name, 0.0) + time.perf_counter() - t0
+                self.phases[name] = self.phases.get(name, 0.0) + time.perf_counter() - self._since
+                self._since = None
         return guarded()
