@@ -340,6 +340,9 @@ class TimeLimitExceeded(BaseException):
         self.seconds, self.phase = seconds, phase
 
 
+REARM_S = 0.25  # a time limit's signal repeats this often until its exception reaches the phase
+
+
 class Deadline:
     """A wall-clock budget shared by the phases of one row (compile, accuracy, timing, ...): the time spent
     inside its phases counts, not the time other rows' phases take in between (the models suite interleaves
@@ -391,6 +394,9 @@ class Deadline:
             previous = None
             if armed:
                 def expire(signum, frame):
+                    # raised inside a finaliser or a weakref callback, the exception is printed and dropped
+                    # ("unraisable"): fire again shortly until it lands in the phase's own code
+                    signal.setitimer(signal.ITIMER_REAL, REARM_S)
                     raise TimeLimitExceeded(self.seconds, name)
 
                 previous = signal.signal(signal.SIGALRM, expire)
