@@ -222,3 +222,13 @@ def test_limits_are_refused_where_they_mean_nothing(argv, match):
     runner.add_arguments(p)
     with pytest.raises(ValueError, match=match):
         runner.main(p.parse_args(argv))
+
+
+def test_without_the_warm_compile_the_cold_models_are_timed():
+    opts, logs = _opts(only=("gpt2",), mode="infer", warm=False)
+    rows = models_suite.run(opts)
+    assert [r.impl for r in rows] == ["eager", "tilefuse"]
+    for r in rows:
+        assert r.ok, r.status
+        assert "compile_cold_s=" in r.note and "compile_warm_s" not in r.note
+    assert not any("compile-warm" in line for line in logs)

@@ -411,19 +411,24 @@ def _forget_mode_warning(backend: str) -> None:
         getattr(tf_backend, "_MODES_WARNED", set()).discard(mode)
 
 
-def _not_a_mode(backend: str, caught: list) -> str:
-    """The backend's own warning that it compiled another mode than the one asked for (tilefuse before it had
-    CUDA graphs), which would make a ``-reduce-overhead`` row a mislabelled default-mode row."""
-    for w in caught:
-        text = str(w.message)
+def _not_a_mode(backend: str, caught: list, exc: BaseException | None = None) -> str:
+    """The backend's own words that it has not the mode asked for (tilefuse before it had CUDA graphs): a
+    warning it gave, or that warning raised as an error (Dynamo wraps it) — a ``-reduce-overhead`` row timed
+    anyway would be a mislabelled default-mode row."""
+    texts = [str(w.message) for w in caught]
+    while exc is not None:
+        texts.append(str(exc))
+        exc = exc.__cause__ or exc.__context__
+    for text in texts:
         if "is not a tilefuse mode" in text:
-            _REFUSED_MODES[backend] = text
+            start = text.find("tilefuse backend: mode=")
+            _REFUSED_MODES[backend] = text[max(start, 0):].strip().splitlines()[0]
     return _REFUSED_MODES.get(backend, "")
 
 
 def run_case(rec: harness.Recorder, case: ModelCase, mode: str, dtype: torch.dtype, batch: int,
              backends: tuple[str, ...], smoke: bool, log: Callable[[str], None],
-             time_limit: float | None = None) -> list[harness.Row]:
+             time_limit: float | None = None, warm: bool = True) -> list[harness.Row]:
     """The rows of one model in one mode, a row per backend. Phases, each logged with its wall time as it ends:
 
     1. per backend in a fresh Dynamo: **compile-cold** (the first step, disk caches as the process found them)
@@ -434,7 +439,9 @@ def run_case(rec: harness.Recorder, case: ModelCase, mode: str, dtype: torch.dty
     3. **timing**: interleaved rounds.
 
     ``time_limit``: wall seconds a backend may spend over all its phases; past it (checked between phases and
-    by a SIGALRM watchdog inside one) its row is "not run: exceeded N s in phase X" and the others go on."""
+    by a SIGALRM watchdog inside one) its row is "not run: exceeded N s in phase X" and the others go on.
+    ``warm=False`` skips phase 2 (half the compile time): the cold-compiled models are timed, and Dynamo is
+    reset once for the model, not before each backend."""
     import warnings
 
     device = torch.device("cpu") if smoke else torch.device("cuda")
@@ -487,7 +494,11 @@ def run_case(rec: harness.Recorder, case: ModelCase, mode: str, dtype: torch.dty
     # 1. cold compile and accuracy, each backend in a fresh Dynamo
     for backend in backends:
         limit, f = limits[backend], fields[backend]
-        torch._dynamo.reset()
+        if backend in _REFUSED_MODES:  # refused on an earlier model: the same words, no compile
+            rows[backend] = _skip_row(rec, name, backend, dtype, shape, _REFUSED_MODES[backend], f)
+            continue
+        if warm or backend == backends[0]:
+            torch._dynamo.reset()
         from torch._dynamo.utils import counters
 
         counters.clear()
@@ -500,6 +511,9 @@ def run_case(rec: harness.Recorder, case: ModelCase, mode: str, dtype: torch.dty
             _forget_mode_warning(backend)
             with limit.phase("compile-cold"), warnings.catch_warnings(record=True) as caught:
                 warnings.simplefilter("always")
+                # a mode the backend does not have stops the compile at once (it would compile the default
+                # mode in full, then the row would be "not run" anyway)
+                warnings.filterwarnings("error", message=".*is not a tilefuse mode")
                 r = build_runner(backend)
                 r.rewind()
                 t0 = time.perf_counter()
@@ -519,23 +533,30 @@ def run_case(rec: harness.Recorder, case: ModelCase, mode: str, dtype: torch.dty
             if backend == "eager":
                 runners[backend] = r  # eager compiles nothing: this one is timed
                 continue
-            del r
+            if warm:
+                del r
             with limit.phase("accuracy"):
                 t0 = time.perf_counter()
                 wrong = accuracy(results[backend], results["eager"], ref, dtype) if "eager" in results else \
                     "no eager result to compare with"
                 say(backend, f"accuracy {'ok' if not wrong else 'WRONG ' + wrong} ({time.perf_counter() - t0:.1f} s)")
         except (Exception, harness.TimeLimitExceeded) as exc:  # one backend failing must not end the suite
-            give_up(backend, exc)
+            refused = _not_a_mode(backend, [], exc)
+            if refused:
+                say(backend, f"NOT RUN {refused}")
+                rows[backend] = _skip_row(rec, name, backend, dtype, shape, refused, fields[backend])
+            else:
+                give_up(backend, exc)
             continue
         if wrong:
             rows[backend] = rec._row(name, backend, dtype, shape, status=f"wrong: {wrong}", baseline="eager",
                                      note=_fmt_note(f))
             continue
-        runners[backend] = None  # compiled again in phase 2
+        runners[backend] = None if warm else r  # warm: compiled again in phase 2
 
     # 2. warm compile: a fresh Dynamo, the disk caches of the cold compiles; these models are timed
-    torch._dynamo.reset()
+    if warm:
+        torch._dynamo.reset()
     for backend in [b for b, r in runners.items() if r is None]:
         say(backend, "compile-warm ...")
         try:
@@ -658,7 +679,8 @@ def run(opts: runner.SuiteOptions) -> list[harness.Row]:
             batch = 1 if mode == "decode" else (opts.batch or case.batch)  # decode: one sequence, one token
             limit = f", time limit {opts.time_limit:g} s a backend" if opts.time_limit else ""
             opts.log(f"[models] {case.name} {mode} batch {batch} ({', '.join(backends)}{limit})")
-            run_case(rec, case, mode, dtype, batch, backends, opts.smoke, opts.log, time_limit=opts.time_limit or None)
+            run_case(rec, case, mode, dtype, batch, backends, opts.smoke, opts.log, time_limit=opts.time_limit or None,
+                     warm=opts.warm)
     rows = rec.finish()
     for line in summary(rows):
         opts.log(f"[models] {line}")

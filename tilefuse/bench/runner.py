@@ -42,6 +42,7 @@ class SuiteOptions:
     batch: int = 0  # models suite: batch size (0: each model's own)
     backends: tuple[str, ...] = ()  # models suite: backends to run (eager is always added)
     time_limit: float = 0.0  # models / attention: wall seconds a row may take over its phases (0: the suite's own)
+    warm: bool = True  # models suite: also time a warm compile (a second compile after a Dynamo reset)
     budget_s: float = 0.0  # attention suite: wall seconds for the whole suite (0: the suite's own)
     log: Callable[[str], None] = print
 
@@ -86,6 +87,8 @@ def add_arguments(p) -> None:
                    "wall seconds one row (a model x backend, a case x impl) may spend over its phases (compile, "
                    "accuracy, timing); past it the row is 'not run: exceeded ...' and the suite goes on (default: "
                    "no limit for models, the attention suite's own)")
+    p.add_argument("--no-warm", dest="warm", action="store_false", help="models suite only: skip the warm compile "
+                   "(a second compile after a Dynamo reset, disk caches warm): half the compile time")
     p.add_argument("--budget", type=float, default=0.0, metavar="SECONDS", help="attention suite only: wall seconds "
                    "for the whole suite; the rows past it are 'not run' with that reason (default the suite's own)")
 
@@ -108,7 +111,8 @@ def main(args) -> int:
         raise ValueError(f"--rows {rows}: accepted for the compiler suite alone, without --smoke, as a positive row "
                          f"count (got suites {', '.join(args.suites)})")
     models_only = {"mode": getattr(args, "mode", ""), "dtype": getattr(args, "dtype", ""),
-                   "batch": getattr(args, "batch", 0), "backends": getattr(args, "backends", "")}
+                   "batch": getattr(args, "batch", 0), "backends": getattr(args, "backends", ""),
+                   "no-warm": not getattr(args, "warm", True)}
     given = [f"--{k}" for k, v in models_only.items() if v]
     if given and set(args.suites) != {"models"}:
         raise ValueError(f"{', '.join(given)}: accepted for the models suite alone (got suites {', '.join(args.suites)})")
@@ -137,7 +141,7 @@ def main(args) -> int:
         return 1
     opts = SuiteOptions(quick=args.quick, smoke=args.smoke, only=tuple(args.only), rep_ms=args.rep_ms, rows=rows,
                         mode=models_only["mode"], dtype=models_only["dtype"], batch=models_only["batch"],
-                        backends=backends, time_limit=time_limit, budget_s=budget)
+                        backends=backends, time_limit=time_limit, budget_s=budget, warm=not models_only["no-warm"])
     status = 0
     for name in args.suites:
         print(f"== bench {name}: {SUITES[name]} on {dev.describe()}", flush=True)
