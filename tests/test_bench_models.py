@@ -232,3 +232,18 @@ def test_without_the_warm_compile_the_cold_models_are_timed():
         assert r.ok, r.status
         assert "compile_cold_s=" in r.note and "compile_warm_s" not in r.note
     assert not any("compile-warm" in line for line in logs)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("mode", ["train", "decode"])
+def test_inductor_reduce_overhead_rows_on_the_gpu(mode):
+    """CUDA graphs replay into the same output buffers: the accuracy step keeps copies, every step starts a new
+    generation (cudagraph_mark_step_begin), and the decode step's cache writes stay at static addresses."""
+    logs = []
+    opts = runner.SuiteOptions(log=logs.append)
+    rec = opts.recorder("models", compute_bound=True)
+    rows = models_suite.run_case(rec, _tiny("gpt2"), mode, torch.bfloat16, 2, ("eager", "inductor-reduce-overhead"),
+                                 False, logs.append, time_limit=300, warm=False)
+    by_impl = {r.impl: r for r in rows}
+    assert by_impl["inductor-reduce-overhead"].ok, (by_impl["inductor-reduce-overhead"].status, logs[-20:])
+    assert "peak_gib=" in by_impl["inductor-reduce-overhead"].note
