@@ -155,4 +155,5 @@ cp -r "$TILEFUSE_CACHE_DIR"/ceilings "$TILEFUSE_CACHE_DIR"/tuning "$work"/ 2>/de
 tar czf "$out/device_run.tar.gz" -C "$work" --exclude=./cache . 2>/dev/null
 rm -rf "$work"
 ls "$out"
+sleep 1  # let tee write the log's last lines before the device tool collects OUTDIR
 exit $status
