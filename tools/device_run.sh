@@ -97,7 +97,8 @@ run_step() {
     elif [ -n "$partial" ]; then cp "$partial" "$out/$name.partial.csv"; echo "== $name: only a partial CSV"
     else echo "== $name: no CSV"; fi
   fi
-  echo "== $(date -u +%T) $name done in $((SECONDS - t0)) s (rc $rc, $((TOTAL_BUDGET_S - (SECONDS - start))) s of the total left)"
+  local left=$((TOTAL_BUDGET_S - (SECONDS - start)))
+  echo "== $(date -u +%T) $name done in $((SECONDS - t0)) s (rc $rc, $left s of the total left)"
 }
 
 bench() {  # bench NAME SUITE ARGS...: `tilefuse bench SUITE` into work/NAME
@@ -112,7 +113,8 @@ bench() {  # bench NAME SUITE ARGS...: `tilefuse bench SUITE` into work/NAME
 
 echo "== $(date -u +%FT%TZ) device_run in $here -> $out (smoke=$smoke, total budget ${TOTAL_BUDGET_S} s)"
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu --format=csv 2>/dev/null | head -3
-$PY -c "import torch, triton, transformers; print('torch', torch.__version__, 'triton', triton.__version__, 'transformers', transformers.__version__)"
+$PY -c "import torch, triton, transformers as t; print('torch', torch.__version__, 'triton', triton.__version__,
+'transformers', t.__version__)"
 
 # 1. the GPU tests named on the command line
 if [ "$TESTS_BUDGET_S" != 0 ]; then

@@ -36,7 +36,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import math
-import time
 from typing import Any, Callable
 
 import torch
