@@ -25,12 +25,13 @@ What a :class:`GraphRunner` (one per compiled forward, backward or inference gra
 A new signature (a new shape) records a new graph, up to :data:`MAX_RECORDINGS` a compiled graph; past it,
 that signature runs uncaptured.
 
-**Outputs** follow the rule of torch's CUDA-graph trees: the outputs of a replay are valid until the next
-replay that may overwrite them. Replaying recording *k* of a pool invalidates the outputs handed out by
-every recording made at or after *k* in that pool (those may live in blocks *k* freed while it was recorded,
-and *k*'s own outputs are rewritten); reading an invalidated tensor raises ``RuntimeError`` with
-:data:`OVERWRITTEN` (clone an output to keep it across steps). A forward is not replayed while tensors it
-saved for a backward are still alive (a backward still to run): that call runs uncaptured instead.
+**Outputs** follow the rule of torch's CUDA-graph trees. A forward or inference call made while no backward
+is pending begins a *step*: every output handed out before it is invalidated, and reading one raises
+``RuntimeError`` with :data:`OVERWRITTEN` (clone an output to keep it across steps; a ``.grad`` a captured
+backward made is such an output, so accumulating gradients across steps needs ``.grad`` set to None first,
+as ``optimizer.zero_grad()`` does). Within a step nothing is invalidated: a replay that would overwrite an
+output of this step still referenced (its own, or one of a graph recorded after it, which may sit in blocks it
+freed while it was recorded: a second forward before the first one's backward, say) runs uncaptured instead.
 """
 from __future__ import annotations
 
@@ -190,12 +191,20 @@ class Pool:
     def held_bytes(self) -> int:
         return sum(r.held_bytes for r in self.recordings)
 
-    def pending_backward(self, start: int) -> bool:
-        """A forward recorded at or after ``start`` has saved tensors still alive (its backward has not run)."""
-        return any(r.saved_alive() for r in self.recordings[start:])
+    def pending_backward(self) -> bool:
+        """A forward of this pool has saved tensors still alive (its backward has not run)."""
+        return any(r.saved_alive() for r in self.recordings)
 
-    def invalidate_from(self, start: int) -> int:
-        return sum(r.invalidate() for r in self.recordings[start:])
+    def start_step(self) -> int:
+        """A forward or inference call with no backward pending begins a step: every output handed out before
+        is invalidated (reading it raises); returns how many were still referenced."""
+        return sum(r.invalidate() for r in self.recordings)
+
+    def in_use(self, start: int) -> bool:
+        """Outputs handed out in this step by a recording made at or after ``start`` are still referenced
+        (a replay of recording ``start`` may overwrite them: its own outputs, or blocks it freed while it was
+        recorded and a later recording took)."""
+        return any(r.outputs_alive() for r in self.recordings[start:])
 
 
 _POOLS: "weakref.WeakSet[Pool]" = weakref.WeakSet()
@@ -249,6 +258,9 @@ class Recording:
         self.owned_ptrs = set(storages)
         self.held_bytes = sum(nbytes for _, _, nbytes in self.storages)
         self.handed: list = []  # (storage weakref, tensor weakref, saved) of the last replay's owned outputs
+        # a static input is read at its address, not through this tensor: holding it would keep a forward's
+        # saved tensors alive for good (a backward's static inputs), which reads as a backward still to run
+        self.inputs = [None if k in static else a for k, a in enumerate(inputs)]
         pool.recordings.append(self)
         self.seq = len(pool.recordings) - 1
 
@@ -257,6 +269,9 @@ class Recording:
 
     def saved_alive(self) -> bool:
         return any(saved and not ref.expired() for ref, _, saved in self.handed)
+
+    def outputs_alive(self) -> bool:
+        return any(not ref.expired() for ref, _, _ in self.handed)
 
     def invalidate(self) -> int:
         """Make the outputs handed out by the last replay raise on access; returns how many were still alive."""
@@ -351,7 +366,7 @@ class GraphRunner:
         self.refused: dict[tuple, str] = {}  # signature -> why it runs uncaptured for good
         self.total_recordings = 0
         if self.blocked:
-            self._uncaptured(self.blocked)
+            config.log(1, f"cuda graph: graph {graph_id} ({kind}) will run uncaptured: {self.blocked}")
 
     @property
     def report(self) -> records.CudaGraphReport:
@@ -397,13 +412,21 @@ class GraphRunner:
             return self.run(args)
         return self._record(key, args, rerecord=bool(recs))
 
+    def _step(self) -> None:
+        if self.kind != "backward" and not self.pool.pending_backward():
+            self.report.invalidated += self.pool.start_step()
+
     def _replay(self, rec: Recording, args):
-        if self.pool.pending_backward(rec.seq):
-            self._uncaptured("tensors a previous replay saved for its backward are still alive (the backward "
-                             "has not run): replaying would overwrite them")
+        self._step()
+        if self.pool.in_use(rec.seq):
+            if self.kind == "backward":
+                why = "outputs of this step's earlier replays are still in use: replaying would overwrite them"
+            else:
+                why = ("tensors a previous replay saved for its backward are still alive (the backward has not "
+                       "run): replaying would overwrite them")
+            self._uncaptured(why)
             return self.run(args)
         report = self.report
-        report.invalidated += self.pool.invalidate_from(rec.seq)
         report.replays += 1
         records.bump("cudagraph_replays")
         return rec.replay(args)
@@ -419,6 +442,7 @@ class GraphRunner:
                 inputs.append(buf)
             else:
                 inputs.append(a)
+        self._step()
         try:
             graph, outputs = self.capture(self.run, inputs, self.pool)
         except Exception as exc:
