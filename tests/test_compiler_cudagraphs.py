@@ -313,19 +313,26 @@ def test_moved_parameters_record_again(stand_in):
     assert sum(r["recordings"] for r in rows) >= 2 or any(r["rerecordings"] for r in rows), rows
 
 
-def test_a_kept_output_is_invalidated_by_the_next_replay_and_a_clone_is_not(stand_in):
+@pytest.mark.parametrize("keep", ["output", "view"])
+def test_a_kept_output_is_invalidated_by_the_next_replay_and_a_clone_is_not(stand_in, monkeypatch, keep):
+    marked = []  # the CPU build has no storage access error: record which storages would raise
+    monkeypatch.setattr(cudagraphs, "_set_error", lambda t: marked.append(t.untyped_storage().data_ptr()))
     model = _mlp()
     compiled = torch.compile(model, backend="tilefuse", mode="reduce-overhead")
     with torch.no_grad():
         compiled(torch.randn(4, 13))  # warm-up
         x1 = torch.randn(4, 13)
-        kept = compiled(x1)
+        kept = compiled(x1) if keep == "output" else compiled(x1)[1:]  # a view alone keeps the storage too
         kept_clone = kept.clone()
-        ref1 = model(x1)
+        ref1 = model(x1) if keep == "output" else model(x1)[1:]
+        assert not marked
         compiled(torch.randn(4, 13))
+        assert marked == [kept.untyped_storage().data_ptr()]
+        assert rel_error(kept_clone, ref1) <= TOL
+        del kept
+        compiled(torch.randn(4, 13))  # nothing kept: nothing to invalidate
     inf, = _runner_stats("inference")
     assert inf["invalidated"] == 1, "the kept output was not counted as overwritten"
-    assert rel_error(kept_clone, ref1) <= TOL
     # (on a GPU, reading `kept` now raises: test_gpu_kept_output_raises_and_a_clone_survives)
 
 
