@@ -53,13 +53,12 @@ OVERWRITTEN = ("tilefuse: this tensor is an output of a CUDA graph (mode='reduce
                "A .grad made by a captured backward is also overwritten: set .grad to None before each "
                "backward (optimizer.zero_grad(), the default set_to_none=True) rather than accumulating into it.")
 
-# ATen ops that synchronise with the host or whose output size depends on data: none can run in a capture.
 def _sync_ops() -> frozenset:
     ops = []
     for name, overload in (("_local_scalar_dense", "default"), ("nonzero", "default"), ("masked_select", "default"),
                            ("_unique2", "default"), ("unique_dim", "default"), ("unique_consecutive", "default"),
                            ("equal", "default"), ("is_nonzero", "default"), ("bincount", "default"),
-                           ("repeat_interleave", "Tensor"), ("_assert_scalar", "default")):
+                           ("repeat_interleave", "Tensor")):
         packet = getattr(torch.ops.aten, name, None)
         if packet is not None and hasattr(packet, overload):
             ops.append(getattr(packet, overload))
