@@ -162,6 +162,20 @@ def signature(args: Sequence[Any]) -> tuple:
                  for a in args)
 
 
+def _extent(t: torch.Tensor) -> int:
+    """Elements from a tensor's first to its last addressed element (its span in its storage)."""
+    if t.numel() == 0:
+        return 0
+    return 1 + sum((n - 1) * s for n, s in zip(t.shape, t.stride()))
+
+
+def _copy_span(span: torch.Tensor, src: torch.Tensor) -> None:
+    """Copy the span ``src`` addresses into ``span`` (1-d, same length): an input's copy keeps its strides, and
+    a tensor whose elements share memory (an expanded one) cannot be written element by element."""
+    if span.numel():
+        span.copy_(src.as_strided((span.numel(),), (1,), src.storage_offset()))
+
+
 def _storage_key(t: torch.Tensor) -> int:
     return t.untyped_storage().data_ptr()
 
@@ -234,11 +248,13 @@ class Recording:
         self.inputs = inputs  # per position: the tensor the graph reads (the caller's, or a buffer of ours)
         self.static = static
         self.static_ptrs = {k: inputs[k].data_ptr() for k in static}
-        self.copied = [k for k, a in enumerate(inputs) if isinstance(a, torch.Tensor) and k not in static]
+        # (position, the buffer's whole span): copied span to span, which an expanded input (stride 0) needs
+        self.copied = [(k, a.as_strided((_extent(a),), (1,), a.storage_offset()))
+                       for k, a in enumerate(inputs) if isinstance(a, torch.Tensor) and k not in static]
         self.outputs = outputs  # the tensors the capture returned: kept, so their blocks stay ours
         input_storages = {_storage_key(inputs[k]): k for k in static}
         storages: dict[int, torch.Tensor] = {}
-        for k in self.copied:
+        for k, _ in self.copied:
             storages.setdefault(_storage_key(inputs[k]), inputs[k])
         self.layout: list[_Out] = []
         for j, out in enumerate(outputs):
@@ -290,8 +306,8 @@ class Recording:
         return n
 
     def replay(self, args) -> list:
-        for k in self.copied:
-            self.inputs[k].copy_(args[k])
+        for k, span in self.copied:
+            _copy_span(span, args[k])
         self.graph.replay()
         return self.hand_out(args)
 
@@ -436,9 +452,9 @@ class GraphRunner:
         inputs = []
         for k, a in enumerate(args):
             if isinstance(a, torch.Tensor) and k not in static:
-                buf = torch.empty_strided(a.shape, a.stride(), dtype=a.dtype, device=a.device)
-                buf.copy_(a)
-                inputs.append(buf)
+                span = torch.empty(_extent(a), dtype=a.dtype, device=a.device)
+                _copy_span(span, a)
+                inputs.append(span.as_strided(a.shape, a.stride(), 0))
             else:
                 inputs.append(a)
         self._step()
