@@ -337,6 +337,29 @@ def test_a_kept_output_is_invalidated_by_the_next_replay_and_a_clone_is_not(stan
     # (on a GPU, reading `kept` now raises: test_gpu_kept_output_raises_and_a_clone_survives)
 
 
+def test_an_output_fed_back_as_the_next_input_is_read_before_it_is_invalidated(stand_in, monkeypatch):
+    """A decode loop feeds a step's outputs (a KV cache) to the next call: the replay copies them in first,
+    then invalidates them."""
+    events = []
+    real_copy = cudagraphs._copy_span
+    monkeypatch.setattr(cudagraphs, "_copy_span",
+                        lambda span, src: (events.append(("copy", src.untyped_storage().data_ptr())),
+                                           real_copy(span, src)))
+    monkeypatch.setattr(cudagraphs, "_set_error", lambda t: events.append(("error", t.untyped_storage().data_ptr())))
+    model = nn.Sequential(nn.Linear(13, 13), nn.Tanh())
+    compiled = torch.compile(model, backend="tilefuse", mode="reduce-overhead")
+    with torch.no_grad():
+        x = torch.randn(4, 13)
+        compiled(x)  # warm-up
+        a = compiled(x)  # recorded
+        events.clear()
+        b = compiled(a)
+        ptr = a.untyped_storage().data_ptr()
+        assert ("copy", ptr) in events and ("error", ptr) in events, events
+        assert events.index(("copy", ptr)) < events.index(("error", ptr)), events
+        assert rel_error(b, model(model(x))) <= TOL
+
+
 def test_a_forward_is_not_replayed_while_its_backward_is_pending(stand_in):
     model = _mlp()
     compiled = torch.compile(model, backend="tilefuse", mode="reduce-overhead")
@@ -456,6 +479,24 @@ def test_gpu_kept_output_raises_and_a_clone_survives():
         with pytest.raises(RuntimeError, match="replayed since"):
             view.sum().item()
     assert rel_error(clone, ref) <= TOL
+
+
+@pytest.mark.gpu
+def test_gpu_an_output_fed_back_as_the_next_input():
+    model = nn.Sequential(nn.Linear(32, 32), nn.Tanh()).cuda().eval()
+    graphed = torch.compile(model, backend="tilefuse", mode="reduce-overhead")
+    with torch.no_grad():
+        x = torch.randn(8, 32, device="cuda")
+        graphed(x)  # warm-up
+        a = graphed(x)
+        b = graphed(a)
+        c = graphed(b)
+        ref = model(model(model(x)))
+        assert rel_error(c.clone(), ref) <= TOL
+        with pytest.raises(RuntimeError, match="replayed since"):
+            a.sum().item()
+    inf, = _runner_stats("inference")
+    assert inf["replays"] == 3, inf
 
 
 @pytest.mark.gpu

@@ -309,9 +309,13 @@ class Recording:
         self.handed = []
         return n
 
-    def replay(self, args) -> list:
+    def replay(self, args, before_launch: Callable | None = None) -> list:
+        """Copy the inputs in, call ``before_launch`` (a step's invalidation: after the copies, since an
+        argument may be an output of the step before, a KV cache say), launch, hand out the outputs."""
         for k, span in self.copied:
             _copy_span(span, args[k])
+        if before_launch is not None:
+            before_launch()
         self.graph.replay()
         return self.hand_out(args)
 
@@ -436,13 +440,15 @@ class GraphRunner:
             return self.run(args)
         return self._record(key, args, rerecord=bool(recs))
 
-    def _step(self) -> None:
-        if self.kind != "backward" and not self.pool.pending_backward():
-            self.report.invalidated += self.pool.start_step()
+    def _starts_step(self) -> bool:
+        return self.kind != "backward" and not self.pool.pending_backward()
+
+    def _start_step(self) -> None:
+        self.report.invalidated += self.pool.start_step()
 
     def _replay(self, rec: Recording, args):
-        self._step()
-        if self.pool.in_use(rec.seq):
+        starts = self._starts_step()  # then everything handed out before is invalidated, nothing is in use
+        if not starts and self.pool.in_use(rec.seq):
             if self.kind == "backward":
                 why = "outputs of this step's earlier replays are still in use: replaying would overwrite them"
             else:
@@ -453,7 +459,7 @@ class GraphRunner:
         report = self.report
         report.replays += 1
         records.bump("cudagraph_replays")
-        return rec.replay(args)
+        return rec.replay(args, self._start_step if starts else None)
 
     def _record(self, key, args, rerecord: bool):
         static = set(k for k in self.static if isinstance(args[k], torch.Tensor))
@@ -466,7 +472,7 @@ class GraphRunner:
                 inputs.append(span.as_strided(a.shape, a.stride(), 0))
             else:
                 inputs.append(a)
-        self._step()
+        starts = self._starts_step()
         try:
             graph, outputs = self.capture(self.run, inputs, self.pool)
         except Exception as exc:
@@ -490,7 +496,7 @@ class GraphRunner:
                       f"{rec.held_bytes / 2**20:.1f} MiB held)")
         report.replays += 1
         records.bump("cudagraph_replays")
-        return rec.replay(args)
+        return rec.replay(args, self._start_step if starts else None)
 
 
 def capture_cuda_graph(run: Callable, inputs: list, pool: Pool):
