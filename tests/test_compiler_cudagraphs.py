@@ -276,6 +276,13 @@ def test_training_loop_records_forward_and_backward_once_and_replays_eagers_step
         assert (r["recordings"], r["rerecordings"], r["replays"]) == (1, 0, 3), r
         assert r["held_bytes"] > 0 and not r["uncaptured"], r
     assert sum(g.replays for g in stand_in) == 6
+    import importlib
+
+    from tilefuse.compiler import records
+
+    explain = importlib.import_module("tilefuse.compiler.explain")  # (the package's `explain` is the function)
+    text = explain._format_graph(next(g for g in records.REPORTS if g.graph_id == fw["graph_id"]))
+    assert re.search(r"cuda graph: captured \(1 recordings, 0 re-recordings, 3 replays, [0-9.]+ MiB held\)", text), text
     assert cc.compiler_module().stats()["cudagraph_pool_bytes"] >= fw["held_bytes"] + bw["held_bytes"]
 
 
