@@ -501,12 +501,14 @@ class GraphRunner:
 
 def capture_cuda_graph(run: Callable, inputs: list, pool: Pool):
     """Record ``run(inputs)`` into a CUDA graph on ``pool``; returns (graph, the outputs it wrote)."""
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    # thread_local: a backward is recorded on autograd's device thread while the main thread waits for it
-    with torch.cuda.graph(graph, pool=pool.get_handle(), capture_error_mode="thread_local"):
-        outputs = run(list(inputs))
-    torch.cuda.synchronize()
+    dev = next(a.device for a in inputs if isinstance(a, torch.Tensor))
+    with torch.cuda.device(dev):  # the capture stream is the inputs' device's, not the current device's
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        # thread_local: a backward is recorded on autograd's device thread while the main thread waits for it
+        with torch.cuda.graph(graph, pool=pool.get_handle(), capture_error_mode="thread_local"):
+            outputs = run(list(inputs))
+        torch.cuda.synchronize()
     return graph, outputs
 
 
