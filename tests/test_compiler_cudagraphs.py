@@ -512,9 +512,13 @@ def test_gpu_shared_pool_bounds_memory():
     step: the forward's saved activations and the backward's gradients live in the one pool, and the
     backward's temporaries reuse the blocks the forward freed. (The model's parameters dominate, as in a
     small-batch step, so the pool's activations stay small next to them.)"""
+    import gc
+
     def peak(mode, steps_before, steps_measured):
         torch.manual_seed(4)
         torch._dynamo.reset()
+        gc.collect()  # what earlier tests left (their pools included) is freed before either measurement
+        torch.cuda.empty_cache()
         model = _mlp(1024, 2048, 1024).cuda()
         opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
         kw = {} if mode is None else {"mode": mode}
@@ -534,11 +538,6 @@ def test_gpu_shared_pool_bounds_memory():
         torch.cuda.synchronize()
         result = torch.cuda.max_memory_allocated()
         del model, opt, compiled, x, target
-        torch._dynamo.reset()
-        import gc
-
-        gc.collect()
-        torch.cuda.empty_cache()
         return result
 
     uncaptured = peak(None, 1, 1)
