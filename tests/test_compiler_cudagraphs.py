@@ -307,6 +307,19 @@ def test_parameters_are_used_in_place_and_other_inputs_copied(stand_in):
     assert (inf["recordings"], inf["replays"]) == (1, 3), inf
 
 
+def test_inference_graph_called_with_grad_mode_on(stand_in):
+    """Frozen parameters, grad mode on: AOTAutograd picks the inference graph; it is recorded and replayed,
+    and what it returns carries no autograd history."""
+    model = _mlp().requires_grad_(False)
+    compiled = torch.compile(model, backend="tilefuse", mode="reduce-overhead")
+    for _ in range(4):
+        x = torch.randn(6, 13)
+        out = compiled(x)
+        assert not out.requires_grad and rel_error(out, model(x)) <= TOL
+    inf, = _runner_stats("inference")
+    assert (inf["recordings"], inf["replays"]) == (1, 3), inf
+
+
 def test_moved_parameters_record_again(stand_in):
     model = _mlp()
     compiled = torch.compile(model, backend="tilefuse", mode="reduce-overhead")

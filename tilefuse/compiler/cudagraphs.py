@@ -247,14 +247,14 @@ class _Out:
 class Recording:
     """One recorded CUDA graph: its static inputs, input buffers and outputs."""
 
-    def __init__(self, graph, inputs: list, static: set, outputs, pool: Pool, saved: set):
+    def __init__(self, graph, inputs: list, spans: list, static: set, outputs, pool: Pool, saved: set):
         self.graph = graph
         self.inputs = inputs  # per position: the tensor the graph reads (the caller's, or a buffer of ours)
         self.static = static
         self.static_ptrs = {k: inputs[k].data_ptr() for k in static}
-        # (position, the buffer's whole span): copied span to span, which an expanded input (stride 0) needs
-        self.copied = [(k, a.as_strided((_extent(a),), (1,), a.storage_offset()))
-                       for k, a in enumerate(inputs) if isinstance(a, torch.Tensor) and k not in static]
+        # (position, the buffer: a 1-d tensor of its own, not a view, which a copy under grad mode may write)
+        # copied span to span, which an expanded input (stride 0) needs
+        self.copied = spans
         self.outputs = outputs  # the tensors the capture returned: kept, so their blocks stay ours
         input_storages = {_storage_key(inputs[k]): k for k in static}
         storages: dict[int, torch.Tensor] = {}
@@ -312,8 +312,9 @@ class Recording:
     def replay(self, args, before_launch: Callable | None = None) -> list:
         """Copy the inputs in, call ``before_launch`` (a step's invalidation: after the copies, since an
         argument may be an output of the step before, a KV cache say), launch, hand out the outputs."""
-        for k, span in self.copied:
-            _copy_span(span, args[k])
+        with torch.no_grad():  # an inference graph runs with grad mode on; its inputs may require grad
+            for k, span in self.copied:
+                _copy_span(span, args[k])
         if before_launch is not None:
             before_launch()
         self.graph.replay()
@@ -464,14 +465,16 @@ class GraphRunner:
     def _record(self, key, args, rerecord: bool):
         static = set(k for k in self.static if isinstance(args[k], torch.Tensor))
         static |= {k for k in self.maybe_static if isinstance(args[k], torch.Tensor) and self.pool.owns(args[k])}
-        inputs = []
-        for k, a in enumerate(args):
-            if isinstance(a, torch.Tensor) and k not in static:
-                span = torch.empty(_extent(a), dtype=a.dtype, device=a.device)
-                _copy_span(span, a)
-                inputs.append(span.as_strided(a.shape, a.stride(), 0))
-            else:
-                inputs.append(a)
+        inputs, spans = [], []
+        with torch.no_grad():
+            for k, a in enumerate(args):
+                if isinstance(a, torch.Tensor) and k not in static:
+                    span = torch.empty(_extent(a), dtype=a.dtype, device=a.device)
+                    _copy_span(span, a)
+                    spans.append((k, span))
+                    inputs.append(span.as_strided(a.shape, a.stride(), 0))
+                else:
+                    inputs.append(a)
         starts = self._starts_step()
         try:
             graph, outputs = self.capture(self.run, inputs, self.pool)
@@ -480,7 +483,7 @@ class GraphRunner:
             self.refused[key] = reason
             self._uncaptured(reason)
             return self.run(args)
-        rec = Recording(graph, inputs, static, list(outputs), self.pool, self.saved)
+        rec = Recording(graph, inputs, spans, static, list(outputs), self.pool, self.saved)
         self.recordings.setdefault(key, []).append(rec)
         report = self.report
         report.recordings += 1
