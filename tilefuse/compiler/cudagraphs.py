@@ -234,7 +234,8 @@ def pools_held_bytes() -> int:
 
 @dataclasses.dataclass
 class _Out:
-    kind: str  # "const" | "input" (a view of input ``index``) | "owned" (a view of owned storage ``index``)
+    kind: str  # "const" | "input" (input ``index`` itself) | "input view" (a view of it) | "owned" (a view of
+    # owned storage ``index``)
     index: int = 0
     value: Any = None
     size: tuple = ()
@@ -269,14 +270,20 @@ class Recording:
             geometry = dict(size=tuple(out.shape), stride=tuple(out.stride()), offset=out.storage_offset(),
                             dtype=out.dtype, saved=j in saved)
             if ptr in input_storages:
-                self.layout.append(_Out("input", index=input_storages[ptr], **geometry))
+                k = input_storages[ptr]
+                whole = (tuple(inputs[k].shape), tuple(inputs[k].stride()), inputs[k].storage_offset()) == \
+                    (geometry["size"], geometry["stride"], geometry["offset"])
+                self.layout.append(_Out("input" if whole else "input view", index=k, **geometry))
                 continue
             storages.setdefault(ptr, out)
             self.layout.append(_Out("owned", index=list(storages).index(ptr), **geometry))
+        # what hand_out walks each replay, as plain tuples: ~100 outputs a forward of a small transformer
+        self.plan_out = [(spec.kind, spec.value if spec.kind == "const" else spec.index, spec.saved, spec.size,
+                          spec.stride, spec.offset, spec.dtype) for spec in self.layout]
         self.storages = [(ptr, t.device, t.untyped_storage().nbytes()) for ptr, t in storages.items()]
         self.owned_ptrs = set(storages)
         self.held_bytes = sum(nbytes for _, _, nbytes in self.storages)
-        self.handed: list = []  # (storage weakref, tensor weakref, saved) of the last replay's owned outputs
+        self.handed: list = []  # (storage weakref, saved) of the storages the last replay's outputs are on
         # a static input is read at its address, not through this tensor: holding it would keep a forward's
         # saved tensors alive for good (a backward's static inputs), which reads as a backward still to run
         self.inputs = [None if k in static else a for k, a in enumerate(inputs)]
@@ -287,25 +294,21 @@ class Recording:
         return all(args[k].data_ptr() == ptr for k, ptr in self.static_ptrs.items())
 
     def saved_alive(self) -> bool:
-        return any(saved and not ref.expired() for ref, _, saved in self.handed)
+        return any(saved and not ref.expired() for ref, saved in self.handed)
 
     def outputs_alive(self) -> bool:
-        return any(not ref.expired() for ref, _, _ in self.handed)
+        return any(not ref.expired() for ref, _ in self.handed)
 
     def invalidate(self) -> int:
-        """Make the outputs handed out by the last replay raise on access; returns how many were still alive."""
+        """Make the outputs handed out by the last replay raise on access; returns how many storages of them
+        were still referenced. The message goes on the storage, so every view of an output raises too."""
         n = 0
-        seen = set()
-        for ref, tref, _ in self.handed:
-            if ref.expired() or ref.cdata in seen:
+        for ref, _ in self.handed:
+            if ref.expired():
                 continue
-            seen.add(ref.cdata)
             n += 1
-            t = tref()
-            if t is None:  # only a view of it is alive: a tensor over the same storage carries the message
-                storage = torch.UntypedStorage._new_with_weak_ptr(ref.cdata)
-                t = torch.empty(0, dtype=torch.uint8, device=storage.device).set_(storage)
-            _set_error(t)
+            storage = torch.UntypedStorage._new_with_weak_ptr(ref.cdata)
+            _set_error(torch.empty(0, dtype=torch.uint8, device=storage.device).set_(storage))
         self.handed = []
         return n
 
@@ -325,32 +328,23 @@ class Recording:
         leaves the recording's own tensors (and the pool's blocks) untouched."""
         from torch.multiprocessing.reductions import StorageWeakRef
 
-        storages: dict = {}  # (owned storage, saved): a tensor a backward saved never shares a storage object with
-        # one the caller holds, so that a kept user output does not look like a backward still to run
+        made: dict = {}  # (owned storage, saved) -> storage: a tensor a backward saved never shares a storage
+        # object with one the caller holds, so that a kept user output does not look like a backward still to run
         out = []
-        handed = []
-        for spec in self.layout:
-            if spec.kind == "const":
-                out.append(spec.value)
-                continue
-            if spec.kind == "input":
-                base = args[spec.index]
-                if tuple(base.shape) == spec.size and tuple(base.stride()) == spec.stride and \
-                        base.storage_offset() == spec.offset:
-                    out.append(base)
-                else:
-                    out.append(base.as_strided(spec.size, spec.stride, spec.offset))
-                continue
-            storage = storages.get((spec.index, spec.saved))
-            if storage is None:
-                ptr, dev, nbytes = self.storages[spec.index]
-                storage = storages[spec.index, spec.saved] = torch._C._construct_storage_from_data_pointer(
-                    ptr, dev, nbytes)
-            t = torch.empty(0, dtype=spec.dtype, device=storage.device).set_(storage, spec.offset, spec.size,
-                                                                             spec.stride)
-            out.append(t)
-            handed.append((StorageWeakRef(storage), weakref.ref(t), spec.saved))
-        self.handed = handed
+        for kind, index, saved, size, stride, offset, dtype in self.plan_out:
+            if kind == "owned":
+                storage = made.get((index, saved))
+                if storage is None:
+                    ptr, dev, nbytes = self.storages[index]
+                    storage = made[index, saved] = torch._C._construct_storage_from_data_pointer(ptr, dev, nbytes)
+                out.append(torch.empty(0, dtype=dtype, device=storage.device).set_(storage, offset, size, stride))
+            elif kind == "input":
+                out.append(args[index])
+            elif kind == "input view":
+                out.append(args[index].as_strided(size, stride, offset))
+            else:
+                out.append(index)  # a constant
+        self.handed = [(StorageWeakRef(storage), saved) for (_, saved), storage in made.items()]
         return out
 
 
