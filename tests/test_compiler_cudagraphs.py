@@ -123,8 +123,9 @@ def test_input_roles_from_aotautograds_metadata():
     finally:
         cudagraphs.runner_for = real
     fw, fw_names = made["forward"]
-    params = {k for k, p in enumerate(fw_names)} - fw.static
-    assert len(params) == 1, f"only the input is copied, not {params}: {fw_names}, static {fw.static}"
+    copied = set(range(len(fw_names))) - fw.static
+    assert len(copied) == 1, f"only the input is copied, not {copied}: {fw_names}, static {fw.static}"
+    assert len(fw.static) == 7, fw.static  # Linear: 2 parameters; BatchNorm: 2 parameters and 3 buffers
     bw, bw_names = made["backward"]
     assert fw.saved, "a forward's saved tensors are known"
     assert not any(bw_names[k].startswith("tangents") for k in bw.static | bw.maybe_static)
