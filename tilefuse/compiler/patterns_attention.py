@@ -1,0 +1,650 @@
+"""The attention pass: finds attention in the Dynamo graph and replaces it with the flash-attention family.
+
+Runs on the graph Dynamo captured, before AOTAutograd (decision record 027): there attention is still the user's
+ops (``F.scaled_dot_product_attention``, ``q @ k.transpose(-2, -1)``, ``softmax(-1)``, ``@ v``), and a match
+becomes one call of the custom op ``tilefuse::attention_fwd`` (tilefuse/kernels/attention/ops.py) whose
+registered autograd formula calls ``tilefuse::attention_bwd``: the forward *and* the backward graphs that
+AOTAutograd derives then hold the family's kernels, which the lowering calls as library kernels
+(:func:`lower_library_call`), neither a bmm/softmax/bmm chain nor an ATen fallback.
+
+Two forms are found:
+
+- ``F.scaled_dot_product_attention(q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa)`` (what
+  transformers' "sdpa" attention calls): the arguments map one to one.
+- The plain-PyTorch form: ``q @ kᵀ`` -> a chain of pointwise ops on the scores -> ``softmax(-1)`` -> optional
+  casts and dropout -> ``@ v``, with GQA's ``expand``/``reshape`` (transformers' ``repeat_kv``) or
+  ``repeat_interleave`` of k and v unwrapped (the kernel reads the KV head ``h // group`` itself). The chain
+  is folded into the family's parameters (:class:`_Scores`): multiplications and divisions by constants into
+  ``scale``; ``c * tanh(s / c)`` into ``softcap``; tensors added to the scores (an additive mask, ALiBi, T5's
+  relative position bias) into one additive ``mask`` computed by the graph's own ops; ``masked_fill`` /
+  ``where`` with -inf into a boolean mask (True = attend); a fill with a finite value below
+  :data:`ABSORBING_FILL` (``finfo.min``) into the additive mask, which gives eager's result exactly, fully
+  masked rows included (``s + finfo.min == finfo.min`` in float32 for any score below 2^103).
+
+What cannot be matched stays as it is, with the reason recorded (:data:`OUTCOMES`, shown by ``explain``).
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+import operator
+from typing import Any
+
+import torch
+import torch.fx
+import torch.nn.functional as F
+
+from .. import config, device
+from ..kernels.attention import ops as attention_ops  # noqa: F401  (registers the tilefuse:: custom ops)
+from ..kernels.attention import supports
+
+__all__ = ["rewrite", "Outcome", "OUTCOMES", "LIBRARY_OPS", "lower_library_call"]
+
+# A finite fill at or below this absorbs any score (x + fill == fill in float32 for |x| < 2^103), so it can be
+# added to the scores instead of replacing them: finfo(float32).min and the -1e38 some models write qualify;
+# -1e9 does not (ulp(1e9) = 64: a fully masked row would not be uniform as in eager).
+ABSORBING_FILL = -1e37
+# How far back from the softmax the scores' matmul is looked for (ops of the score chain).
+MAX_CHAIN = 24
+
+LIBRARY_OPS = (torch.ops.tilefuse.attention_fwd.default, torch.ops.tilefuse.attention_bwd.default)
+
+
+@dataclasses.dataclass(frozen=True)
+class Outcome:
+    """One attention candidate: ``node`` (the softmax or SDPA node), ``form``, and None or the reason it stays."""
+    node: str
+    form: str  # "sdpa" | "decomposed"
+    reason: str | None
+
+    def __str__(self) -> str:
+        what = f"attention at {self.node} ({self.form})"
+        return f"{what}: flash kernel" if self.reason is None else f"{what}: not matched: {self.reason}"
+
+
+OUTCOMES: list = []  # every candidate of this process (bounded), newest last
+_sinks: list = []  # explain() collects the outcomes of the graphs it compiles
+_MAX_OUTCOMES = 512
+
+
+def _note(outcome: Outcome) -> None:
+    OUTCOMES.append(outcome)
+    del OUTCOMES[:-_MAX_OUTCOMES]
+    for sink in _sinks:
+        sink.append(outcome)
+    config.log(1, str(outcome))
+
+
+class NoMatch(Exception):
+    """The candidate stays as written (the message is the reason)."""
+
+
+# ------------------------------------------------------------------------------------ op spellings
+_FUNCTIONS = {
+    operator.matmul: "matmul", torch.matmul: "matmul", torch.bmm: "matmul",
+    operator.mul: "mul", torch.mul: "mul", operator.truediv: "div", torch.div: "div", torch.true_divide: "div",
+    operator.add: "add", torch.add: "add", operator.sub: "sub", torch.sub: "sub",
+    torch.tanh: "tanh", F.softmax: "softmax", torch.softmax: "softmax",
+    torch.masked_fill: "masked_fill", torch.where: "where", F.dropout: "dropout", torch.dropout: "dropout",
+    torch.transpose: "transpose", torch.swapaxes: "transpose", torch.permute: "permute",
+    torch.repeat_interleave: "repeat_interleave", torch.reshape: "reshape", torch.unsqueeze: "unsqueeze",
+    operator.getitem: "getitem", operator.invert: "not", torch.logical_not: "not", torch.bitwise_not: "not",
+    F.scaled_dot_product_attention: "sdpa",
+}
+_METHODS = {
+    "matmul": "matmul", "bmm": "matmul", "mul": "mul", "div": "div", "add": "add", "sub": "sub", "tanh": "tanh",
+    "softmax": "softmax", "masked_fill": "masked_fill", "transpose": "transpose", "permute": "permute",
+    "repeat_interleave": "repeat_interleave", "reshape": "reshape", "view": "reshape", "expand": "expand",
+    "contiguous": "identity", "to": "cast", "float": "cast", "type": "cast", "type_as": "cast", "half": "cast",
+    "bfloat16": "cast", "unsqueeze": "unsqueeze", "logical_not": "not", "bitwise_not": "not",
+}
+
+
+def _op(node) -> str | None:
+    if not isinstance(node, torch.fx.Node):
+        return None
+    if node.op == "call_function":
+        name = _FUNCTIONS.get(node.target)
+        if name == "div" and node.kwargs.get("rounding_mode") is not None:
+            return None
+        if name in ("add", "sub") and node.kwargs.get("alpha", 1) != 1:
+            return None
+        return name
+    if node.op == "call_method":
+        name = _METHODS.get(node.target)
+        if name == "div" and node.kwargs.get("rounding_mode") is not None:
+            return None
+        if name in ("add", "sub") and node.kwargs.get("alpha", 1) != 1:
+            return None
+        return name
+    return None
+
+
+def _val(x):
+    return x.meta.get("example_value") if isinstance(x, torch.fx.Node) else x
+
+
+def _shape(x) -> tuple | None:
+    v = _val(x)
+    return tuple(v.shape) if isinstance(v, torch.Tensor) else None
+
+
+def _arg(node, k: int, name: str, default=None):
+    if name in node.kwargs:
+        return node.kwargs[name]
+    return node.args[k] if len(node.args) > k else default
+
+
+def _known(x) -> int | None:
+    """A size as an int, or None while it is symbolic (never adds a guard)."""
+    if isinstance(x, int):
+        return x
+    try:
+        from torch.fx.experimental.symbolic_shapes import is_concrete_int
+
+        return int(x) if is_concrete_int(x) else None
+    except Exception:
+        return None
+
+
+def _same(a, b) -> bool:
+    if a is b:
+        return True
+    ka, kb = _known(a), _known(b)
+    if ka is not None and kb is not None:
+        return ka == kb
+    from torch.fx.experimental.symbolic_shapes import statically_known_true
+
+    try:
+        return bool(statically_known_true(a == b))
+    except Exception:
+        return False
+
+
+def _same_shape(a, b) -> bool:
+    return a is not None and b is not None and len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
+
+
+def _constant(x, depth: int = 0):
+    """The value of a number, or of a one-element tensor computed from literals only (``torch.full([], c)``,
+    as GPT-2's eager attention divides by), else None."""
+    if isinstance(x, bool):
+        return None
+    if isinstance(x, (int, float)):
+        return float(x)
+    if not isinstance(x, torch.fx.Node) or depth > 4 or x.op != "call_function":
+        return None
+    v = _val(x)
+    if not isinstance(v, torch.Tensor) or v.numel() != 1:
+        return None
+    literal = True
+
+    def lit(a):
+        nonlocal literal
+        if isinstance(a, torch.fx.Node):
+            c = _constant(a, depth + 1)
+            if c is None:
+                literal = False
+            return c
+        return a
+
+    args = torch.fx.node.map_aggregate(x.args, lit)
+    kwargs = torch.fx.node.map_aggregate(dict(x.kwargs), lit)
+    if not literal:
+        return None
+    try:
+        with torch._subclasses.fake_tensor.unset_fake_temporarily():
+            out = x.target(*args, **kwargs)
+        return float(out) if isinstance(out, (torch.Tensor, int, float)) else None
+    except Exception:
+        return None
+
+
+# ------------------------------------------------------------------------------------ operands
+def _kv_source(node):
+    """``node`` with GQA's head repetition removed: (source, group) where the source has H / group heads.
+    Recognises transformers' ``x[:, :, None].expand(B, Hkv, n, S, D).reshape(B, Hkv * n, S, D)`` and
+    ``x.repeat_interleave(n, dim=1)`` (both put query head h on KV head h // n, the kernel's rule)."""
+    op = _op(node)
+    if op == "repeat_interleave":
+        reps, dim = _arg(node, 1, "repeats"), _arg(node, 2, "dim")
+        src = node.args[0]
+        shape = _shape(src)
+        if isinstance(reps, int) and shape is not None and len(shape) == 4 and dim in (1, -3):
+            return src, reps
+    if op == "reshape":
+        inner = node.args[0]
+        if _op(inner) == "expand" and len(inner.users) == 1:
+            unsq = inner.args[0]
+            src = None
+            if _op(unsq) == "unsqueeze" and _arg(unsq, 1, "dim") in (2, -3):
+                src = unsq.args[0]
+            elif _op(unsq) == "getitem" and isinstance(unsq.args[1], tuple) and len(unsq.args[1]) >= 3 \
+                    and unsq.args[1][2] is None and all(s == slice(None) for s in unsq.args[1][:2]) \
+                    and all(s == slice(None) for s in unsq.args[1][3:]):
+                src = unsq.args[0]
+            es, ss, out = _shape(inner), _shape(src) if src is not None else None, _shape(node)
+            if src is not None and es is not None and ss is not None and out is not None and len(ss) == 4 \
+                    and len(es) == 5 and len(out) == 4 and _same(es[1], ss[1]) and _same(out[2], ss[2]) \
+                    and _same(out[3], ss[3]) and _known(es[2]) is not None:
+                return src, _known(es[2])
+    return node, 1
+
+
+def _transposed_last(node):
+    """The tensor whose last two dims ``node`` swaps (rank 4), else None."""
+    op = _op(node)
+    shape = _shape(node)
+    if shape is None or len(shape) != 4:
+        return None
+    if op == "transpose":
+        a, b = _arg(node, 1, "dim0"), _arg(node, 2, "dim1")
+        if isinstance(a, int) and isinstance(b, int) and {a % 4, b % 4} == {2, 3}:
+            return node.args[0]
+    if op == "permute":
+        dims = node.args[1:] if node.op == "call_method" else node.args[1:2]
+        dims = tuple(dims[0]) if len(dims) == 1 and isinstance(dims[0], (tuple, list)) else tuple(dims)
+        if tuple(d % 4 for d in dims) == (0, 1, 3, 2):
+            return node.args[0]
+    return None
+
+
+def _check_qkv(q, k, v, where: str):
+    vq, vk, vv = _val(q), _val(k), _val(v)
+    if not all(isinstance(t, torch.Tensor) for t in (vq, vk, vv)):
+        raise NoMatch(f"{where}: q, k or v is not a tensor")
+    if not (vq.dim() == vk.dim() == vv.dim() == 4):
+        raise NoMatch(f"{where}: q, k, v of ranks {vq.dim()}, {vk.dim()}, {vv.dim()} (the kernel takes "
+                      f"(batch, heads, seq, head_dim))")
+    if not (vq.dtype == vk.dtype == vv.dtype):
+        raise NoMatch(f"{where}: q, k, v dtypes differ ({vq.dtype}, {vk.dtype}, {vv.dtype})")
+    want = device.torch_device().type
+    if vq.device.type != want:
+        raise NoMatch(f"{where}: tensors on {vq.device.type}, tilefuse's kernels run on {want} here")
+    if not _same(vv.shape[3], vq.shape[3]):
+        raise NoMatch(f"{where}: v's head dim {vv.shape[3]} differs from q's {vq.shape[3]}")
+    if not (_same(vk.shape[1], vv.shape[1]) and _same(vk.shape[2], vv.shape[2])):
+        raise NoMatch(f"{where}: k and v shapes differ ({tuple(vk.shape)}, {tuple(vv.shape)})")
+    if not (_same(vk.shape[0], vq.shape[0]) and _same(vv.shape[0], vq.shape[0])):
+        raise NoMatch(f"{where}: batch sizes differ (q {tuple(vq.shape)}, k {tuple(vk.shape)})")
+    concrete = [_known(s) for s in (*vq.shape, *vk.shape)]
+    q_shape, k_shape = vq.shape, vk.shape
+    if all(c is not None for c in concrete):
+        q_shape, k_shape = tuple(concrete[:4]), tuple(concrete[4:])
+    elif _known(vq.shape[3]) is None or _known(vq.shape[1]) is None or _known(vk.shape[1]) is None:
+        raise NoMatch(f"{where}: symbolic heads or head dim")
+    else:
+        q_shape = (1, _known(vq.shape[1]), 1, _known(vq.shape[3]))
+        k_shape = (1, _known(vk.shape[1]), 1, _known(vq.shape[3]))
+    ok, why = supports(q_shape, k_shape, vq.dtype)
+    if not ok:
+        raise NoMatch(f"{where}: {why}")
+    return vq
+
+
+def _check_mask(mask, vq, vk):
+    vm = _val(mask)
+    if not isinstance(vm, torch.Tensor):
+        raise NoMatch(f"the mask {mask} is not a tensor")
+    if vm.requires_grad:
+        raise NoMatch(f"the mask/bias {getattr(mask, 'name', mask)} requires grad (a learned bias): the flash "
+                      f"backward computes no gradient for it")
+    if vm.dtype != torch.bool and not vm.dtype.is_floating_point:
+        raise NoMatch(f"mask dtype {vm.dtype} (bool or floating accepted)")
+    target = (vq.shape[0], vq.shape[1], vq.shape[2], vk.shape[2])
+    if vm.dim() > 4 or any(not (_same(m, 1) or _same(m, t)) for m, t in zip(vm.shape[::-1], target[::-1])):
+        raise NoMatch(f"mask of shape {tuple(vm.shape)} does not broadcast to {tuple(target)}")
+    if vm.device.type != vq.device.type:
+        raise NoMatch(f"mask on {vm.device}, q on {vq.device}")
+
+
+# ------------------------------------------------------------------------------------ the score chain
+@dataclasses.dataclass
+class _Scores:
+    """What the chain from ``q @ kᵀ`` to the softmax does to the scores, in the kernel's order:
+    ``scale``, then ``softcap``, then the sum of ``additive`` terms, then the ``hidden`` boolean masks
+    (True = hidden)."""
+    scale: float = 1.0
+    softcap: float | None = None
+    pending_tanh: bool = False  # tanh seen, waiting for the multiplication by the cap
+    additive: list = dataclasses.field(default_factory=list)  # (node, sign)
+    hidden: list = dataclasses.field(default_factory=list)  # bool nodes, True = hidden
+    absorbing: list = dataclasses.field(default_factory=list)  # (bool node, fill) fills that absorb the score
+
+    def multiply(self, c: float, what: str) -> None:
+        if self.pending_tanh:
+            if c <= 0:
+                raise NoMatch(f"{what}: tanh times {c} (a softcap multiplies by its positive cap)")
+            self.softcap, self.pending_tanh = c, False
+            self.scale *= c
+            return
+        if self.additive or self.absorbing:
+            raise NoMatch(f"{what}: a scale after a bias or mask was added (the kernel scales first)")
+        if self.softcap is not None:
+            raise NoMatch(f"{what}: a scale after the softcap")
+        if self.hidden and c <= 0:
+            raise NoMatch(f"{what}: a non-positive scale after a -inf mask")
+        self.scale *= c
+
+    def tanh(self, what: str) -> None:
+        if self.pending_tanh or self.softcap is not None:
+            raise NoMatch(f"{what}: tanh of a tanh")
+        if self.additive or self.hidden or self.absorbing:
+            raise NoMatch(f"{what}: tanh after a bias or mask (a softcap must come before them; tanh(-inf) is -1)")
+        self.pending_tanh = True
+
+    def check_done(self, what: str) -> None:
+        if self.pending_tanh:
+            raise NoMatch(f"{what}: tanh not followed by a multiplication by the cap (not a softcap)")
+
+
+def _fold(chain: list, scores: _Scores, vq, vk) -> None:
+    """Fold the chain ops (from the scores' matmul to the softmax input) into ``scores``."""
+    for node, operand in chain:
+        op = _op(node)
+        what = f"{node.name} ({op})"
+        if op in ("identity",):
+            continue
+        if op == "cast":
+            v = _val(node)
+            if not (isinstance(v, torch.Tensor) and v.dtype.is_floating_point):
+                raise NoMatch(f"{what}: a cast to a non-float type in the score chain")
+            continue
+        others = [a for a in list(node.args) + list(node.kwargs.values()) if a is not operand]
+        if op in ("mul", "div"):
+            other = others[0] if others else None
+            c = _constant(other)
+            if c is None:
+                raise NoMatch(f"{what}: the scores are {'multiplied' if op == 'mul' else 'divided'} by a tensor "
+                              f"that is not a constant")
+            if op == "div":
+                if node.args[0] is not operand:
+                    raise NoMatch(f"{what}: a constant divided by the scores")
+                if c == 0:
+                    raise NoMatch(f"{what}: division by zero")
+                c = 1.0 / c
+            scores.multiply(c, what)
+        elif op == "tanh":
+            scores.tanh(what)
+        elif op in ("add", "sub"):
+            other = node.args[1] if node.args[0] is operand else node.args[0]
+            sign = 1.0
+            if op == "sub":
+                if node.args[0] is not operand:
+                    raise NoMatch(f"{what}: the scores are subtracted from a tensor")
+                sign = -1.0
+            if scores.pending_tanh:
+                raise NoMatch(f"{what}: an addition between tanh and the cap")
+            ov = _val(other)
+            if not isinstance(ov, torch.Tensor) or ov.numel() == 1:
+                c = _constant(other)
+                if c is not None and not math.isfinite(c):
+                    raise NoMatch(f"{what}: {c} added to every score")
+                continue  # one number added to every score: the softmax does not change
+            _check_mask(other, vq, vk)
+            if _val(other).dtype == torch.bool:
+                raise NoMatch(f"{what}: a boolean tensor added to the scores")
+            scores.additive.append((other, sign))
+        elif op in ("masked_fill", "where"):
+            if scores.pending_tanh:
+                raise NoMatch(f"{what}: a mask between tanh and the cap")
+            if op == "masked_fill":
+                if node.args[0] is not operand:
+                    raise NoMatch(f"{what}: masked_fill of another tensor")
+                cond, fill, hidden_when = _arg(node, 1, "mask"), _arg(node, 2, "value"), True
+            else:
+                cond = _arg(node, 0, "condition")
+                if _arg(node, 1, "input") is operand:
+                    fill, hidden_when = _arg(node, 2, "other"), False
+                elif _arg(node, 2, "other") is operand:
+                    fill, hidden_when = _arg(node, 1, "input"), True
+                else:
+                    raise NoMatch(f"{what}: where() with the scores as its condition")
+            value = _constant(fill)
+            if value is None:
+                raise NoMatch(f"{what}: the masked value is not a constant (a tensor of scores)")
+            _check_mask(cond, vq, vk)
+            if _val(cond).dtype != torch.bool:
+                raise NoMatch(f"{what}: the mask {cond} is not boolean")
+            if value == -math.inf:
+                scores.hidden.append((cond, hidden_when))
+            elif value <= ABSORBING_FILL:
+                scores.absorbing.append((cond, hidden_when, value))
+            else:
+                raise NoMatch(f"{what}: masked with the finite value {value:g}, which does not absorb the score "
+                              f"(eager softmaxes the raw fills of a fully masked row: only -inf or a value at or "
+                              f"below {ABSORBING_FILL:g} such as finfo.min are matched)")
+        else:
+            raise NoMatch(f"{what}: {op or node.target} in the score chain has no kernel parameter")
+    scores.check_done("the score chain")
+
+
+def _score_path(start, qk) -> list:
+    """(node, the operand that carries the scores) from ``qk``'s user to ``start``, or NoMatch."""
+    path = []
+    node = start
+    for _ in range(MAX_CHAIN):
+        if node is qk:
+            return list(reversed(path))
+        carriers = [a for a in node.all_input_nodes if a is qk or _reaches(a, qk)]
+        if len(carriers) != 1:
+            raise NoMatch(f"{node.name}: combines the scores with themselves (e.g. a softmax written by hand)")
+        if len(carriers[0].users) != 1:
+            raise NoMatch(f"{carriers[0].name}: the scores are also used outside the attention")
+        if not any(a is carriers[0] for a in node.args) and carriers[0] not in node.kwargs.values():
+            raise NoMatch(f"{node.name}: the scores are nested in a container argument")
+        path.append((node, carriers[0]))
+        node = carriers[0]
+    raise NoMatch(f"more than {MAX_CHAIN} ops between the scores' matmul and the softmax")
+
+
+def _reaches(node, target, limit: int = MAX_CHAIN) -> bool:
+    seen, stack = set(), [(node, 0)]
+    while stack:
+        n, d = stack.pop()
+        if n is target:
+            return True
+        if d >= limit or n in seen:
+            continue
+        seen.add(n)
+        stack.extend((a, d + 1) for a in n.all_input_nodes)
+    return False
+
+
+def _find_qk(start, score_shape):
+    """The rank-4 matmul ``q @ kᵀ`` of ``score_shape`` the softmax input descends from (breadth-first)."""
+    frontier, seen = [start], set()
+    for _ in range(MAX_CHAIN):
+        nxt = []
+        for n in frontier:
+            if n in seen:
+                continue
+            seen.add(n)
+            if _op(n) == "matmul" and _same_shape(_shape(n), score_shape):
+                return n
+            nxt.extend(a for a in n.all_input_nodes if _shape(a) is not None)
+        frontier = nxt
+    raise NoMatch("no matmul producing the scores")
+
+
+# ------------------------------------------------------------------------------------ matchers
+def _after_softmax(sm):
+    """From the softmax to the ``@ v`` matmul: (matmul, dropout_p)."""
+    node, dropout_p = sm, 0.0
+    for _ in range(8):
+        users = list(node.users)
+        if len(users) != 1:
+            raise NoMatch(f"{node.name}: the attention probabilities have {len(users)} users (returned or reused "
+                          f"as attention weights), not one matmul with v")
+        user = users[0]
+        op = _op(user)
+        if op == "matmul":
+            if user.args[0] is not node:
+                raise NoMatch(f"{user.name}: the probabilities are the right operand of the matmul")
+            return user, dropout_p
+        if op in ("identity", "cast"):
+            v = _val(user)
+            if not (isinstance(v, torch.Tensor) and v.dtype.is_floating_point):
+                raise NoMatch(f"{user.name}: a cast of the probabilities to {getattr(v, 'dtype', '?')}")
+        elif op == "dropout":
+            if user.target is torch.dropout:
+                p, training = _arg(user, 1, "p", 0.5), _arg(user, 2, "train", True)
+            else:
+                p, training = _arg(user, 1, "p", 0.5), _arg(user, 2, "training", True)
+            if _arg(user, 3, "inplace", False):
+                raise NoMatch(f"{user.name}: in-place dropout")
+            if not isinstance(training, bool) or not isinstance(p, (int, float)):
+                raise NoMatch(f"{user.name}: dropout with a non-constant p or training flag")
+            if training and p > 0:
+                if dropout_p:
+                    raise NoMatch(f"{user.name}: two dropouts of the probabilities")
+                dropout_p = float(p)
+        else:
+            raise NoMatch(f"{user.name}: {op or user.target} between the softmax and the matmul with v")
+        node = user
+    raise NoMatch("no matmul with v after the softmax")
+
+
+def _match_decomposed(gm, sm) -> None:
+    x = sm.args[0] if sm.args else sm.kwargs.get("input")
+    shape = _shape(x)
+    if shape is None:
+        raise NoMatch("softmax of a non-tensor")
+    rank = len(shape)
+    dim = _arg(sm, 1, "dim")
+    if not isinstance(dim, int) or dim % max(rank, 1) != rank - 1:
+        raise NoMatch(f"softmax over dim {dim}, not the last (the keys)")
+    if rank != 4:
+        raise NoMatch(f"scores of rank {rank} (the kernel takes (batch, heads, q_seq, kv_seq))")
+    pv, dropout_p = _after_softmax(sm)
+    qk = _find_qk(x, shape)
+    kt = qk.args[1]
+    k_full = _transposed_last(kt)
+    if k_full is None:
+        raise NoMatch(f"{qk.name}: the right operand of the scores' matmul is not a transpose of k's last dims")
+    q = qk.args[0]
+    v_full = pv.args[1]
+    k, gk = _kv_source(k_full)
+    v, gv = _kv_source(v_full)
+    if gk != gv:
+        k, v = k_full, v_full
+    vq = _check_qkv(q, k, v, "decomposed attention")
+    vk = _val(k)
+    if not all(_same(a, b) for a, b in zip(_shape(qk), (*vq.shape[:3], vk.shape[2]))):
+        raise NoMatch(f"{qk.name}: the scores' matmul broadcasts q and k")
+    if not _same_shape(_shape(pv), tuple(vq.shape)) or _val(pv).dtype != vq.dtype:
+        raise NoMatch(f"{pv.name}: the output's shape or dtype differs from q's")
+    scores = _Scores()
+    _fold(_score_path(x, qk), scores, vq, vk)
+    graph = gm.graph
+    with graph.inserting_before(pv):
+        mask = _build_mask(graph, scores)
+        call = graph.call_function(torch.ops.tilefuse.attention_fwd.default,
+                                   (q, k, v, mask, float(scores.scale), float(scores.softcap or 0.0), 0, -1, -1,
+                                    dropout_p))
+        out = graph.call_function(operator.getitem, (call, 0))
+    out.meta["example_value"] = _val(pv)
+    pv.replace_all_uses_with(out)
+    _erase_dead(graph, pv)
+
+
+def _build_mask(graph, scores: _Scores):
+    """One mask tensor for the kernel (inserted at the current point): the additive terms and absorbing fills
+    summed, with the -inf masks applied by ``where``; or one boolean mask (True = attend); or None."""
+    additive = None
+    for node, sign in scores.additive:
+        term = node if sign > 0 else graph.call_function(operator.neg, (node,))
+        additive = term if additive is None else graph.call_function(operator.add, (additive, term))
+    for cond, hidden_when, value in scores.absorbing:
+        hidden = cond if hidden_when else graph.call_function(torch.logical_not, (cond,))
+        term = graph.call_function(torch.where, (hidden, value, 0.0))
+        additive = term if additive is None else graph.call_function(operator.add, (additive, term))
+    attend = None
+    for cond, hidden_when in scores.hidden:
+        a = graph.call_function(torch.logical_not, (cond,)) if hidden_when else cond
+        attend = a if attend is None else graph.call_function(torch.logical_and, (attend, a))
+    if additive is not None and attend is not None:
+        return graph.call_function(torch.where, (attend, additive, -math.inf))
+    return additive if additive is not None else attend
+
+
+def _erase_dead(graph, start) -> None:
+    """Erase ``start`` and the ops above it that only it used (the replaced attention)."""
+    stack = [start]
+    while stack:
+        n = stack.pop()
+        if n.users or n.op != "call_function" and n.op != "call_method":
+            continue
+        if n.op == "call_method" and n.target.endswith("_"):
+            continue  # an in-place method: never erased
+        inputs = list(n.all_input_nodes)
+        graph.erase_node(n)
+        stack.extend(inputs)
+
+
+def _match_sdpa(gm, node) -> None:
+    q, k, v = (_arg(node, i, name) for i, name in enumerate(("query", "key", "value")))
+    mask = _arg(node, 3, "attn_mask")
+    dropout_p = _arg(node, 4, "dropout_p", 0.0)
+    causal = _arg(node, 5, "is_causal", False)
+    scale = _arg(node, 6, "scale", None)
+    gqa = node.kwargs.get("enable_gqa", False)
+    for name, value in (("dropout_p", dropout_p), ("is_causal", causal), ("scale", scale), ("enable_gqa", gqa)):
+        if isinstance(value, torch.fx.Node):
+            raise NoMatch(f"{name} is not a constant")
+    vq = _check_qkv(q, k, v, "sdpa")
+    vk = _val(k)
+    if not _same(vq.shape[1], vk.shape[1]) and not gqa:
+        raise NoMatch("k/v heads differ from q's without enable_gqa (eager raises)")
+    if mask is not None:
+        _check_mask(mask, vq, vk)
+        if causal:
+            raise NoMatch("is_causal with attn_mask (eager raises)")
+    if scale is None:
+        scale = 1.0 / math.sqrt(_known(vq.shape[3]))
+    graph = gm.graph
+    with graph.inserting_before(node):
+        call = graph.call_function(torch.ops.tilefuse.attention_fwd.default,
+                                   (q, k, v, mask, float(scale), 0.0, int(bool(causal)), -1, -1, float(dropout_p)))
+        out = graph.call_function(operator.getitem, (call, 0))
+    out.meta["example_value"] = _val(node)
+    node.replace_all_uses_with(out)
+    _erase_dead(graph, node)
+
+
+def rewrite(gm: torch.fx.GraphModule) -> list[Outcome]:
+    """Replace every attention of a Dynamo graph that the family runs; returns the outcomes (also recorded)."""
+    outcomes = []
+    for node in list(gm.graph.nodes):
+        if node.graph is not gm.graph or node not in gm.graph.nodes:
+            continue
+        op = _op(node)
+        if op not in ("softmax", "sdpa"):
+            continue
+        form = "sdpa" if op == "sdpa" else "decomposed"
+        try:
+            (_match_sdpa if op == "sdpa" else _match_decomposed)(gm, node)
+            outcome = Outcome(node.name, form, None)
+        except NoMatch as exc:
+            outcome = Outcome(node.name, form, str(exc))
+        outcomes.append(outcome)
+        _note(outcome)
+    if any(o.reason is None for o in outcomes):
+        gm.graph.lint()
+        gm.recompile()
+    return outcomes
+
+
+# ------------------------------------------------------------------------------------ lowering
+def lower_library_call(low, *args, **kwargs):
+    """The lowering rule of the family's custom ops: a call of the library's kernels (an extern by design)."""
+    return low.extern(low.current, args, kwargs, reason=None)
+
+
+def _register_lowering() -> None:
+    from . import lowering
+
+    lowering.register(*LIBRARY_OPS)(lower_library_call)
+
+
+_register_lowering()
