@@ -26,6 +26,7 @@ What cannot be matched stays as it is, with the reason recorded (:data:`OUTCOMES
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import operator
 from typing import Any
@@ -44,6 +45,11 @@ __all__ = ["rewrite", "Outcome", "OUTCOMES", "LIBRARY_OPS", "lower_library_call"
 # added to the scores instead of replacing them: finfo(float32).min and the -1e38 some models write qualify;
 # -1e9 does not (ulp(1e9) = 64: a fully masked row would not be uniform as in eager).
 ABSORBING_FILL = -1e37
+# What the kernel is given for such a fill, and the floor of every float32/bfloat16 additive mask: the kernel
+# works in log2 units (scores times log2(e) = 1.4427), where finfo(float32).min overflows to -inf and a fully
+# masked row would become 0 instead of eager's uniform average; -2^127 times 1.4427 is -2.5e38, finite, and
+# still absorbs any score below 2^103.
+ABSORBING_STANDIN = -2.0 ** 127
 # How far back from the softmax the scores' matmul is looked for (ops of the score chain).
 MAX_CHAIN = 24
 
@@ -308,8 +314,8 @@ class _Scores:
     softcap: float | None = None
     pending_tanh: bool = False  # tanh seen, waiting for the multiplication by the cap
     additive: list = dataclasses.field(default_factory=list)  # (node, sign)
-    hidden: list = dataclasses.field(default_factory=list)  # bool nodes, True = hidden
-    absorbing: list = dataclasses.field(default_factory=list)  # (bool node, fill) fills that absorb the score
+    hidden: list = dataclasses.field(default_factory=list)  # (bool node, True when it marks hidden scores)
+    absorbing: list = dataclasses.field(default_factory=list)  # the same, for fills that absorb the score
 
     def multiply(self, c: float, what: str) -> None:
         if self.pending_tanh:
@@ -409,7 +415,7 @@ def _fold(chain: list, scores: _Scores, vq, vk) -> None:
             if value == -math.inf:
                 scores.hidden.append((cond, hidden_when))
             elif value <= ABSORBING_FILL:
-                scores.absorbing.append((cond, hidden_when, value))
+                scores.absorbing.append((cond, hidden_when))
             else:
                 raise NoMatch(f"{what}: masked with the finite value {value:g}, which does not absorb the score "
                               f"(eager softmaxes the raw fills of a fully masked row: only -inf or a value at or "
@@ -429,13 +435,19 @@ def _score_path(start, qk) -> list:
         carriers = [a for a in node.all_input_nodes if a is qk or _reaches(a, qk)]
         if len(carriers) != 1:
             raise NoMatch(f"{node.name}: combines the scores with themselves (e.g. a softmax written by hand)")
-        if len(carriers[0].users) != 1:
+        if sum(1 for u in carriers[0].users if not _dtype_only_use(u, carriers[0])) != 1:
             raise NoMatch(f"{carriers[0].name}: the scores are also used outside the attention")
         if not any(a is carriers[0] for a in node.args) and carriers[0] not in node.kwargs.values():
             raise NoMatch(f"{node.name}: the scores are nested in a container argument")
         path.append((node, carriers[0]))
         node = carriers[0]
     raise NoMatch(f"more than {MAX_CHAIN} ops between the scores' matmul and the softmax")
+
+
+def _dtype_only_use(user, node) -> bool:
+    """``user`` reads only ``node``'s dtype (``x.type_as(node)``, as T5's attention casts its weights)."""
+    return _op(user) == "cast" and user.target == "type_as" and len(user.args) == 2 and user.args[1] is node \
+        and user.args[0] is not node
 
 
 def _reaches(node, target, limit: int = MAX_CHAIN) -> bool:
@@ -538,7 +550,7 @@ def _match_decomposed(gm, sm) -> None:
     _fold(_score_path(x, qk), scores, vq, vk)
     graph = gm.graph
     with graph.inserting_before(pv):
-        mask = _build_mask(graph, scores)
+        mask = _build_mask(graph, scores, _mask_dtype(scores))
         call = graph.call_function(torch.ops.tilefuse.attention_fwd.default,
                                    (q, k, v, mask, float(scores.scale), float(scores.softcap or 0.0), 0, -1, -1,
                                     dropout_p))
@@ -548,24 +560,46 @@ def _match_decomposed(gm, sm) -> None:
     _erase_dead(graph, pv)
 
 
-def _build_mask(graph, scores: _Scores):
+def _build_mask(graph, scores: _Scores, dtype: torch.dtype):
     """One mask tensor for the kernel (inserted at the current point): the additive terms and absorbing fills
     summed, with the -inf masks applied by ``where``; or one boolean mask (True = attend); or None."""
     additive = None
     for node, sign in scores.additive:
         term = node if sign > 0 else graph.call_function(operator.neg, (node,))
         additive = term if additive is None else graph.call_function(operator.add, (additive, term))
-    for cond, hidden_when, value in scores.absorbing:
-        hidden = cond if hidden_when else graph.call_function(torch.logical_not, (cond,))
-        term = graph.call_function(torch.where, (hidden, value, 0.0))
+    absorbed = _combine(graph, scores.absorbing, hidden=True)
+    if absorbed is not None:  # one where for all of them: two stand-ins summed would overflow to -inf
+        term = graph.call_function(torch.where, (absorbed, ABSORBING_STANDIN, 0.0))
         additive = term if additive is None else graph.call_function(operator.add, (additive, term))
-    attend = None
-    for cond, hidden_when in scores.hidden:
-        a = graph.call_function(torch.logical_not, (cond,)) if hidden_when else cond
-        attend = a if attend is None else graph.call_function(torch.logical_and, (attend, a))
+    attend = _combine(graph, scores.hidden, hidden=False)
+    if additive is not None:
+        additive = _floored(graph, additive, dtype)
     if additive is not None and attend is not None:
         return graph.call_function(torch.where, (attend, additive, -math.inf))
     return additive if additive is not None else attend
+
+
+def _mask_dtype(scores: _Scores):
+    dtypes = [_val(n).dtype for n, _ in scores.additive]
+    if scores.absorbing:
+        dtypes.append(torch.float32)
+    return functools.reduce(torch.promote_types, dtypes) if dtypes else torch.float32
+
+
+def _combine(graph, conds: list, hidden: bool):
+    """One boolean tensor from (cond, hidden_when) pairs: True where any hides (``hidden``) or all attend."""
+    out = None
+    for cond, hidden_when in conds:
+        c = cond if hidden_when == hidden else graph.call_function(torch.logical_not, (cond,))
+        out = c if out is None else graph.call_function(torch.logical_or if hidden else torch.logical_and, (out, c))
+    return out
+
+
+def _floored(graph, additive, dtype):
+    """``additive`` with values below :data:`ABSORBING_STANDIN` raised to it (float32/bfloat16/float64 masks)."""
+    if dtype not in (torch.float32, torch.bfloat16, torch.float64):
+        return additive
+    return graph.call_function(torch.clamp, (additive,), {"min": ABSORBING_STANDIN})
 
 
 def _erase_dead(graph, start) -> None:
@@ -604,6 +638,8 @@ def _match_sdpa(gm, node) -> None:
         scale = 1.0 / math.sqrt(_known(vq.shape[3]))
     graph = gm.graph
     with graph.inserting_before(node):
+        if mask is not None and _val(mask).dtype != torch.bool:
+            mask = _floored(graph, mask, _val(mask).dtype)
         call = graph.call_function(torch.ops.tilefuse.attention_fwd.default,
                                    (q, k, v, mask, float(scale), 0.0, int(bool(causal)), -1, -1, float(dropout_p)))
         out = graph.call_function(operator.getitem, (call, 0))
