@@ -200,7 +200,7 @@ def compile_and_compare(model: nn.Module, *args, grad: bool = True, train: bool 
     return explanation
 
 
-def assert_matched(explanation, n: int = 1, backward: bool = True):
+def assert_matched(explanation, n: int = 1, backward: bool = True, unrelated_fallbacks: tuple = ()):
     matched = [o for o in explanation.attention if o.reason is None]
     assert len(matched) == n, f"expected {n} matched attention(s):\n{explanation}"
     ops = [op for _, op in explanation.library_calls]
@@ -212,7 +212,8 @@ def assert_matched(explanation, n: int = 1, backward: bool = True):
     leftovers += [op for g in explanation.graphs for _, op, _ in g.externs
                   if any(op.startswith(x) for x in ATTENTION_LEFTOVERS)]
     assert not leftovers, f"ops of the attention remain: {leftovers}\n{explanation}"
-    assert not explanation.fallbacks, str(explanation)
+    fallbacks = [f for f in explanation.fallbacks if not any(op in f[0] for op in unrelated_fallbacks)]
+    assert not fallbacks, str(explanation)
 
 
 # ------------------------------------------------------------------------------------ tests
@@ -231,7 +232,7 @@ def test_t5_relative_position_bias_is_found():
     key_padding[1, -5:] = True
     model = T5RelativeBias()
     explanation = compile_and_compare(model, x, key_padding)
-    assert_matched(explanation)
+    assert_matched(explanation, unrelated_fallbacks=("index_put",))  # (the embedding's backward)
     assert model.relative_attention_bias.weight.grad.abs().sum() > 0
 
 

@@ -292,9 +292,6 @@ def _check_mask(mask, vq, vk):
     vm = _val(mask)
     if not isinstance(vm, torch.Tensor):
         raise NoMatch(f"the mask {mask} is not a tensor")
-    if vm.requires_grad:
-        raise NoMatch(f"the mask/bias {getattr(mask, 'name', mask)} requires grad (a learned bias): the flash "
-                      f"backward computes no gradient for it")
     if vm.dtype != torch.bool and not vm.dtype.is_floating_point:
         raise NoMatch(f"mask dtype {vm.dtype} (bool or floating accepted)")
     target = (vq.shape[0], vq.shape[1], vq.shape[2], vk.shape[2])
@@ -555,6 +552,8 @@ def _match_decomposed(gm, sm) -> None:
                                    (q, k, v, mask, float(scores.scale), float(scores.softcap or 0.0), 0, -1, -1,
                                     dropout_p))
         out = graph.call_function(operator.getitem, (call, 0))
+        if scores.absorbing:
+            out = _uniform_empty_rows(graph, out, scores, v_full)
     out.meta["example_value"] = _val(pv)
     pv.replace_all_uses_with(out)
     _erase_dead(graph, pv)
@@ -567,16 +566,22 @@ def _build_mask(graph, scores: _Scores, dtype: torch.dtype):
     for node, sign in scores.additive:
         term = node if sign > 0 else graph.call_function(operator.neg, (node,))
         additive = term if additive is None else graph.call_function(operator.add, (additive, term))
-    absorbed = _combine(graph, scores.absorbing, hidden=True)
-    if absorbed is not None:  # one where for all of them: two stand-ins summed would overflow to -inf
-        term = graph.call_function(torch.where, (absorbed, ABSORBING_STANDIN, 0.0))
-        additive = term if additive is None else graph.call_function(operator.add, (additive, term))
-    attend = _combine(graph, scores.hidden, hidden=False)
+    attend = _combine(graph, scores.hidden + scores.absorbing, hidden=False)
     if additive is not None:
         additive = _floored(graph, additive, dtype)
     if additive is not None and attend is not None:
         return graph.call_function(torch.where, (attend, additive, -math.inf))
     return additive if additive is not None else attend
+
+
+def _uniform_empty_rows(graph, out, scores: _Scores, v_full):
+    """Eager's result for a row whose every key was filled with the same finite value (finfo.min): softmax
+    is uniform there, the row is the mean of v over the keys, and the scores get no gradient. The kernel
+    (which hides those keys) gives such a row 0, so the row is taken from ``v.mean`` instead."""
+    attend = _combine(graph, scores.hidden + scores.absorbing, hidden=False)
+    empty = graph.call_function(torch.logical_not, (graph.call_function(torch.any, (attend, -1), {"keepdim": True}),))
+    mean = graph.call_function(torch.mean, (v_full, -2), {"keepdim": True})
+    return graph.call_function(torch.where, (empty, mean, out))
 
 
 def _mask_dtype(scores: _Scores):

@@ -54,16 +54,55 @@ def _(q, k, v, mask, scale, softcap, causal, window_left, window_right, dropout_
 @torch.library.custom_op("tilefuse::attention_bwd", mutates_args=())
 def attention_bwd(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
                   lse2: torch.Tensor, seed: torch.Tensor, mask: Optional[torch.Tensor], scale: float, softcap: float,
-                  causal: int, window_left: int, window_right: int,
-                  dropout_p: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                  causal: int, window_left: int, window_right: int, dropout_p: float,
+                  mask_grad: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     params, mask_view, _ = _params(q, k, v, mask, scale, softcap, causal, window_left, window_right, dropout_p,
                                    int(seed.item()))
-    return backward(dout, q, k, v, out, lse2, params, mask_view, None)
+    dq, dk, dv = backward(dout, q, k, v, out, lse2, params, mask_view, None)
+    dmask = _mask_gradient(dout, q, k, v, out, lse2, mask, params) if mask_grad else q.new_empty(0)
+    return dq, dk, dv, dmask
 
 
 @attention_bwd.register_fake
-def _(dout, q, k, v, out, lse2, seed, mask, scale, softcap, causal, window_left, window_right, dropout_p):
-    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+def _(dout, q, k, v, out, lse2, seed, mask, scale, softcap, causal, window_left, window_right, dropout_p, mask_grad):
+    dmask = torch.empty_like(mask) if mask_grad else q.new_empty(0)
+    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), dmask
+
+
+def _mask_gradient(dout, q, k, v, out, lse2, mask, p):
+    """d loss / d (additive mask): the score gradient dS = P * (dP - rowsum(dO * O)), summed over the mask's
+    broadcast dims. A learned bias (T5's relative position bias) needs it; the flash backward never forms dS,
+    so it is computed here in float32 from the saved logsumexp, with (B, H, Sq, Sk) memory as eager uses."""
+    from .kernels import LN2
+    from .launch import dropout_mask
+
+    f32 = torch.float32
+    kk = k.to(f32).repeat_interleave(p.group, 1)
+    vv = v.to(f32).repeat_interleave(p.group, 1)
+    s = q.to(f32) @ kk.transpose(-1, -2) * p.scale
+    if p.softcap is not None:
+        s = p.softcap * torch.tanh(s / p.softcap)
+    s = s + mask.to(f32)
+    i = torch.arange(p.Sq, device=q.device).view(-1, 1)
+    j = torch.arange(p.Sk, device=q.device).view(1, -1)
+    visible = torch.ones(p.Sq, p.Sk, dtype=torch.bool, device=q.device)
+    if p.band_lo:
+        visible &= j >= i + p.lo_off
+    if p.band_hi:
+        visible &= j <= i + p.hi_off
+    lse = (lse2 * LN2).view(p.B, p.H, p.Sq, 1)
+    prob = torch.where(visible & (lse > -torch.inf), torch.exp(s - lse), 0.0)
+    dp = dout.to(f32) @ vv.transpose(-1, -2)
+    if p.dropout_p > 0:
+        keep = dropout_mask(p.seed, p.B, p.H, p.Sq, p.Sk, p.dropout_p, q.device)
+        dp = torch.where(keep, dp / (1.0 - p.dropout_p), 0.0)
+    delta = (dout.to(f32) * out.to(f32)).sum(-1, keepdim=True)
+    ds = prob * (dp - delta)
+    lead = ds.dim() - mask.dim()
+    dims = [d for d in range(ds.dim()) if d < lead or mask.shape[d - lead] == 1]
+    if dims:
+        ds = ds.sum(dims, keepdim=True)
+    return ds.reshape(mask.shape).to(mask.dtype)
 
 
 def _setup_context(ctx, inputs, output):
@@ -75,8 +114,9 @@ def _setup_context(ctx, inputs, output):
 
 def _backward(ctx, dout, _dlse, _dseed):
     q, k, v, out, lse2, seed, mask = ctx.saved_tensors
-    dq, dk, dv = attention_bwd(dout, q, k, v, out, lse2, seed, mask, *ctx.options)
-    return dq, dk, dv, None, None, None, None, None, None, None
+    mask_grad = bool(ctx.needs_input_grad[3]) and mask is not None and mask.dtype.is_floating_point
+    dq, dk, dv, dmask = attention_bwd(dout, q, k, v, out, lse2, seed, mask, *ctx.options, mask_grad)
+    return dq, dk, dv, dmask if mask_grad else None, None, None, None, None, None, None
 
 
 attention_fwd.register_autograd(_backward, setup_context=_setup_context)
