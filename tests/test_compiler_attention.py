@@ -18,6 +18,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import tilefuse
+from tilefuse.compiler import patterns_attention
 from tilefuse.compiler.explain import collecting
 
 from .support import assert_close
@@ -335,3 +336,38 @@ def test_training_dropout_runs_the_kernels_dropout():
     assert_close(out, expected, tol=1e-6)
     no_drop = _merge(attention(q, k, v))
     assert (out - no_drop).abs().max() > 1e-3  # dropout did drop something
+
+
+@pytest.mark.parametrize("name", ["gpt2-sdpa", "gpt2-eager", "llama-sdpa", "llama-eager"])
+def test_transformers_attention_is_found(name):
+    """Each layer's attention of the real-model suite's transformers models (two layers), with transformers'
+    "sdpa" attention and its eager one (matmul, additive finfo.min mask, softmax, matmul; llama's GQA through
+    repeat_kv): one flash call a layer, the logits as eager's (tests/test_real_models.py checks training)."""
+    pytest.importorskip("transformers")
+    from . import real_models as rm
+
+    case = rm.CASES[name]
+    model = case.build().eval()
+    ref = copy.deepcopy(model).double()
+    batch = case.batch("cpu")
+    kwargs = {k: v for k, v in rm.forward_kwargs(case, batch, inference=False).items() if k != "labels"}
+    with torch.no_grad():
+        expected = ref(**kwargs).logits
+        explanation = tilefuse.explain(lambda **kw: model(**kw).logits, **kwargs)
+        with patterns_attention.switched_off():
+            before = tilefuse.explain(lambda **kw: model(**kw).logits, **kwargs)
+    assert_close(explanation.result, expected, tol=1e-4, what="logits")
+    matched = [o for o in explanation.attention if o.reason is None]
+    assert len(matched) == 2 and not before.attention, str(explanation)
+    assert [op for _, op in explanation.library_calls] == ["tilefuse.attention_fwd.default"] * 2
+
+    def count(exp, prefixes):
+        return sum(1 for g in exp.graphs for _, op, _ in g.externs if op.startswith(prefixes)) + \
+            sum(1 for k in exp.kernels for origin in k.fuses if origin.split(":")[-1].startswith(prefixes))
+
+    # the two matmuls of each attention (bmm, or SDPA's op) are gone; the model's other bmm (llama's rotary
+    # frequencies) stays
+    gone = count(before, ("aten.bmm", "aten._scaled_dot_product")) - count(explanation, ("aten.bmm",
+                                                                                        "aten._scaled_dot"))
+    assert gone == (4 if "eager" in name else 2), str(explanation)
+    assert count(explanation, ("aten.amax", "aten.exp", "aten._softmax")) == 0, str(explanation)

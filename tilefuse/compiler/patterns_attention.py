@@ -25,6 +25,7 @@ What cannot be matched stays as it is, with the reason recorded (:data:`OUTCOMES
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import math
@@ -653,9 +654,25 @@ def _match_sdpa(gm, node) -> None:
     _erase_dead(graph, node)
 
 
+ENABLED = True  # off: attention compiles as the ops it is written with (see :func:`switched_off`)
+
+
+@contextlib.contextmanager
+def switched_off():
+    """The pass off while the block runs (graphs compiled in it keep their bmm/softmax attention)."""
+    global ENABLED
+    before, ENABLED = ENABLED, False
+    try:
+        yield
+    finally:
+        ENABLED = before
+
+
 def rewrite(gm: torch.fx.GraphModule) -> list[Outcome]:
     """Replace every attention of a Dynamo graph that the family runs; returns the outcomes (also recorded)."""
     outcomes = []
+    if not ENABLED:
+        return outcomes
     for node in list(gm.graph.nodes):
         if node.graph is not gm.graph or node not in gm.graph.nodes:
             continue
