@@ -159,6 +159,15 @@ class T5RelativeBias(Projections):
         return _merge(torch.matmul(weights, v))
 
 
+class HandSoftmax(Projections):
+    """The softmax written out: exp(s - max) / sum, with the max as torch.max's values."""
+    def forward(self, x):
+        q, k, v = self.qkv(x)
+        s = (q @ k.transpose(-2, -1)) / 4.0
+        e = torch.exp(s - s.max(dim=-1, keepdim=True)[0])
+        return _merge((e / e.sum(dim=-1, keepdim=True)) @ v)
+
+
 class Sdpa(Projections):
     """F.scaled_dot_product_attention as transformers' "sdpa" attention calls it."""
     def __init__(self, H_kv=2, **kw):
@@ -218,8 +227,8 @@ def assert_matched(explanation, n: int = 1, backward: bool = True, unrelated_fal
 
 
 # ------------------------------------------------------------------------------------ tests
-@pytest.mark.parametrize("make", [MinGPT, ManualALiBi, Gemma2Softcap, SlidingWindow],
-                         ids=["mingpt", "alibi", "gemma2-softcap", "sliding-window"])
+@pytest.mark.parametrize("make", [MinGPT, ManualALiBi, Gemma2Softcap, SlidingWindow, HandSoftmax],
+                         ids=["mingpt", "alibi", "gemma2-softcap", "sliding-window", "hand-written-softmax"])
 def test_plain_pytorch_attention_is_found(make):
     x = torch.randn(B, S, C)
     assert_matched(compile_and_compare(make(), x))

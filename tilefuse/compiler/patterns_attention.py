@@ -91,7 +91,8 @@ _FUNCTIONS = {
     operator.matmul: "matmul", torch.matmul: "matmul", torch.bmm: "matmul",
     operator.mul: "mul", torch.mul: "mul", operator.truediv: "div", torch.div: "div", torch.true_divide: "div",
     operator.add: "add", torch.add: "add", operator.sub: "sub", torch.sub: "sub",
-    torch.tanh: "tanh", F.softmax: "softmax", torch.softmax: "softmax",
+    torch.tanh: "tanh", F.softmax: "softmax", torch.softmax: "softmax", torch.exp: "exp", torch.amax: "amax",
+    torch.sum: "sum", torch.max: "max",
     torch.masked_fill: "masked_fill", torch.where: "where", F.dropout: "dropout", torch.dropout: "dropout",
     torch.transpose: "transpose", torch.swapaxes: "transpose", torch.permute: "permute",
     torch.repeat_interleave: "repeat_interleave", torch.reshape: "reshape", torch.unsqueeze: "unsqueeze",
@@ -103,7 +104,8 @@ _METHODS = {
     "softmax": "softmax", "masked_fill": "masked_fill", "transpose": "transpose", "permute": "permute",
     "repeat_interleave": "repeat_interleave", "reshape": "reshape", "view": "reshape", "expand": "expand",
     "contiguous": "identity", "to": "cast", "float": "cast", "type": "cast", "type_as": "cast", "half": "cast",
-    "bfloat16": "cast", "unsqueeze": "unsqueeze", "logical_not": "not", "bitwise_not": "not",
+    "bfloat16": "cast", "unsqueeze": "unsqueeze", "logical_not": "not", "bitwise_not": "not", "exp": "exp",
+    "amax": "amax", "sum": "sum", "max": "max",
 }
 
 
@@ -515,13 +517,48 @@ def _after_softmax(sm):
     raise NoMatch("no matmul with v after the softmax")
 
 
+def _last_dim_keepdim(node, rank: int) -> bool:
+    dim = _arg(node, 1, "dim")
+    if isinstance(dim, (tuple, list)) and len(dim) == 1:
+        dim = dim[0]
+    return isinstance(dim, int) and dim % max(rank, 1) == rank - 1 and _arg(node, 2, "keepdim", False) is True
+
+
+def hand_softmax(node):
+    """The input ``x`` of a softmax written by hand, ``e / e.sum(-1, keepdim=True)`` with ``e = exp(x - m)``
+    (``m`` = ``x.amax(-1, keepdim=True)`` or ``x.max(-1, keepdim=True)[0]``) or ``e = exp(x)``; else None."""
+    if _op(node) != "div" or len(node.args) != 2:
+        return None
+    e, total = node.args
+    if _op(e) != "exp" or _op(total) != "sum" or total.args[0] is not e or len(e.users) != 2:
+        return None
+    shape = _shape(e)
+    if shape is None or not _last_dim_keepdim(total, len(shape)) or len(total.users) != 1:
+        return None
+    x = e.args[0]
+    if _op(x) == "sub" and len(x.users) == 1:
+        base, m = x.args[0], x.args[1]
+        if _op(m) == "getitem" and m.args[1] == 0 and _op(m.args[0]) == "max" and len(m.args[0].users) == 1:
+            m = m.args[0]
+        if _op(m) in ("amax", "max") and m.args[0] is base and _last_dim_keepdim(m, len(shape)) \
+                and len(m.users) == 1:
+            return base
+    return x
+
+
 def _match_decomposed(gm, sm) -> None:
-    x = sm.args[0] if sm.args else sm.kwargs.get("input")
+    x = hand_softmax(sm)
+    dim, softmax_uses = (len(_shape(sm)) - 1, 2) if x is not None else (_arg(sm, 1, "dim"), 1)
+    if x is None:
+        x = sm.args[0] if sm.args else sm.kwargs.get("input")
+    elif _op(sm.args[0].args[0]) != "sub":
+        softmax_uses = 1  # exp(x) / sum: no max subtracted
+    if isinstance(x, torch.fx.Node) and sum(1 for u in x.users if not _dtype_only_use(u, x)) != softmax_uses:
+        raise NoMatch(f"{x.name}: the scores are also used outside the attention")
     shape = _shape(x)
     if shape is None:
         raise NoMatch("softmax of a non-tensor")
     rank = len(shape)
-    dim = _arg(sm, 1, "dim")
     if not isinstance(dim, int) or dim % max(rank, 1) != rank - 1:
         raise NoMatch(f"softmax over dim {dim}, not the last (the keys)")
     if rank != 4:
@@ -677,7 +714,7 @@ def rewrite(gm: torch.fx.GraphModule) -> list[Outcome]:
         if node.graph is not gm.graph or node not in gm.graph.nodes:
             continue
         op = _op(node)
-        if op not in ("softmax", "sdpa"):
+        if op not in ("softmax", "sdpa") and not (op == "div" and hand_softmax(node) is not None):
             continue
         form = "sdpa" if op == "sdpa" else "decomposed"
         try:
