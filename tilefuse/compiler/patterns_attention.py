@@ -11,15 +11,16 @@ Two forms are found:
 
 - ``F.scaled_dot_product_attention(q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa)`` (what
   transformers' "sdpa" attention calls): the arguments map one to one.
-- The plain-PyTorch form: ``q @ kᵀ`` -> a chain of pointwise ops on the scores -> ``softmax(-1)`` -> optional
-  casts and dropout -> ``@ v``, with GQA's ``expand``/``reshape`` (transformers' ``repeat_kv``) or
-  ``repeat_interleave`` of k and v unwrapped (the kernel reads the KV head ``h // group`` itself). The chain
-  is folded into the family's parameters (:class:`_Scores`): multiplications and divisions by constants into
-  ``scale``; ``c * tanh(s / c)`` into ``softcap``; tensors added to the scores (an additive mask, ALiBi, T5's
-  relative position bias) into one additive ``mask`` computed by the graph's own ops; ``masked_fill`` /
-  ``where`` with -inf into a boolean mask (True = attend); a fill with a finite value below
-  :data:`ABSORBING_FILL` (``finfo.min``) into the additive mask, which gives eager's result exactly, fully
-  masked rows included (``s + finfo.min == finfo.min`` in float32 for any score below 2^103).
+- The plain-PyTorch form: ``q @ kᵀ`` -> a chain of pointwise ops on the scores -> ``softmax(-1)`` (or written
+  by hand: ``exp(s - max) / sum``) -> optional casts and dropout -> ``@ v``, with GQA's ``expand``/``reshape``
+  (transformers' ``repeat_kv``) or ``repeat_interleave`` of k and v unwrapped (the kernel reads the KV head
+  ``h // group`` itself). The chain is folded into the family's parameters (:class:`_Scores`), not into a
+  generated ``score_mod``: multiplications and divisions by constants into ``scale``; ``c * tanh(s / c)`` into
+  ``softcap``; tensors added to the scores (an additive mask, ALiBi, T5's relative position bias) into one
+  additive ``mask`` that the graph's own ops compute (and that gets its gradient when it requires one);
+  ``masked_fill`` / ``where`` with -inf into a boolean mask (True = attend); a fill with a finite value at or
+  below :data:`ABSORBING_FILL` (``finfo.min``) into the boolean mask too, with the rows it hides entirely
+  taken from ``v.mean(-2)`` as eager's uniform softmax gives them.
 
 What cannot be matched stays as it is, with the reason recorded (:data:`OUTCOMES`, shown by ``explain``).
 """
@@ -42,14 +43,15 @@ from ..kernels.attention import supports
 
 __all__ = ["rewrite", "Outcome", "OUTCOMES", "LIBRARY_OPS", "lower_library_call"]
 
-# A finite fill at or below this absorbs any score (x + fill == fill in float32 for |x| < 2^103), so it can be
-# added to the scores instead of replacing them: finfo(float32).min and the -1e38 some models write qualify;
-# -1e9 does not (ulp(1e9) = 64: a fully masked row would not be uniform as in eager).
-ABSORBING_FILL = -1e37
-# What the kernel is given for such a fill, and the floor of every float32/bfloat16 additive mask: the kernel
-# works in log2 units (scores times log2(e) = 1.4427), where finfo(float32).min overflows to -inf and a fully
-# masked row would become 0 instead of eager's uniform average; -2^127 times 1.4427 is -2.5e38, finite, and
-# still absorbs any score below 2^103.
+# A finite fill at or below this is a mask: eager's softmax gives a filled score exp(fill - row max), which
+# underflows to exactly 0 in float32 once the row max is 104 above the fill (any score above -1e9 + 104), and
+# gives a row filled everywhere a uniform average. So the fill hides keys (a boolean mask to the kernel), and
+# rows hidden entirely take v's mean. Above it (-1e4, which scores of a few thousand reach) the fill is a value.
+ABSORBING_FILL = -1e9
+# The floor of every float32/bfloat16 additive mask: the kernel works in log2 units (scores times
+# log2(e) = 1.4427), where finfo(float32).min overflows to -inf and a row masked everywhere by finfo.min would
+# be 0 instead of eager's uniform average; -2^127 times 1.4427 is -2.5e38, finite, and absorbs any score
+# below 2^103 as finfo.min does.
 ABSORBING_STANDIN = -2.0 ** 127
 # How far back from the softmax the scores' matmul is looked for (ops of the score chain).
 MAX_CHAIN = 24
@@ -417,9 +419,9 @@ def _fold(chain: list, scores: _Scores, vq, vk) -> None:
             elif value <= ABSORBING_FILL:
                 scores.absorbing.append((cond, hidden_when))
             else:
-                raise NoMatch(f"{what}: masked with the finite value {value:g}, which does not absorb the score "
-                              f"(eager softmaxes the raw fills of a fully masked row: only -inf or a value at or "
-                              f"below {ABSORBING_FILL:g} such as finfo.min are matched)")
+                raise NoMatch(f"{what}: masked with the finite value {value:g}, which scores can come near (eager "
+                              f"weighs it exp(fill - max): only -inf or fills at or below {ABSORBING_FILL:g} such as "
+                              f"finfo.min are matched as masks)")
         else:
             raise NoMatch(f"{what}: {op or node.target} in the score chain has no kernel parameter")
     scores.check_done("the score chain")
@@ -671,6 +673,10 @@ def _match_sdpa(gm, node) -> None:
             raise NoMatch(f"{name} is not a constant")
     vq = _check_qkv(q, k, v, "sdpa")
     vk = _val(k)
+    out_val = _val(node)
+    if not isinstance(out_val, torch.Tensor) or out_val.dtype != vq.dtype:
+        raise NoMatch(f"sdpa's output dtype {getattr(out_val, 'dtype', None)} differs from q's {vq.dtype} "
+                      f"(autocast)")
     if not _same(vq.shape[1], vk.shape[1]) and not gqa:
         raise NoMatch("k/v heads differ from q's without enable_gqa (eager raises)")
     if mask is not None:
