@@ -31,9 +31,19 @@ ATTENTION_LEFTOVERS = ("aten.bmm", "aten.amax", "aten.exp", "aten._softmax", "at
 
 @pytest.fixture(autouse=True)
 def _fresh_dynamo():
+    """A fresh Dynamo, and tensors made where tilefuse runs kernels (cuda on a GPU machine, else the CPU)."""
+    from tilefuse import device
+
     torch._dynamo.reset()
-    yield
+    with torch.device(device.torch_device()):
+        yield
     torch._dynamo.reset()
+
+
+def x_device():
+    from tilefuse import device
+
+    return device.torch_device()
 
 
 def _heads(x, H):
@@ -364,7 +374,7 @@ def test_transformers_attention_is_found(name):
     case = rm.CASES[name]
     model = case.build().eval()
     ref = copy.deepcopy(model).double()
-    batch = case.batch("cpu")
+    batch = case.batch(str(x_device()))
     kwargs = {k: v for k, v in rm.forward_kwargs(case, batch, inference=False).items() if k != "labels"}
     with torch.no_grad():
         expected = ref(**kwargs).logits
@@ -386,3 +396,16 @@ def test_transformers_attention_is_found(name):
                                                                                         "aten._scaled_dot"))
     assert gone == (4 if "eager" in name else 2), str(explanation)
     assert count(explanation, ("aten.amax", "aten.exp", "aten._softmax")) == 0, str(explanation)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("make", [MinGPT, Gemma2Softcap, lambda: Sdpa(2, is_causal=True)],
+                         ids=["mingpt", "gemma2-softcap", "sdpa-gqa-causal"])
+def test_bfloat16_on_the_gpu(make):
+    """The compiled bf16 model on the GPU's compiled kernels, against the float64 eager copy (bf16 tolerance)."""
+    model = make().to(torch.bfloat16)
+    ref = copy.deepcopy(model).double()
+    x = torch.randn(B, 63, C)
+    explanation = tilefuse.explain(model, x.to(torch.bfloat16))
+    assert [o.reason for o in explanation.attention] == [None], str(explanation)
+    assert_close(explanation.result, ref(x.double()), tol=2e-2, what="bf16 output")
