@@ -717,7 +717,7 @@ def rewrite(gm: torch.fx.GraphModule) -> list[Outcome]:
     if not ENABLED:
         return outcomes
     for node in list(gm.graph.nodes):
-        if node.graph is not gm.graph or node not in gm.graph.nodes:
+        if getattr(node, "_erased", False):  # a node of an attention replaced before it in this loop
             continue
         op = _op(node)
         if op not in ("softmax", "sdpa") and not (op == "div" and hand_softmax(node) is not None):
