@@ -237,11 +237,20 @@ def assert_matched(explanation, n: int = 1, backward: bool = True, unrelated_fal
 
 
 # ------------------------------------------------------------------------------------ tests
-@pytest.mark.parametrize("make", [MinGPT, ManualALiBi, Gemma2Softcap, SlidingWindow, HandSoftmax],
-                         ids=["mingpt", "alibi", "gemma2-softcap", "sliding-window", "hand-written-softmax"])
-def test_plain_pytorch_attention_is_found(make):
+@pytest.mark.parametrize("make,detail", [
+    (MinGPT, "scale 0.25, boolean mask"),  # (a registered buffer: its values may change, so it stays a mask)
+    (ManualALiBi, "scale 0.3536, window (-1, 0), additive mask"),  # (the causal fill from arange: a band)
+    (Gemma2Softcap, "scale 0.3536, softcap 5, window (-1, 0), GQA group 2"),  # (the finfo.min triu: causal)
+    (SlidingWindow, "scale 0.25, window (7, 0), GQA group 4"),
+    (HandSoftmax, "scale 0.25"),
+], ids=["mingpt", "alibi", "gemma2-softcap", "sliding-window", "hand-written-softmax"])
+def test_plain_pytorch_attention_is_found(make, detail):
+    """Found, forward and backward as float64 eager, with the chain mapped to these kernel parameters (masks
+    computed from sizes only become the kernel's window: no mask tensor, tiles outside the band skipped)."""
     x = torch.randn(B, S, C)
-    assert_matched(compile_and_compare(make(), x))
+    explanation = compile_and_compare(make(), x)
+    assert_matched(explanation)
+    assert [o.detail for o in explanation.attention] == [detail], str(explanation)
 
 
 def test_t5_relative_position_bias_is_found():

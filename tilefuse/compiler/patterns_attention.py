@@ -65,10 +65,13 @@ class Outcome:
     node: str
     form: str  # "sdpa" | "decomposed"
     reason: str | None
+    detail: str = ""  # the kernel's parameters of a match
 
     def __str__(self) -> str:
         what = f"attention at {self.node} ({self.form})"
-        return f"{what}: flash kernel" if self.reason is None else f"{what}: not matched: {self.reason}"
+        if self.reason is None:
+            return f"{what}: flash kernel" + (f" ({self.detail})" if self.detail else "")
+        return f"{what}: not matched: {self.reason}"
 
 
 OUTCOMES: list = []  # every candidate of this process (bounded), newest last
@@ -548,7 +551,7 @@ def hand_softmax(node):
     return x
 
 
-def _match_decomposed(gm, sm) -> None:
+def _match_decomposed(gm, sm) -> str:
     x = hand_softmax(sm)
     dim, softmax_uses = (len(_shape(sm)) - 1, 2) if x is not None else (_arg(sm, 1, "dim"), 1)
     if x is None:
@@ -585,11 +588,12 @@ def _match_decomposed(gm, sm) -> None:
         raise NoMatch(f"{pv.name}: the output's shape or dtype differs from q's")
     scores = _Scores()
     _fold(_score_path(x, qk), scores, vq, vk)
+    window = _bands(scores, _known(vq.shape[2]), _known(vk.shape[2]))
     graph = gm.graph
     with graph.inserting_before(pv):
         mask = _build_mask(graph, scores, _mask_dtype(scores))
         call = graph.call_function(torch.ops.tilefuse.attention_fwd.default,
-                                   (q, k, v, mask, float(scores.scale), float(scores.softcap or 0.0), 0, -1, -1,
+                                   (q, k, v, mask, float(scores.scale), float(scores.softcap or 0.0), 0, *window,
                                     dropout_p))
         out = graph.call_function(operator.getitem, (call, 0))
         if scores.absorbing:
@@ -597,6 +601,121 @@ def _match_decomposed(gm, sm) -> None:
     out.meta["example_value"] = _val(pv)
     pv.replace_all_uses_with(out)
     _erase_dead(graph, pv)
+    return describe(call, "additive" if scores.additive else "boolean")
+
+
+# Masks evaluated at compile time to look for a band: at most this many (Sq, Sk) elements, and ops above them.
+MAX_BAND_ELEMENTS = 1 << 24
+MAX_CONSTANT_OPS = 40
+
+
+def _evaluate(node, budget: list):
+    """The value of a tensor computed from literals and sizes only (``arange``, comparisons, ``full``, ``triu``):
+    no graph input above it, so it is the same at every call of this graph (static shapes). None otherwise."""
+    if not isinstance(node, torch.fx.Node):
+        return node
+    if node.op not in ("call_function", "call_method") or budget[0] <= 0:
+        return None
+    budget[0] -= 1
+    failed = []
+
+    def value(a):
+        if isinstance(a, torch.fx.Node):
+            out = _evaluate(a, budget)
+            if out is None:
+                failed.append(a)
+            return out
+        return a
+
+    args = torch.fx.node.map_aggregate(node.args, value)
+    kwargs = torch.fx.node.map_aggregate(dict(node.kwargs), value)
+    from torch.utils import _pytree as pytree
+
+    if failed or any(isinstance(a, (torch.SymInt, torch.SymFloat, torch.SymBool))
+                     for a in pytree.tree_leaves((args, kwargs))):
+        return None
+    try:
+        with torch._subclasses.fake_tensor.unset_fake_temporarily():
+            if node.op == "call_method":
+                return getattr(args[0], node.target)(*args[1:], **kwargs)
+            return node.target(*args, **kwargs)
+    except Exception:
+        return None
+
+
+def _band_of(visible: torch.Tensor):
+    """(lo, hi) when ``visible`` (Sq, Sk) is exactly ``lo <= j - i <= hi``, else None."""
+    Sq, Sk = visible.shape
+    offset = torch.arange(Sk, device=visible.device).view(1, Sk) - torch.arange(Sq, device=visible.device).view(Sq, 1)
+    if not visible.any():
+        return None
+    lo, hi = int(offset[visible].min()), int(offset[visible].max())
+    if lo > 0 or hi < 0 or not torch.equal(visible, (offset >= lo) & (offset <= hi)):
+        return None
+    return lo, hi
+
+
+def _visible(value, Sq: int, Sk: int, kind: str):
+    """The (Sq, Sk) visibility a constant mask gives (same for every batch and head), else None. ``kind``:
+    "attend" / "hidden" (bool) or "additive" (0 visible, a fill at or below ABSORBING_FILL hidden)."""
+    if not isinstance(value, torch.Tensor) or not 2 <= value.dim() <= 4 or any(d != 1 for d in value.shape[:-2]):
+        return None
+    value = value.reshape(value.shape[-2:]).expand(Sq, Sk).cpu()
+    if kind == "additive":
+        if not value.dtype.is_floating_point or not ((value == 0) | (value <= ABSORBING_FILL)).all():
+            return None
+        return value == 0
+    if value.dtype != torch.bool:
+        return None
+    return ~value if kind == "hidden" else value
+
+
+def _bands(scores: _Scores, Sq, Sk) -> tuple[int, int]:
+    """Masks that are a band of diagonals (causal, a sliding window), computed from sizes only, become the
+    kernel's window (left, right), which skips the tiles outside it and reads no mask; removed from ``scores``.
+    Returns (-1, -1) (no window) when none is. A mask that replaces the scores by a finite fill or adds one is
+    taken only when every row keeps a visible key (eager averages a row hidden everywhere; the kernel gives 0)."""
+    if Sq is None or Sk is None or Sq * Sk > MAX_BAND_ELEMENTS:
+        return -1, -1
+    lo, hi, found = -(Sq + Sk), Sq + Sk, False
+
+    def take(node, kind, finite):
+        nonlocal lo, hi, found
+        visible = _visible(_evaluate(node, [MAX_CONSTANT_OPS]), Sq, Sk, kind)
+        band = _band_of(visible) if visible is not None else None
+        if band is None or (finite and not visible.any(-1).all()):
+            return False
+        lo, hi, found = max(lo, band[0]), min(hi, band[1]), True
+        return True
+
+    scores.hidden = [(c, h) for c, h in scores.hidden if not take(c, "hidden" if h else "attend", False)]
+    scores.absorbing = [(c, h) for c, h in scores.absorbing if not take(c, "hidden" if h else "attend", True)]
+    scores.additive = [(n, sign) for n, sign in scores.additive if not (sign > 0 and take(n, "additive", True))]
+    if not found:
+        return -1, -1
+    left = -1 if lo <= -(Sq - 1) else -lo  # every key before the diagonal visible: no left edge
+    right = -1 if hi >= Sk - 1 else hi
+    return left, right
+
+
+def describe(call, mask_kind: str | None = None) -> str:
+    """The parameters of an ``attention_fwd`` call node, for ``explain``."""
+    q, k, v, mask, scale, softcap, causal, left, right, dropout_p = call.args
+    parts = [f"scale {scale:.4g}"]
+    if softcap:
+        parts.append(f"softcap {softcap:g}")
+    if causal:
+        parts.append("causal")
+    if (left, right) != (-1, -1):
+        parts.append(f"window ({left}, {right})")
+    if mask is not None:
+        parts.append(f"{mask_kind or 'a'} mask")
+    group = _val(q).shape[1] // _val(k).shape[1]
+    if group > 1:
+        parts.append(f"GQA group {group}")
+    if dropout_p:
+        parts.append(f"dropout {dropout_p:g}")
+    return ", ".join(parts)
 
 
 def _build_mask(graph, scores: _Scores, dtype: torch.dtype):
@@ -661,7 +780,7 @@ def _erase_dead(graph, start) -> None:
         stack.extend(inputs)
 
 
-def _match_sdpa(gm, node) -> None:
+def _match_sdpa(gm, node) -> str:
     q, k, v = (_arg(node, i, name) for i, name in enumerate(("query", "key", "value")))
     mask = _arg(node, 3, "attn_mask")
     dropout_p = _arg(node, 4, "dropout_p", 0.0)
@@ -685,6 +804,7 @@ def _match_sdpa(gm, node) -> None:
             raise NoMatch("is_causal with attn_mask (eager raises)")
     if scale is None:
         scale = 1.0 / math.sqrt(_known(vq.shape[3]))
+    mask_kind = None if mask is None else "boolean" if _val(mask).dtype == torch.bool else "additive"
     graph = gm.graph
     with graph.inserting_before(node):
         if mask is not None and _val(mask).dtype != torch.bool:
@@ -695,6 +815,7 @@ def _match_sdpa(gm, node) -> None:
     out.meta["example_value"] = _val(node)
     node.replace_all_uses_with(out)
     _erase_dead(graph, node)
+    return describe(call, mask_kind)
 
 
 ENABLED = True  # off: attention compiles as the ops it is written with (see :func:`switched_off`)
@@ -724,8 +845,8 @@ def rewrite(gm: torch.fx.GraphModule) -> list[Outcome]:
             continue
         form = "sdpa" if op == "sdpa" else "decomposed"
         try:
-            (_match_sdpa if op == "sdpa" else _match_decomposed)(gm, node)
-            outcome = Outcome(node.name, form, None)
+            detail = (_match_sdpa if op == "sdpa" else _match_decomposed)(gm, node)
+            outcome = Outcome(node.name, form, None, detail)
         except NoMatch as exc:
             outcome = Outcome(node.name, form, str(exc))
         outcomes.append(outcome)
