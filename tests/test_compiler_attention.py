@@ -239,7 +239,7 @@ def assert_matched(explanation, n: int = 1, backward: bool = True, unrelated_fal
 # ------------------------------------------------------------------------------------ tests
 @pytest.mark.parametrize("make,detail", [
     (MinGPT, "scale 0.25, boolean mask"),  # (a registered buffer: its values may change, so it stays a mask)
-    (ManualALiBi, "scale 0.3536, window (-1, 0), additive mask"),  # (the causal fill from arange: a band)
+    (ManualALiBi, "scale 0.3536, window (-1, 0), alibi"),  # (the causal fill from arange: a band; the bias: ALiBi)
     (Gemma2Softcap, "scale 0.3536, softcap 5, window (-1, 0), GQA group 2"),  # (the finfo.min triu: causal)
     (SlidingWindow, "scale 0.25, window (7, 0), GQA group 4"),
     (HandSoftmax, "scale 0.25"),

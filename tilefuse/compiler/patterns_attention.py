@@ -589,12 +589,19 @@ def _match_decomposed(gm, sm) -> str:
     scores = _Scores()
     _fold(_score_path(x, qk), scores, vq, vk)
     window = _bands(scores, _known(vq.shape[2]), _known(vk.shape[2]))
+    alibi = _alibi(scores, vq, window, _known(vq.shape[2]), _known(vk.shape[2]))
     graph = gm.graph
     with graph.inserting_before(pv):
         mask = _build_mask(graph, scores, _mask_dtype(scores))
+        slopes = None
+        if alibi is not None:
+            per_head, factor, heads = alibi
+            slopes = graph.call_function(torch.reshape, (per_head, heads))
+            if factor != 1.0:
+                slopes = graph.call_function(operator.mul, (slopes, factor))
         call = graph.call_function(torch.ops.tilefuse.attention_fwd.default,
-                                   (q, k, v, mask, float(scores.scale), float(scores.softcap or 0.0), 0, *window,
-                                    dropout_p))
+                                   (q, k, v, mask, slopes, float(scores.scale), float(scores.softcap or 0.0), 0,
+                                    *window, dropout_p))
         out = graph.call_function(operator.getitem, (call, 0))
         if scores.absorbing:
             out = _uniform_empty_rows(graph, out, scores, v_full)
@@ -698,9 +705,60 @@ def _bands(scores: _Scores, Sq, Sk) -> tuple[int, int]:
     return left, right
 
 
+def _alibi(scores: _Scores, vq, window, Sq, Sk):
+    """An additive term ``slopes * D`` (either order) with ``D`` computed from sizes only and equal to
+    ``c * |i - j|`` on every visible position, and ``slopes`` one number a head ((H, 1, 1), (1, H, 1, 1) or
+    (B, H, 1, 1), no gradient): the kernel's ALiBi, ``- slope * |i - j|`` computed in the kernel, no (H, Sq, Sk)
+    bias in memory. Returns (per-head node, factor, shape of the slopes): slopes = factor * per-head values; the
+    term is removed from ``scores``. None when no term is ALiBi."""
+    if Sq is None or Sk is None or Sq * Sk > MAX_BAND_ELEMENTS:
+        return None
+    B, H = _known(vq.shape[0]), _known(vq.shape[1])
+    offset = torch.arange(Sk).view(1, Sk) - torch.arange(Sq).view(Sq, 1)
+    visible = torch.ones(Sq, Sk, dtype=torch.bool)
+    left, right = window
+    if left >= 0:
+        visible &= offset >= -left
+    if right >= 0:
+        visible &= offset <= right
+    for n, (node, sign) in enumerate(scores.additive):
+        if _op(node) != "mul" or len(node.args) != 2 or not all(isinstance(a, torch.fx.Node) for a in node.args):
+            continue
+        for per_head, dist in (node.args, node.args[::-1]):
+            ph = _val(per_head)
+            if not isinstance(ph, torch.Tensor) or ph.requires_grad or not ph.dtype.is_floating_point:
+                continue
+            shape = tuple(ph.shape)
+            if len(shape) < 3 or any(d != 1 for d in shape[-2:]):
+                continue
+            lead = shape[:-2]
+            if lead in ((H,), (1, H)):
+                heads = (H,)
+            elif lead == (B, H):
+                heads = (B, H)
+            else:
+                continue
+            d = _evaluate(dist, [MAX_CONSTANT_OPS])
+            if not isinstance(d, torch.Tensor) or d.dtype == torch.bool or d.dtype.is_complex or not 2 <= d.dim() <= 4 \
+                    or any(x != 1 for x in d.shape[:-2]):
+                continue
+            d = d.reshape(d.shape[-2:]).expand(Sq, Sk).cpu().double()
+            dist_abs = offset.abs().double()
+            nonzero = visible & (dist_abs > 0)
+            if not nonzero.any():
+                continue
+            c = float((d[nonzero] / dist_abs[nonzero]).mean())
+            if c == 0 or not torch.allclose(d[visible], c * dist_abs[visible], rtol=1e-6, atol=0):
+                continue
+            # the term is sign * per_head * c * |i - j| = -slope * |i - j| with slope = -c * sign * per_head
+            del scores.additive[n]
+            return per_head, -c * sign, heads
+    return None
+
+
 def describe(call, mask_kind: str | None = None) -> str:
     """The parameters of an ``attention_fwd`` call node, for ``explain``."""
-    q, k, v, mask, scale, softcap, causal, left, right, dropout_p = call.args
+    q, k, v, mask, alibi, scale, softcap, causal, left, right, dropout_p = call.args
     parts = [f"scale {scale:.4g}"]
     if softcap:
         parts.append(f"softcap {softcap:g}")
@@ -708,6 +766,8 @@ def describe(call, mask_kind: str | None = None) -> str:
         parts.append("causal")
     if (left, right) != (-1, -1):
         parts.append(f"window ({left}, {right})")
+    if alibi is not None:
+        parts.append("alibi")
     if mask is not None:
         parts.append(f"{mask_kind or 'a'} mask")
     group = _val(q).shape[1] // _val(k).shape[1]
@@ -810,7 +870,8 @@ def _match_sdpa(gm, node) -> str:
         if mask is not None and _val(mask).dtype != torch.bool:
             mask = _floored(graph, mask, _val(mask).dtype)
         call = graph.call_function(torch.ops.tilefuse.attention_fwd.default,
-                                   (q, k, v, mask, float(scale), 0.0, int(bool(causal)), -1, -1, float(dropout_p)))
+                                   (q, k, v, mask, None, float(scale), 0.0, int(bool(causal)), -1, -1,
+                                    float(dropout_p)))
         out = graph.call_function(operator.getitem, (call, 0))
     out.meta["example_value"] = _val(node)
     node.replace_all_uses_with(out)
