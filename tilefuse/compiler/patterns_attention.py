@@ -20,7 +20,9 @@ Two forms are found:
   additive ``mask`` that the graph's own ops compute (and that gets its gradient when it requires one);
   ``masked_fill`` / ``where`` with -inf into a boolean mask (True = attend); a fill with a finite value at or
   below :data:`ABSORBING_FILL` (``finfo.min``) into the boolean mask too, with the rows it hides entirely
-  taken from ``v.mean(-2)`` as eager's uniform softmax gives them.
+  taken from ``v.mean(-2)`` as eager's uniform softmax gives them. Masks computed from sizes only that are a
+  band of diagonals become the kernel's ``window`` (:func:`_bands`), and a per-head slope times ``|i - j|``
+  its ``alibi`` (:func:`_alibi`): no (B, H, Sq, Sk) tensor for those.
 
 What cannot be matched stays as it is, with the reason recorded (:data:`OUTCOMES`, shown by ``explain``).
 """
