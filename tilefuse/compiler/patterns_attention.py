@@ -33,7 +33,6 @@ import dataclasses
 import functools
 import math
 import operator
-from typing import Any
 
 import torch
 import torch.fx

@@ -35,8 +35,8 @@ def _params(q, k, v, mask, alibi, scale, softcap, causal, window_left, window_ri
 
 @torch.library.custom_op("tilefuse::attention_fwd", mutates_args=())
 def attention_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Optional[torch.Tensor],
-                  alibi: Optional[torch.Tensor], scale: float, softcap: float, causal: int, window_left: int, window_right: int,
-                  dropout_p: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                  alibi: Optional[torch.Tensor], scale: float, softcap: float, causal: int, window_left: int,
+                  window_right: int, dropout_p: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     seed = int(torch.randint(0, 2 ** 31 - 1, (1,)).item()) if dropout_p > 0 else 0
     params, mask_view, alibi_view = _params(q, k, v, mask, alibi, scale, softcap, causal, window_left, window_right,
                                             dropout_p, seed)
