@@ -418,3 +418,20 @@ def test_bfloat16_on_the_gpu(make):
     explanation = tilefuse.explain(model, x.to(torch.bfloat16))
     assert [o.reason for o in explanation.attention] == [None], str(explanation)
     assert_close(explanation.result, ref(x.double()), tol=2e-2, what="bf16 output")
+
+
+def test_dropout_of_the_probabilities_in_training_becomes_the_kernels():
+    """Gemma 2's F.dropout(p=0.1, training=True) after the softmax: the kernel's dropout (forward and backward
+    graphs both call the family), finite, and different from the eval-mode output (eager's random stream is
+    not reproducible: test_training_dropout_runs_the_kernels_dropout checks the values against the library)."""
+    model = Gemma2Softcap().train()
+    x = torch.randn(B, S, C, requires_grad=True)
+    explanation = tilefuse.explain(model, x)
+    assert [o.detail for o in explanation.attention] == ["scale 0.3536, softcap 5, window (-1, 0), GQA group 2, "
+                                                         "dropout 0.1"], str(explanation)
+    out = explanation.result
+    with collecting() as graphs:
+        out.sum().backward()
+    assert any(op == "tilefuse.attention_bwd.default" for g in graphs for _, op, _ in g.externs)
+    assert torch.isfinite(out).all() and torch.isfinite(x.grad).all()
+    assert (out - model.eval()(x)).abs().max() > 1e-4  # something was dropped
