@@ -125,12 +125,26 @@ def check_backend_arguments(kwargs: dict) -> dict:
     return {**from_mode, **overrides}
 
 
+def _find_attention(gm: torch.fx.GraphModule) -> None:
+    """Attention in the Dynamo graph becomes the flash family's custom op (patterns_attention.py, record 027)."""
+    from . import patterns_attention
+
+    try:
+        patterns_attention.rewrite(gm)
+    except Exception as exc:  # the graph stays as captured: its attention runs as written
+        if config.get().strict:
+            raise
+        _fallback("attention pass", f"{type(exc).__name__}: {exc}")
+
+
 def tilefuse_backend(gm: torch.fx.GraphModule, example_inputs, **kwargs):
     """Dynamo backend entry point (``torch.compile(..., backend="tilefuse")``)."""
     from torch._functorch.aot_autograd import aot_module_simplified
 
     overrides = check_backend_arguments(kwargs)
     pool = cudagraphs.Pool()  # the forward, backward and inference graphs of this Dynamo graph share it
+    with options.applied(overrides):
+        _find_attention(gm)
 
     def compiler(kind):
         compile_graph = _compiler(kind, pool)

@@ -32,10 +32,16 @@ class Explanation:
     break_reasons: list  # str
     graphs: list  # records.GraphReport
     result: Any = None
+    attention: list = dataclasses.field(default_factory=list)  # patterns_attention.Outcome, one a candidate
 
     @property
     def kernels(self) -> list:
         return [k for g in self.graphs for k in g.kernels]
+
+    @property
+    def library_calls(self) -> list:
+        """(node, op) of the calls into tilefuse's kernel families (the flash attention of a matched attention)."""
+        return [(node, op) for g in self.graphs for node, op, reason in g.externs if _is_library(op)]
 
     @property
     def fallbacks(self) -> list:
@@ -53,6 +59,8 @@ class Explanation:
         lines.append(f"tilefuse: {len(self.graphs)} compiled graphs, {len(self.kernels)} kernels "
                      f"(one per fusion group), {sum(len(g.externs) for g in self.graphs)} extern calls, "
                      f"{len(self.fallbacks)} fallbacks")
+        for outcome in self.attention:
+            lines.append(f"  {outcome}")
         for g in self.graphs:
             lines.append("")
             lines.append(_format_graph(g))
@@ -61,6 +69,10 @@ class Explanation:
         return "\n".join(lines)
 
     __repr__ = __str__
+
+
+def _is_library(op: str) -> bool:
+    return op.startswith("tilefuse.")
 
 
 def _format_graph(g: records.GraphReport) -> str:
@@ -75,7 +87,8 @@ def _format_graph(g: records.GraphReport) -> str:
         if kern.path:
             lines.append(f"    source {kern.path}")
     for node, op, reason in g.externs:
-        lines.append(f"  extern {node}: {op} " + (f"(fallback: {reason})" if reason else "(ATen by design)"))
+        kind = "(tilefuse library kernel)" if _is_library(op) else "(ATen by design)"
+        lines.append(f"  extern {node}: {op} " + (f"(fallback: {reason})" if reason else kind))
     for where, reason in g.fallbacks:
         lines.append(f"  fallback {where}: {reason}")
     cuda_graph = records.CUDAGRAPHS.get(g.graph_id)
@@ -87,13 +100,20 @@ def _format_graph(g: records.GraphReport) -> str:
 
 
 @contextmanager
-def collecting():
+def collecting(attention: list | None = None):
+    """Collect the graph reports (and into ``attention`` the attention pass's outcomes) made while it runs."""
+    from . import patterns_attention
+
     sink: list = []
     records._listeners.append(sink)
+    if attention is not None:
+        patterns_attention._sinks.append(attention)
     try:
         yield sink
     finally:
         records._listeners.remove(sink)
+        if attention is not None:
+            patterns_attention._sinks.remove(attention)
 
 
 def _break_reasons(dyn) -> list[str]:
@@ -112,9 +132,11 @@ def explain(fn, *args, **kwargs) -> Explanation:
     """Compile ``fn`` with the tilefuse backend, run it on ``args``, and report what became of it."""
     dyn = torch._dynamo.explain(fn)(*args, **kwargs)
     torch._dynamo.reset()
-    with collecting() as sink:
+    attention: list = []
+    with collecting(attention) as sink:
         result = torch.compile(fn, backend="tilefuse")(*args, **kwargs)
-    return Explanation(int(dyn.graph_count), int(dyn.graph_break_count), _break_reasons(dyn), list(sink), result)
+    return Explanation(int(dyn.graph_count), int(dyn.graph_break_count), _break_reasons(dyn), list(sink), result,
+                       attention)
 
 
 def explain_script(path: str, script_args: list[str] | None = None) -> str:
@@ -127,7 +149,8 @@ def explain_script(path: str, script_args: list[str] | None = None) -> str:
     sys.argv = [path] + list(script_args or [])
     out = io.StringIO()
     try:
-        with collecting() as sink, redirect_stdout(out):
+        attention: list = []
+        with collecting(attention) as sink, redirect_stdout(out):
             namespace = runpy.run_path(path, run_name="__main__")
             if not sink and callable(namespace.get("main")):
                 namespace["main"]()
@@ -135,7 +158,8 @@ def explain_script(path: str, script_args: list[str] | None = None) -> str:
         sys.argv = argv
     after = counters.get("graph_break", {})
     breaks = [f"{reason} (x{n - before.get(reason, 0)})" for reason, n in after.items() if n > before.get(reason, 0)]
-    exp = Explanation(len(sink), sum(int(n) for n in (after[r] - before.get(r, 0) for r in after)), breaks, list(sink))
+    exp = Explanation(len(sink), sum(int(n) for n in (after[r] - before.get(r, 0) for r in after)), breaks, list(sink),
+                      attention=attention)
     text = str(exp)
     printed = out.getvalue()
     return (f"script output:\n{printed.rstrip()}\n\n" if printed.strip() else "") + text
