@@ -68,8 +68,9 @@ def _format_graph(g: records.GraphReport) -> str:
         lines.append(f"    writes {', '.join(kern.stores) if kern.stores else 'nothing (values stay in registers)'}")
         if kern.path:
             lines.append(f"    source {kern.path}")
-    for node, op, reason in g.externs:
-        lines.append(f"  extern {node}: {op} " + (f"(fallback: {reason})" if reason else "(ATen by design)"))
+    for node, op, reason, *note in g.externs:
+        why = f"(fallback: {reason})" if reason else f"(ATen: {note[0]})" if note and note[0] else "(ATen by design)"
+        lines.append(f"  extern {node}: {op} {why}")
     for where, reason in g.fallbacks:
         lines.append(f"  fallback {where}: {reason}")
     if g.seconds:
