@@ -81,7 +81,8 @@ def step_lines(writer, step: scheduler.GemmStep, hooks: dict) -> tuple[list[str]
     for op in step.operands:
         extras.append(_strided(writer, op.buffer, gemm.shape, op.stride, op.offset))
         used.add(writer.var(op.buffer))
-    out = _strided(writer, step.out_buffer, gemm.shape, step.out_stride, step.out_offset)
+    out = _strided(writer, step.out_buffer, gemm.shape, step.out_stride, step.out_offset) if step.out \
+        else writer.var(step.name)
     hook = "None"
     if step.name in hooks:
         hook = f"hook_{len(writer.globals)}"
