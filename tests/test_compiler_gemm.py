@@ -251,3 +251,20 @@ def test_epilogue_choice_on_a_gpu_is_timed_and_cached(tmp_path):
         gemm_tuning._epilogue_memo.clear()
         assert gemm_tuning.epilogue_choice(*shape, torch.bfloat16, 4096 * 2) == first  # from disk
 
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+def test_gemm_graphs_on_the_gpu(dtype):
+    """Linear + bias + GeLU and a SwiGLU FFN, forward and backward, at a GPU size: right against float32, and
+    every matmul on a tilefuse GEMM (the fused template or, where the tuner chose it, cuBLAS + the tail's own
+    kernel)."""
+    dev = "cuda"
+
+    def g(*shape):
+        return (torch.randn(*shape, device=dev, dtype=dtype) * shape[-1] ** -0.5).requires_grad_()
+    cc.check_function(lambda x, w, b: F.gelu(F.linear(x, w, b)), g(1000, 512), g(1536, 512), g(1536),
+                      what="linear+gelu gpu")
+    assert gemm_kernels("forward") and not matmul_externs(), matmul_externs()
+    cc.check_function(swiglu, g(1000, 512), g(1536, 512), g(1536, 512), g(512, 1536), what="swiglu gpu")
+    assert gemm_kernels("backward") and not matmul_externs(), matmul_externs()
