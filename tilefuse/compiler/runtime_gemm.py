@@ -4,14 +4,17 @@ A fused step becomes one call of the library's GEMM with the generated hook::
 
     v_gelu = empty_strided((7, 65), (65, 1), dtype=torch.float32, device=device)
     v_add = empty_strided((7, 65), (65, 1), dtype=torch.float32, device=device)
-    gemm_run(v_x, v_w.as_strided(...), hook_0, (v_b.as_strided((7, 65), (0, 1), ...), v_add), v_gelu)
+    launch_gemm_addmm_mm(v_x, v_w.as_strided(...), (v_b.as_strided((7, 65), (0, 1), ...), v_add), v_gelu)
 
-``gemm_run`` is :func:`tilefuse.kernels.gemm_plan.gemm_with_epilogue` (its plan cache makes a repeat call a
-dictionary lookup and the launches). A GEMM with no epilogue runs the library GEMM on Triton's interpreter
+``launch_gemm_<step>`` is :func:`gemm_run` with the step's hook bound: the library's
+:func:`tilefuse.kernels.gemm_plan.gemm_with_epilogue` (its plan cache makes a repeat call a dictionary lookup
+and the launches). A GEMM with no epilogue runs the library GEMM on Triton's interpreter
 (the tests exercise it) and cuBLAS (``torch.matmul``) on a GPU, where the tuner's fused-or-split choice
 (:func:`tilefuse.kernels.gemm_tuning.epilogue_choice`) left the tail to its own kernel.
 """
 from __future__ import annotations
+
+import functools
 
 import torch
 
@@ -51,7 +54,7 @@ def report(sched: scheduler.Schedule, sources: list) -> list:
     return out
 
 
-def gemm_run(a, b, hook, extras, out):
+def gemm_run(a, b, extras, out, hook=None):
     """One GEMM step: the library GEMM (with the epilogue hook, if any) into ``out``."""
     if hook is None and not tf_device.interpreting():
         torch.matmul(a, b, out=out) if out.is_contiguous() else out.copy_(torch.matmul(a, b))
@@ -83,11 +86,13 @@ def step_lines(writer, step: scheduler.GemmStep, hooks: dict) -> tuple[list[str]
         used.add(writer.var(op.buffer))
     out = _strided(writer, step.out_buffer, gemm.shape, step.out_stride, step.out_offset) if step.out \
         else writer.var(step.name)
-    hook = "None"
-    if step.name in hooks:
-        hook = f"hook_{len(writer.globals)}"
-        writer.globals[hook] = hooks[step.name]
-    writer.globals.setdefault("gemm_run", gemm_run)
+    launcher = "launch_gemm_" + "".join(ch if ch.isalnum() else "_" for ch in step.name)
+    while launcher in writer.globals:
+        launcher += "_"
+    writer.globals[launcher] = functools.partial(gemm_run, hook=hooks.get(step.name))
+    hook = hooks.get(step.name)
+    writer.globals.setdefault("_kernel_names", {})[launcher] = f"gemm {step.name}" + (
+        f" + {getattr(hook, '__name__', 'epilogue')}" if hook is not None else "")
     extras_text = f"({', '.join(extras)}{',' if len(extras) == 1 else ''})"
-    lines.append(f"    gemm_run({a}, {b}, {hook}, {extras_text}, {out})  # gemm {step.name}")
+    lines.append(f"    {launcher}({a}, {b}, {extras_text}, {out})  # {writer.globals['_kernel_names'][launcher]}")
     return lines, used
