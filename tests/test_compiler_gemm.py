@@ -268,3 +268,11 @@ def test_gemm_graphs_on_the_gpu(dtype):
     assert gemm_kernels("forward") and not matmul_externs(), matmul_externs()
     cc.check_function(swiglu, g(1000, 512), g(1536, 512), g(1536, 512), g(512, 1536), what="swiglu gpu")
     assert gemm_kernels("backward") and not matmul_externs(), matmul_externs()
+
+
+def test_explain_says_why_a_consumer_was_not_fused():
+    import tilefuse
+
+    fn = lambda x, w: torch.relu(x @ w).t() + torch.ones(5, 7)  # noqa: E731
+    text = str(tilefuse.explain(fn, t(7, 9), t(9, 5)))
+    assert "not fused: " in text and "at another element" in text, text

@@ -47,7 +47,8 @@ def report(sched: scheduler.Schedule, sources: list) -> list:
         ks = fused.get(st.name)
         origins = list(st.epilogue.origins) if st.epilogue is not None else list(table[st.name].origins)
         stores = [st.out_buffer] + [op.buffer for op in st.operands if op.kind == "store"]
-        name = f"gemm {st.name}" + (f" + epilogue {ks.name}" if ks is not None else "")
+        name = f"gemm {st.name}" + (f" + epilogue {ks.name}" if ks is not None else "") + \
+            (f" ({st.note})" if st.note else "")
         out.append(records.KernelReport(name, "gemm+epilogue" if ks is not None else "gemm", origins, stores,
                                         str(cache.kernel_path(ks)) if ks is not None else ""))
         records.bump("gemm_kernels")

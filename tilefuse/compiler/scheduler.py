@@ -126,6 +126,7 @@ class GemmStep:
     out: str = ""
     out_stride: tuple = ()
     out_offset: int = 0
+    note: str = ""  # why a pointwise consumer of the product was not fused (explain shows it)
 
     @property
     def out_buffer(self) -> str:
@@ -901,6 +902,7 @@ def fuse_epilogues(s: Scheduler, steps: list) -> list:
     (the latest GEMM it reads first: SwiGLU's ``silu(x @ w1) * (x @ w3)`` runs in the second GEMM, reading
     the first one's stored product as an extra operand)."""
     steps = list(steps)
+    notes: dict[str, str] = {}
     gi = 0
     while gi < len(steps):
         g = steps[gi]
@@ -913,9 +915,14 @@ def fuse_epilogues(s: Scheduler, steps: list) -> list:
         fused = False
         for k, name in sorted(candidates, reverse=True):
             step, where = epilogue_legality(s, steps, gi, name)
-            if step is None or epilogue_benefit(s, step) <= 0:
+            if step is None:
+                notes.setdefault(name, f"consumer {g.name} not fused: {where}")
+                continue
+            if epilogue_benefit(s, step) <= 0:
                 continue
             if not fused_or_split(s, step):
+                notes.setdefault(name, f"consumer {g.name} runs as its own kernel: the tuner chose cuBLAS + a "
+                                       f"separate epilogue for this shape")
                 continue
             if where:  # at the GEMM's place: a step between the two reads the product
                 steps[k] = step
@@ -927,7 +934,8 @@ def fuse_epilogues(s: Scheduler, steps: list) -> list:
             break
         if not fused:
             gi += 1
-    return steps
+    return [dataclasses.replace(st, note=notes[st.name]) if isinstance(st, GemmStep) and st.epilogue is None
+            and st.name in notes else st for st in steps]
 
 
 def fused_or_split(s: Scheduler, step: GemmStep) -> bool:
