@@ -276,3 +276,22 @@ def test_explain_says_why_a_consumer_was_not_fused():
     fn = lambda x, w: torch.relu(x @ w).t() + torch.ones(5, 7)  # noqa: E731
     text = str(tilefuse.explain(fn, t(7, 9), t(9, 5)))
     assert "not fused: " in text and "at another element" in text, text
+
+
+def test_generated_hooks_cross_compile_for_sm90a_and_gfx942():
+    """tests/compile_only/gemm_hook_checks.py in a child that is not on the interpreter: the hooks the compiler
+    writes for the bench's Linear+GeLU and SwiGLU graphs build inside the library GEMM for both vendors."""
+    import os
+    import re
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    here = Path(__file__).resolve().parent
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env.update(TILEFUSE_INTERPRET="0", PYTHONPATH=str(here.parent))
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                           str(here / "compile_only" / "gemm_hook_checks.py")],
+                          capture_output=True, text=True, env=env, cwd=here.parent, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
+    assert re.search(r"\b4 passed", proc.stdout) and "failed" not in proc.stdout, proc.stdout[-2000:]

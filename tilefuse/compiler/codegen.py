@@ -1664,10 +1664,28 @@ class EpilogueWriter(KernelWriter):
                 text = f"acc.to({TL_DTYPE[e.dtype]}).to(tl.float32)"
             return self.emit(scope, text, P.compute_dtype(e.dtype), key)
         k = self._slot("load", e.buffer, e.index)
-        text = f"tl.load(e{k} + yindex * e{k}_sm + xindex * e{k}_sn, mask, other=0)"
+        text = f"tl.load({self.slot_address(k)}, {self.slot_mask(k)}, other=0)"
         if e.dtype in P.HALF:
             text += ".to(tl.float32)"
         return self.emit(scope, text, P.compute_dtype(e.dtype), key)
+
+    def slot_address(self, k: int) -> str:
+        """Slot ``k``'s element addresses over the tile. A dimension the operand is broadcast along (stride 0
+        in the plan) is left out, so a bias is a [1, BLOCK_N] vector load, not a tile of equal pointers: with
+        128 x 128 tiles at 8 warps a full tile of 64-bit pointers a broadcast operand is 64 registers a
+        thread, and the Linear+GeLU hook spilled 96 bytes on sm_90a with it."""
+        stride = self.step.operands[k].stride
+        terms = []
+        if stride[-2]:
+            terms.append(f"yindex * e{k}_sm")
+        if stride[-1]:
+            terms.append(f"xindex * e{k}_sn")
+        return f"e{k} + " + " + ".join(terms) if terms else f"e{k}"
+
+    def slot_mask(self, k: int) -> str:
+        stride = self.step.operands[k].stride
+        return {(True, True): "mask", (True, False): "ymask", (False, True): "xmask"}.get(
+            (bool(stride[-2]), bool(stride[-1])), "True")
 
     def write_hook(self) -> KernelSource:
         g = self.g
@@ -1699,12 +1717,11 @@ class EpilogueWriter(KernelWriter):
                 k = self._slot("store", r, self.positions[r])
                 dtype = self.table[r].dtype
                 value = text if dtype == torch.bool else f"{self.tensor_text(text, reg, top)}.to({TL_DTYPE[dtype]})"
-                top.lines.append(f"    tl.store(e{k} + yindex * e{k}_sm + xindex * e{k}_sn, {value}, mask)")
+                top.lines.append(f"    tl.store({self.slot_address(k)}, {value}, mask)")
         for k, op in enumerate(self.step.operands):
             if op.kind == "store" and op.buffer == self.step.name:  # the raw product too (read elsewhere)
                 dtype = self.gemm.dtype
-                top.lines.append(f"    tl.store(e{k} + yindex * e{k}_sm + xindex * e{k}_sn, "
-                                 f"acc.to({TL_DTYPE[dtype]}), mask)")
+                top.lines.append(f"    tl.store({self.slot_address(k)}, acc.to({TL_DTYPE[dtype]}), mask)")
         top.lines.append(f"    return {result}")
         slots = ", ".join(f"e{k}, e{k}_sm, e{k}_sn" for k in range(EPILOGUE_SLOTS))
         sig = f"acc, offs_m, offs_n, mask_m, mask_n, {slots}"
