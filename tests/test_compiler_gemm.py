@@ -72,6 +72,7 @@ EPILOGUES = {
     "residual": (lambda x, w, b, r: F.linear(x, w, b) + r, ("add",)),
     "scale_residual": (lambda x, w, b, r: (x @ w.t()) * 0.125 + 2.0 * r, ("mul", "add")),
     "sigmoid_gate": (lambda x, w, b, r: torch.sigmoid(x @ w.t()) * r, ("sigmoid", "mul")),
+    "scalar_and_column": (lambda x, w, b, r: torch.relu(x @ w.t()) * r[0, 0] + r[:, :1], ("relu", "mul", "add")),
     "cast": (lambda x, w, b, r: F.linear(x, w, b).to(OTHER[x.dtype]).to(x.dtype) * 1.5, ("_to_copy",)),
 }
 

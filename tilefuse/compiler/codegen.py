@@ -1664,7 +1664,8 @@ class EpilogueWriter(KernelWriter):
                 text = f"acc.to({TL_DTYPE[e.dtype]}).to(tl.float32)"
             return self.emit(scope, text, P.compute_dtype(e.dtype), key)
         k = self._slot("load", e.buffer, e.index)
-        text = f"tl.load({self.slot_address(k)}, {self.slot_mask(k)}, other=0)"
+        mask = self.slot_mask(k)
+        text = f"tl.load({self.slot_address(k)}, {mask}, other=0)" if mask else f"tl.load(e{k})"
         if e.dtype in P.HALF:
             text += ".to(tl.float32)"
         return self.emit(scope, text, P.compute_dtype(e.dtype), key)
@@ -1685,7 +1686,7 @@ class EpilogueWriter(KernelWriter):
     def slot_mask(self, k: int) -> str:
         stride = self.step.operands[k].stride
         return {(True, True): "mask", (True, False): "ymask", (False, True): "xmask"}.get(
-            (bool(stride[-2]), bool(stride[-1])), "True")
+            (bool(stride[-2]), bool(stride[-1])), "")
 
     def write_hook(self) -> KernelSource:
         g = self.g
