@@ -144,7 +144,9 @@ def test_dynamic_m():
 
 
 # ------------------------------------------------------------------------------ models: forward and backward
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=["fp32", "fp16"])
+# bf16 too: the interpreter's bf16 dot is widened to fp32 (tilefuse.kernels._interpreter), so the library GEMM
+# is right there as well
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=["fp32", "fp16", "bf16"])
 def test_linear_bias_gelu_training(dtype):
     def fn(x, w, b):
         return F.gelu(F.linear(x, w, b))
