@@ -298,3 +298,15 @@ def test_generated_hooks_cross_compile_for_sm90a_and_gfx942():
                           capture_output=True, text=True, env=env, cwd=here.parent, timeout=900)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
     assert re.search(r"\b4 passed", proc.stdout) and "failed" not in proc.stdout, proc.stdout[-2000:]
+
+
+def test_split_choice_leaves_the_tail_to_its_own_kernel(monkeypatch):
+    """Where the tuner chooses cuBLAS + a separate epilogue kernel (a GPU decision, forced here), the GEMM runs
+    alone and its tail is an ordinary generated kernel; the result is the same and explain says why."""
+    from tilefuse.kernels import gemm_tuning
+
+    monkeypatch.setattr(gemm_tuning, "epilogue_choice", lambda *a, **k: "split")
+    fn = lambda x, w, b: F.gelu(F.linear(x, w, b))  # noqa: E731
+    cc.check_function(fn, t(7, 33, grad=True), t(19, 33, grad=True), t(19, grad=True), what="split")
+    assert gemm_kernels() and not [k for k in gemm_kernels() if k.form == "gemm+epilogue"]
+    assert any("tuner chose cuBLAS" in k.name for k in gemm_kernels()), [k.name for k in gemm_kernels()]
