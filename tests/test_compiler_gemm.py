@@ -310,3 +310,32 @@ def test_split_choice_leaves_the_tail_to_its_own_kernel(monkeypatch):
     cc.check_function(fn, t(7, 33, grad=True), t(19, 33, grad=True), t(19, grad=True), what="split")
     assert gemm_kernels() and not [k for k in gemm_kernels() if k.form == "gemm+epilogue"]
     assert any("tuner chose cuBLAS" in k.name for k in gemm_kernels()), [k.name for k in gemm_kernels()]
+
+
+GEMM_OPINFO = ("mm", "addmm", "bmm", "baddbmm", "matmul", "nn.functional.linear")
+OPINFO_PER_OP = 6  # samples an op at most (CI time: ~1 s a sample on the interpreter); all of them pass
+
+
+def _opinfo_samples():
+    from . import test_compiler_opinfo as coverage  # loads op_db (with its expecttest stand-in)
+
+    out = []
+    for op in coverage.OP_DB:
+        if op.name in GEMM_OPINFO and not op.variant_test_name:
+            samples = list(op.sample_inputs("cpu", torch.float32, requires_grad=True))
+            step = -(-len(samples) // OPINFO_PER_OP)  # every step-th: matmul's 15 and linear's 18 forms, spread
+            for k in range(0, len(samples), step):
+                out.append(pytest.param(op, samples[k], id=f"{op.name}-{k}"))
+    return out
+
+
+@pytest.mark.parametrize("op,sample", _opinfo_samples())
+def test_opinfo_matmul_samples(op, sample):
+    """PyTorch's own OpInfo samples of the matmul ops (broadcast batches, 1-D operands, empty dims, transposed
+    strides, alpha/beta), forward and backward in strict mode: a GEMM the library takes, or an ATen call by
+    design with a note; never a wrong answer."""
+    kwargs = sample.kwargs
+
+    def fn(*args):
+        return op(*args, **kwargs)
+    cc.check_function(fn, sample.input, *sample.args, what=op.name)
