@@ -4,8 +4,8 @@ fused into its epilogue as a generated hook (scheduler.fuse_epilogues, codegen.E
 Every case runs compiled against eager and a float64 reference (tests/compiler_checks.check_function: outputs
 and, for training cases, every input's gradient), then checks what the compiler made of it from the graph
 reports: which GEMM kernels fused which ATen nodes, and that no matmul stayed an ATen call where a kernel was
-chosen. CPU interpreter, float32 and float16 (the interpreter's bfloat16 dot is widened, but eager bf16 on the
-CPU sets the tolerance), sizes <= 129."""
+chosen. CPU interpreter, float32 and float16 (and bfloat16 for Linear + GeLU: tilefuse.kernels._interpreter
+widens the interpreter's bf16 dot to float32), sizes <= 129."""
 from __future__ import annotations
 
 import pytest
