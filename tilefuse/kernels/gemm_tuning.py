@@ -572,7 +572,7 @@ def _time_epilogue_choice(key, Z, M, N, K, a_shape, a_stride, b_stride, dtype, e
     b = b.mT if b_t else b
     out_shape = shape_a[:-1] + (N,)
     res = torch.randn(out_shape, device=dev, dtype=dtype) if extra_bytes else None
-    tf_config.log(1, f"gemm epilogue choice: timing fused template vs cuBLAS + epilogue kernel for {key}")
+    progress = Progress(f"the epilogue of a {Z}x{M}x{N}x{K} {dtype} GEMM (fused template or cuBLAS + a kernel)")
 
     def fused():
         gemm_raw(a, b, activation="gelu", residual=res)
@@ -583,9 +583,10 @@ def _time_epilogue_choice(key, Z, M, N, K, a_shape, a_stride, b_stride, dtype, e
 
     times = {}
     for name, fn in (("fused", fused), ("split", split)):
+        progress.update(f"timing {name} ({2 - len(times)} candidates left)")
         fn()
         times[name] = float(do_bench(fn, warmup=TUNE_WARMUP_MS, rep=TUNE_REP_MS))
-        tf_config.log(1, f"gemm epilogue choice: {name} {times[name]:.4f} ms ({2 - len(times)} candidates left)")
     # a tie (within TUNE_TIE) goes to the fused template: one launch fewer, no product in memory
     choice = "fused" if times["fused"] <= times["split"] * TUNE_TIE else "split"
+    progress.done(f"{choice} (fused {times['fused']:.4f} ms, split {times['split']:.4f} ms)")
     return {"key": key, "choice": choice, "ms": times}
