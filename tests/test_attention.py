@@ -259,7 +259,9 @@ def test_matches_sdpa_conventions():
     assert tilefuse.attention is attn.attention
 
 
-def test_deterministic_backward_is_bitwise_reproducible_and_matches_atomic():
+def test_deterministic_backward_is_bitwise_reproducible_and_matches_atomic(monkeypatch):
+    from tilefuse.kernels.attention import tuning as attn_tuning
+
     q, k, v = (bshd(1, 4, 65, 32, F16), bshd(1, 2, 65, 32, F16), bshd(1, 2, 65, 32, F16))
     dout = torch.randn(1, 4, 65, 32, dtype=F16)
 
@@ -267,10 +269,44 @@ def test_deterministic_backward_is_bitwise_reproducible_and_matches_atomic():
         out = attn.attention(q, k, v, causal=True, deterministic=det)
         return torch.autograd.grad(out, (q, k, v), dout)
 
-    first, second, atomic = grads(True), grads(True), grads(False)
+    first, second = grads(True), grads(True)
+    monkeypatch.setattr(attn_tuning, "DEFAULT_ATOMIC_DQ", True)  # the untuned form of a non-deterministic call
+    attn_tuning.forget()
+    atomic = grads(False)
+    attn_tuning.forget()
     for a, b, c in zip(first, second, atomic):
         assert torch.equal(a, b)
         assert_close(a, c.float(), F16)
+
+
+def test_backward_form_is_the_faster_one_timed_and_stored(monkeypatch, tmp_path):
+    """Not deterministic: both dQ forms are timed once a key (each with its own tuned configs), the faster
+    kept in memory and on disk; deterministic=True never asks; atomics with deterministic=True is refused."""
+    from tilefuse.kernels.attention import launch as attn_launch
+    from tilefuse.kernels.attention import tuning as attn_tuning
+
+    monkeypatch.setenv("TILEFUSE_CACHE_DIR", str(tmp_path))
+    attn_tuning.forget()
+    monkeypatch.setattr(attn_tuning, "tuning_enabled", lambda: True)
+    ran = []
+
+    def run(atomic):
+        ran.append(atomic)
+
+    fake_ms = {True: 1.0, False: 2.0}
+    pick = attn_tuning.choose_form("k1", run, timer=lambda fn: (fn(), fake_ms[ran[-1]])[1])
+    assert pick is True and set(ran) == {True, False}
+    ran.clear()
+    assert attn_tuning.choose_form("k1", run) is True and ran == []  # remembered
+    attn_tuning.forget()
+    assert attn_tuning.choose_form("k1", run) is True and ran == []  # read back from disk
+    attn_tuning.forget()
+    q, k, v = (torch.randn(1, 2, 9, 16) for _ in range(3))
+    p, _, _ = attn.checks.check_arguments(
+        q, k, v, causal=False, window=None, softcap=None, alibi=None, mask=None, score_mod=None,
+        score_mod_grad=None, dropout_p=0.0, dropout_seed=None, scale=None, deterministic=True, needs_grad=True)
+    with pytest.raises(ValueError, match="atomic_dq=True contradicts deterministic=True"):
+        attn_launch.backward(q, q, k, v, q, torch.zeros(2, 9), p, atomic_dq=True)
 
 
 def test_any_strides_including_a_strided_head_dim():

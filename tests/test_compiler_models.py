@@ -563,8 +563,8 @@ def test_fresh_process_entry_point_without_import(tmp_path):
 
 
 def test_torch_compile_mode_and_options():
-    """torch.compile(mode=...) other than the default compiles tilefuse's one mode, with a warning that
-    names the mode; an unknown options= key is an error naming it and the accepted keys (tests/
+    """torch.compile(mode="max-autotune") compiles tilefuse's default, with a warning that names the mode
+    (mode="reduce-overhead": tests/test_compiler_cudagraphs.py); an unknown options= key is an error naming it and the accepted keys (tests/
     test_compiler_options.py checks the accepted ones); the default mode compiles silently and right."""
     import warnings
 
@@ -572,9 +572,9 @@ def test_torch_compile_mode_and_options():
 
     x = torch.randn(5, 7)
     torch._dynamo.reset()
-    backend._MODES_WARNED.discard("reduce-overhead")
-    with pytest.warns(UserWarning, match="mode='reduce-overhead' is not a tilefuse mode"):
-        out = torch.compile(lambda t: (t * 2).relu(), backend="tilefuse", mode="reduce-overhead")(x)
+    backend._MODES_WARNED.discard("max-autotune")
+    with pytest.warns(UserWarning, match="mode='max-autotune' compiles tilefuse's default"):
+        out = torch.compile(lambda t: (t * 2).relu(), backend="tilefuse", mode="max-autotune")(x)
     assert torch.equal(out, (x * 2).relu())
     torch._dynamo.reset()
     with warnings.catch_warnings():

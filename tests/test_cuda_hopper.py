@@ -17,19 +17,20 @@ bias+GeLU epilogues, and rung 9's debug variants (which feature a wrong result c
 """
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import random
 import re
 import subprocess
 import sys
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
 
 from tilefuse import config, diskcache
+from tilefuse.cuda import build as ladder_build
 
 from .support import assert_close, poison, poisoned_empty
 
@@ -38,10 +39,7 @@ pytestmark = pytest.mark.xdist_group("cuda_hopper")  # one worker builds the thr
 ROOT = Path(__file__).resolve().parent.parent
 CUDA_DIR = ROOT / "tilefuse" / "cuda"
 RUNGS = {7: "rung7_tma_wgmma.cu", 8: "rung8_warpspec.cu", 9: "rung9_persistent.cu"}
-NVCC_FLAGS = ["-shared", "-Xcompiler", "-fPIC", "-gencode=arch=compute_90a,code=sm_90a", "-Xptxas", "-v", "-O3",
-              "-std=c++17"]
 CUDA_ERROR_INVALID_VALUE = 1
-BUILD_DIR_ENV = "TILEFUSE_HOPPER_BUILD_DIR"  # the GPU child process reuses its parent's builds
 
 
 # ------------------------------------------------------------------------------------------------- build
@@ -53,66 +51,29 @@ class Built:
     sass: str  # cuobjdump -sass of the library ("" when cuobjdump is missing)
 
 
-def _cuobjdump() -> Path | None:
-    try:
-        import triton
-    except ImportError:
-        return None
-    path = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
-    return path if path.exists() else None
-
-
-def _nvcc_version(nvcc: str) -> str:
-    try:
-        return subprocess.run([nvcc, "--version"], capture_output=True, text=True, timeout=60).stdout
-    except OSError:
-        return ""
-
-
-def _build_root() -> Path:
-    return Path(os.environ.get(BUILD_DIR_ENV) or Path(config.get().cache_dir) / "cuda-hopper-tests")
-
-
-def _build_direct(rung: int) -> Built:
-    """nvcc straight into the test cache (the ladder's own build.py is not there yet)."""
-    nvcc = config.get().nvcc
-    source = CUDA_DIR / RUNGS[rung]
-    key = diskcache.digest(source.read_bytes(), " ".join(NVCC_FLAGS), _nvcc_version(nvcc))
-    root = _build_root()
-    folder = root / f"rung{rung}-{key}"
-    folder.mkdir(parents=True, exist_ok=True)
-    lib, log_path = folder / f"rung{rung}.so", folder / "build.log"
-    if not lib.exists():
-        proc = subprocess.run([nvcc, *NVCC_FLAGS, "-o", str(lib), str(source)], capture_output=True, text=True,
-                              cwd=CUDA_DIR, timeout=600)
-        if proc.returncode != 0:
-            raise AssertionError(f"nvcc failed on {source.name}:\n{proc.stdout}\n{proc.stderr}")
-        diskcache.write_text(log_path, proc.stdout + proc.stderr)
-    return Built(rung, lib, log_path.read_text(), _sass(lib))
-
-
-def _sass(lib: Path) -> str:
-    tool = _cuobjdump()
-    if tool is None:
-        return ""
-    proc = subprocess.run([str(tool), "-sass", str(lib)], capture_output=True, text=True, timeout=300)
-    return proc.stdout
-
-
 _BUILDS: dict[int, Built] = {}
+PARENT_CACHE_ENV = "TILEFUSE_HOPPER_PARENT_CACHE"  # the GPU child process reuses its parent's builds
 
 
 def build(rung: int) -> Built:
-    """The library of a rung, built once per session; the three rungs build in parallel on first use."""
+    """The library of a rung for sm_90a, from the ladder's own build (:mod:`tilefuse.cuda.build`: nvcc, cached on
+    disk by the source and every header it includes); the three rungs build in parallel on first use. The GPU
+    child process (test_gpu_checks_in_a_child_process) looks them up in its parent's cache folder."""
     if rung not in _BUILDS:
-        with ThreadPoolExecutor(max_workers=len(RUNGS)) as pool:
-            for r, built in zip(RUNGS, pool.map(_build_direct, RUNGS)):
-                _BUILDS[r] = built
+        parent_cache = os.environ.get(PARENT_CACHE_ENV)
+        with config.override(cache_dir=parent_cache) if parent_cache else contextlib.nullcontext():
+            results = ladder_build.build_many([(ladder_build.rung(r), "sm_90a") for r in RUNGS], jobs=len(RUNGS))
+        for r, built in zip(RUNGS, results):
+            if isinstance(built, ladder_build.BuildError):
+                raise AssertionError(f"rung {r} did not build for sm_90a:\n{built}")
+            assert built.target == "sm_90a" and "-gencode=arch=compute_90a,code=sm_90a" in built.command
+            sass = built.sass_path.read_text() if built.sass_path else ""
+            _BUILDS[r] = Built(r, built.library, built.log, sass)
     return _BUILDS[rung]
 
 
 def _have_nvcc() -> bool:
-    return bool(_nvcc_version(config.get().nvcc))
+    return ladder_build.have_nvcc()
 
 
 needs_nvcc = pytest.mark.skipif(not _have_nvcc(), reason="nvcc is not on the PATH (TILEFUSE_NVCC)")
@@ -242,6 +203,61 @@ def test_setmaxnreg_took_effect(rung):
     for name, report in _kernel_reports(built.log).items():
         regs = int(re.search(r"Used (\d+) registers", report).group(1))
         assert regs <= 168, f"{name}: {regs} registers at entry; 384 threads x 168 is an SM's 64K registers"
+
+
+def compiled_source(rung: int) -> str:
+    """The text nvcc compiles for a rung: its file and every local header it includes."""
+    r = ladder_build.rung(rung)
+    return "\n".join(p.read_text() for p in [r.path, *r.includes()])
+
+
+# each shared helper of hopper.cuh, as the start of its definition
+SHARED_HELPERS = ("constexpr uint64_t make_desc_sw128(", "void mbar_wait(", "bool mbar_try_wait(",
+                  "void mbar_arrive_expect_tx(", "void tma_load_2d(uint32_t dst, const CUtensorMap* map, int c0, int c1, "
+                  "uint32_t bar) {", "void wgmma_fence()", "void fence_accumulators(", "void regs_release()",
+                  "#define TF_WGMMA_M64N256K16(", "#define TF_WGMMA_M64N128K16(", "void store_fragment(",
+                  "cudaError_t encode_2d(", "tensor_map_encoder() {", "bool aligned16(")
+
+
+@pytest.mark.parametrize("rung", sorted(RUNGS))
+def test_hopper_rungs_share_one_header(rung):
+    """Rungs 7-9 take their TMA / mbarrier / wgmma helpers from hopper.cuh and define none of them again."""
+    r = ladder_build.rung(rung)
+    assert CUDA_DIR / "hopper.cuh" in r.includes()
+    own = r.path.read_text()
+    header = (CUDA_DIR / "hopper.cuh").read_text()
+    for helper in SHARED_HELPERS:
+        assert header.count(helper) == 1, helper
+        assert helper not in own, f"{r.path.name} defines {helper!r} again (it is in hopper.cuh)"
+    # a helper only one rung uses stays in that rung: rung 9's L2-hinted TMA load is an overload, not a copy
+    assert ("void tma_load_2d(" in own) == (rung == 9)
+
+
+def test_the_reports_lines_of_code_count_the_shared_header_with_each_rung():
+    """A Hopper rung's figure in the report is still the code it takes to write it: its file and hopper.cuh."""
+    from tilefuse.bench import report_html
+
+    header = report_html.code_lines_cpp((CUDA_DIR / "hopper.cuh").read_text())
+    for rung, name in RUNGS.items():
+        own = report_html.code_lines_cpp((CUDA_DIR / name).read_text())
+        assert report_html.rung_source_lines(str(rung)) == own + header
+    assert report_html.rung_source_lines("6") == report_html.code_lines_cpp(
+        next(CUDA_DIR.glob("rung6_*.cu")).read_text())  # a rung without it: its file alone
+
+
+def test_the_build_cache_key_covers_the_shared_header(tmp_path):
+    """Editing hopper.cuh rebuilds every Hopper rung (the key hashes each header a rung includes)."""
+    for f in CUDA_DIR.iterdir():
+        if f.suffix in (".cu", ".cuh", ".h"):
+            (tmp_path / f.name).write_bytes(f.read_bytes())
+    rungs = [ladder_build._rung_from(tmp_path / RUNGS[r]) for r in sorted(RUNGS)]
+    portable = ladder_build._rung_from(tmp_path / "rung5_warp_tiling.cu")
+    before = [ladder_build.cache_key(r, "sm_90a") for r in rungs] + [ladder_build.cache_key(portable, "sm_80")]
+    header = tmp_path / "hopper.cuh"
+    header.write_text(header.read_text() + "\n// an edit\n")
+    after = [ladder_build.cache_key(r, "sm_90a") for r in rungs] + [ladder_build.cache_key(portable, "sm_80")]
+    assert all(b != a for b, a in zip(before[:3], after[:3]))  # every Hopper rung's key moved
+    assert before[3] == after[3]  # a rung that does not include it did not
 
 
 @pytest.mark.parametrize("rung", sorted(RUNGS))
@@ -558,7 +574,7 @@ def make_desc_sw128(addr: int) -> int:  # the kernels' make_desc_sw128, restated
 
 @pytest.mark.parametrize("rung", sorted(RUNGS))
 def test_descriptor_encoding_is_pinned_in_the_source(rung):
-    text = (CUDA_DIR / RUNGS[rung]).read_text()
+    text = compiled_source(rung)
     assert "static_assert(make_desc_sw128(0x0400) == (0x40ull | (1ull << 16) | (64ull << 32) | (1ull << 62))" in text
     d = desc_decode(0x40 | (1 << 16) | (64 << 32) | (1 << 62))
     assert d == {"start": 0x400, "lbo": 16, "sbo": 1024, "base_offset": 0, "swizzle": 1}
@@ -1190,7 +1206,7 @@ def test_gpu_checks_in_a_child_process(rung):
         pytest.skip("already the child")
     proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-m", "gpu", "-p", "no:cacheprovider", "-rfE",
                            "--tb=short", str(Path(__file__))], cwd=ROOT, capture_output=True, text=True,
-                          env={**os.environ, CHILD_ENV: str(rung), BUILD_DIR_ENV: str(_build_root())},
+                          env={**os.environ, CHILD_ENV: str(rung), PARENT_CACHE_ENV: str(diskcache.root())},
                           timeout=CHILD_TIMEOUT_S)
     summary = proc.stdout[-8000:] + proc.stderr[-2000:]
     assert proc.returncode == 0 and " passed" in proc.stdout, f"rung {rung} GPU checks failed:\n{summary}"

@@ -45,7 +45,7 @@ ALL_RUNGS = ["1", "2", "3", "4", "5", "5s", "6", "7", "8", "9"]
 EMULATED = ["1", "2", "3", "4", "5", "5s", "6"]
 PORTABLE = ["1", "2", "3", "4", "5", "5s"]
 NVIDIA_ONLY_FILES = {"rung6_mma_sync.cu", "rung7_tma_wgmma.cu", "rung8_warpspec.cu", "rung9_persistent.cu",
-                     "mma_sm80.cuh", "emulator.h"}
+                     "mma_sm80.cuh", "hopper.cuh", "emulator.h"}
 INVALID_VALUE = 1  # cudaErrorInvalidValue
 DTYPES = [torch.bfloat16, torch.float16]
 

@@ -43,7 +43,10 @@ def cmd_info(args) -> int:
     sheet = device.datasheet(dev)
     if sheet:
         lines.append(f"datasheet: {sheet.part}: bf16 {sheet.bf16:g} TFLOP/s dense, HBM {sheet.hbm_tbps:g} TB/s (leads, not measurements)")
-    info = {"device": dev.__dict__, "torch": torch.__version__, "triton": triton.__version__}
+    info = {"tilefuse": __import__("tilefuse").__version__, "device": dev.__dict__, "torch": torch.__version__,
+            "triton": triton.__version__, "python": sys.version.split()[0],
+            "cache_dir": str(cache_in_use), "cache_dir_configured": str(config.get().cache_dir),
+            "debug": config.get().debug, "debug_meaning": config.DEBUG_LEVELS[config.get().debug]}
     if dev.is_gpu and not dev.interpreter:
         ceil = device.measure_ceilings() if args.measure else device.ceilings(dev)
         if ceil is None:
@@ -73,13 +76,16 @@ def cmd_targets(args) -> int:
     from . import kernels
 
     kernels.load_all()
+    progress = _progress_printer()
     if not args.triton_only:
         try:
             import tilefuse.cuda  # noqa: F401  (registers the C++ ladder's rows, if built)
         except ImportError:
             pass
     results = targets.compile_matrix(wanted_targets, _split(args.kernel) or None, jobs=args.jobs,
-                                     include_providers=not args.triton_only)
+                                     include_providers=not args.triton_only, progress=progress)
+    if progress.tty:
+        sys.stderr.write("\n")
     bad = targets.failures(results)
     if not results:
         print("tilefuse targets: no kernel is registered (tilefuse.kernels has no kernel family)", file=sys.stderr)
@@ -97,6 +103,21 @@ def cmd_targets(args) -> int:
         for r in bad:
             print(f"FAIL {r.kernel} [{r.example}] on {r.target}: {r.error}")
     return 1 if bad else 0
+
+
+def _progress_printer():
+    """Progress on stderr, so that stdout stays the table or the JSON: one ``[n/N] target kernel [example]``
+    line per compilation (the format :data:`tilefuse.targets.PROGRESS_LINE` reads back from a child), or one
+    line rewritten in place on a terminal."""
+    tty = sys.stderr.isatty()
+
+    def show(done: int, total: int, what: str) -> None:
+        line = f"[{done}/{total}] {what}"
+        sys.stderr.write(f"\r{line:<79}" if tty else line + "\n")
+        sys.stderr.flush()
+
+    show.tty = tty
+    return show
 
 
 # ----------------------------------------------------------------------------------------- delegates
@@ -119,10 +140,102 @@ def cmd_report(args) -> int:
 
 
 def cmd_explain(args) -> int:
-    from .compiler.explain import explain_script
+    return explain_script(args.script, args.script_args)
 
-    print(explain_script(args.script, args.script_args))
-    return 0
+
+class _ExplainBackend:
+    """The backend a script's ``torch.compile`` calls get under ``tilefuse explain``: it notes each graph
+    Dynamo hands over (and why Dynamo cut it there) and passes it, with the call's ``mode``/``options``, to
+    the tilefuse backend. Graph breaks are counted from those reasons, as ``tilefuse.explain()`` counts them
+    through ``torch._dynamo.explain``."""
+
+    def __init__(self):
+        self.graph_count = 0
+        self.break_reasons: list[str] = []
+
+    def __call__(self, gm, example_inputs, **kwargs):
+        from torch._dynamo.backends.registry import lookup_backend
+
+        self.graph_count += 1
+        reason = getattr(gm, "compile_subgraph_reason", None)
+        if reason is not None and reason.graph_break:
+            text = reason.reason
+            stack = getattr(reason, "user_stack", None)
+            if stack:
+                text += f" (at {stack[-1].filename}:{stack[-1].lineno})"
+            self.break_reasons.append(text)
+        return lookup_backend("tilefuse")(gm, example_inputs, **kwargs)
+
+
+def explain_script(path: str, script_args: list[str] | None = None) -> int:
+    """Run the script once as ``__main__`` with the tilefuse backend set, then print what was compiled.
+
+    Every ``torch.compile`` call the script makes without a backend, or with ``backend="tilefuse"``, gets the
+    tilefuse backend; a call that names another backend keeps it (and is listed). A script that defines
+    ``main()`` and has no ``if __name__ == "__main__":`` block gets ``main()`` called. The script's output goes
+    where it always goes, as it runs; if the script raises, its traceback is printed and the explanation
+    still follows (exit status 1)."""
+    import ast
+    import os
+    import runpy
+    import traceback
+
+    import torch
+
+    from .compiler.explain import Explanation, collecting
+
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"no such script: {path}")
+    with open(path) as f:
+        tree = ast.parse(f.read(), filename=path)
+    runs_itself = any(isinstance(n, ast.If) and "__name__" in ast.unparse(n.test) for n in tree.body)
+
+    recorder = _ExplainBackend()
+    other_backends: list[str] = []
+    original_compile = torch.compile
+    unset = object()
+
+    def compile_with_tilefuse(model=None, *, backend=unset, **kwargs):
+        if backend is unset or backend == "tilefuse":
+            backend = recorder
+        else:
+            other_backends.append(backend if isinstance(backend, str) else getattr(backend, "__name__", repr(backend)))
+        return original_compile(model, backend=backend, **kwargs)
+
+    argv, path0 = sys.argv, sys.path[0] if sys.path else None
+    sys.argv = [path] + list(script_args or [])
+    sys.path.insert(0, os.path.dirname(os.path.abspath(path)))
+    status = 0
+    torch._dynamo.reset()  # code compiled earlier in this process would hide its graphs
+    torch.compile = compile_with_tilefuse
+    try:
+        with collecting() as sink:
+            try:
+                namespace = runpy.run_path(path, run_name="__main__")
+                if not runs_itself and callable(namespace.get("main")):
+                    namespace["main"]()
+            except SystemExit as exc:
+                status = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+            except Exception as exc:  # the script's own failure: show it, then explain what ran before it
+                tb = exc.__traceback__
+                while tb is not None and tb.tb_frame.f_code.co_filename != path:
+                    tb = tb.tb_next  # from the script's first frame: runpy's and this function's are noise
+                traceback.print_exception(type(exc), exc, tb or exc.__traceback__)
+                status = 1
+    finally:
+        torch.compile = original_compile
+        sys.argv = argv
+        if sys.path and sys.path[0] != path0:
+            sys.path.pop(0)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    exp = Explanation(recorder.graph_count, len(recorder.break_reasons), recorder.break_reasons, list(sink))
+    print(f"\n== tilefuse explain {path}" + (f" (the script failed, exit status {status})" if status else ""))
+    print(exp)
+    if other_backends:
+        print(f"\n{len(other_backends)} torch.compile calls named another backend and were left to it: "
+              + ", ".join(sorted(set(other_backends))))
+    return status
 
 
 def cmd_port(args) -> int:
@@ -133,6 +246,7 @@ def cmd_port(args) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="tilefuse", description=__import__("tilefuse").__doc__.splitlines()[0])
+    parser.add_argument("--version", action="version", version=f"tilefuse {__import__('tilefuse').__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
 
     p = sub.add_parser("demo", help="compile a model with the tilefuse backend, run a fused GEMM, show the target matrix")

@@ -22,6 +22,9 @@ variable                   meaning
                            against its pointer argument's storage (a stray access raises, naming the
                            kernel, the argument and the offset: tilefuse.compiler.interpreter_check).
                            Default 0. Slow: for debugging and the fuzzer.
+``TILEFUSE_CUDAGRAPHS``    1: compiled graphs are recorded into CUDA graphs and replayed, as with
+                           ``torch.compile(..., mode="reduce-overhead")`` (tilefuse.compiler.cudagraphs).
+                           Default 0.
 ``TILEFUSE_NVCC``          the nvcc used to build the CUDA C++ ladder (default ``nvcc``).
 ``TILEFUSE_HIP_CLANG``     the clang used to compile the HIP translation (default ``clang-19``).
 ``TILEFUSE_GIT_SHA``       the commit recorded in benchmark rows (for a snapshot of a commit run on a device
@@ -89,6 +92,7 @@ class Config:
     local_rank: int | None = None  # torchrun's LOCAL_RANK; None outside a distributed launch
     local_world_size: int = 1  # torchrun's LOCAL_WORLD_SIZE
     check_bounds: bool = False  # interpreter: every load and store checked against its buffer
+    cudagraphs: bool = False  # compiled graphs recorded into CUDA graphs (mode="reduce-overhead")
 
 
 def _int_var(env: Mapping[str, str], name: str, default: int, allowed: range) -> int:
@@ -182,6 +186,7 @@ def load(env: Mapping[str, str] | None = None, *, strict: bool = True) -> Config
         local_rank=_launcher_int(env, "LOCAL_RANK", None, minimum=0),
         local_world_size=_launcher_int(env, "LOCAL_WORLD_SIZE", 1, minimum=1) or 1,
         check_bounds=bool(_bool_var(env, "TILEFUSE_CHECK_BOUNDS", False)),
+        cudagraphs=bool(parsed(_bool_var, "TILEFUSE_CUDAGRAPHS", False)),
     )
 
 

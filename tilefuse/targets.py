@@ -294,30 +294,52 @@ def _selected(kernel_names: Sequence[str] | None) -> list[KernelSpec]:
 
 
 def compile_matrix(target_names: Sequence[str] | None = None, kernel_names: Sequence[str] | None = None,
-                   jobs: int | None = None, include_providers: bool = True) -> list[Result]:
-    """Compile every registered kernel (or those named) for every target (or those named)."""
+                   jobs: int | None = None, include_providers: bool = True,
+                   progress: Callable[[int, int, str], None] | None = None) -> list[Result]:
+    """Compile every registered kernel (or those named) for every target (or those named).
+
+    ``progress(done, total, what)`` is called after each compilation (``what``: "target kernel [example]")
+    and once before each provider's rows (``what``: the provider's name, ``total`` unchanged)."""
     target_names = check_target_names(target_names or ALL_TARGETS)
     specs = _selected(kernel_names)
     if device.interpreting() and specs:
-        return _compile_in_child(target_names, kernel_names, include_providers)
+        return _compile_in_child(target_names, kernel_names, include_providers, progress, jobs)
     tasks = [(spec.name, i, t) for spec in specs for t in target_names for i in range(len(spec.examples(t)))]
     jobs = max(1, min(jobs or os.cpu_count() or 1, len(tasks) or 1))
+
+    def done(k: int, task) -> None:
+        if progress is not None:
+            name, index, target = task
+            progress(k, len(tasks), f"{target} {name} [{index}]")
+
     if jobs == 1 or len(tasks) <= 1:
-        rows = [_compile_cached(task) for task in tasks]
+        rows = []
+        for task in tasks:
+            rows.append(_compile_cached(task))
+            done(len(rows), task)
     else:
         ctx = multiprocessing.get_context("fork")  # children inherit the registry; nothing touches a GPU
         with concurrent.futures.ProcessPoolExecutor(jobs, mp_context=ctx) as pool:
-            rows = list(pool.map(_compile_cached, tasks))
+            futures = {pool.submit(_compile_cached, task): k for k, task in enumerate(tasks)}
+            rows = [None] * len(tasks)
+            for finished, future in enumerate(concurrent.futures.as_completed(futures), 1):
+                rows[futures[future]] = future.result()
+                done(finished, tasks[futures[future]])
     results = [Result(**row) for row in rows]
     if include_providers:
         wanted = set(kernel_names or ())
         for name, provider in _PROVIDERS.items():
             if not wanted or name in wanted:
+                if progress is not None:
+                    progress(len(tasks), len(tasks), name)
                 results.extend(provider(target_names))
     return results
 
 
-def _compile_in_child(target_names, kernel_names, include_providers) -> list[Result]:
+PROGRESS_LINE = re.compile(r"^\[(\d+)/(\d+)\] (.*)$")  # what `tilefuse targets` prints on stderr, per compilation
+
+
+def _compile_in_child(target_names, kernel_names, include_providers, progress=None, jobs=None) -> list[Result]:
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["TILEFUSE_INTERPRET"] = "0"
     cmd = [sys.executable, "-m", "tilefuse", "targets", "--json", "--target", ",".join(target_names)]
@@ -325,12 +347,26 @@ def _compile_in_child(target_names, kernel_names, include_providers) -> list[Res
         cmd += ["--kernel", ",".join(kernel_names)]
     if not include_providers:
         cmd += ["--triton-only"]
+    if jobs:
+        cmd += ["--jobs", str(jobs)]
     env["TILEFUSE_CACHE_DIR"] = str(diskcache.root())  # the folder in use (a private one if the configured one is not)
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    # stdout (the JSON, can be large) goes to a file so that stderr can be read line by line for progress
+    with tempfile.TemporaryFile("w+") as out:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.PIPE, text=True, env=env)
+        errors = []
+        for line in proc.stderr:
+            match = PROGRESS_LINE.match(line.rstrip("\n"))
+            if match and progress is not None:
+                progress(int(match[1]), int(match[2]), match[3])
+            elif not match:
+                errors.append(line)
+        proc.wait()
+        out.seek(0)
+        stdout = out.read()
     try:
-        rows = json.loads(proc.stdout)["results"]
+        rows = json.loads(stdout)["results"]
     except (ValueError, KeyError):
-        raise RuntimeError(f"cross-compilation child failed (exit {proc.returncode}):\n{proc.stderr[-2000:]}") from None
+        raise RuntimeError(f"cross-compilation child failed (exit {proc.returncode}):\n{''.join(errors)[-2000:]}") from None
     return [Result(**row) for row in rows]
 
 

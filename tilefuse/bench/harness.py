@@ -327,3 +327,87 @@ def rel_error(out, ref) -> float:
     if not bool(out.isfinite().all()):
         return float("inf")
     return (out - ref).norm().item() / (ref.norm().item() or 1.0)
+
+
+# ----------------------------------------------------------------------------------------- time limits
+class TimeLimitExceeded(BaseException):
+    """A :class:`Deadline` ran out. A ``BaseException``, as ``KeyboardInterrupt`` is: Dynamo wraps an
+    ``Exception`` raised while it compiles, and a backend that falls back to eager on an error would swallow one,
+    so the watchdog could not stop a slow compile."""
+
+    def __init__(self, seconds: float, phase: str):
+        super().__init__(f"exceeded {seconds:g} s in phase {phase}")
+        self.seconds, self.phase = seconds, phase
+
+
+REARM_S = 0.25  # a time limit's signal repeats this often until its exception reaches the phase
+
+
+class Deadline:
+    """A wall-clock budget shared by the phases of one row (compile, accuracy, timing, ...): the time spent
+    inside its phases counts, not the time other rows' phases take in between (the models suite interleaves
+    its backends' timing rounds).
+
+    ``with deadline.phase("compile-cold"):`` checks the budget before the phase and, in the main thread, arms a
+    ``SIGALRM`` timer for what is left, whose handler raises :class:`TimeLimitExceeded` inside the phase: a
+    check between phases alone cannot stop one compile that runs for minutes. ``phases`` holds each phase's
+    wall seconds. ``seconds=None``: no limit (the phases are still timed). ``wall=True``: all wall time from now
+    counts (a whole suite's budget, read with :meth:`remaining`; such a budget is never armed)."""
+
+    def __init__(self, seconds: float | None, *, wall: bool = False):
+        import time
+
+        self.seconds = seconds if seconds and seconds > 0 else None
+        self.phases: dict[str, float] = {}
+        self._since: float | None = time.perf_counter() if wall else None  # start of the phase under way
+        self.wall = wall
+
+    def spent(self) -> float:
+        import time
+
+        now = time.perf_counter()
+        return sum(self.phases.values()) + (now - self._since if self._since is not None else 0.0)
+
+    def remaining(self) -> float | None:
+        return None if self.seconds is None else self.seconds - self.spent()
+
+    def check(self, phase: str) -> None:
+        left = self.remaining()
+        if left is not None and left <= 0:
+            raise TimeLimitExceeded(self.seconds, phase)
+
+    def phase(self, name: str):
+        import contextlib
+        import signal
+        import threading
+        import time
+
+        if self.wall:
+            raise TypeError("Deadline(wall=True) is a budget to read with remaining(), not to arm with phase()")
+
+        @contextlib.contextmanager
+        def guarded():
+            self.check(name)
+            left = self.remaining()
+            armed = left is not None and threading.current_thread() is threading.main_thread() \
+                and hasattr(signal, "setitimer")
+            previous = None
+            if armed:
+                def expire(signum, frame):
+                    # raised inside a finaliser or a weakref callback, the exception is printed and dropped
+                    # ("unraisable"): fire again shortly until it lands in the phase's own code
+                    signal.setitimer(signal.ITIMER_REAL, REARM_S)
+                    raise TimeLimitExceeded(self.seconds, name)
+
+                previous = signal.signal(signal.SIGALRM, expire)
+                signal.setitimer(signal.ITIMER_REAL, max(left, 1e-3))
+            self._since = time.perf_counter()
+            try:
+                yield
+            finally:
+                if armed:
+                    signal.setitimer(signal.ITIMER_REAL, 0)
+                    signal.signal(signal.SIGALRM, previous)
+                self.phases[name] = self.phases.get(name, 0.0) + time.perf_counter() - self._since
+                self._since = None
+        return guarded()

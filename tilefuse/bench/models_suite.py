@@ -24,8 +24,14 @@ torchvision models ResNet-50, MobileNetV2 and ConvNeXt-T where torchvision is in
 here. ``--smoke`` runs tiny configs of the Hugging Face and plain-PyTorch models on the CPU (Triton's
 interpreter), eager and tilefuse only: it proves the code path and the accuracy check; its times mean nothing.
 
-Not yet here: the decode step with a KV cache (batch 1), which needs a static cache to compile without a
-recompile a token; ``tilefuse-reduce-overhead`` rows say "not run" until tilefuse has CUDA graphs.
+Modes: ``train`` (AdamW, bf16 autocast), ``infer`` (the model in the dtype, a serving batch) and, for the causal
+LMs, ``decode``: batch 1, one token step after a prompt, against transformers' ``StaticCache`` (fixed shapes, so
+a compiled step does not recompile as the sequence grows; the case name says ``-decode-b1``).
+
+Every phase (compile-cold, accuracy, compile-warm, timing) is logged with its wall time as it ends;
+``--time-limit S`` bounds each model x backend over all its phases (:class:`harness.Deadline`), past which its
+row is "not run: exceeded S s in phase X" and the suite goes on. A ``*-reduce-overhead`` backend that cannot
+compile that mode is a "not run" or "error" row with the backend's own words, never a mislabelled timing.
 """
 from __future__ import annotations
 
@@ -45,9 +51,8 @@ SUITE = "models"
 BACKENDS = ("eager", "inductor", "inductor-max-autotune", "inductor-reduce-overhead", "tilefuse",
             "tilefuse-reduce-overhead")
 SMOKE_BACKENDS = ("eager", "tilefuse")  # Inductor on the CPU builds C++ for minutes: not a smoke test
-MODES = ("train", "infer")
+MODES = ("train", "infer", "decode")  # decode: the causal LMs alone, batch 1, static KV cache
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
-NOT_YET = {"tilefuse-reduce-overhead": "tilefuse has no CUDA-graph mode yet (compiles as the default mode)"}
 
 # The dynamo harness's tolerances: allclose at these, else the RMSE rule below.
 TOLERANCE = {torch.float32: 1e-4, torch.bfloat16: 1e-2, torch.float16: 1e-3, torch.float64: 1e-7}
@@ -57,6 +62,7 @@ RMSE_FACTOR = 3.0
 RMSE_FLOOR = 1e-7  # against results eager computes exactly (an RMSE of 0.0 would admit nothing)
 ROUNDS, STEPS_PER_ROUND = 5, 3
 SMOKE_ROUNDS, SMOKE_STEPS = 2, 1
+DECODE_ROOM = 8  # cache slots past the prompt: a round's steps (rewound between rounds) and the first step
 
 
 # ------------------------------------------------------------------------------------------------ models
@@ -69,6 +75,7 @@ class ModelCase:
     inputs: Callable[[nn.Module, int, torch.device], dict]
     batch: int
     family: str  # "hf" or "vision"
+    decoder: bool = False  # a causal LM: also a decode step with a static KV cache (mode "decode", batch 1)
 
 
 def _hf():
@@ -209,16 +216,16 @@ def _torchvision(name):
 def cases(smoke: bool) -> list[ModelCase]:
     """The suite's models: tiny configs on the CPU smoke run, real sizes otherwise."""
     if smoke:
-        return [ModelCase("gpt2", _gpt2, _tokens(128, 16), 2, "hf"),
-                ModelCase("llama", _llama, _tokens(128, 16), 2, "hf"),
-                ModelCase("qwen2-gqa", _qwen2, _tokens(128, 16), 2, "hf"),
+        return [ModelCase("gpt2", _gpt2, _tokens(128, 16), 2, "hf", decoder=True),
+                ModelCase("llama", _llama, _tokens(128, 16), 2, "hf", decoder=True),
+                ModelCase("qwen2-gqa", _qwen2, _tokens(128, 16), 2, "hf", decoder=True),
                 ModelCase("bert", _bert, _tokens(128, 16), 2, "hf"),
                 ModelCase("t5", _t5, _t5_inputs(128, 16), 2, "hf"),
                 ModelCase("vit", _vit, _images(32, 10), 2, "hf"),
                 ModelCase("unet", _unet, _seg_inputs(16), 2, "vision")]
-    out = [ModelCase("gpt2-124m", _gpt2, _tokens(50257, 512), 8, "hf"),
-           ModelCase("llama-1b", _llama, _tokens(32000, 1024), 4, "hf"),
-           ModelCase("qwen2-0.5b-gqa", _qwen2, _tokens(151936, 1024), 4, "hf"),
+    out = [ModelCase("gpt2-124m", _gpt2, _tokens(50257, 512), 8, "hf", decoder=True),
+           ModelCase("llama-1b", _llama, _tokens(32000, 1024), 4, "hf", decoder=True),
+           ModelCase("qwen2-0.5b-gqa", _qwen2, _tokens(151936, 1024), 4, "hf", decoder=True),
            ModelCase("bert-base", _bert, _tokens(30522, 512), 16, "hf"),
            ModelCase("t5-small", _t5, _t5_inputs(32128, 512), 16, "hf"),
            ModelCase("vit-b16", _vit, _images(224, 1000), 32, "hf"),
@@ -256,29 +263,76 @@ def _outputs(out) -> list[torch.Tensor]:
     return [v for k, v in out.items() if isinstance(v, torch.Tensor)]
 
 
-class Runner:
-    """One backend's model (its own copy of the weights), optimizer and step."""
+class DecodeCache:
+    """A static KV cache (transformers' ``StaticCache``: fixed shapes, so a compiled decode step never
+    recompiles as the sequence grows) prefilled by the eager model with a prompt, and the positions of the
+    decode steps that follow it. The cache writes each step at its own running length: :meth:`rewind` (outside
+    the timed region) sets it back to the prompt's, so the timed steps always decode positions P, P+1, ..."""
 
-    def __init__(self, model: nn.Module, backend: str, mode: str, dtype: torch.dtype, device: torch.device):
+    def __init__(self, model: nn.Module, prompt: torch.Tensor, room: int):
+        from transformers import StaticCache
+
+        self.prompt_len = P = prompt.shape[1]
+        self.cache = StaticCache(config=model.config, max_cache_len=P + room)
+        with torch.no_grad():
+            model(input_ids=prompt, past_key_values=self.cache, use_cache=True,
+                  cache_position=torch.arange(P, device=prompt.device))
+        self.positions = [torch.tensor([P + i], device=prompt.device) for i in range(room)]
+        self.i = 0
+
+    def rewind(self) -> None:
+        for layer in self.cache.layers:
+            layer.cumulative_length.fill_(self.prompt_len)
+        self.i = 0
+
+    def next_step(self) -> dict:
+        if self.i >= len(self.positions):  # never in a timed round (rounds rewind first); a write past the end
+            self.rewind()                 # of the cache would be an out-of-bounds index_copy_ on the GPU
+        position = self.positions[self.i]
+        self.i += 1
+        return {"past_key_values": self.cache, "cache_position": position, "use_cache": True}
+
+
+class Runner:
+    """One backend's model (its own copy of the weights), optimizer (training), KV cache (decode) and step."""
+
+    def __init__(self, model: nn.Module, backend: str, mode: str, dtype: torch.dtype, device: torch.device,
+                 prompt: torch.Tensor | None = None):
         self.model, self.backend = model, backend
         self.mode, self.dtype, self.device = mode, dtype, device
         self.fn = model if backend == "eager" else torch.compile(model, **_compile_args(backend))
         self.opt = torch.optim.AdamW(model.parameters(), lr=1e-4) if mode == "train" else None
         self.autocast = dtype != torch.float32 and device.type == "cuda" and mode == "train"
+        # CUDA graphs replay into the same output buffers: a step starts a new generation of them
+        self.cudagraphs = backend.endswith("reduce-overhead") and device.type == "cuda"
+        self.decode = DecodeCache(model, prompt, DECODE_ROOM) if mode == "decode" else None
 
-    def step(self, kwargs) -> list[torch.Tensor]:
-        if self.mode == "infer":
+    def rewind(self) -> None:
+        if self.decode is not None:
+            self.decode.rewind()
+
+    def step(self, kwargs, keep: bool = False) -> list[torch.Tensor]:
+        """One step; ``keep``: return its results as copies (outputs, or the loss and every gradient) for the
+        accuracy check. A timed step returns nothing: copying 124M gradients a step would dilute every
+        backend's speed-up alike."""
+        if self.cudagraphs:
+            torch.compiler.cudagraph_mark_step_begin()
+        if self.mode != "train":
+            extra = self.decode.next_step() if self.decode is not None else {}
             with torch.no_grad():
-                return _outputs(self.fn(**kwargs))
+                out = self.fn(**kwargs, **extra)
+            return [t.detach().clone() for t in _outputs(out)] if keep else []
         with torch.autocast(self.device.type, dtype=self.dtype, enabled=self.autocast):
             out = self.fn(**kwargs)
             loss = _loss(out)
         loss.backward()
-        grads = [p.grad.detach().clone() if p.grad is not None else torch.zeros_like(p)
-                 for p in self.model.parameters()]
+        kept = []
+        if keep:
+            kept = [loss.detach().clone()] + [p.grad.detach().clone() if p.grad is not None else torch.zeros_like(p)
+                                              for p in self.model.parameters()]
         self.opt.step()
         self.opt.zero_grad(set_to_none=True)
-        return [loss.detach()] + grads
+        return kept
 
 
 def _compile_args(backend: str) -> dict:
@@ -286,7 +340,8 @@ def _compile_args(backend: str) -> dict:
         mode = backend.removeprefix("inductor").lstrip("-") or None
         return {"backend": "inductor", "mode": mode}
     if backend.startswith("tilefuse"):
-        return {"backend": "tilefuse"}
+        mode = backend.removeprefix("tilefuse").lstrip("-") or None
+        return {"backend": "tilefuse", **({"mode": mode} if mode else {})}
     raise ValueError(f"unknown backend {backend!r}: accepted values are {', '.join(BACKENDS)}")
 
 
@@ -338,37 +393,112 @@ def _fmt_note(fields: dict) -> str:
     return "; ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in fields.items())
 
 
+def _skip_row(rec, name, backend, dtype, shape, why, fields) -> harness.Row:
+    """A "not run" row that keeps what the phases before it measured (compile seconds, graphs) in its note."""
+    return rec._row(name, backend, dtype, shape, status=f"not run: {why}", baseline="eager", note=_fmt_note(fields))
+
+
+_REFUSED_MODES: dict[str, str] = {}  # backend -> the backend's words when it compiled another mode instead
+
+
+def _forget_mode_warning(backend: str) -> None:
+    """tilefuse warns once a process about a mode it does not have: forget that it did, so this compile's
+    warning is seen (an earlier model, test or suite in the process may have had it)."""
+    mode = _compile_args(backend).get("mode") if backend != "eager" else None
+    if mode and backend.startswith("tilefuse"):
+        from tilefuse.compiler import backend as tf_backend
+
+        getattr(tf_backend, "_MODES_WARNED", set()).discard(mode)
+
+
+def _not_a_mode(backend: str, caught: list, exc: BaseException | None = None) -> str:
+    """The backend's own words that it has not the mode asked for (tilefuse before it had CUDA graphs): a
+    warning it gave, or that warning raised as an error (Dynamo wraps it) — a ``-reduce-overhead`` row timed
+    anyway would be a mislabelled default-mode row."""
+    texts = [str(w.message) for w in caught]
+    while exc is not None:
+        texts.append(str(exc))
+        exc = exc.__cause__ or exc.__context__
+    for text in texts:
+        if "is not a tilefuse mode" in text:
+            start = text.find("tilefuse backend: mode=")
+            _REFUSED_MODES[backend] = text[max(start, 0):].strip().splitlines()[0]
+    return _REFUSED_MODES.get(backend, "")
+
+
 def run_case(rec: harness.Recorder, case: ModelCase, mode: str, dtype: torch.dtype, batch: int,
-             backends: tuple[str, ...], smoke: bool, log: Callable[[str], None]) -> list[harness.Row]:
+             backends: tuple[str, ...], smoke: bool, log: Callable[[str], None],
+             time_limit: float | None = None, warm: bool = True) -> list[harness.Row]:
+    """The rows of one model in one mode, a row per backend. Phases, each logged with its wall time as it ends:
+
+    1. per backend in a fresh Dynamo: **compile-cold** (the first step, disk caches as the process found them)
+       and **accuracy** (that step's results against eager's and the float64 run's);
+    2. one ``torch._dynamo.reset()``, then per backend **compile-warm** (a second compile, the disk caches warm):
+       the models compiled here are the ones timed (a reset after them would throw their compiled code away
+       and the first timed round would compile again);
+    3. **timing**: interleaved rounds.
+
+    ``time_limit``: wall seconds a backend may spend over all its phases; past it (checked between phases and
+    by a SIGALRM watchdog inside one) its row is "not run: exceeded N s in phase X" and the others go on.
+    ``warm=False`` skips phase 2 (half the compile time): the cold-compiled models are timed, and Dynamo is
+    reset once for the model, not before each backend."""
+    import warnings
+
     device = torch.device("cpu") if smoke else torch.device("cuda")
     name = f"{case.name}-{mode}-b{batch}"
+    shape = f"batch {batch}" if mode != "decode" else f"batch 1, one token after a {case.name} prompt"
     torch.manual_seed(0)
     try:
         base = case.build(smoke)
     except ImportError as exc:
-        return [rec.skip(name, b, f"not run: {exc}") for b in backends]
+        return [rec.skip(name, b, str(exc), dtype=dtype, shape=shape) for b in backends]
     base.train(mode == "train")
     model_dtype = torch.float32 if mode == "train" else dtype
     kwargs = case.inputs(base, batch, device)
+    prompt = None
+    if mode == "decode":
+        prompt = kwargs["input_ids"][:1]
+        shape = f"batch 1, one token after a {prompt.shape[1]}-token prompt, static KV cache"
+        kwargs = {"input_ids": torch.randint(0, base.config.vocab_size, (1, 1), device=device)}
     if case.family == "vision" and "pixel_values" in kwargs:
         kwargs["pixel_values"] = kwargs["pixel_values"].to(model_dtype)
-    shape = f"batch {batch}"
 
-    # float64 reference (the accuracy rule's yardstick), then eager's own step from the same weights
-    ref_model = copy.deepcopy(base).to(device=device, dtype=torch.float64)
+    def build_runner(backend, dt=model_dtype, run_dtype=dtype, source=base):
+        model = copy.deepcopy(source).to(device=device, dtype=dt)
+        return Runner(model, backend, mode, run_dtype, device, prompt=prompt)
+
+    def say(backend, what):
+        log(f"  {name:<28} {backend:<26} {what}")
+
+    # float64 reference (the accuracy rule's yardstick)
     ref_kwargs = {k: v.double() if v.is_floating_point() else v for k, v in kwargs.items()}
-    ref = Runner(ref_model, "eager", mode, torch.float64, device).step(ref_kwargs)
-    del ref_model
+    ref_runner = build_runner("eager", torch.float64, torch.float64)
+    ref = ref_runner.step(ref_kwargs, keep=True)
+    del ref_runner
+    rows: dict[str, harness.Row] = {}
     runners: dict[str, Runner] = {}
     results: dict[str, list[torch.Tensor]] = {}
-    fields: dict[str, dict] = {}
-    rows: list[harness.Row] = []
+    fields: dict[str, dict] = {b: {} for b in backends}
+    limits = {b: harness.Deadline(time_limit) for b in backends}
+
+    def give_up(backend, exc: BaseException):
+        runners.pop(backend, None)
+        f = fields[backend]
+        if isinstance(exc, harness.TimeLimitExceeded):
+            say(backend, f"NOT RUN {exc} (limit per model and backend: --time-limit)")
+            rows[backend] = _skip_row(rec, name, backend, dtype, shape, str(exc), f)
+        else:
+            rows[backend] = rec._error_row(name, backend, dtype, shape, exc,
+                                           {"baseline": "eager", "note": _fmt_note(f)})
+
+    # 1. cold compile and accuracy, each backend in a fresh Dynamo
     for backend in backends:
-        if backend in NOT_YET:
-            rows.append(rec.skip(name, backend, f"not run: {NOT_YET[backend]}", dtype=dtype, shape=shape))
+        limit, f = limits[backend], fields[backend]
+        if backend in _REFUSED_MODES:  # refused on an earlier model: the same words, no compile
+            rows[backend] = _skip_row(rec, name, backend, dtype, shape, _REFUSED_MODES[backend], f)
             continue
-        log(f"  {name:<28} {backend:<26} compile + accuracy")
-        torch._dynamo.reset()
+        if warm or backend == backends[0]:
+            torch._dynamo.reset()
         from torch._dynamo.utils import counters
 
         counters.clear()
@@ -376,63 +506,120 @@ def run_case(rec: harness.Recorder, case: ModelCase, mode: str, dtype: torch.dty
             import tilefuse.compiler as compiler
 
             compiler.reset_stats()
-        model = copy.deepcopy(base).to(device=device, dtype=model_dtype)
+        say(backend, "compile-cold ..." if backend != "eager" else "first step ...")
         try:
-            r = Runner(model, backend, mode, dtype, device)
-            t0 = time.perf_counter()
-            results[backend] = r.step(kwargs)
-            _sync(device)
-            cold = time.perf_counter() - t0
-            f = {"compile_cold_s": cold, **_stats_note(backend)}
-            if backend != "eager":  # warm: a fresh Dynamo, the disk caches of the cold compile
-                torch._dynamo.reset()
-                warm_model = copy.deepcopy(base).to(device=device, dtype=model_dtype)
+            _forget_mode_warning(backend)
+            with limit.phase("compile-cold"), warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                # a mode the backend does not have stops the compile at once (it would compile the default
+                # mode in full, then the row would be "not run" anyway)
+                warnings.filterwarnings("error", message=".*is not a tilefuse mode")
+                r = build_runner(backend)
+                r.rewind()
                 t0 = time.perf_counter()
-                Runner(warm_model, backend, mode, dtype, device).step(kwargs)
+                results[backend] = r.step(kwargs, keep=True)
                 _sync(device)
-                f["compile_warm_s"] = time.perf_counter() - t0
-                del warm_model
-        except Exception as exc:  # one backend failing must not end the suite
-            rows.append(rec._error_row(name, backend, dtype, shape, exc, {"baseline": "eager"}))
+                f["compile_cold_s"] = time.perf_counter() - t0
+            for w in caught:  # shown as they would have been
+                warnings.showwarning(w.message, w.category, w.filename, w.lineno)
+            f.update(_stats_note(backend))
+            say(backend, f"compile-cold {f['compile_cold_s']:.1f} s" +
+                (f" ({f['graphs']} graphs, {f['graph_breaks']} breaks)" if backend != "eager" else ""))
+            refused = _not_a_mode(backend, caught)
+            if refused:
+                say(backend, f"NOT RUN {refused}")
+                rows[backend] = _skip_row(rec, name, backend, dtype, shape, refused, f)
+                continue
+            if backend == "eager":
+                runners[backend] = r  # eager compiles nothing: this one is timed
+                continue
+            if warm:
+                del r
+            with limit.phase("accuracy"):
+                t0 = time.perf_counter()
+                wrong = accuracy(results[backend], results["eager"], ref, dtype) if "eager" in results else \
+                    "no eager result to compare with"
+                say(backend, f"accuracy {'ok' if not wrong else 'WRONG ' + wrong} ({time.perf_counter() - t0:.1f} s)")
+        except (Exception, harness.TimeLimitExceeded) as exc:  # one backend failing must not end the suite
+            refused = _not_a_mode(backend, [], exc)
+            if refused:
+                say(backend, f"NOT RUN {refused}")
+                rows[backend] = _skip_row(rec, name, backend, dtype, shape, refused, fields[backend])
+            else:
+                give_up(backend, exc)
             continue
-        wrong = None if backend == "eager" else accuracy(results[backend], results["eager"], ref, dtype)
         if wrong:
-            log(f"  {name:<28} {backend:<26} WRONG {wrong}")
-            rows.append(rec._row(name, backend, dtype, shape, status=f"wrong: {wrong}", baseline="eager",
-                                 note=_fmt_note(f)))
+            rows[backend] = rec._row(name, backend, dtype, shape, status=f"wrong: {wrong}", baseline="eager",
+                                     note=_fmt_note(f))
             continue
-        runners[backend], fields[backend] = r, f
+        runners[backend] = None if warm else r  # warm: compiled again in phase 2
 
-    # speed: interleaved rounds over the backends that ran and were right
+    # 2. warm compile: a fresh Dynamo, the disk caches of the cold compiles; these models are timed
+    if warm:
+        torch._dynamo.reset()
+    for backend in [b for b, r in runners.items() if r is None]:
+        say(backend, "compile-warm ...")
+        try:
+            with limits[backend].phase("compile-warm"):
+                r = build_runner(backend)
+                r.rewind()
+                t0 = time.perf_counter()
+                r.step(kwargs)
+                _sync(device)
+                fields[backend]["compile_warm_s"] = time.perf_counter() - t0
+            runners[backend] = r
+            say(backend, f"compile-warm {fields[backend]['compile_warm_s']:.1f} s")
+        except (Exception, harness.TimeLimitExceeded) as exc:
+            give_up(backend, exc)
+
+    # 3. speed: interleaved rounds over the backends that ran and were right
     log(f"  {name:<28} timing {', '.join(runners)}")
     rounds, steps = (SMOKE_ROUNDS, SMOKE_STEPS) if smoke else (ROUNDS, STEPS_PER_ROUND)
     samples: dict[str, list[float]] = {b: [] for b in runners}
     peak: dict[str, int] = {}
     order = list(runners)
+    t_timing = time.perf_counter()
     for k in range(rounds):
         for backend in order[k % len(order):] + order[:k % len(order)]:
-            if device.type == "cuda":
-                torch.cuda.reset_peak_memory_stats()
-            _sync(device)
-            t0 = time.perf_counter()
-            for _ in range(steps):
-                runners[backend].step(kwargs)
-            _sync(device)
-            samples[backend].append((time.perf_counter() - t0) * 1e3 / steps)
-            if device.type == "cuda":
-                peak[backend] = max(peak.get(backend, 0), torch.cuda.max_memory_allocated())
-    medians = {b: statistics.median(v) for b, v in samples.items()}
-    for backend, times in samples.items():
-        f = fields[backend]
+            if backend not in runners:
+                continue
+            r = runners[backend]
+            try:
+                with limits[backend].phase("timing"):
+                    r.rewind()
+                    if device.type == "cuda":
+                        torch.cuda.reset_peak_memory_stats()
+                    _sync(device)
+                    t0 = time.perf_counter()
+                    for _ in range(steps):
+                        r.step(kwargs)
+                    _sync(device)
+                    samples[backend].append((time.perf_counter() - t0) * 1e3 / steps)
+                    if device.type == "cuda":
+                        peak[backend] = max(peak.get(backend, 0), torch.cuda.max_memory_allocated())
+            except (Exception, harness.TimeLimitExceeded) as exc:
+                give_up(backend, exc)
+    log(f"  {name:<28} timing {time.perf_counter() - t_timing:.1f} s")
+    medians = {b: statistics.median(samples[b]) for b in runners}
+    for backend in runners:
+        f, times = fields[backend], samples[backend]
         for other in ("inductor", "inductor-max-autotune", "inductor-reduce-overhead"):
             if other in medians and other != backend:
                 f[f"x_{other}"] = medians[other] / medians[backend]
         if backend in peak:
             f["peak_gib"] = peak[backend] / 2**30
-        rows.append(rec._timed_row(name, backend, dtype, shape, medians[backend], min(_quantile(times, 0.2), medians[backend]),
-                                   max(_quantile(times, 0.8), medians[backend]),
-                                   {"baseline": "eager", "note": _fmt_note(f)}))
-    return rows
+        rows[backend] = rec._timed_row(name, backend, dtype, shape, medians[backend],
+                                       min(_quantile(times, 0.2), medians[backend]),
+                                       max(_quantile(times, 0.8), medians[backend]),
+                                       {"baseline": "eager", "note": _fmt_note(f)})
+    for backend in backends:
+        phases = limits[backend].phases
+        if phases:
+            say(backend, "phases " + ", ".join(f"{p} {s:.1f} s" for p, s in phases.items()))
+    ordered = [rows[b] for b in backends if b in rows]
+    mine = {id(r) for r in ordered}  # the CSV lists a case's rows in the backends' order, as they were asked for
+    rec.rows[:] = [r for r in rec.rows if id(r) not in mine] + ordered
+    return ordered
 
 
 def _quantile(values: list[float], q: float) -> float:
@@ -445,19 +632,34 @@ def _sync(device):
         torch.cuda.synchronize()
 
 
+def _note_fields(note: str) -> dict[str, str]:
+    return dict(kv.split("=", 1) for kv in note.split("; ") if "=" in kv)
+
+
 def summary(rows: list[harness.Row]) -> list[str]:
-    """One line per (backend, mode): geomean speed-up over eager, and how many models were right."""
+    """One line per (backend, mode): geomean speed-up over eager and over each Inductor mode timed with it,
+    over the models it ran right, and which models were wrong, failed or not run."""
     lines = []
     keys = sorted({(r.impl, r.case.split("-")[-2]) for r in rows if r.impl != "eager"})
     for impl, mode in keys:
         mine = [r for r in rows if r.impl == impl and r.case.split("-")[-2] == mode]
         ok = [r.vs_baseline for r in mine if r.ok and r.vs_baseline]
         g = harness.geomean(ok)
-        lines.append(f"{impl:<26} {mode:<6} geomean {g:.3f}x eager over {len(ok)} models"
-                     if g else f"{impl:<26} {mode:<6} no model timed")
-        bad = [r.case for r in mine if r.status.startswith(("wrong", "error"))]
-        if bad:
-            lines.append(f"{'':<26} {mode:<6} wrong or failed: {', '.join(bad)}")
+        if not g:
+            lines.append(f"{impl:<26} {mode:<6} no model timed")
+        else:
+            over = []
+            for other in ("inductor", "inductor-max-autotune", "inductor-reduce-overhead"):
+                xs = [float(_note_fields(r.note)[f"x_{other}"]) for r in mine
+                      if r.ok and f"x_{other}" in _note_fields(r.note)]
+                if xs:
+                    over.append(f"{harness.geomean(xs):.3f}x {other} ({len(xs)})")
+            lines.append(f"{impl:<26} {mode:<6} geomean {g:.3f}x eager over {len(ok)} models"
+                         + (f"; {', '.join(over)}" if over else ""))
+        for label, prefixes in (("wrong or failed", ("wrong", "error")), ("not run", ("not run",))):
+            bad = [r.case for r in mine if r.status.startswith(prefixes)]
+            if bad:
+                lines.append(f"{'':<26} {mode:<6} {label}: {', '.join(bad)}")
     return lines
 
 
@@ -466,15 +668,19 @@ def run(opts: runner.SuiteOptions) -> list[harness.Row]:
     modes = (opts.mode,) if opts.mode else MODES
     dtype = DTYPES[opts.dtype] if opts.dtype else (torch.float32 if opts.smoke else torch.bfloat16)
     backends = tuple(opts.backends) if opts.backends else (SMOKE_BACKENDS if opts.smoke else BACKENDS)
-    if "eager" not in backends:
-        backends = ("eager",) + backends  # the baseline and the accuracy yardstick
+    # eager first: the baseline and the accuracy yardstick of every other backend
+    backends = ("eager",) + tuple(b for b in backends if b != "eager")
     for case in cases(opts.smoke):
         if not opts.wants(case.name):
             continue
         for mode in modes:
-            batch = opts.batch or case.batch
-            opts.log(f"[models] {case.name} {mode} batch {batch} ({', '.join(backends)})")
-            run_case(rec, case, mode, dtype, batch, backends, opts.smoke, opts.log)
+            if mode == "decode" and not case.decoder:
+                continue
+            batch = 1 if mode == "decode" else (opts.batch or case.batch)  # decode: one sequence, one token
+            limit = f", time limit {opts.time_limit:g} s a backend" if opts.time_limit else ""
+            opts.log(f"[models] {case.name} {mode} batch {batch} ({', '.join(backends)}{limit})")
+            run_case(rec, case, mode, dtype, batch, backends, opts.smoke, opts.log, time_limit=opts.time_limit or None,
+                     warm=opts.warm)
     rows = rec.finish()
     for line in summary(rows):
         opts.log(f"[models] {line}")

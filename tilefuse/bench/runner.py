@@ -26,6 +26,7 @@ SUITES = {
     "attention": "Triton flash attention (fwd, bwd, GQA prefill, decode) vs SDPA's backends, FlexAttention, Inductor",
 }
 DEFAULT_OUT = Path("benchmarks/results")
+TIME_LIMITED = {"models", "attention"}  # suites that take --time-limit
 
 
 @dataclasses.dataclass
@@ -40,6 +41,9 @@ class SuiteOptions:
     dtype: str = ""  # models suite: "bf16", "fp16" or "fp32" ("": bf16 on a GPU, fp32 in a smoke run)
     batch: int = 0  # models suite: batch size (0: each model's own)
     backends: tuple[str, ...] = ()  # models suite: backends to run (eager is always added)
+    time_limit: float = 0.0  # models / attention: wall seconds a row may take over its phases (0: the suite's own)
+    warm: bool = True  # models suite: also time a warm compile (a second compile after a Dynamo reset)
+    budget_s: float = 0.0  # attention suite: wall seconds for the whole suite (0: the suite's own)
     log: Callable[[str], None] = print
 
     def wants(self, case: str) -> bool:
@@ -71,21 +75,34 @@ def add_arguments(p) -> None:
     p.add_argument("--rep-ms", type=int, default=100, help="do_bench repetition time per measurement (ms)")
     p.add_argument("--rows", type=int, default=0, metavar="N",
                    help="compiler suite only: rows of its graphs (default 32768; each is N x 4096, cross-entropy N x 32000)")
-    p.add_argument("--mode", choices=("train", "infer"), default="", help="models suite only: training or inference "
-                   "steps (default both)")
+    p.add_argument("--mode", choices=("train", "infer", "decode"), default="", help="models suite only: training, "
+                   "inference, or a batch-1 decode step with a static KV cache (causal LMs); default all three")
     p.add_argument("--dtype", choices=("bf16", "fp16", "fp32"), default="", help="models suite only: the models' "
                    "dtype (training: autocast to it); default bf16, fp32 with --smoke")
     p.add_argument("--batch", type=int, default=0, metavar="N", help="models suite only: batch size (default each "
                    "model's own)")
     p.add_argument("--backends", default="", metavar="LIST", help="models suite only: comma-separated, from "
                    "eager,inductor,inductor-max-autotune,inductor-reduce-overhead,tilefuse,tilefuse-reduce-overhead")
+    p.add_argument("--time-limit", type=float, default=0.0, metavar="SECONDS", help="models and attention suites: "
+                   "wall seconds one row (a model x backend, a case x impl) may spend over its phases (compile, "
+                   "accuracy, timing); past it the row is 'not run: exceeded ...' and the suite goes on (default: "
+                   "no limit for models, the attention suite's own)")
+    p.add_argument("--no-warm", dest="warm", action="store_false", help="models suite only: skip the warm compile "
+                   "(a second compile after a Dynamo reset, disk caches warm): half the compile time")
+    p.add_argument("--budget", type=float, default=0.0, metavar="SECONDS", help="attention suite only: wall seconds "
+                   "for the whole suite; the rows past it are 'not run' with that reason (default the suite's own)")
+
+
+def suite_module(name: str):
+    """The module of suite ``name``, loaded by name: suites import this runner for :class:`SuiteOptions`, so
+    the runner reaches them only through the ``<name>_suite`` convention (no import cycle)."""
+    if name not in SUITES:
+        raise ValueError(f"unknown suite {name!r}: accepted values are {', '.join(SUITES)}")
+    return importlib.import_module(f"tilefuse.bench.{name}_suite")
 
 
 def run_suite(name: str, opts: SuiteOptions) -> list[harness.Row]:
-    if name not in SUITES:
-        raise ValueError(f"unknown suite {name!r}: accepted values are {', '.join(SUITES)}")
-    module = importlib.import_module(f"tilefuse.bench.{name}_suite")
-    return module.run(opts)
+    return suite_module(name).run(opts)
 
 
 def main(args) -> int:
@@ -99,19 +116,27 @@ def main(args) -> int:
         raise ValueError(f"--rows {rows}: accepted for the compiler suite alone, without --smoke, as a positive row "
                          f"count (got suites {', '.join(args.suites)})")
     models_only = {"mode": getattr(args, "mode", ""), "dtype": getattr(args, "dtype", ""),
-                   "batch": getattr(args, "batch", 0), "backends": getattr(args, "backends", "")}
+                   "batch": getattr(args, "batch", 0), "backends": getattr(args, "backends", ""),
+                   "no-warm": not getattr(args, "warm", True)}
     given = [f"--{k}" for k, v in models_only.items() if v]
     if given and set(args.suites) != {"models"}:
         raise ValueError(f"{', '.join(given)}: accepted for the models suite alone (got suites {', '.join(args.suites)})")
+    time_limit = getattr(args, "time_limit", 0.0) or 0.0
+    if time_limit and (time_limit < 0 or not set(args.suites) <= TIME_LIMITED):
+        raise ValueError(f"--time-limit {time_limit:g}: accepted as positive seconds for the "
+                         f"{' and '.join(sorted(TIME_LIMITED))} suites (got suites {', '.join(args.suites)})")
+    budget = getattr(args, "budget", 0.0) or 0.0
+    if budget and (budget < 0 or set(args.suites) != {"attention"}):
+        raise ValueError(f"--budget {budget:g}: accepted as positive seconds for the attention suite alone "
+                         f"(got suites {', '.join(args.suites)})")
     if models_only["batch"] and models_only["batch"] < 1:
         raise ValueError(f"--batch {models_only['batch']}: accepted values are positive batch sizes")
     backends = tuple(b for b in models_only["backends"].split(",") if b)
     if backends:
-        from .models_suite import BACKENDS
-
-        unknown = [b for b in backends if b not in BACKENDS]
+        accepted = suite_module("models").BACKENDS
+        unknown = [b for b in backends if b not in accepted]
         if unknown:
-            raise ValueError(f"--backends: unknown {', '.join(unknown)}; accepted values are {', '.join(BACKENDS)}")
+            raise ValueError(f"--backends: unknown {', '.join(unknown)}; accepted values are {', '.join(accepted)}")
     dev = device.current()
     if (not dev.is_gpu or dev.interpreter) and not args.smoke:
         print(f"tilefuse bench: not run: {dev.describe()}; timings need a GPU "
@@ -120,7 +145,7 @@ def main(args) -> int:
         return 1
     opts = SuiteOptions(quick=args.quick, smoke=args.smoke, only=tuple(args.only), rep_ms=args.rep_ms, rows=rows,
                         mode=models_only["mode"], dtype=models_only["dtype"], batch=models_only["batch"],
-                        backends=backends)
+                        backends=backends, time_limit=time_limit, budget_s=budget, warm=not models_only["no-warm"])
     status = 0
     for name in args.suites:
         print(f"== bench {name}: {SUITES[name]} on {dev.describe()}", flush=True)

@@ -7,7 +7,9 @@ Stages (each a module, each testable alone): ``decompositions`` (the table), ``l
 ``runtime`` (the per-graph wrapper), ``backend`` (Dynamo + AOTAutograd), ``explain``.
 
     torch.compile(model, backend="tilefuse")
-    tilefuse.compiler.stats()        # graphs, kernels, kernels_compiled, cache_hits, fallbacks, externs, ...
+    torch.compile(model, backend="tilefuse", mode="reduce-overhead")   # CUDA graphs (cudagraphs.py)
+    tilefuse.compiler.stats()        # graphs, kernels, kernels_compiled, cache_hits, fallbacks, externs,
+                                     # cudagraph_recordings, cudagraph_replays, cudagraphs (per graph), ...
     tilefuse.compiler.reset_stats()
     tilefuse.explain(fn, *args)      # graph breaks, fusion groups, kernels, fallbacks
 """
@@ -21,9 +23,11 @@ __all__ = ["stats", "reset_stats", "FallbackError", "explain"]
 
 def stats() -> dict:
     """What the compiler did in this process (see tilefuse.compiler.stats module docs for each key)."""
-    from . import records as _records
+    from . import cudagraphs as _cudagraphs, records as _records
 
-    return _records.snapshot()
+    out = _records.snapshot()
+    out["cudagraph_pool_bytes"] = _cudagraphs.pools_held_bytes()
+    return out
 
 
 def explain(fn, *args, **kwargs):

@@ -20,7 +20,7 @@ import time
 import torch
 
 from .. import config
-from . import lowering, options, records, runtime
+from . import cudagraphs, lowering, options, records, runtime
 from .decompositions import decomposition_table
 from .lowering import FallbackError
 
@@ -41,7 +41,7 @@ def _boxed(gm):
     return run
 
 
-def _compiler(kind: str):
+def _compiler(kind: str, pool=None):
     def compile_graph(gm: torch.fx.GraphModule, example_inputs):
         cfg = config.get()
         t0 = time.perf_counter()
@@ -73,6 +73,8 @@ def _compiler(kind: str):
             records.record(report)
             config.log(1, f"graph {compiled.graph_id} ({kind}): dynamic shapes, planned per shape at call time")
             compiled.on_plan = _account
+        if cfg.cudagraphs and pool is not None:
+            compiled.cudagraphs = cudagraphs.runner_for(compiled, gm, kind, pool)
         return compiled
     return compile_graph
 
@@ -104,23 +106,23 @@ _MODES_WARNED: set = set()
 
 
 def check_backend_arguments(kwargs: dict) -> dict:
-    """What ``torch.compile(..., mode=, options=)`` hands the backend; returns the config overrides of
-    ``options`` (:mod:`.options`: debug, strict, cache_dir, autotune; an unknown key or bad value is an error).
-    tilefuse has one mode: another mode ("reduce-overhead", "max-autotune", ...) compiles the default, with a
-    warning a mode (tilefuse has no CUDA graphs yet and does not autotune its generated kernels)."""
+    """What ``torch.compile(..., mode=, options=)`` hands the backend; returns the config overrides (:mod:`.options`:
+    debug, strict, cache_dir, autotune, cudagraphs; an unknown key, bad value or unknown mode is an error).
+    ``mode="reduce-overhead"`` is ``options={"cudagraphs": True}``; the max-autotune modes compile the default,
+    with a warning a mode."""
     kwargs = dict(kwargs)
     mode, opts = kwargs.pop("mode", None), kwargs.pop("options", None)
     if kwargs:
         raise TypeError(f"tilefuse backend: unexpected argument(s) {', '.join(sorted(kwargs))}; "
                         f"torch.compile passes only mode= and options=")
     overrides = options.validate(opts)
-    if mode not in (None, "default") and mode not in _MODES_WARNED:
+    from_mode, warning = options.mode_options(mode)
+    if warning and mode not in _MODES_WARNED:
         import warnings
 
         _MODES_WARNED.add(mode)
-        warnings.warn(f"tilefuse backend: mode={mode!r} is not a tilefuse mode (it has one: no CUDA graphs, "
-                      f"no autotuning of generated kernels); compiling with its default", stacklevel=2)
-    return overrides
+        warnings.warn(warning, stacklevel=2)
+    return {**from_mode, **overrides}
 
 
 def tilefuse_backend(gm: torch.fx.GraphModule, example_inputs, **kwargs):
@@ -128,9 +130,10 @@ def tilefuse_backend(gm: torch.fx.GraphModule, example_inputs, **kwargs):
     from torch._functorch.aot_autograd import aot_module_simplified
 
     overrides = check_backend_arguments(kwargs)
+    pool = cudagraphs.Pool()  # the forward, backward and inference graphs of this Dynamo graph share it
 
     def compiler(kind):
-        compile_graph = _compiler(kind)
+        compile_graph = _compiler(kind, pool)
         if not overrides:
             return compile_graph
 

@@ -4,6 +4,12 @@ For every graph: graph breaks and their reasons (from ``torch._dynamo.explain``)
 ATen nodes each generated kernel fuses, what it writes), extern calls into ATen, and fallbacks with their
 reasons. ``explain`` resets Dynamo (as ``torch._dynamo.explain`` does) and runs ``fn`` once compiled with the
 tilefuse backend; backward graphs appear when the program runs a backward pass itself.
+
+With CUDA graphs on (``TILEFUSE_CUDAGRAPHS=1`` or ``tilefuse.config.override(cudagraphs=True)``: what
+``mode="reduce-overhead"`` turns on), each graph also says whether it is captured (recordings, re-recordings,
+replays, the memory its recordings hold) or why it runs uncaptured. The lines are read from the live records
+each time the explanation is printed: the first call of a shape is the warm-up, so call ``fn`` again and print
+the explanation again to see the captures.
 """
 from __future__ import annotations
 
@@ -73,6 +79,9 @@ def _format_graph(g: records.GraphReport) -> str:
         lines.append(f"  extern {node}: {op} {why}")
     for where, reason in g.fallbacks:
         lines.append(f"  fallback {where}: {reason}")
+    cuda_graph = records.CUDAGRAPHS.get(g.graph_id)
+    if cuda_graph is not None:
+        lines.append("  " + cuda_graph.describe())
     if g.seconds:
         lines.append("  compile times: " + ", ".join(f"{k} {v * 1e3:.1f} ms" for k, v in g.seconds.items()))
     return "\n".join(lines)

@@ -11,7 +11,15 @@ key            accepted values                                 environment defau
 ``strict``     True / False: raise where ATen would run        ``TILEFUSE_STRICT``
 ``cache_dir``  a folder (str or Path) for kernels and tuning   ``TILEFUSE_CACHE_DIR``
 ``autotune``   True / False: tune GEMM configs on a GPU        ``TILEFUSE_AUTOTUNE``
+``cudagraphs`` True / False: record compiled graphs into CUDA  ``TILEFUSE_CUDAGRAPHS``
+               graphs and replay them (what ``mode=
+               "reduce-overhead"`` turns on; :mod:`.cudagraphs`)
 =============  ==============================================  ===============================
+
+Modes (``torch.compile(..., mode=)``; torch.compile refuses ``mode`` and ``options`` together):
+``None``/``"default"`` compiles with the settings above; ``"reduce-overhead"`` is ``{"cudagraphs": True}``;
+``"max-autotune"`` and ``"max-autotune-no-cudagraphs"`` compile the default with a warning (tilefuse does not
+autotune its generated kernels); any other mode is a ``ValueError`` naming the accepted ones.
 
 An unknown key or a value outside these is a ``ValueError`` naming it and what is accepted, raised by
 ``torch.compile``'s first call, before anything is compiled.
@@ -47,7 +55,30 @@ OPTIONS: dict[str, tuple[Callable[[Any], Any], str]] = {
     "strict": (_flag, "True or False"),
     "cache_dir": (_folder, "a folder path (str or pathlib.Path)"),
     "autotune": (_flag, "True or False"),
+    "cudagraphs": (_flag, "True or False"),
 }
+
+# mode -> the options it stands for (None: the default, with a warning that tilefuse has nothing more for it)
+MODES: dict[str, dict[str, Any] | None] = {
+    "default": {},
+    "reduce-overhead": {"cudagraphs": True},
+    "max-autotune": None,
+    "max-autotune-no-cudagraphs": None,
+}
+
+
+def mode_options(mode: str | None) -> tuple[dict[str, Any], str | None]:
+    """(the options ``mode`` stands for, a warning to give or None); ``ValueError`` for an unknown mode."""
+    if mode is None:
+        return {}, None
+    if not isinstance(mode, str) or mode not in MODES:
+        raise ValueError(f"tilefuse backend: mode={mode!r} is not a mode; accepted modes are "
+                         f"{', '.join(repr(m) for m in MODES)} (tilefuse.compiler.options)")
+    opts = MODES[mode]
+    if opts is None:
+        return {}, (f"tilefuse backend: mode={mode!r} compiles tilefuse's default (tilefuse does not autotune "
+                    f"its generated kernels)")
+    return dict(opts), None
 
 
 def validate(options: Mapping[str, Any] | None) -> dict[str, Any]:

@@ -7,6 +7,13 @@
 ``fallbacks``: ``(node or graph, reason)`` for everything that ran in ATen instead of a tilefuse kernel;
 ``externs``: extern nodes (ATen calls) in the compiled graphs, by design (matmul) or by fallback.
 
+With CUDA graphs (``mode="reduce-overhead"``, :mod:`.cudagraphs`): ``cudagraph_recordings`` (graphs recorded),
+``cudagraph_rerecordings`` (of those, recorded again for a graph already recorded: a new shape or moved
+parameters), ``cudagraph_replays``, ``cudagraph_uncaptured_calls`` (calls of a graph in that mode that ran
+uncaptured), ``cudagraphs`` (one dict a graph: recordings, replays, rerecordings, the shapes recorded, the
+uncaptured reasons with their counts, the bytes its recordings hold) and ``cudagraph_pool_bytes`` (the bytes
+the live pools' recordings hold: outputs and input buffers).
+
 A fallback is never silent: :func:`add_fallback` (a whole graph, or a graph at one shape, runs in ATen) warns
 once for it with :class:`tilefuse.TilefuseFallbackWarning` and its reason, at every debug level;
 :func:`add_op_fallbacks` (ops of a compiled graph that run in ATen) warns one summary a graph.
@@ -25,14 +32,17 @@ _lock = threading.Lock()
 _counters: dict[str, Any] = {}
 REPORTS: "collections.deque[GraphReport]" = collections.deque(maxlen=512)
 _listeners: list[list] = []  # explain() collects the reports made while it runs
+CUDAGRAPHS: "dict[int, CudaGraphReport]" = {}  # graph id -> what mode="reduce-overhead" did with it
 
 
 def reset() -> None:
     with _lock:
         _counters.clear()
         _counters.update(graphs=0, kernels=0, kernels_compiled=0, cache_hits=0, fallbacks=[], externs=0,
-                         graph_fallbacks=0, replans=0, compile_seconds=0.0)
+                         graph_fallbacks=0, replans=0, compile_seconds=0.0, cudagraph_recordings=0,
+                         cudagraph_rerecordings=0, cudagraph_replays=0, cudagraph_uncaptured_calls=0)
         REPORTS.clear()
+        CUDAGRAPHS.clear()
 
 
 reset()
@@ -81,6 +91,7 @@ def snapshot() -> dict:
     with _lock:
         out = dict(_counters)
         out["fallbacks"] = list(out["fallbacks"])
+        out["cudagraphs"] = [r.as_dict() for r in CUDAGRAPHS.values()]
         return out
 
 
@@ -111,3 +122,46 @@ def record(report: GraphReport) -> None:
         REPORTS.append(report)
         for sink in _listeners:
             sink.append(report)
+
+
+@dataclasses.dataclass
+class CudaGraphReport:
+    """What ``mode="reduce-overhead"`` did with one compiled graph (updated as it runs)."""
+    graph_id: int
+    kind: str
+    recordings: int = 0
+    rerecordings: int = 0
+    replays: int = 0
+    invalidated: int = 0  # outputs still referenced when a replay overwrote them (reading one raises)
+    held_bytes: int = 0
+    shapes: list = dataclasses.field(default_factory=list)  # the input shapes of each recording
+    uncaptured: dict = dataclasses.field(default_factory=dict)  # reason -> calls
+
+    @property
+    def captured(self) -> bool:
+        return self.recordings > 0
+
+    def as_dict(self) -> dict:
+        out = dataclasses.asdict(self)
+        out["captured"] = self.captured
+        out["uncaptured"] = dict(self.uncaptured)
+        return out
+
+    def describe(self) -> str:
+        if self.captured:
+            head = (f"cuda graph: captured ({self.recordings} recordings, {self.rerecordings} re-recordings, "
+                    f"{self.replays} replays, {self.held_bytes / 2**20:.1f} MiB held)")
+        elif self.uncaptured:
+            head = "cuda graph: not captured"
+        else:
+            head = "cuda graph: not captured yet (the first call of each shape is the warm-up)"
+        lines = [head] + [f"    uncaptured ({n} calls): {why}" for why, n in self.uncaptured.items()]
+        return "\n".join(lines)
+
+
+def cudagraph_report(graph_id: int, kind: str) -> CudaGraphReport:
+    with _lock:
+        report = CUDAGRAPHS.get(graph_id)
+        if report is None:
+            report = CUDAGRAPHS[graph_id] = CudaGraphReport(graph_id, kind)
+        return report

@@ -485,10 +485,17 @@ class CompiledGraph:
             self.plan = build_plan(gm, lambda n: n.meta.get("val"), kind, self.graph_id, strict)
             self.report = self.plan.report
 
+    cudagraphs = None  # a cudagraphs.GraphRunner in mode="reduce-overhead": it records, replays, or calls run
+
     # Never traced by Dynamo: a compiled step that calls ``loss.backward()`` runs this graph's backward from
     # inside Dynamo's frame hook, which would otherwise trace into the wrapper and Triton's launcher.
     @torch.compiler.disable
     def __call__(self, args):
+        runner = self.cudagraphs
+        return self.run(args) if runner is None else runner(args)
+
+    def run(self, args):
+        """One uncaptured call: the plan of these arguments' shapes (or the ATen graph)."""
         if self.fallback_reason is not None:
             return self.gm(*args)
         plan = self.plan

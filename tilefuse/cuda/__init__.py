@@ -2,7 +2,9 @@
 
 One ``.cu`` file a rung (``tilefuse/cuda/rung*.cu``), from a naive kernel (1) to a persistent, warp-specialised
 Hopper kernel with TMA multicast (9), plus ``5s``, a split-K rung whose warp code is written portably for 32-
-and 64-lane warps. :func:`rungs` lists them with their metadata. Each rung is built on first use by nvcc into a
+and 64-lane warps. Shared headers: ``common.cuh`` (the C ABI of rungs 1-6 and 5s), ``mma_sm80.cuh`` (rung 6's
+tensor-core helpers), ``hopper.cuh`` (the TMA, mbarrier and wgmma helpers of rungs 7-9) and ``gelu_erfc.cuh``
+(the epilogues' GeLU). :func:`rungs` lists them with their metadata. Each rung is built on first use by nvcc into a
 shared library exporting a C launcher (``build.py``; cached on disk), loaded with ctypes and called with the
 tensors' pointers and the current stream (``launch.py``). On CPU tensors, the rungs with an emulator build
 (1-6 and 5s) run on a host-side SIMT emulator of the same source (``emulator.h``): slow, for tests.

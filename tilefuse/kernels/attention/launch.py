@@ -153,9 +153,17 @@ def forward(q, k, v, p: Params, mask=None, alibi=None, plan: Plan | None = None)
     return out, lse2
 
 
-def backward(do, q, k, v, out, lse2, p: Params, mask=None, alibi=None, *, dkdv_config=None, dq_config=None):
-    """(dq, dk, dv), each like its input. ``p.deterministic``: dQ by its own pass (no atomics), else dQ is
-    accumulated with fp32 atomics inside the dK/dV pass."""
+def backward(do, q, k, v, out, lse2, p: Params, mask=None, alibi=None, *, dkdv_config=None, dq_config=None,
+             atomic_dq: bool | None = None):
+    """(dq, dk, dv), each like its input. dQ is computed either by its own pass (no atomics: bitwise
+    reproducible) or accumulated with fp32 atomics inside the dK/dV pass. ``p.deterministic`` forces the
+    first; otherwise ``atomic_dq`` picks, and None lets :func:`tuning.choose_form` time both on a GPU
+    (decision 031: on an H100 the separate pass was 1.2-1.35x faster at 4k-16k tokens, so it is the
+    untuned default too)."""
+    if atomic_dq is None:
+        atomic_dq = False if p.deterministic else _tuned_form(do, q, k, v, out, lse2, p, mask, alibi)
+    elif atomic_dq and p.deterministic:
+        raise ValueError("atomic_dq=True contradicts deterministic=True (atomics make the sum order vary)")
     dq = torch.empty_like(q)
     dk = torch.empty_like(k)
     dv = torch.empty_like(v)
@@ -169,12 +177,12 @@ def backward(do, q, k, v, out, lse2, p: Params, mask=None, alibi=None, *, dkdv_c
     attn_bwd_preprocess_kernel[(triton.cdiv(p.Sq, pre_rows), p.B * p.H)](
         out, do, delta, p.H, p.Sq, *out.stride(), *do.stride(), HEAD_DIM=p.D, BLOCK_D=bd, BLOCK_M=pre_rows,
         num_warps=4)
-    if dkdv_config is None or (p.deterministic and dq_config is None):
+    atomic = atomic_dq
+    if dkdv_config is None or (not atomic and dq_config is None):
         dkdv_config, dq_config = _tuned_backward_configs(do, q, k, v, out, lse2, p, mask, alibi, dkdv_config,
-                                                         dq_config)
+                                                         dq_config, atomic)
     common = _common_constexprs(p, q.dtype)
     kv_cfg = dkdv_config
-    atomic = not p.deterministic
     dq_acc = torch.zeros((p.B, p.H, p.Sq, p.D), dtype=torch.float32, device=q.device) if atomic else dq
     attn_bwd_dkdv_kernel[(triton.cdiv(p.Sk, kv_cfg.block_n), p.B * p.H_kv)](
         q, k, v, do, dk, dv, dq_acc, lse2, delta, m, a,
@@ -195,19 +203,29 @@ def backward(do, q, k, v, out, lse2, p: Params, mask=None, alibi=None, *, dkdv_c
     return dq, dk, dv
 
 
-def _tuned_backward_configs(do, q, k, v, out, lse2, p, mask, alibi, dkdv_config, dq_config):
-    """dK/dV config (timed with the default dQ config), then dQ's (deterministic only, timed with that)."""
+def _tuned_backward_configs(do, q, k, v, out, lse2, p, mask, alibi, dkdv_config, dq_config, atomic: bool):
+    """dK/dV config (timed with the default dQ config), then dQ's (separate pass only, timed with that)."""
     bd = block_d(p.D)
     dq_space = kernel_space("bwd_dq", p.D, q.dtype)
+    form = "atomic" if atomic else "two_pass"
     if dkdv_config is None:
         dkdv_config = tuning.choose(
-            tuning.key_of("bwd_dkdv", p, q.dtype, bd), kernel_space("bwd_dkdv", p.D, q.dtype),
-            lambda c: backward(do, q, k, v, out, lse2, p, mask, alibi, dkdv_config=c, dq_config=dq_space[0]))
-    if p.deterministic and dq_config is None:
+            tuning.key_of(f"bwd_dkdv_{form}", p, q.dtype, bd), kernel_space("bwd_dkdv", p.D, q.dtype),
+            lambda c: backward(do, q, k, v, out, lse2, p, mask, alibi, dkdv_config=c, dq_config=dq_space[0],
+                               atomic_dq=atomic))
+    if not atomic and dq_config is None:
         dq_config = tuning.choose(
             tuning.key_of("bwd_dq", p, q.dtype, bd), dq_space,
-            lambda c: backward(do, q, k, v, out, lse2, p, mask, alibi, dkdv_config=dkdv_config, dq_config=c))
+            lambda c: backward(do, q, k, v, out, lse2, p, mask, alibi, dkdv_config=dkdv_config, dq_config=c,
+                               atomic_dq=False))
     return dkdv_config, dq_config
+
+
+def _tuned_form(do, q, k, v, out, lse2, p, mask, alibi) -> bool:
+    """True for the atomic dQ form: the faster of the two, each with its tuned configs (tuning.choose_form)."""
+    return tuning.choose_form(
+        tuning.key_of("bwd_form", p, q.dtype, block_d(p.D)),
+        lambda atomic: backward(do, q, k, v, out, lse2, p, mask, alibi, atomic_dq=atomic))
 
 
 def lse_natural(lse2: torch.Tensor, B: int, H: int) -> torch.Tensor:

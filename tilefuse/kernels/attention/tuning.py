@@ -81,6 +81,38 @@ def choose(key: str, candidates: Sequence[AttentionConfig], run: Callable[[Atten
         return cfg
 
 
+DEFAULT_ATOMIC_DQ = False  # decision 031: the separate dQ pass was 1.2-1.35x faster than atomics on an H100
+_forms: dict[str, bool] = {}
+
+
+def choose_form(key: str, run: Callable[[bool], object],
+                timer: Callable[[Callable[[], object]], float] = _time) -> bool:
+    """The backward's dQ form for ``key`` (True: fp32 atomics in the dK/dV pass; False: its own pass):
+    :data:`DEFAULT_ATOMIC_DQ` untuned, else both timed with their tuned configs, the decision stored on disk."""
+    if key in _forms:
+        return _forms[key]
+    if not tuning_enabled():
+        return _forms.setdefault(key, DEFAULT_ATOMIC_DQ)
+    # no lock held here: timing a form tunes its configs through choose(), which takes the lock
+    path = diskcache.folder("tuning", "attention") / f"{diskcache.digest(key)}.json"
+    stored = diskcache.read_json(path)
+    if stored is not None:
+        atomic = bool(stored["atomic_dq"])
+        counters["from_disk"] += 1
+    else:
+        times = {}
+        for atomic in (False, True):  # each call tunes that form's configs first (outside the lock: it reenters)
+            run(atomic)
+            times[atomic] = timer(lambda: run(atomic))
+        atomic = min(times, key=times.get)
+        diskcache.write_json(path, {"key": key, "atomic_dq": atomic,
+                                    "times_ms": {("atomic" if a else "two_pass"): t for a, t in times.items()},
+                                    "date": time.strftime("%Y-%m-%d")})
+        counters["tuned"] += 1
+    _forms[key] = atomic
+    return atomic
+
+
 def _tune(candidates, run, timer):
     times: dict[AttentionConfig, float] = {}
     for cfg in candidates:
@@ -98,3 +130,4 @@ def _tune(candidates, run, timer):
 def forget() -> None:
     """Drop this process's decisions (tests)."""
     _memo.clear()
+    _forms.clear()

@@ -1,0 +1,549 @@
+"""``mode="reduce-overhead"``: each compiled graph recorded into a CUDA graph and replayed.
+
+A compiled step pays host time a launch and a graph (the generated wrapper, AOTAutograd's runtime wrapper,
+Dynamo's guards); a replayed CUDA graph pays one ``cudaGraphLaunch``. Record 028 has the whole story.
+
+What a :class:`GraphRunner` (one per compiled forward, backward or inference graph) does on a call:
+
+1. **Can it be captured at all?** :func:`capture_blockers` (a pure function of the FX graph, the static input
+   set and, per call, the arguments) names what stops it: the interpreter, CPU tensors, a value read from
+   tensor data (``item()``: a sync and data-dependent sizes), an op that syncs or returns a CPU tensor, an
+   input that is neither a parameter nor a buffer and is mutated in place. Such a graph (or such a call)
+   runs uncaptured; the reason is counted in ``stats()["cudagraphs"]``, shown by ``explain`` and logged at
+   ``TILEFUSE_DEBUG=1``.
+2. **Warm-up**: the first call of each input signature (shapes, strides, dtypes, non-tensor values) runs
+   uncaptured: Triton compiles, ATen initialises cuBLAS, launchers bind, none of which may happen while
+   capturing.
+3. **Record** on the second call (``torch.cuda.graph`` on the pool of the Dynamo graph, shared by its
+   forward, backward and inference graphs, so the backward reuses the blocks the forward freed), then replay.
+   Static inputs (parameters and buffers, AOTAutograd's ``static_input_indices``; in a backward, parameters
+   and the forward's saved tensors that live in this pool) are used in place: a replay needs them at the
+   address they were recorded at, and a parameter that moved records again. Every other input is copied
+   into a buffer the recording owns.
+4. **Replay**: copy the non-static inputs, ``replay()``, hand out fresh tensors over the recorded outputs.
+
+A new signature (a new shape) records a new graph, up to :data:`MAX_RECORDINGS` a compiled graph; past it,
+that signature runs uncaptured.
+
+**Outputs** follow the rule of torch's CUDA-graph trees. A forward or inference call made while no backward
+is pending begins a *step*: every output handed out before it is invalidated, and reading one raises
+``RuntimeError`` with :data:`OVERWRITTEN` (clone an output to keep it across steps; a ``.grad`` a captured
+backward made is such an output, so accumulating gradients across steps needs ``.grad`` set to None first,
+as ``optimizer.zero_grad()`` does). Within a step nothing is invalidated: a replay that would overwrite an
+output of this step still referenced (its own, or one of a graph recorded after it, which may sit in blocks it
+freed while it was recorded: a second forward before the first one's backward, say) runs uncaptured instead.
+"""
+from __future__ import annotations
+
+import dataclasses
+import weakref
+from typing import Any, Callable, Sequence
+
+import torch
+
+from .. import config
+from . import records
+
+MAX_RECORDINGS = 8  # graphs recorded a compiled graph (one a shape or a moved parameter set): each holds its
+# outputs in the pool for good, so a model fed ever-new shapes is bounded at 8 sets of activations.
+WARMUP_CALLS = 1  # uncaptured calls of a signature before it is recorded (Triton/cuBLAS initialise on the first)
+
+OVERWRITTEN = ("tilefuse: this tensor is an output of a CUDA graph (mode='reduce-overhead') that has been "
+               "replayed since, which overwrote it. Clone an output you keep across steps (out.clone()). "
+               "A .grad made by a captured backward is also overwritten: set .grad to None before each "
+               "backward (optimizer.zero_grad(), the default set_to_none=True) rather than accumulating into it.")
+
+def _sync_ops() -> frozenset:
+    ops = []
+    for name, overload in (("_local_scalar_dense", "default"), ("nonzero", "default"), ("masked_select", "default"),
+                           ("_unique2", "default"), ("unique_dim", "default"), ("unique_consecutive", "default"),
+                           ("equal", "default"), ("is_nonzero", "default"), ("bincount", "default"),
+                           ("repeat_interleave", "Tensor")):
+        packet = getattr(torch.ops.aten, name, None)
+        if packet is not None and hasattr(packet, overload):
+            ops.append(getattr(packet, overload))
+    return frozenset(ops)
+
+
+# ATen ops that synchronise with the host or whose output size depends on data: none can run in a capture.
+SYNC_OPS = _sync_ops()
+
+
+def _op_name(target) -> str:
+    return str(getattr(target, "__name__", target))
+
+
+def _mutated_placeholder(node: torch.fx.Node) -> list:
+    """The placeholders that ``node`` writes into (through views), for an op with a mutable schema."""
+    target = node.target
+    schema = getattr(target, "_schema", None)
+    if schema is None or not schema.is_mutable:
+        return []
+    out = []
+    for k, arg in enumerate(schema.arguments):
+        if arg.alias_info is None or not arg.alias_info.is_write:
+            continue
+        value = node.args[k] if k < len(node.args) else node.kwargs.get(arg.name)
+        while isinstance(value, torch.fx.Node) and value.op == "call_function":
+            vschema = getattr(value.target, "_schema", None)
+            ret = vschema.returns[0].alias_info if vschema is not None and vschema.returns else None
+            if ret is None or ret.is_write or not value.args:  # not a view of its first argument
+                break
+            value = value.args[0]
+        if isinstance(value, torch.fx.Node) and value.op == "placeholder":
+            out.append(value)
+    return out
+
+
+def _has_unbacked(val) -> bool:
+    from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
+
+    try:
+        return bool(free_unbacked_symbols(val))
+    except Exception:  # a value free_unbacked_symbols does not walk (an opaque object): nothing symbolic in it
+        return False
+
+
+def graph_blockers(gm: torch.fx.GraphModule, static: Sequence[int]) -> list[str]:
+    """Why the graph ``gm`` cannot be captured whatever its arguments (empty: it can). ``static``: the input
+    positions that are parameters or buffers (used in place by a replay)."""
+    reasons = []
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    position = {n: k for k, n in enumerate(placeholders)}
+    static = set(static)
+    for n in gm.graph.nodes:
+        if n.op != "call_function":
+            continue
+        if n.target in SYNC_OPS:
+            reasons.append(f"{n.name} ({_op_name(n.target)}) synchronises with the host or has a data-dependent "
+                           f"size")
+            continue
+        val = n.meta.get("val")
+        if _has_unbacked(val):
+            reasons.append(f"{n.name} ({_op_name(n.target)}) has data-dependent sizes")
+        vals = val if isinstance(val, (list, tuple)) else [val]
+        if any(isinstance(v, torch.Tensor) and v.device.type == "cpu" for v in vals) and \
+                any(isinstance(p.meta.get("val"), torch.Tensor) and p.meta["val"].device.type == "cuda"
+                    for p in placeholders):
+            reasons.append(f"{n.name} ({_op_name(n.target)}) makes a CPU tensor in a CUDA graph (a copy to the "
+                           f"host synchronises)")
+        for p in _mutated_placeholder(n):
+            if position[p] not in static:
+                reasons.append(f"input {position[p]} ({p.name}) is mutated in place ({n.name}: "
+                               f"{_op_name(n.target)}) and is not a parameter or buffer: a replay would write the "
+                               f"recording's copy of it, not the caller's tensor")
+    return list(dict.fromkeys(reasons))
+
+
+def call_blockers(args: Sequence[Any], *, interpreting: bool) -> list[str]:
+    """Why a call with these arguments cannot be captured (empty: it can)."""
+    if interpreting:
+        return ["Triton's interpreter runs the kernels (no CUDA device): there is nothing to capture"]
+    reasons = []
+    tensors = [(k, a) for k, a in enumerate(args) if isinstance(a, torch.Tensor)]
+    for k, a in tensors:
+        if a.device.type != "cuda":
+            reasons.append(f"input {k} is a {a.device.type.upper()} tensor (a CUDA graph captures CUDA work only)")
+            break
+    if not tensors and not reasons:
+        reasons.append("the graph has no CUDA tensor input")
+    return reasons
+
+
+def capture_blockers(gm: torch.fx.GraphModule, args: Sequence[Any], static: Sequence[int] = (), *,
+                     interpreting: bool) -> list[str]:
+    """Every reason the graph ``gm`` called with ``args`` runs uncaptured (empty: it is recorded)."""
+    return call_blockers(args, interpreting=interpreting) + graph_blockers(gm, static)
+
+
+def signature(args: Sequence[Any], positions: Sequence[int] | None = None) -> tuple:
+    """The key of a recording: each tensor's shape, strides, dtype and device; other values themselves.
+    ``positions``: only these arguments (a runner leaves out the parameters, whose shapes Dynamo guards: a
+    GPT-2 step has ~150 of them, 0.7 us of host time each to key on this 2-core CPU, 0.07 us to compare an
+    address)."""
+    picked = args if positions is None else [args[k] for k in positions]
+    return tuple((tuple(a.shape), tuple(a.stride()), a.dtype, a.device) if isinstance(a, torch.Tensor) else a
+                 for a in picked)
+
+
+def _extent(t: torch.Tensor) -> int:
+    """Elements from a tensor's first to its last addressed element (its span in its storage)."""
+    if t.numel() == 0:
+        return 0
+    return 1 + sum((n - 1) * s for n, s in zip(t.shape, t.stride()))
+
+
+def _copy_span(span: torch.Tensor, src: torch.Tensor) -> None:
+    """Copy the span ``src`` addresses into ``span`` (1-d, same length): an input's copy keeps its strides, and
+    a tensor whose elements share memory (an expanded one) cannot be written element by element."""
+    if span.numel():
+        span.copy_(src.as_strided((span.numel(),), (1,), src.storage_offset()))
+
+
+def _storage_key(t: torch.Tensor) -> int:
+    return t.untyped_storage().data_ptr()
+
+
+# ------------------------------------------------------------------------------------------------ pool
+class Pool:
+    """One CUDA memory pool for the graphs of one Dynamo graph (its forward, backward, inference graphs).
+
+    Holds the recordings in the order they were made (the invalidation rule above) and the addresses of the
+    storages they own (a backward's saved inputs that live here are static)."""
+
+    def __init__(self):
+        self.handle = None
+        self.recordings: list[Recording] = []
+        _POOLS.add(self)
+
+    def get_handle(self):
+        if self.handle is None:
+            self.handle = torch.cuda.graph_pool_handle()
+        return self.handle
+
+    def owns(self, t: torch.Tensor) -> bool:
+        ptr = _storage_key(t)
+        return any(ptr in r.owned_ptrs for r in self.recordings)
+
+    def held_bytes(self) -> int:
+        return sum(r.held_bytes for r in self.recordings)
+
+    def pending_backward(self) -> bool:
+        """A forward of this pool has saved tensors still alive (its backward has not run)."""
+        return any(r.saved_alive() for r in self.recordings)
+
+    def start_step(self) -> int:
+        """A forward or inference call with no backward pending begins a step: every output handed out before
+        is invalidated (reading it raises); returns how many were still referenced."""
+        return sum(r.invalidate() for r in self.recordings)
+
+    def in_use(self, start: int) -> bool:
+        """Outputs handed out in this step by a recording made at or after ``start`` are still referenced
+        (a replay of recording ``start`` may overwrite them: its own outputs, or blocks it freed while it was
+        recorded and a later recording took)."""
+        return any(r.outputs_alive() for r in self.recordings[start:])
+
+
+_POOLS: "weakref.WeakSet[Pool]" = weakref.WeakSet()
+
+
+def pools_held_bytes() -> int:
+    """Bytes the recordings of every live pool keep allocated (their outputs and input buffers)."""
+    return sum(p.held_bytes() for p in list(_POOLS))
+
+
+@dataclasses.dataclass
+class _Out:
+    kind: str  # "const" | "input" (input ``index`` itself) | "input view" (a view of it) | "owned" (a view of
+    # owned storage ``index``)
+    index: int = 0
+    value: Any = None
+    size: tuple = ()
+    stride: tuple = ()
+    offset: int = 0
+    dtype: Any = None
+    saved: bool = False  # a forward's output saved for its backward
+
+
+class Recording:
+    """One recorded CUDA graph: its static inputs, input buffers and outputs."""
+
+    def __init__(self, graph, inputs: list, spans: list, static: set, outputs, pool: Pool, saved: set):
+        self.graph = graph
+        self.inputs = inputs  # per position: the tensor the graph reads (the caller's, or a buffer of ours)
+        self.static = static
+        self.static_ptrs = {k: inputs[k].data_ptr() for k in static}
+        # (position, the buffer: a 1-d tensor of its own, not a view, which a copy under grad mode may write)
+        # copied span to span, which an expanded input (stride 0) needs
+        self.copied = spans
+        self.outputs = outputs  # the tensors the capture returned: kept, so their blocks stay ours
+        input_storages = {_storage_key(inputs[k]): k for k in static}
+        storages: dict[int, torch.Tensor] = {}
+        for k, _ in self.copied:
+            storages.setdefault(_storage_key(inputs[k]), inputs[k])
+        self.layout: list[_Out] = []
+        for j, out in enumerate(outputs):
+            if not isinstance(out, torch.Tensor):
+                self.layout.append(_Out("const", value=out))
+                continue
+            ptr = _storage_key(out)
+            geometry = dict(size=tuple(out.shape), stride=tuple(out.stride()), offset=out.storage_offset(),
+                            dtype=out.dtype, saved=j in saved)
+            if ptr in input_storages:
+                k = input_storages[ptr]
+                whole = (tuple(inputs[k].shape), tuple(inputs[k].stride()), inputs[k].storage_offset()) == \
+                    (geometry["size"], geometry["stride"], geometry["offset"])
+                self.layout.append(_Out("input" if whole else "input view", index=k, **geometry))
+                continue
+            storages.setdefault(ptr, out)
+            self.layout.append(_Out("owned", index=list(storages).index(ptr), **geometry))
+        # what hand_out walks each replay, as plain tuples: ~100 outputs a forward of a small transformer
+        self.plan_out = [(spec.kind, spec.value if spec.kind == "const" else spec.index, spec.saved, spec.size,
+                          spec.stride, spec.offset, spec.dtype) for spec in self.layout]
+        self.storages = [(ptr, t.device, t.untyped_storage().nbytes()) for ptr, t in storages.items()]
+        self.owned_ptrs = set(storages)
+        self.held_bytes = sum(nbytes for _, _, nbytes in self.storages)
+        self.handed: list = []  # (storage weakref, saved) of the storages the last replay's outputs are on
+        # a static input is read at its address, not through this tensor: holding it would keep a forward's
+        # saved tensors alive for good (a backward's static inputs), which reads as a backward still to run
+        self.inputs = [None if k in static else a for k, a in enumerate(inputs)]
+        pool.recordings.append(self)
+        self.seq = len(pool.recordings) - 1
+
+    def matches(self, args) -> bool:
+        return all(args[k].data_ptr() == ptr for k, ptr in self.static_ptrs.items())
+
+    def saved_alive(self) -> bool:
+        return any(saved and not ref.expired() for ref, saved in self.handed)
+
+    def outputs_alive(self) -> bool:
+        return any(not ref.expired() for ref, _ in self.handed)
+
+    def invalidate(self) -> int:
+        """Make the outputs handed out by the last replay raise on access; returns how many storages of them
+        were still referenced. The message goes on the storage, so every view of an output raises too."""
+        n = 0
+        for ref, _ in self.handed:
+            if ref.expired():
+                continue
+            n += 1
+            storage = torch.UntypedStorage._new_with_weak_ptr(ref.cdata)
+            _set_error(torch.empty(0, dtype=torch.uint8, device=storage.device).set_(storage))
+        self.handed = []
+        return n
+
+    def replay(self, args, before_launch: Callable | None = None) -> list:
+        """Copy the inputs in, call ``before_launch`` (a step's invalidation: after the copies, since an
+        argument may be an output of the step before, a KV cache say), launch, hand out the outputs."""
+        with torch.no_grad():  # an inference graph runs with grad mode on; its inputs may require grad
+            for k, span in self.copied:
+                _copy_span(span, args[k])
+        if before_launch is not None:
+            before_launch()
+        self.graph.replay()
+        return self.hand_out(args)
+
+    def hand_out(self, args) -> list:
+        """Fresh tensors over the recorded outputs, on storages of their own, so that invalidating them later
+        leaves the recording's own tensors (and the pool's blocks) untouched."""
+        from torch.multiprocessing.reductions import StorageWeakRef
+
+        made: dict = {}  # (owned storage, saved) -> storage: a tensor a backward saved never shares a storage
+        # object with one the caller holds, so that a kept user output does not look like a backward still to run
+        out = []
+        for kind, index, saved, size, stride, offset, dtype in self.plan_out:
+            if kind == "owned":
+                storage = made.get((index, saved))
+                if storage is None:
+                    ptr, dev, nbytes = self.storages[index]
+                    storage = made[index, saved] = torch._C._construct_storage_from_data_pointer(ptr, dev, nbytes)
+                out.append(torch.empty(0, dtype=dtype, device=storage.device).set_(storage, offset, size, stride))
+            elif kind == "input":
+                out.append(args[index])
+            elif kind == "input view":
+                out.append(args[index].as_strided(size, stride, offset))
+            else:
+                out.append(index)  # a constant
+        self.handed = [(StorageWeakRef(storage), saved) for (_, saved), storage in made.items()]
+        return out
+
+
+def _set_error(t: torch.Tensor) -> None:
+    setter = getattr(torch._C, "_set_storage_access_error_msg", None)  # CUDA builds only
+    if setter is not None:
+        setter(t, OVERWRITTEN)
+
+
+# ------------------------------------------------------------------------------------------------ runner
+def _interpreting() -> bool:
+    from .. import device as tf_device
+
+    return tf_device.interpreting()
+
+
+class GraphRunner:
+    """Captures and replays one compiled graph (see the module docs); ``run`` runs it uncaptured."""
+
+    def __init__(self, gm: torch.fx.GraphModule, run: Callable, kind: str, graph_id: int, pool: Pool, *,
+                 static: Sequence[int] = (), saved: Sequence[int] = (), maybe_static: Sequence[int] = (),
+                 capture: Callable | None = None, interpreting: bool | None = None):
+        self.run = run
+        self.kind = kind
+        self.graph_id = graph_id
+        self.pool = pool
+        self.static = set(static)  # parameters and buffers
+        self.maybe_static = set(maybe_static)  # a backward's saved inputs: static when they live in the pool
+        self.saved = set(saved)  # a forward's outputs saved for the backward
+        self.capture = capture or capture_cuda_graph
+        self.interpreting = _interpreting() if interpreting is None else interpreting
+        reasons = call_blockers((), interpreting=True)[:1] if self.interpreting else []
+        reasons += graph_blockers(gm, self.static)
+        self.blocked: str | None = "; ".join(reasons) if reasons else None
+        self.calls: dict[tuple, int] = {}  # signature -> uncaptured calls so far
+        self.recordings: dict[tuple, list[Recording]] = {}
+        self.refused: dict[tuple, str] = {}  # signature -> why it runs uncaptured for good
+        self.total_recordings = 0
+        self.key_positions: list | None = None  # the arguments a signature reads (all but the parameters)
+        if self.blocked:
+            config.log(1, f"cuda graph: graph {graph_id} ({kind}) will run uncaptured: {self.blocked}")
+
+    @property
+    def report(self) -> records.CudaGraphReport:
+        """This graph's report (looked up each time: ``reset_stats()`` starts new ones)."""
+        return records.cudagraph_report(self.graph_id, self.kind)
+
+    def _uncaptured(self, reason: str) -> None:
+        first = reason not in self.report.uncaptured
+        self.report.uncaptured[reason] = self.report.uncaptured.get(reason, 0) + 1
+        records.bump("cudagraph_uncaptured_calls")
+        if first:
+            config.log(1, f"cuda graph: graph {self.graph_id} ({self.kind}) runs uncaptured: {reason}")
+
+    def __call__(self, args: list):
+        if self.blocked:
+            self._uncaptured(self.blocked)
+            return self.run(args)
+        positions = self.key_positions
+        if positions is None or len(positions) and positions[-1] >= len(args):
+            positions = self.key_positions = [k for k in range(len(args))
+                                              if k not in self.static or not isinstance(args[k], torch.Tensor)]
+        key = signature(args, positions)
+        refused = self.refused.get(key)
+        if refused is not None:
+            self._uncaptured(refused)
+            return self.run(args)
+        recs = self.recordings.get(key)
+        if recs:
+            for rec in recs:
+                if rec.matches(args):
+                    return self._replay(rec, args)
+        elif self.calls.get(key, 0) < WARMUP_CALLS:
+            self.calls[key] = self.calls.get(key, 0) + 1
+            return self.run(args)
+        reasons = call_blockers(args, interpreting=False)
+        if reasons:
+            self.refused[key] = "; ".join(reasons)
+            self._uncaptured(self.refused[key])
+            return self.run(args)
+        if self.total_recordings >= MAX_RECORDINGS:
+            why = "moved parameters" if recs else "new input shapes"
+            reason = (f"{why} beyond the limit of {MAX_RECORDINGS} recordings a graph "
+                      f"(tilefuse.compiler.cudagraphs.MAX_RECORDINGS)")
+            if not recs:
+                self.refused[key] = reason
+            self._uncaptured(reason)
+            return self.run(args)
+        return self._record(key, args, rerecord=bool(recs))
+
+    def _starts_step(self) -> bool:
+        return self.kind != "backward" and not self.pool.pending_backward()
+
+    def _start_step(self) -> None:
+        self.report.invalidated += self.pool.start_step()
+
+    def _replay(self, rec: Recording, args):
+        starts = self._starts_step()  # then everything handed out before is invalidated, nothing is in use
+        if not starts and self.pool.in_use(rec.seq):
+            if self.kind == "backward":
+                why = "outputs of this step's earlier replays are still in use: replaying would overwrite them"
+            else:
+                why = ("tensors a previous replay saved for its backward are still alive (the backward has not "
+                       "run): replaying would overwrite them")
+            self._uncaptured(why)
+            return self.run(args)
+        report = self.report
+        report.replays += 1
+        records.bump("cudagraph_replays")
+        return rec.replay(args, self._start_step if starts else None)
+
+    def _record(self, key, args, rerecord: bool):
+        static = set(k for k in self.static if isinstance(args[k], torch.Tensor))
+        static |= {k for k in self.maybe_static if isinstance(args[k], torch.Tensor) and self.pool.owns(args[k])}
+        inputs, spans = [], []
+        with torch.no_grad():
+            for k, a in enumerate(args):
+                if isinstance(a, torch.Tensor) and k not in static:
+                    span = torch.empty(_extent(a), dtype=a.dtype, device=a.device)
+                    _copy_span(span, a)
+                    spans.append((k, span))
+                    inputs.append(span.as_strided(a.shape, a.stride(), 0))
+                else:
+                    inputs.append(a)
+        starts = self._starts_step()
+        try:
+            graph, outputs = self.capture(self.run, inputs, self.pool)
+        except Exception as exc:
+            reason = f"capture failed: {type(exc).__name__}: {str(exc).splitlines()[0][:300] if str(exc) else ''}"
+            self.refused[key] = reason
+            self._uncaptured(reason)
+            return self.run(args)
+        rec = Recording(graph, inputs, spans, static, list(outputs), self.pool, self.saved)
+        self.recordings.setdefault(key, []).append(rec)
+        report = self.report
+        report.recordings += 1
+        self.total_recordings += 1
+        report.rerecordings += int(rerecord)
+        report.shapes.append([list(k[0]) for k in key if isinstance(k, tuple)])
+        report.held_bytes += rec.held_bytes
+        records.bump("cudagraph_recordings")
+        if rerecord:
+            records.bump("cudagraph_rerecordings")
+        config.log(1, f"cuda graph: graph {self.graph_id} ({self.kind}) recorded for shapes "
+                      f"{report.shapes[-1]} ({len(static)} inputs in place, {len(rec.copied)} copied, "
+                      f"{rec.held_bytes / 2**20:.1f} MiB held)")
+        report.replays += 1
+        records.bump("cudagraph_replays")
+        return rec.replay(args, self._start_step if starts else None)
+
+
+def capture_cuda_graph(run: Callable, inputs: list, pool: Pool):
+    """Record ``run(inputs)`` into a CUDA graph on ``pool``; returns (graph, the outputs it wrote)."""
+    dev = next(a.device for a in inputs if isinstance(a, torch.Tensor))
+    with torch.cuda.device(dev):  # the capture stream is the inputs' device's, not the current device's
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        # thread_local: a backward is recorded on autograd's device thread while the main thread waits for it
+        with torch.cuda.graph(graph, pool=pool.get_handle(), capture_error_mode="thread_local"):
+            outputs = run(list(inputs))
+        torch.cuda.synchronize()
+    return graph, outputs
+
+
+def _tangent(name: str) -> bool:
+    return name.startswith("tangents") or "bwd_seed" in name or "bwd_base_offset" in name
+
+
+def input_roles(gm: torch.fx.GraphModule, kind: str, fw_metadata=None) -> dict:
+    """Which inputs of ``gm`` a replay uses in place and which outputs a backward saves, from AOTAutograd's
+    metadata of the graph being compiled (``None``: no metadata, every input is copied).
+
+    forward / inference: ``static`` = ``static_input_indices`` (parameters and buffers); a forward's outputs
+    past ``num_forward`` (its returns to the caller) are the tensors saved for the backward.
+    backward: a saved parameter (``primals_K`` where forward input K-1 is static) is static; the other saved
+    values are static when they live in the pool (a captured forward's outputs), else copied; tangents are
+    copied."""
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    fw_static = set(getattr(fw_metadata, "static_input_indices", None) or ())
+    if kind == "backward":
+        static, maybe = [], []
+        for k, p in enumerate(placeholders):
+            if _tangent(p.name):
+                continue
+            if p.name.startswith("primals_") and p.name[8:].isdigit() and int(p.name[8:]) - 1 in fw_static:
+                static.append(k)
+            else:
+                maybe.append(k)
+        return {"static": static, "maybe_static": maybe, "saved": []}
+    static = sorted(k for k in fw_static if k < len(placeholders))
+    saved: list = []
+    if kind == "forward" and fw_metadata is not None:
+        outputs = next(n for n in gm.graph.nodes if n.op == "output").args[0]
+        saved = list(range(int(getattr(fw_metadata, "num_forward", len(outputs))), len(outputs)))
+    return {"static": static, "maybe_static": [], "saved": saved}
+
+
+def runner_for(compiled, gm: torch.fx.GraphModule, kind: str, pool: Pool) -> GraphRunner:
+    """The runner of a :class:`runtime.CompiledGraph` being compiled (AOTAutograd's tracing context active)."""
+    context = torch._guards.TracingContext.try_get()
+    roles = input_roles(gm, kind, context.fw_metadata if context is not None else None)
+    return GraphRunner(gm, compiled.run, kind, compiled.graph_id, pool, **roles)
