@@ -83,7 +83,7 @@ def test_int64_indexing_pointwise_past_2_31_elements():
 
 
 def test_encoder_layer_bf16():
-    """The models test's encoder layer at a GPU size in bf16 (matmuls as externs), forward and backward."""
+    """The models test's encoder layer at a GPU size in bf16 (matmuls on the library GEMM), forward and backward."""
     from .test_compiler_models import EncoderLayer, forward_backward
 
     model_bf16 = EncoderLayer(d=1024, heads=16, ff=4096).cuda().bfloat16()

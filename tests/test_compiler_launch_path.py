@@ -97,9 +97,11 @@ ALLOWED = {"unpack", "allocate", "launch", "extern", "extern output", "free", "r
 
 def test_the_wrapper_does_only_launches_allocations_externs_and_frees():
     x, w = torch.randn(16, 33, requires_grad=True), torch.randn(33, requires_grad=True)
-    mm = lambda a, b: (a @ b).relu() * 2  # noqa: E731  (an extern between kernels)
+    mm = lambda a, b: (a @ b).relu() * 2  # noqa: E731  (a library GEMM with its epilogue: a launch)
+    conv = lambda a, b: torch.nn.functional.conv1d(a.tanh(), b).relu() * 2  # noqa: E731  (an extern between kernels)
     graphs = _compiled_graphs(_graph, x, w, backward=True) + \
-        _compiled_graphs(mm, torch.randn(8, 5, requires_grad=True), torch.randn(5, 3), backward=True)
+        _compiled_graphs(mm, torch.randn(8, 5, requires_grad=True), torch.randn(5, 3), backward=True) + \
+        _compiled_graphs(conv, torch.randn(2, 3, 9, requires_grad=True), torch.randn(4, 3, 3), backward=True)
     assert len(graphs) >= 4
     kinds = set()
     for g in graphs:

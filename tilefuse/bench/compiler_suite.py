@@ -21,6 +21,12 @@ first case), and a third child compiles with tilefuse's now-warm cache. Those ro
 
 ``--smoke`` (CI, no GPU): tiny shapes on Triton's interpreter, Inductor not run (it would build C++ for the
 CPU), compile time measured for two graphs: it proves the code path, the times mean nothing.
+
+GEMM-bound rows (``gemm=True`` graphs): LLM shapes, M = GEMM_TOKENS tokens of hidden GEMM_HIDDEN with an FFN of
+GEMM_FFN, in bf16: Linear + bias + GeLU, a SwiGLU FFN and the attention projections (q, k, v, o), each forward
+and forward + backward. They report TFLOP/s (2·M·N·K a GEMM, the backward twice the forward) and are also timed
+against Inductor's ``max-autotune`` mode (impl ``inductor-max-autotune``) in the same run; the baseline stays
+Inductor default. ``--rows`` sets their M too.
 """
 from __future__ import annotations
 
@@ -54,6 +60,10 @@ QUICK_CASES = ("softmax", "layer_norm", "rms_norm", "softmax_layer_norm", "layer
 SMOKE_COMPILE_CASES = ("softmax", "layer_norm_gelu_fwd_bwd")
 COMPILE_CHILD_TIMEOUT_S = 600
 IMPLS = ("eager", "inductor", "tilefuse")
+GEMM_IMPLS = ("eager", "inductor", "inductor-max-autotune", "tilefuse")
+# GEMM-bound graphs: a Llama-3-8B-sized layer (hidden 4096, FFN 14336) over 8192 tokens
+GEMM_TOKENS, GEMM_HIDDEN, GEMM_FFN = 8192, 4096, 14336
+SMOKE_GEMM_TOKENS, SMOKE_GEMM_HIDDEN, SMOKE_GEMM_FFN = 13, 32, 48
 
 
 # ------------------------------------------------------------------------------------------- graphs
@@ -107,8 +117,13 @@ class Graph:
     # forward + backward: tensors the size of the first input that the backward must read from the forward
     # pass (softmax's output, a norm's input, both of SwiGLU's operands): see minimal_bytes
     saved: int = 1
+    # a GEMM-bound graph: inputs (tokens, hidden, ffn, dtype, device); ``flops`` its forward's (tokens, hidden, ffn)
+    gemm: bool = False
+    flops: Callable[[int, int, int], float] | None = None
 
     def shape(self, rows, cols, vocab) -> str:
+        if self.gemm:
+            return f"{rows}x{cols}x{vocab}"
         return f"{rows}x{vocab if self.fn is cross_entropy else cols}"
 
 
@@ -145,6 +160,54 @@ GRAPHS: list[Graph] = _FORWARD + [dataclasses.replace(g, case=f"{g.case}_fwd_bwd
     [Graph("layer_norm_gelu_fwd_bwd", layer_norm_gelu, _mats(1, 2), backward=True)]
 
 
+def linear_bias_gelu(x, w, b):
+    return F.gelu(F.linear(x, w, b))
+
+
+def swiglu_ffn(x, w1, w3, w2):
+    return F.linear(F.silu(F.linear(x, w1)) * F.linear(x, w3), w2)
+
+
+def attention_projections(x, wq, wk, wv, wo):
+    """q, k and v of the input, and the output projection of v (attention itself left out: this row is the
+    four projection GEMMs) added to the residual."""
+    q, k, v = F.linear(x, wq), F.linear(x, wk), F.linear(x, wv)
+    return q, k, x + F.linear(v, wo)
+
+
+def _weights(shapes_of):
+    """GEMM inputs: x (tokens, hidden) ~ N(0, 1) and weights ~ N(0, 1/fan_in) of the shapes ``shapes_of(h, f)``
+    gives ((out, in) matrices, (out,) biases at 0.1 N(0, 1)), so every activation stays O(1) in bf16."""
+    def make(tokens, hidden, ffn, dtype, device):
+        out = [torch.randn(tokens, hidden, dtype=dtype, device=device)]
+        for shape in shapes_of(hidden, ffn):
+            t = torch.randn(*shape, dtype=dtype, device=device)
+            out.append(t * (shape[-1] ** -0.5) if len(shape) == 2 else t * 0.1)
+        return out
+    return make
+
+
+_GEMM_FORWARD = [
+    Graph("linear_bias_gelu", linear_bias_gelu, _weights(lambda h, f: [(f, h), (f,)]), gemm=True,
+          flops=lambda m, h, f: 2.0 * m * h * f),
+    Graph("swiglu_ffn", swiglu_ffn, _weights(lambda h, f: [(f, h), (f, h), (h, f)]), gemm=True,
+          flops=lambda m, h, f: 6.0 * m * h * f),
+    Graph("attention_projections", attention_projections, _weights(lambda h, f: [(h, h)] * 4), gemm=True,
+          flops=lambda m, h, f: 8.0 * m * h * h),
+]
+_N_GEMM_OUTPUTS = {attention_projections: 3}
+GEMM_GRAPHS: list[Graph] = _GEMM_FORWARD + [dataclasses.replace(g, case=f"{g.case}_fwd_bwd", backward=True)
+                                            for g in _GEMM_FORWARD]
+GRAPHS = GRAPHS + GEMM_GRAPHS
+
+
+def graph_flops(graph: Graph, tokens: int, hidden: int, ffn: int) -> float | None:
+    """A GEMM graph's matmul FLOPs: the forward's, three times that with the backward (two GEMMs a GEMM)."""
+    if graph.flops is None:
+        return None
+    return graph.flops(tokens, hidden, ffn) * (3 if graph.backward else 1)
+
+
 def _outputs(out) -> list[torch.Tensor]:
     return list(out) if isinstance(out, (tuple, list)) else [out]
 
@@ -179,7 +242,7 @@ def make_step(graph: Graph, fn: Callable) -> Callable:
     return step
 
 
-_N_OUTPUTS = {residual_layer_norm: 2}
+_N_OUTPUTS = {residual_layer_norm: 2, attention_projections: 3}
 
 
 def _n_outputs(graph: Graph) -> int:
@@ -256,6 +319,8 @@ def check_against(result, ref: list[torch.Tensor], eager: list[torch.Tensor], dt
 # ----------------------------------------------------------------------------------------- running
 def _compile(backend: str, fn: Callable) -> Callable:
     torch._dynamo.reset()
+    if backend == "inductor-max-autotune":
+        return torch.compile(fn, backend="inductor", mode="max-autotune")
     return torch.compile(fn, backend=backend)
 
 
@@ -283,7 +348,12 @@ def _l2_bytes() -> int:
     return tf_device.current().l2_bytes
 
 
-def _sizes(opts: runner.SuiteOptions) -> tuple[int, int, int, torch.dtype]:
+def _sizes(opts: runner.SuiteOptions, graph: Graph | None = None) -> tuple[int, int, int, torch.dtype]:
+    """(rows, cols, vocab, dtype) of a memory-bound graph; (tokens, hidden, ffn, dtype) of a GEMM graph."""
+    if graph is not None and graph.gemm:
+        if opts.smoke:
+            return SMOKE_GEMM_TOKENS, SMOKE_GEMM_HIDDEN, SMOKE_GEMM_FFN, SMOKE_DTYPE
+        return opts.rows or GEMM_TOKENS, GEMM_HIDDEN, GEMM_FFN, DTYPE
     if opts.smoke:
         return SMOKE_ROWS, SMOKE_COLS, SMOKE_VOCAB, SMOKE_DTYPE
     return opts.rows or ROWS, COLS, VOCAB, DTYPE
@@ -297,8 +367,9 @@ def selected(opts: runner.SuiteOptions) -> list[Graph]:
 
 
 def time_graph(rec: harness.Recorder, graph: Graph, opts: runner.SuiteOptions, device: str) -> None:
-    rows, cols, vocab, dtype = _sizes(opts)
+    rows, cols, vocab, dtype = _sizes(opts, graph)
     shape = graph.shape(rows, cols, vocab)
+    flops = graph_flops(graph, rows, cols, vocab)
     first = prepare(graph, graph.inputs(rows, cols, vocab, dtype, device))
     bytes_per_set = sum(t.numel() * t.element_size() for t in first)
     n_sets = 1 if opts.smoke else harness.rotation_sets(bytes_per_set, _l2_bytes())
@@ -309,8 +380,8 @@ def time_graph(rec: harness.Recorder, graph: Graph, opts: runner.SuiteOptions, d
     eager = [t.detach() for t in _flat(eager_step(*args))]
     moved = minimal_bytes(graph, args)
     times: dict[str, harness.Row] = {}
-    for impl in IMPLS:
-        if impl == "inductor" and opts.smoke:
+    for impl in (GEMM_IMPLS if graph.gemm else IMPLS):
+        if impl.startswith("inductor") and opts.smoke:
             rec.skip(graph.case, impl, "smoke run on the interpreter: Inductor would build C++ for the CPU",
                      dtype=dtype, shape=shape)
             continue
@@ -325,7 +396,7 @@ def time_graph(rec: harness.Recorder, graph: Graph, opts: runner.SuiteOptions, d
             return check_against(step(*args), ref, eager, dtype)
 
         row = rec.time(graph.case, impl, harness.Rotating(step, sets), dtype=dtype, shape=shape,
-                       bytes_moved=moved, baseline="inductor", check=check)
+                       bytes_moved=moved, flops=flops, baseline="inductor", check=check)
         if graph.backward and row.ok:
             one = minimal_bytes(graph, args, two_pass=False)
             extra = f"one-pass count {one / 1e9:.3f} GB: {one / 1e9 / (row.ms_p50 * 1e-3):.0f} GB/s"
@@ -340,7 +411,7 @@ def time_graph(rec: harness.Recorder, graph: Graph, opts: runner.SuiteOptions, d
         if impl != "eager" and row.ok:
             record_kernel_time(rec, graph, impl, step, sets, opts, dtype=dtype, shape=shape, bytes_moved=moved)
     base = times.get("eager")
-    for impl in ("inductor", "tilefuse"):
+    for impl in ("inductor", "inductor-max-autotune", "tilefuse"):
         row = times.get(impl)
         if row is not None and row.ok and base is not None and base.ok:
             vs = f"{base.ms_p50 / row.ms_p50:.2f}x eager"
@@ -431,7 +502,12 @@ def compile_times(backend: str, cases: Sequence[str], smoke: bool,
     by_case = {g.case: g for g in GRAPHS}
     for case in cases:
         graph = by_case[case]
-        args = prepare(graph, graph.inputs(rows, cols, vocab, dtype, device))
+        if graph.gemm:
+            dims = (SMOKE_GEMM_TOKENS, SMOKE_GEMM_HIDDEN, SMOKE_GEMM_FFN) if smoke else \
+                (n_rows or GEMM_TOKENS, GEMM_HIDDEN, GEMM_FFN)
+            args = prepare(graph, graph.inputs(*dims, dtype, device))
+        else:
+            args = prepare(graph, graph.inputs(rows, cols, vocab, dtype, device))
         sync()
         before = records.snapshot()
         try:
@@ -478,7 +554,7 @@ def record_compile_times(rec: harness.Recorder, graphs: Sequence[Graph], opts: r
     cases = [g.case for g in graphs]
     if opts.smoke:
         cases = [c for c in cases if c in SMOKE_COMPILE_CASES] or cases[:1]
-    shapes = {g.case: g.shape(rows, cols, vocab) for g in graphs}
+    shapes = {g.case: g.shape(*_sizes(opts, g)[:3]) for g in graphs}
     note = "ms_p50 = seconds x 1000 from torch.compile to the end of the first call, in a fresh process"
     with tempfile.TemporaryDirectory(prefix="tilefuse-compile-bench-") as tmp:
         tmp = Path(tmp)

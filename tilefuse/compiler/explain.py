@@ -86,9 +86,14 @@ def _format_graph(g: records.GraphReport) -> str:
         lines.append(f"    writes {', '.join(kern.stores) if kern.stores else 'nothing (values stay in registers)'}")
         if kern.path:
             lines.append(f"    source {kern.path}")
-    for node, op, reason in g.externs:
-        kind = "(tilefuse library kernel)" if _is_library(op) else "(ATen by design)"
-        lines.append(f"  extern {node}: {op} " + (f"(fallback: {reason})" if reason else kind))
+    for node, op, reason, *note in g.externs:
+        if reason:
+            why = f"(fallback: {reason})"
+        elif _is_library(op):
+            why = "(tilefuse library kernel)"
+        else:
+            why = f"(ATen: {note[0]})" if note and note[0] else "(ATen by design)"
+        lines.append(f"  extern {node}: {op} {why}")
     for where, reason in g.fallbacks:
         lines.append(f"  fallback {where}: {reason}")
     cuda_graph = records.CUDAGRAPHS.get(g.graph_id)

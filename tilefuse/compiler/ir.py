@@ -738,9 +738,28 @@ class Extern:
     tuple_output: bool
     origins: tuple[str, ...]
     reason: Optional[str] = None
+    # why an op that tilefuse can compile in general (a matmul) runs in ATen here, by design rather than as a
+    # fallback (an operand the library GEMM does not take: a dtype, an empty dim): shown by explain
+    note: Optional[str] = None
 
     def output_name(self, k: int) -> str:
         return f"{self.name}.{k}" if self.tuple_output else self.name
+
+
+@dataclasses.dataclass(frozen=True)
+class Gemm:
+    """``self = a @ b`` through the library's GEMM (:mod:`tilefuse.kernels.gemm_plan`): 2-D (M, K) @ (K, N), or a
+    batch (Z, M, K) @ (Z, K, N). ``a`` and ``b`` name the operand nodes (a View is read through its strides:
+    the backward's ``grad @ W`` and ``x.T @ grad`` are not copied). The output has ``shape``/``stride``/``dtype``
+    (the operands' float dtype); the scheduler may fuse pointwise consumers into the GEMM's epilogue
+    (:class:`tilefuse.compiler.scheduler.GemmStep`)."""
+    name: str
+    shape: tuple[int, ...]
+    stride: tuple[int, ...]
+    dtype: torch.dtype
+    a: str
+    b: str
+    origins: tuple[str, ...]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -756,7 +775,7 @@ class Output:
     value: Any = None
 
 
-Node = Union[InputNode, Pointwise, Reduction, View, Extern]
+Node = Union[InputNode, Pointwise, Reduction, View, Extern, Gemm]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -806,8 +825,10 @@ def format_node(node: Node) -> str:
     if isinstance(node, View):
         return f"{node.name} = view {dt}{list(node.shape)} of {node.source}[{', '.join(map(repr, node.index))}]"
     if isinstance(node, Extern):
-        why = f"  (fallback: {node.reason})" if node.reason else ""
+        why = f"  (fallback: {node.reason})" if node.reason else f"  ({node.note})" if node.note else ""
         return f"{node.name} = extern {node.op}{why}"
+    if isinstance(node, Gemm):
+        return f"{node.name} = gemm {dt}{list(node.shape)}: {node.a} @ {node.b}"
     return repr(node)
 
 

@@ -7,8 +7,9 @@ views, broadcasting, type promotion, and the extern fallback.
 
 What a rule cannot lower (no rule, an unsupported dtype, a pattern the rule declines with
 :class:`LoweringError`) becomes an :class:`ir.Extern` that calls ATen, with the reason recorded; in strict
-mode that raises :class:`FallbackError` instead. Matmuls, convolutions and attention are externs by design
-(:data:`EXTERN_OPS`), not fallbacks: that is where a GEMM template with a fused epilogue will plug in.
+mode that raises :class:`FallbackError` instead. Convolutions and attention are externs by design
+(:data:`EXTERN_OPS`), not fallbacks; matmuls lower to :class:`ir.Gemm` (lowering_gemm.py), or to an extern by
+design with a note where the library GEMM does not take their operands.
 """
 from __future__ import annotations
 
@@ -30,6 +31,11 @@ class LoweringError(Exception):
     """A rule declines this node: it runs as an ATen extern (the message is the recorded reason)."""
 
 
+class ByDesign(LoweringError):
+    """A rule sends this node to ATen by design, not as a fallback (a matmul whose operands the library GEMM does
+    not take): the message becomes the extern's note (explain shows it; not counted, not warned about)."""
+
+
 class FallbackError(RuntimeError):
     """Strict mode (``TILEFUSE_STRICT=1``): tilefuse would have fallen back to ATen; the message says why."""
 
@@ -41,11 +47,11 @@ class GraphFallback(Exception):
 SUPPORTED_DTYPES = frozenset({torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.int8,
                               torch.int16, torch.int32, torch.int64, torch.uint8, torch.bool})
 
-# Calls into ATen by design in this issue: the library GEMM (with fused epilogues) and attention kernels
-# replace them in the next one. Not counted as fallbacks.
+# Calls into ATen by design (not counted as fallbacks): convolutions, attention, and the matmul forms that
+# nothing decomposes to the library GEMM's (mm, bmm, addmm, baddbmm lower to ir.Gemm: lowering_gemm.py).
 EXTERN_OPS = frozenset(filter(None, [
     getattr(aten, n, None) for n in (
-        "mm", "bmm", "addmm", "baddbmm", "addbmm", "addmv", "mv", "dot", "vdot", "_scaled_mm", "convolution",
+        "addbmm", "addmv", "mv", "dot", "vdot", "_scaled_mm", "convolution",
         "convolution_backward", "_convolution", "cudnn_convolution", "_scaled_dot_product_flash_attention",
         "_scaled_dot_product_efficient_attention", "_scaled_dot_product_cudnn_attention",
         "_scaled_dot_product_flash_attention_backward", "_scaled_dot_product_efficient_attention_backward",
@@ -401,14 +407,16 @@ class Lowerer:
             if rule is None:
                 raise LoweringError(f"no lowering rule for {op_name(target)}")
             out = rule(self, *args, **kwargs)
+        except ByDesign as exc:
+            return self.extern(node, args, kwargs, reason=None, note=str(exc))
         except LoweringError as exc:
             return self.extern(node, args, kwargs, reason=str(exc))
         if isinstance(value, torch.Tensor):
             self.fake.setdefault(out.name if isinstance(out, TV) else node.name, value)
         return out
 
-    def extern(self, node, args, kwargs, reason: str | None):
-        """An ATen call for ``node`` (``reason`` None: by design)."""
+    def extern(self, node, args, kwargs, reason: str | None, note: str | None = None):
+        """An ATen call for ``node`` (``reason`` None: by design; ``note``: why, when the design is a choice)."""
         if reason is not None:
             where = f"{node.name} ({op_name(node.target)})"
             if self.strict:
@@ -430,7 +438,7 @@ class Lowerer:
             return a
 
         ext = ir.Extern(node.name, node.target, ref(tuple(args)), tuple((k, ref(v)) for k, v in kwargs.items()),
-                        metas, tuple_output, self.origin(), reason)
+                        metas, tuple_output, self.origin(), reason, note)
         self.nodes.append(ext)
         for k, meta in enumerate(metas):
             if meta is not None:
@@ -458,7 +466,7 @@ class Lowerer:
 
 def lower(gm: torch.fx.GraphModule, meta: Callable[[torch.fx.Node], Any], strict: bool = False) -> tuple[ir.Graph, list, list]:
     """Lower ``gm``: returns (graph, fallbacks [(node, reason)], constants)."""
-    from . import lowering_pointwise, lowering_reductions, lowering_views  # noqa: F401  (register rules)
+    from . import lowering_gemm, lowering_pointwise, lowering_reductions, lowering_views  # noqa: F401  (rules)
 
     low = Lowerer(gm, meta, strict)
     graph = low.run()

@@ -30,7 +30,7 @@ import torch
 
 from .. import config, device as tf_device
 from ..kernels.launcher import SiteLauncher
-from . import cache, codegen, ir, lowering, records, scheduler
+from . import cache, codegen, ir, lowering, records, runtime_gemm, scheduler
 
 _ids = itertools.count()
 
@@ -65,6 +65,7 @@ class WrapperWriter:
         self.globals: dict[str, Any] = {"torch": torch, "empty_strided": torch.empty_strided, "device": dev}
         self.vars: dict[str, str] = {}
         self.lines: list[str] = []
+        self.hooks: dict = {}  # GEMM step -> its epilogue hook (runtime_gemm.prepare)
 
     def var(self, name: str) -> str:
         v = self.vars.get(name)
@@ -149,6 +150,8 @@ class WrapperWriter:
     def step(self, step) -> tuple[list[str], set[str]]:
         lines: list[str] = []
         used: set[str] = set()
+        if isinstance(step, scheduler.GemmStep):
+            return runtime_gemm.step_lines(self, step, self.hooks)
         if isinstance(step, scheduler.ExternStep):
             ext = self.table[step.name]
             op_name = f"op_{len(self.globals)}"
@@ -321,7 +324,9 @@ def _build_plan(gm: torch.fx.GraphModule, meta: Callable, kind: str, graph_id: i
         config.log(2, f"kernel {ks.name} ({origin}) -> {cache.kernel_path(ks)}\n{ks.source}")
     t4 = time.perf_counter()
     times["load"] = t4 - t3
+    hooks, hook_sources = runtime_gemm.prepare(sched, target)
     writer = WrapperWriter(sched, kernels, fns, constants, graph.device)
+    writer.hooks = hooks
     source, glb = writer.write()
     if tf_device.interpreting():
         glb["_errstate"] = _np_quiet
@@ -337,9 +342,10 @@ def _build_plan(gm: torch.fx.GraphModule, meta: Callable, kind: str, graph_id: i
     for ks, g in zip(kernels, groups):
         report.kernels.append(records.KernelReport(ks.name, ks.form, [o for o in g.origins], list(g.stores),
                                                  str(cache.kernel_path(ks))))
+    report.kernels.extend(runtime_gemm.report(sched, hook_sources))
     for n in graph.nodes:
         if isinstance(n, ir.Extern):
-            report.externs.append((n.name, lowering.op_name(n.op), n.reason))
+            report.externs.append((n.name, lowering.op_name(n.op), n.reason, n.note))
     report.fallbacks = list(fallbacks)
     report.seconds = times
     return Plan(call, source, kernels, report)

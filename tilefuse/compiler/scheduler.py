@@ -24,11 +24,16 @@
    each; when that re-reads more bytes than writing it once and reading it back, it becomes a root and the
    grouping is redone.
 
-The seam for templates (the next compiler issue): a matmul is an :class:`ExternStep` now. A GEMM template
-with a fused epilogue will be a step whose epilogue is a pointwise group over the matmul's output shape:
-:func:`epilogue_candidates` already finds, for each extern, the pointwise roots that read its output at the
-output position and nothing else from later steps (legal epilogues); the template step will absorb them
-instead of their own kernel.
+4. **GEMM epilogues.** A matmul (:class:`ir.Gemm`) is a :class:`GemmStep` that runs the library's GEMM. After
+   grouping, :func:`fuse_epilogues` moves a pointwise group that reads the GEMM's output element for element
+   (bias, activation, residual, scale, cast: any body the pointwise codegen writes) into the GEMM's epilogue:
+   codegen writes the group as a ``@triton.jit`` hook (:func:`codegen.generate_epilogue`) that the library's
+   one GEMM template calls on its fp32 tile, and the output never goes to memory in between.
+   :func:`epilogue_legality` says whether it may (the group's other operands and outputs must be strided
+   views of the GEMM's (M, N) tile, at most ``gemm_epilogue.NUM_EXTRA_OPERANDS`` of them, nothing between
+   the two steps reads the raw product); :func:`epilogue_benefit` whether it pays (bytes); on a GPU the
+   library's tuner may still choose cuBLAS and a separate epilogue kernel for the shape
+   (:func:`tilefuse.kernels.gemm_tuning.epilogue_choice`).
 """
 from __future__ import annotations
 
@@ -98,6 +103,37 @@ class ExternStep:
 
 
 @dataclasses.dataclass(frozen=True)
+class EpilogueOperand:
+    """One extra operand of a fused GEMM epilogue: ``buffer`` (a node) seen as a tensor of the GEMM's output
+    shape with ``stride`` and element ``offset`` from the buffer's storage offset. ``kind`` "load": the hook
+    reads it; "store": the hook writes root ``buffer`` (or the GEMM's raw product) there."""
+    kind: str
+    buffer: str
+    stride: tuple[int, ...]
+    offset: int
+
+
+@dataclasses.dataclass(frozen=True)
+class GemmStep:
+    """The library GEMM for :class:`ir.Gemm` ``name``. With ``epilogue`` (a pointwise group whose bodies run over
+    the GEMM's output variables ``k0..``; a load of ``name`` at that position is the accumulator): the
+    group's roots are computed in the GEMM's epilogue. ``out``: the buffer the GEMM stores its result into
+    (``name`` itself, or the epilogue root the hook returns), seen with ``out_stride``/``out_offset``;
+    ``operands``: the hook's extra operands in slot order."""
+    name: str
+    epilogue: Optional[KernelGroup] = None
+    operands: tuple = ()  # tuple[EpilogueOperand, ...]
+    out: str = ""
+    out_stride: tuple = ()
+    out_offset: int = 0
+    note: str = ""  # why a pointwise consumer of the product was not fused (explain shows it)
+
+    @property
+    def out_buffer(self) -> str:
+        return self.out or self.name
+
+
+@dataclasses.dataclass(frozen=True)
 class Schedule:
     graph: ir.Graph
     steps: tuple  # tuple[KernelGroup | ExternStep]
@@ -105,6 +141,7 @@ class Schedule:
 
 
 Local = ir.Local
+OPAQUE_STEPS = (ExternStep, GemmStep)
 
 
 def kernel_vars(space) -> tuple[ir.Index, ...]:
@@ -183,6 +220,8 @@ class Scheduler:
             elif isinstance(n, ir.Extern):
                 for ref in _refs(n.args) + _refs(tuple(v for _, v in n.kwargs)):
                     roots.add(self.base(ref.name))
+            elif isinstance(n, ir.Gemm):
+                roots.update((self.base(n.a), self.base(n.b)))
         for out in self.graph.outputs:
             if out.name is not None:
                 roots.add(self.base(out.name))
@@ -243,6 +282,10 @@ class Scheduler:
                     where[node.output_name(k)] = len(steps) - 1
                 where[node.name] = len(steps) - 1
                 continue
+            if isinstance(node, ir.Gemm):
+                steps.append(GemmStep(node.name))
+                where[node.name] = len(steps) - 1
+                continue
             if node.name not in self.roots:
                 continue
             self._place(node, steps, where)
@@ -266,7 +309,7 @@ class Scheduler:
         small = None  # (idx, draft): the latest legal join of no gain that _small_twin allows
         for idx in range(len(steps) - 1, -1, -1):
             g = steps[idx]
-            if isinstance(g, ExternStep):
+            if isinstance(g, OPAQUE_STEPS):
                 continue
             if any(s > idx for s in dep_steps):
                 break  # an earlier group would have to run after a step this node needs
@@ -323,7 +366,7 @@ class Scheduler:
         """Non-root pointwise nodes recomputed in several groups where a buffer would be cheaper."""
         used_in: dict[str, set[int]] = {}
         for k, g in enumerate(steps):
-            if isinstance(g, ExternStep):
+            if isinstance(g, OPAQUE_STEPS):
                 continue
             for root in g["roots"]:
                 for name in self._inlined_nodes(root):
@@ -379,8 +422,10 @@ class Scheduler:
                     needed.add(self.base(ref.name))
             if isinstance(n, ir.Pointwise) and n.into:
                 needed.add(n.name)
+            if isinstance(n, ir.Gemm):
+                needed.update((self.base(n.a), self.base(n.b)))
         for g in steps:
-            if isinstance(g, ExternStep):
+            if isinstance(g, OPAQUE_STEPS):
                 continue
             for body in g["bodies"].values():
                 for ld in ir.loads(body):
@@ -391,9 +436,11 @@ class Scheduler:
                 materialized.add(n.name)
             elif isinstance(n, ir.Extern):
                 materialized.update(n.output_name(k) for k in range(len(n.outputs)))
-        steps = [g if isinstance(g, ExternStep) else stages_as_row_loop(self, g) for g in steps]
+            elif isinstance(n, ir.Gemm):
+                materialized.add(n.name)
+        steps = [g if isinstance(g, OPAQUE_STEPS) else stages_as_row_loop(self, g) for g in steps]
         for k, g in enumerate(steps):
-            if isinstance(g, ExternStep):
+            if isinstance(g, OPAQUE_STEPS):
                 out_steps.append(g)
                 continue
             stores = tuple(r for r in g["roots"] if r in needed)
@@ -410,6 +457,8 @@ class Scheduler:
                 f"g{k}", g["kind"], g["space"], g["reduced"], roots, stores,
                 tuple((r, g["bodies"][r]) for r in roots), tuple((r, g["positions"][r]) for r in roots),
                 tuple(origins), tuple((r, cols[r]) for r in roots if r in cols)))
+        out_steps = fuse_epilogues(self, out_steps)
+        materialized = {m for m in materialized if not _unstored_gemm(self, out_steps, m)}
         return Schedule(self.graph, tuple(out_steps), frozenset(materialized))
 
 
@@ -711,28 +760,206 @@ def schedule(graph: ir.Graph) -> Schedule:
     return Scheduler(graph).schedule()
 
 
-def epilogue_candidates(sched: Schedule) -> dict[str, list[str]]:
-    """For each extern, the kernel groups that are legal epilogues of it: pointwise groups over the extern
-    output's shape whose only read of the output is at the output position (the seam a GEMM template with a
-    fused epilogue attaches to; nothing is fused into externs in this issue)."""
-    out: dict[str, list[str]] = {}
-    table = sched.graph.by_name()
-    for step in sched.steps:
-        if not isinstance(step, ExternStep):
-            continue
-        ext = table[step.name]
-        if ext.tuple_output or ext.outputs[0] is None:
-            continue
-        shape = ext.outputs[0].shape
-        kv = kernel_vars(shape)
-        found = []
-        for g in sched.steps:
-            if isinstance(g, KernelGroup) and g.kind == "pointwise" and tuple(g.space) == tuple(shape):
-                reads = [ld for _, b in g.bodies for ld in ir.loads(b) if ld.buffer == ext.name]
-                if reads and all(tuple(ld.index) == kv for ld in reads):
-                    found.append(g.name)
-        out[step.name] = found
+# ------------------------------------------------------------------------------------- GEMM epilogues
+def _step_reads(s: Scheduler, st) -> set[str]:
+    """The buffers a final step reads (base nodes)."""
+    if isinstance(st, KernelGroup):
+        return {ld.buffer for _, b in st.bodies for ld in ir.loads(b)}
+    if isinstance(st, ExternStep):
+        ext = s.table[st.name]
+        return {s.base(r.name) for r in _refs(ext.args) + _refs(tuple(v for _, v in ext.kwargs))}
+    gemm = s.table[st.name]
+    out = {s.base(gemm.a), s.base(gemm.b)}
+    out |= {op.buffer for op in st.operands if op.kind == "load"}
     return out
+
+
+def _step_writes(s: Scheduler, st) -> set[str]:
+    if isinstance(st, KernelGroup):
+        return set(st.stores)
+    if isinstance(st, ExternStep):
+        ext = s.table[st.name]
+        return {ext.output_name(k) for k in range(len(ext.outputs))}
+    out = {st.out_buffer}
+    out |= {op.buffer for op in st.operands if op.kind == "store"}
+    return out
+
+
+def _affine(index, stride, nvars: int) -> Optional[tuple[tuple[int, ...], int]]:
+    """(coefficient of each GEMM output variable k0.., offset) of the element offset of ``index`` in a buffer
+    with ``stride``, or None when it is not affine in those variables (a division, a gather)."""
+    phys = ir.strided_offset(index, stride)
+    coefs = [0] * nvars
+    for atom, coef in phys.terms:
+        if not isinstance(atom, ir.Var) or not atom.name.startswith("k"):
+            return None
+        coefs[int(atom.name[1:])] += coef
+    return tuple(coefs), phys.offset
+
+
+def epilogue_legality(s: Scheduler, steps: list, gi: int, gemm_name: str) -> tuple[Optional[GemmStep], str]:
+    """Can pointwise group ``steps[gi]`` run in the epilogue of the GEMM ``gemm_name``? Returns (the fused
+    step, "") or (None, why not). Legal when: the group's space is the GEMM's output elements (in row-major
+    order, so a view (B*S, N) -> (B, S, N) between them is fine); it reads the product only at the element
+    the tile holds; every other operand and every output is a strided view of the (M, N) tile (the hook gets
+    (pointer, row stride, column stride) triples), at most NUM_EXTRA_OPERANDS of them besides the GEMM's own
+    output; no random numbers or index values (the hook sees no linear position); and nothing between the
+    two steps reads the raw product (else the fused step runs at the GEMM's place, which needs the group's
+    other inputs to exist by then)."""
+    from ..kernels.gemm_checks import FLOAT_OUTPUTS
+    from ..kernels.gemm_epilogue import NUM_EXTRA_OPERANDS
+
+    g = steps[gi]
+    gemm = s.table[gemm_name]
+    if not isinstance(g, KernelGroup) or g.kind != "pointwise" or g.columns:
+        return None, "not a pointwise group"
+    if math.prod(g.space) != math.prod(gemm.shape):
+        return None, "its space is not the GEMM's output"
+    kv = kernel_vars(gemm.shape)
+    if tuple(g.space) == tuple(gemm.shape):
+        mapping = {}
+    else:
+        digits = ir.unravel(ir.linearize(kv, gemm.shape), g.space)
+        mapping = {f"k{d}": digits[d] for d in range(len(g.space))}
+    bodies = {r: ir.substitute_expr(b, mapping) for r, b in g.bodies}
+    positions = {r: tuple(ir.substitute(ix, mapping) for ix in p) for r, p in g.positions}
+    loads: list[EpilogueOperand] = []
+    for r, body in bodies.items():
+        node = s.table[r]
+        if isinstance(node, ir.Pointwise) and node.into:
+            return None, f"{r} writes into an input"
+        for e in ir.walk(body):
+            if isinstance(e, (ir.IndexValue, ir.Rand)):
+                return None, f"{r} uses an element's index or random numbers"
+            if not isinstance(e, ir.Load):
+                continue
+            if e.mask is not None:
+                return None, f"{r} reads {e.buffer} under a mask"
+            if e.buffer == gemm_name:
+                if tuple(e.index) != kv:
+                    return None, f"{r} reads the product at another element"
+                continue
+            aff = _affine(e.index, ir.node_meta(s.table[e.buffer], e.buffer).stride, len(kv))
+            if aff is None:
+                return None, f"{r} reads {e.buffer} at a position that is not strided in the tile"
+            op = EpilogueOperand("load", e.buffer, aff[0], aff[1])
+            if op not in loads:
+                loads.append(op)
+    # who else reads the raw product, and where
+    gemm_at = next(k for k, st in enumerate(steps) if isinstance(st, GemmStep) and st.name == gemm_name)
+    outputs = {s.base(o.name) for o in s.graph.outputs if o.name is not None}
+    between = any(gemm_name in _step_reads(s, steps[k]) for k in range(gemm_at + 1, gi))
+    later = any(gemm_name in _step_reads(s, steps[k]) for k in range(gi + 1, len(steps)))
+    keep_product = gemm_name in outputs or between or later
+    operands_of_gemm = {s.base(gemm.a), s.base(gemm.b)}
+    for k in range(gemm_at + 1, gi):
+        st = steps[k]
+        if isinstance(st, KernelGroup) and any(getattr(s.table[r], "into", None) in operands_of_gemm for r in st.roots):
+            return None, "a step between them writes into the GEMM's operand"
+    at = gi
+    if between:
+        produced = set()
+        for k in range(gemm_at):
+            produced |= _step_writes(s, steps[k])
+        inputs = {n.name for n in s.graph.nodes if isinstance(n, ir.InputNode)}
+        if any(op.buffer not in produced | inputs for op in loads):
+            return None, "a step between them reads the product and the group needs later values"
+        at = gemm_at
+    stores: list[tuple[str, tuple, int]] = []
+    for r in g.stores:
+        aff = _affine(positions[r], ir.node_meta(s.table[r], r).stride, len(kv))
+        if aff is None:
+            return None, f"{r} is stored at a position that is not strided in the tile"
+        stores.append((r, aff[0], aff[1]))
+    main = None
+    if not keep_product:
+        main = next((x for x in stores if s.table[x[0]].dtype in FLOAT_OUTPUTS), None)
+    if main is None:
+        main = (gemm_name, tuple(gemm.stride), 0)
+        extra_stores = stores
+    else:
+        extra_stores = [x for x in stores if x is not main]
+    operands = tuple(loads) + tuple(EpilogueOperand("store", r, st, off) for r, st, off in extra_stores)
+    if len(operands) > NUM_EXTRA_OPERANDS:
+        return None, f"{len(operands)} extra operands (the hook takes {NUM_EXTRA_OPERANDS})"
+    group = dataclasses.replace(g, space=tuple(gemm.shape), bodies=tuple((r, bodies[r]) for r, _ in g.bodies),
+                                positions=tuple((r, positions[r]) for r, _ in g.positions),
+                                origins=tuple(gemm.origins) + tuple(o for o in g.origins if o not in gemm.origins))
+    step = GemmStep(gemm_name, group, operands, main[0], main[1], main[2])
+    return step, ("" if at == gi else "at the GEMM")
+
+
+def epilogue_benefit(s: Scheduler, step: GemmStep) -> int:
+    """Bytes of memory traffic the fused epilogue saves: the product's read by the group, and its write when
+    nothing else needs it (the fused step stores the group's outputs instead)."""
+    gemm = s.table[step.name]
+    own = nbytes(ir.node_meta(gemm))
+    return own + (own if step.out_buffer != step.name else 0)
+
+
+def fuse_epilogues(s: Scheduler, steps: list) -> list:
+    """Move each pointwise group that is a legal and profitable epilogue of a GEMM into that GEMM's step
+    (the latest GEMM it reads first: SwiGLU's ``silu(x @ w1) * (x @ w3)`` runs in the second GEMM, reading
+    the first one's stored product as an extra operand)."""
+    steps = list(steps)
+    notes: dict[str, str] = {}
+    gi = 0
+    while gi < len(steps):
+        g = steps[gi]
+        if not isinstance(g, KernelGroup) or g.kind != "pointwise":
+            gi += 1
+            continue
+        reads = {ld.buffer for _, b in g.bodies for ld in ir.loads(b)}
+        candidates = [(k, st.name) for k, st in enumerate(steps[:gi])
+                      if isinstance(st, GemmStep) and st.epilogue is None and st.name in reads]
+        fused = False
+        for k, name in sorted(candidates, reverse=True):
+            step, where = epilogue_legality(s, steps, gi, name)
+            if step is None:
+                notes.setdefault(name, f"consumer {g.name} not fused: {where}")
+                continue
+            if epilogue_benefit(s, step) <= 0:
+                continue
+            if not fused_or_split(s, step):
+                notes.setdefault(name, f"consumer {g.name} runs as its own kernel: the tuner chose cuBLAS + a "
+                                       f"separate epilogue for this shape")
+                continue
+            if where:  # at the GEMM's place: a step between the two reads the product
+                steps[k] = step
+                del steps[gi]
+            else:
+                steps[gi] = step
+                del steps[k]
+            fused = True
+            break
+        if not fused:
+            gi += 1
+    return [dataclasses.replace(st, note=notes[st.name]) if isinstance(st, GemmStep) and st.epilogue is None
+            and st.name in notes else st for st in steps]
+
+
+def fused_or_split(s: Scheduler, step: GemmStep) -> bool:
+    """True: the epilogue runs fused in the library's GEMM template; False: the GEMM runs alone (cuBLAS-class
+    main loop) and the group as its own kernel. The choice is the library tuner's, per (shape class, dtype,
+    layout, epilogue size) (:func:`tilefuse.kernels.gemm_tuning.epilogue_choice`); on the interpreter it is
+    always the fused template (deterministic, and the tests exercise it)."""
+    from ..kernels import gemm_tuning
+
+    gemm = s.table[step.name]
+    ma, mb = ir.node_meta(s.table[gemm.a], gemm.a), ir.node_meta(s.table[gemm.b], gemm.b)
+    extra_bytes = sum(nbytes(ir.node_meta(s.table[op.buffer], op.buffer)) for op in step.operands)
+    return gemm_tuning.epilogue_choice(ma.shape, ma.stride, mb.shape, mb.stride, gemm.dtype, extra_bytes) == "fused"
+
+
+def _unstored_gemm(s: Scheduler, steps, name: str) -> bool:
+    """A GEMM product that its fused step does not store (only the epilogue's outputs exist)."""
+    node = s.table.get(name)
+    if not isinstance(node, ir.Gemm):
+        return False
+    for st in steps:
+        if isinstance(st, GemmStep) and st.name == name:
+            return st.out_buffer != name and not any(op.buffer == name for op in st.operands)
+    return False
 
 
 def format_schedule(sched: Schedule) -> str:
@@ -740,6 +967,13 @@ def format_schedule(sched: Schedule) -> str:
     for st in sched.steps:
         if isinstance(st, ExternStep):
             lines.append(f"{st.name}: extern")
+            continue
+        if isinstance(st, GemmStep):
+            lines.append(f"{st.name}: gemm -> {st.out_buffer}" + (f"; epilogue roots {list(st.epilogue.roots)}, "
+                         f"operands {[(op.kind, op.buffer) for op in st.operands]}" if st.epilogue else ""))
+            if st.epilogue:
+                for r, b in st.epilogue.bodies:
+                    lines.append(f"    {r} = {ir.format_expr(b)}")
             continue
         red = f" reduce dims {list(st.reduced)}" if st.reduced else ""
         lines.append(f"{st.name}: {st.kind} over {list(st.space)}{red}; roots {list(st.roots)}; "

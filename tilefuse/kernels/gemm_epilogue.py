@@ -23,7 +23,11 @@ extra operands as ``(pointer, row stride, column stride)`` triples, pointers alr
 of the tile. An operand of shape (M, N), (N,) or (M, 1) is passed with stride 0 on its broadcast dimension,
 so ``tl.load(e0_ptr + offs_m[:, None] * e0_sm + offs_n[None, :] * e0_sn, mask=...)`` reads it whatever
 its shape. Unused triples point at a dummy one-element tensor with zero strides. The hook returns the new
-fp32 tile (same shape). It must not store to the output. Example::
+fp32 tile (same shape). It must not store to the output. It may store to an extra operand that is a buffer
+of its own (not overlapping the GEMM's inputs, its output or the other operands), with ``mask``: that is how
+the compiler gets several outputs from one epilogue (the pre-activation the backward saves, and the
+activation); each tile is written by exactly one program, after its K loop, so such a store is as final as
+the output's (docs/decisions/026-compiler-gemm-epilogues.md). Example::
 
     @triton.jit
     def silu_plus_e0(acc, offs_m, offs_n, mask_m, mask_n,

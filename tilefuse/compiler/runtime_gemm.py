@@ -1,0 +1,99 @@
+"""The runtime's part for GEMM steps (scheduler.GemmStep): their epilogue hooks and wrapper lines.
+
+A fused step becomes one call of the library's GEMM with the generated hook::
+
+    v_gelu = empty_strided((7, 65), (65, 1), dtype=torch.float32, device=device)
+    v_add = empty_strided((7, 65), (65, 1), dtype=torch.float32, device=device)
+    launch_gemm_addmm_mm(v_x, v_w.as_strided(...), (v_b.as_strided((7, 65), (0, 1), ...), v_add), v_gelu)
+
+``launch_gemm_<step>`` is :func:`gemm_run` with the step's hook bound: the library's
+:func:`tilefuse.kernels.gemm_plan.gemm_with_epilogue` (its plan cache makes a repeat call a dictionary lookup
+and the launches). A GEMM with no epilogue runs the library GEMM on Triton's interpreter
+(the tests exercise it) and cuBLAS (``torch.matmul``) on a GPU, where the tuner's fused-or-split choice
+(:func:`tilefuse.kernels.gemm_tuning.epilogue_choice`) left the tail to its own kernel.
+"""
+from __future__ import annotations
+
+import functools
+
+import torch
+
+from .. import config, device as tf_device
+from ..kernels import gemm_plan
+from . import cache, codegen, ir, records, scheduler
+
+
+def prepare(sched: scheduler.Schedule, target: codegen.LaunchTarget) -> tuple[dict, list]:
+    """(step name -> hook function, [(KernelSource, step)]) for the fused GEMM steps of ``sched``."""
+    hooks, sources = {}, []
+    for st in sched.steps:
+        if isinstance(st, scheduler.GemmStep) and st.epilogue is not None:
+            ks = codegen.generate_epilogue(st, sched, target)
+            fn, origin = cache.load(ks)
+            config.log(2, f"gemm epilogue {ks.name} ({origin}) -> {cache.kernel_path(ks)}\n{ks.source}")
+            hooks[st.name] = fn
+            sources.append((ks, st))
+    return hooks, sources
+
+
+def report(sched: scheduler.Schedule, sources: list) -> list:
+    """KernelReports for every GEMM step: the ATen nodes it runs (the matmul and its fused tail)."""
+    fused = {st.name: ks for ks, st in sources}
+    out = []
+    table = sched.graph.by_name()
+    for st in sched.steps:
+        if not isinstance(st, scheduler.GemmStep):
+            continue
+        ks = fused.get(st.name)
+        origins = list(st.epilogue.origins) if st.epilogue is not None else list(table[st.name].origins)
+        stores = [st.out_buffer] + [op.buffer for op in st.operands if op.kind == "store"]
+        name = f"gemm {st.name}" + (f" + epilogue {ks.name}" if ks is not None else "") + \
+            (f" ({st.note})" if st.note else "")
+        out.append(records.KernelReport(name, "gemm+epilogue" if ks is not None else "gemm", origins, stores,
+                                        str(cache.kernel_path(ks)) if ks is not None else ""))
+        records.bump("gemm_kernels")
+    return out
+
+
+def gemm_run(a, b, extras, out, hook=None):
+    """One GEMM step: the library GEMM (with the epilogue hook, if any) into ``out``."""
+    if hook is None and not tf_device.interpreting():
+        torch.matmul(a, b, out=out) if out.is_contiguous() else out.copy_(torch.matmul(a, b))
+        return
+    gemm_plan.gemm_with_epilogue(a, b, hook, extras, out.dtype, out=out)
+
+
+def _strided(writer, buffer: str, shape, stride, offset) -> str:
+    v = writer.var(buffer)
+    return f"{v}.as_strided({tuple(shape)!r}, {tuple(stride)!r}, {v}.storage_offset() + {offset})"
+
+
+def step_lines(writer, step: scheduler.GemmStep, hooks: dict) -> tuple[list[str], set[str]]:
+    """The wrapper lines of one GEMM step (writer: runtime.WrapperWriter)."""
+    table = writer.table
+    gemm = table[step.name]
+    lines, used = [], set()
+    writes = [step.out_buffer] + [op.buffer for op in step.operands if op.kind == "store"]
+    for name in writes:
+        meta = ir.node_meta(table[name], name)
+        lines.append(f"    {writer.var(name)} = empty_strided({tuple(meta.shape)!r}, {tuple(meta.stride)!r}, "
+                     f"dtype={meta.dtype}, device=device)")
+        used.add(writer.var(name))
+    a, b = writer.view_expr(gemm.a), writer.view_expr(gemm.b)
+    used.update((writer._base_var(gemm.a), writer._base_var(gemm.b)))
+    extras = []
+    for op in step.operands:
+        extras.append(_strided(writer, op.buffer, gemm.shape, op.stride, op.offset))
+        used.add(writer.var(op.buffer))
+    out = _strided(writer, step.out_buffer, gemm.shape, step.out_stride, step.out_offset) if step.out \
+        else writer.var(step.name)
+    launcher = "launch_gemm_" + "".join(ch if ch.isalnum() else "_" for ch in step.name)
+    while launcher in writer.globals:
+        launcher += "_"
+    writer.globals[launcher] = functools.partial(gemm_run, hook=hooks.get(step.name))
+    hook = hooks.get(step.name)
+    writer.globals.setdefault("_kernel_names", {})[launcher] = f"gemm {step.name}" + (
+        f" + {getattr(hook, '__name__', 'epilogue')}" if hook is not None else "")
+    extras_text = f"({', '.join(extras)}{',' if len(extras) == 1 else ''})"
+    lines.append(f"    {launcher}({a}, {b}, {extras_text}, {out})  # {writer.globals['_kernel_names'][launcher]}")
+    return lines, used
