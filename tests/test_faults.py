@@ -653,3 +653,26 @@ def test_make_installs_clang_19_where_apt_can():
     assert proc.returncode == 0, proc.stderr
     assert "clang-19" in proc.stdout and "apt-get install" in proc.stdout
     assert "make deps" in (REPO / ".ci" / "run").read_text() or "make test" in (REPO / ".ci" / "run").read_text()
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the interpreter's import order: a machine with no GPU")
+def test_triton_imported_before_tilefuse_still_runs_reductions(tmp_path):
+    """``torch.compile(backend="tilefuse")`` reached after torch imported Triton (no ``import tilefuse`` first):
+    Triton's own ``@jit`` library functions (``tl.sum``) were compiled-mode objects, and every reduction
+    kernel failed on the interpreter with "Cannot call @triton.jit'd outside of the scope of a kernel"."""
+    code = (
+        "import triton.language as tl, torch\n"
+        "assert type(tl.sum).__name__ == 'JITFunction'\n"
+        "import tilefuse\n"
+        "torch.manual_seed(0)\n"
+        "m = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.LayerNorm(16), torch.nn.Softmax(-1))\n"
+        "x = torch.randn(5, 8)\n"
+        "out = torch.compile(m, backend='tilefuse')(x)\n"
+        "torch.testing.assert_close(out, m(x))\n"
+        "print('rewrapped', type(tl.sum).__name__)\n")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["TILEFUSE_CACHE_DIR"] = str(tmp_path)
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=600,
+                         cwd=Path(__file__).resolve().parents[1])
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert "rewrapped InterpretedFunction" in res.stdout

@@ -1,4 +1,4 @@
-"""Three fixes to Triton 3.6's interpreter, applied by tilefuse when its kernels run there (no GPU).
+"""Four fixes to Triton 3.6's interpreter, applied by tilefuse when its kernels run there (no GPU).
 
 Installed by ``tilefuse/kernels/__init__`` when :func:`tilefuse.device.interpreting` is true (every kernel,
 the library's and the compiler's generated ones, is reached through that package); never on a GPU, where
@@ -17,6 +17,12 @@ nothing here is used. The kernels' source is unchanged: only the interpreter's e
    patterns, and ``create_dot`` multiplied those integers (an answer of ~1e10 where ~0.5 is right, and no
    error). bf16 operands are widened to float32 first (exact: bf16 is the top half of a float32), the
    accumulator stays float32, as on the GPU.
+4. **Triton imported before tilefuse.** ``TRITON_INTERPRET`` is read when a function is decorated. When the
+   backend is reached through ``torch.compile(backend="tilefuse")`` without ``import tilefuse`` first,
+   torch has already imported triton.language, whose own ``@jit`` functions (``tl.sum``, ``tl.max``,
+   ``tl.softmax``...) are then compiled-mode objects that refuse a call from an interpreted kernel
+   ("Cannot call @triton.jit'd outside of the scope of a kernel": every reduction kernel failed). They
+   are rewrapped as interpreted functions, in every module of triton.language that holds them.
 """
 from __future__ import annotations
 
@@ -35,7 +41,7 @@ def bf16_bits_to_float32(bits: np.ndarray) -> np.ndarray:
 
 
 def install() -> None:
-    """Apply the three fixes (idempotent)."""
+    """Apply the four fixes (idempotent)."""
     global _installed
     if _installed:
         return
@@ -45,7 +51,28 @@ def install() -> None:
     _fix_scalar_index(interpreter)
     _serialise_launches(interpreter)
     _fix_bf16_dot(interpreter, tl)
+    rewrap_library_functions(interpreter)
     _installed = True
+
+
+def rewrap_library_functions(interpreter) -> int:
+    """Triton's own ``@jit`` functions decorated in compiled mode, made interpreted. Returns how many."""
+    import sys
+
+    from triton.runtime.jit import JITFunction
+
+    done: dict[int, object] = {}
+    count = 0
+    for name, module in list(sys.modules.items()):
+        if module is None or not (name == "triton.language" or name.startswith("triton.language.")):
+            continue
+        for attr, value in list(vars(module).items()):
+            if isinstance(value, JITFunction) and not isinstance(value, interpreter.InterpretedFunction):
+                if id(value) not in done:
+                    done[id(value)] = interpreter.InterpretedFunction(value.fn)
+                    count += 1
+                setattr(module, attr, done[id(value)])
+    return count
 
 
 def _fix_scalar_index(interpreter) -> None:
