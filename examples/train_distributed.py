@@ -146,7 +146,7 @@ def main(argv=None) -> int:
         result["tilefuse"] = {k: (len(v) if isinstance(v, list) else v) for k, v in stats.items()}
     result["linear"] = args.linear
     if args.linear == "tilefuse":
-        from tilefuse.kernels import gemm_tuning
+        from tilefuse.kernels.gemm import tuning as gemm_tuning
 
         mine = dict(gemm_tuning.counters)
         every = [None] * world

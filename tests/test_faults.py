@@ -123,8 +123,8 @@ def test_a_corrupt_kernel_file_is_named_deleted_and_rebuilt_not_a_fallback(tmp_c
                                     b"{\"key\": \"someone else's\", \"winner\": {}}"])
 def test_a_bad_tuning_entry_is_reported_once_deleted_and_rebuilt(tmp_cache, damage):
     from tilefuse.kernels import gemm as G
-    from tilefuse.kernels import gemm_configs as C
-    from tilefuse.kernels import gemm_tuning as T
+    from tilefuse.kernels.gemm import configs as C
+    from tilefuse.kernels.gemm import tuning as T
 
     ops = G.prepare(torch.randn(9, 12), torch.randn(12, 10))
     cfg = C.GemmConfig("tiled", 32, 32, 16)
@@ -350,8 +350,8 @@ def test_threads_call_gemm_at_once_on_the_interpreter():
 def test_threads_share_one_tuning_decision(tmp_cache, monkeypatch):
     import threading
 
-    from tilefuse.kernels import gemm_configs as C
-    from tilefuse.kernels import gemm_tuning as T
+    from tilefuse.kernels.gemm import configs as C
+    from tilefuse.kernels.gemm import tuning as T
 
     monkeypatch.setattr(T, "tuning_enabled", lambda: True)
     timed = []

@@ -12,8 +12,8 @@ import torch
 import tilefuse
 from tests.support import TOLERANCE, assert_close, noncontiguous, poisoned_empty, rel_error, transposed_copy
 from tilefuse.kernels import gemm as G
-from tilefuse.kernels.gemm_configs import GemmConfig
-from tilefuse.kernels.gemm_epilogue import example_silu_plus_e0
+from tilefuse.kernels.gemm.configs import GemmConfig
+from tilefuse.kernels.gemm.epilogue import example_silu_plus_e0
 
 F = torch.nn.functional
 ACT = {None: lambda x: x, "relu": torch.relu, "gelu": F.gelu, "gelu_tanh": lambda x: F.gelu(x, approximate="tanh"),
@@ -116,7 +116,7 @@ def test_splitk_more_splits_than_k_tiles():
     assert_close(res.out[0], ref_mm(a, b), torch.float32)
 
 
-# stream-K: the interpreter launches 3 programs (gemm_launch.num_programs), so a tile count that is not a multiple
+# stream-K: the interpreter launches 3 programs (gemm_launching.num_programs), so a tile count that is not a multiple
 # of 3 leaves a tail of 1 or 2 tiles dealt out as K steps
 SK_CASES = [  # m, n, k, config: the tail's tiles, their K steps
     (150, 20, 200, GemmConfig("persistent", 32, 32, 16, stream_k=True)),  # 5 tiles: tail 2, 13 steps
@@ -128,14 +128,14 @@ SK_CASES = [  # m, n, k, config: the tail's tiles, their K steps
 @pytest.mark.parametrize("min_steps", [1, 8])
 @pytest.mark.parametrize("case", range(len(SK_CASES)))
 def test_stream_k_tail(monkeypatch, min_steps, case):
-    from tilefuse.kernels import gemm_launch, gemm_plan
-    from tilefuse.kernels.gemm_configs import stream_k_pieces
+    from tilefuse.kernels.gemm import launching as gemm_launching, plan as gemm_plan
+    from tilefuse.kernels.gemm.configs import stream_k_pieces
     from tilefuse.kernels.launcher import stream_buffer
 
     m, n, k, cfg = SK_CASES[case]
-    monkeypatch.setattr(gemm_launch, "STREAM_K_MIN_STEPS", min_steps)
+    monkeypatch.setattr(gemm_launching, "STREAM_K_MIN_STEPS", min_steps)
     gemm_plan.forget_plans()  # the minimum is compiled into the kernel
-    programs = gemm_launch.num_programs()
+    programs = gemm_launching.num_programs()
     tiles = -(-m // cfg.block_m) * -(-n // cfg.block_n)
     pieces = stream_k_pieces(tiles, -(-k // cfg.block_k), programs, min_steps)
     per_tile = [sum(1 for ps in pieces for p in ps if p[0] == t) for t in range(tiles % programs)]
@@ -167,7 +167,7 @@ def test_stream_k_with_k_zero_still_writes_every_tile():
 
 
 def test_stream_k_pieces_cover_the_tail_once():
-    from tilefuse.kernels.gemm_configs import stream_k_pieces
+    from tilefuse.kernels.gemm.configs import stream_k_pieces
 
     for tiles, steps, programs, least in [(512, 64, 132, 8), (2048, 128, 132, 8), (32, 128, 132, 8), (1, 64, 132, 8),
                                           (5, 13, 3, 1), (131, 3, 132, 8), (7, 1, 3, 8)]:
@@ -181,7 +181,7 @@ def test_stream_k_pieces_cover_the_tail_once():
 
 
 def test_stream_k_batched_and_quantised():
-    from tilefuse.kernels import gemm_plan
+    from tilefuse.kernels.gemm import plan as gemm_plan
 
     gemm_plan.forget_plans()
     cfg = GemmConfig("persistent", 32, 32, 16, stream_k=True)
@@ -522,7 +522,7 @@ def test_two_way_split_sums_in_registers_with_the_strip_path_bits(monkeypatch, d
     """A 2-way split with a small accumulator sums in registers (the last split adds the other's partial to
     its own); the result is the same bits as the strip path's partial 0 + partial 1, whichever split
     arrives last, and the counters are reset for the next launch."""
-    from tilefuse.kernels import gemm_configs, gemm_plan
+    from tilefuse.kernels.gemm import configs as gemm_configs, plan as gemm_plan
     cfg = GemmConfig("tiled", 16, 32, 16, split_k=2)
     assert gemm_configs.split_in_registers(cfg)
     m, n, k = 37, 70, 90  # ragged in every dimension, odd K tiles: the two splits have 3 and 3 steps
@@ -553,20 +553,20 @@ def test_two_way_split_sums_in_registers_with_the_strip_path_bits(monkeypatch, d
 def test_tma_descriptors_made_on_the_host_or_in_the_kernel_agree(monkeypatch, cfg, layout):
     """TMA loads (and the persistent kernel's TMA store) through descriptors made on the host (HOST_DESC, the
     default) and made in the kernel: the same bits, on A or B stored transposed, replayed through the plan."""
-    from tilefuse.kernels import gemm_launch, gemm_plan
+    from tilefuse.kernels.gemm import launching as gemm_launching, plan as gemm_plan
     m, n, k = 40, 72, 100
     a = rand(k, m).t() if layout[0] == "t" else rand(m, k)
     b = rand(n, k).t() if layout[1] == "t" else rand(k, n)
     bias = rand(n)
     ops = G.prepare(a, b, bias=bias)
-    ls, _ = gemm_launch.launches(ops, cfg)
+    ls, _ = gemm_launching.launches(ops, cfg)
     assert ls[0].args["USE_TMA"] and ls[0].args["HOST_DESC"]
     assert set(ls[0].descs) == ({"a_desc_h", "b_desc_h", "c_desc_h"} if cfg.kernel == "persistent" else {"a_desc_h", "b_desc_h"})
     gemm_plan.forget_plans()
     host = [G.gemm_raw(a, b, bias=bias, config=cfg).out[0].clone() for _ in range(2)]  # first call, then the replay
-    monkeypatch.setattr(gemm_launch, "HOST_DESCRIPTORS", False)
+    monkeypatch.setattr(gemm_launching, "HOST_DESCRIPTORS", False)
     gemm_plan.forget_plans()
-    assert not gemm_launch.launches(ops, cfg)[0][0].args["HOST_DESC"]
+    assert not gemm_launching.launches(ops, cfg)[0][0].args["HOST_DESC"]
     in_kernel = G.gemm_raw(a, b, bias=bias, config=cfg).out[0]
     gemm_plan.forget_plans()
     assert torch.equal(host[0], in_kernel) and torch.equal(host[1], in_kernel)

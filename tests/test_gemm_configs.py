@@ -14,7 +14,7 @@ import torch
 
 from tests.support import assert_close
 from tilefuse.kernels import gemm as G
-from tilefuse.kernels import gemm_configs as C
+from tilefuse.kernels.gemm import configs as C
 
 H200 = C.Part("nvidia", "sm_90", 132, C.SMEM_BY_ARCH["sm_90"])
 SHAPES = {"decode": (1, 8192, 8192), "skinny": (128, 8192, 8192), "small": (1024, 1024, 1024),
@@ -145,7 +145,7 @@ def test_every_fp32_candidate_is_correct_on_the_interpreter(cfg, b_t):
 _COMPILE_CHILD = r"""
 import json, sys
 from tilefuse import targets
-from tilefuse.kernels import gemm_configs as C, gemm_targets
+from tilefuse.kernels.gemm import configs as C, targets as gemm_targets
 rows = []
 for b_t in (False, True):
     prob = C.GemmProblem(4096, 4096, 4096, 1, "float32", "float32", "float32", False, b_t, True, "plain")
@@ -185,7 +185,7 @@ import json, re, triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 from tilefuse import targets
-from tilefuse.kernels import gemm_configs as C, gemm_targets
+from tilefuse.kernels.gemm import configs as C, targets as gemm_targets
 rows = []
 for label in ("P128x256x64-w8-s3-tma-flat", "T128x256x64-w8-s3-tma"):
     cfg = next(c for cls in C.NVIDIA_SPACE.values() for c in cls if c.label() == label)
@@ -219,7 +219,7 @@ def _dev(vendor="nvidia", arch="sm_90", interpreter=False):
 
 
 def test_k_major_copies_an_n_major_b_and_an_m_major_a_on_hopper_only():
-    from tilefuse.kernels.gemm_plan import K_MAJOR_MIN as MIN, k_major_copies
+    from tilefuse.kernels.gemm.plan import K_MAJOR_MIN as MIN, k_major_copies
 
     m = n = k = MIN
     a, a_t = torch.empty(m, k), torch.empty(k, m).t()
@@ -242,7 +242,7 @@ def test_k_major_copies_an_n_major_b_and_an_m_major_a_on_hopper_only():
 
 
 def test_wgmma_copies_only_on_a_gpu_and_for_the_k_major_only_dtypes():
-    from tilefuse.kernels.gemm_plan import K_MAJOR_DTYPES, wgmma_copies
+    from tilefuse.kernels.gemm.plan import K_MAJOR_DTYPES, wgmma_copies
 
     assert torch.float16 not in K_MAJOR_DTYPES and torch.bfloat16 not in K_MAJOR_DTYPES  # wgmma transposes these
     saved = torch.backends.cuda.matmul.allow_tf32
@@ -260,7 +260,7 @@ def test_wgmma_copies_only_on_a_gpu_and_for_the_k_major_only_dtypes():
 def test_relayout_copies_both_ways(shape, dtype):
     """The transposing copy behind wgmma_copies, on the interpreter: ragged tiles, batched, both directions
     (row-major into column-major and back), the output poisoned first."""
-    from tilefuse.kernels.gemm_plan import relayout
+    from tilefuse.kernels.gemm.plan import relayout
 
     x = torch.randn(shape).to(dtype) if dtype.is_floating_point else torch.randint(-100, 100, shape, dtype=dtype)
     poison = float("nan") if dtype.is_floating_point else -128
@@ -280,7 +280,7 @@ def test_relayout_copies_both_ways(shape, dtype):
 @pytest.mark.parametrize("cls", list(SHAPES))
 def test_every_tf32_candidate_is_correct_on_the_gpu(cls, layout):
     from tests.support import TF32_TOLERANCE, TOLERANCE
-    from tilefuse.kernels import gemm_tuning as T
+    from tilefuse.kernels.gemm import tuning as T
 
     m, n, k = {"decode": (16, 4096, 4096), "skinny": (128, 4096, 4096), "small": (1024, 1024, 1024),
                "large": (4096, 4096, 1024)}[cls]
@@ -312,8 +312,8 @@ def test_wgmma_k_major_copies_are_right_and_taken():
     the first call and on a repeat (the copy's kept launch site, the GEMM's plan)."""
     from tests.support import TF32_TOLERANCE
     from tilefuse import device
-    from tilefuse.kernels import gemm_plan
-    from tilefuse.kernels.gemm_plan import k_major_copies
+    from tilefuse.kernels.gemm import plan as gemm_plan
+    from tilefuse.kernels.gemm.plan import k_major_copies
     import tilefuse
 
     m, n, k = 1037, 777, 523
@@ -345,7 +345,7 @@ def test_wgmma_k_major_copies_of_8_bit_operands():
     right on the first call and on the plan's repeat (int8 exactly)."""
     from tests.support import TOLERANCE
     from tilefuse import device
-    from tilefuse.kernels.gemm_plan import wgmma_copies
+    from tilefuse.kernels.gemm.plan import wgmma_copies
     import tilefuse
 
     m, n, k = 1037, 776, 528
@@ -406,7 +406,7 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 from tilefuse import targets
-from tilefuse.kernels import gemm_targets
+from tilefuse.kernels.gemm import targets as gemm_targets
 spec = targets.kernels()["gemm_decode_stream"]
 ex = spec.examples("sm_90a")[0]
 out = {}
@@ -470,7 +470,7 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 from tilefuse import targets
-from tilefuse.kernels import gemm_configs as C, gemm_targets
+from tilefuse.kernels.gemm import configs as C, targets as gemm_targets
 
 def innermost_dot_loop(ttgir):
     # the body of the innermost scf.for holding the wgmma, by brace depth

@@ -19,10 +19,10 @@ import tilefuse
 from tests.support import TF32_TOLERANCE, TOLERANCE, assert_close, poisoned_empty, rel_error, transposed_copy
 from tilefuse import config
 from tilefuse.kernels import gemm as G
-from tilefuse.kernels import gemm_configs as C
-from tilefuse.kernels import gemm_plan
-from tilefuse.kernels import gemm_tuning as T
-from tilefuse.kernels.gemm_epilogue import example_silu_plus_e0
+from tilefuse.kernels.gemm import configs as C
+from tilefuse.kernels.gemm import plan as gemm_plan
+from tilefuse.kernels.gemm import tuning as T
+from tilefuse.kernels.gemm.epilogue import example_silu_plus_e0
 
 pytestmark = pytest.mark.gpu
 F = torch.nn.functional
@@ -245,7 +245,7 @@ def test_tuner_end_to_end(tmp_cache):
     assert winner is not None
     entry = json.loads(T._path(T.key_of(ops.problem)).read_text())
     assert len([r for r in entry["ranking"] if r["ms"] is not None]) >= 2
-    code = ("import torch; from tilefuse.kernels import gemm as G, gemm_tuning as T;"
+    code = ("import torch; from tilefuse.kernels import gemm as G; from tilefuse.kernels.gemm import tuning as T;"
             "a=torch.randn(256, 2048, device='cuda', dtype=torch.bfloat16); b=torch.randn(2048, 2048, device='cuda', dtype=torch.bfloat16);"
             "print(T.stored(G.prepare(a, b, activation='relu').problem).label())")
     env = dict(os.environ, TILEFUSE_CACHE_DIR=str(tmp_cache))
@@ -309,7 +309,7 @@ REPLAY_CONFIGS = [
 
 @pytest.mark.parametrize("cfg", REPLAY_CONFIGS, ids=lambda c: c.label())
 def test_plan_replays_through_the_compiled_launcher(cfg):
-    from tilefuse.kernels import gemm_plan as P
+    from tilefuse.kernels.gemm import plan as P
 
     P.forget_plans()
     m, n, k = 384, 1024, 1024
@@ -331,7 +331,7 @@ def test_plan_replays_through_the_compiled_launcher(cfg):
 
 
 def test_plan_replays_quantised_and_strided_outputs():
-    from tilefuse.kernels import gemm_plan as P
+    from tilefuse.kernels.gemm import plan as P
 
     P.forget_plans()
     m, n, k = 256, 4096, 512

@@ -10,9 +10,9 @@ import torch
 import tilefuse
 from tests.support import assert_close, poisoned_empty
 from tilefuse import config
-from tilefuse.kernels import gemm_checks, gemm_plan, gemm_tuning
-from tilefuse.kernels.gemm_configs import GemmConfig
-from tilefuse.kernels.gemm_epilogue import example_silu_plus_e0
+from tilefuse.kernels.gemm import checks as gemm_checks, plan as gemm_plan, tuning as gemm_tuning
+from tilefuse.kernels.gemm.configs import GemmConfig
+from tilefuse.kernels.gemm.epilogue import example_silu_plus_e0
 
 F = torch.nn.functional
 SPLIT = GemmConfig("tiled", 16, 32, 16, split_k=3)

@@ -13,8 +13,8 @@ import torch
 import tilefuse
 from tilefuse import config, targets
 from tilefuse.kernels import gemm as G
-from tilefuse.kernels import gemm_configs as C
-from tilefuse.kernels import gemm_tuning as T
+from tilefuse.kernels.gemm import configs as C
+from tilefuse.kernels.gemm import tuning as T
 
 
 def problem(m, n, k, *, dtype="bfloat16", epilogue="plain", tma=True, z=1):
@@ -128,7 +128,7 @@ def test_tune_stores_winner_and_new_process_reuses_it(tmp_cache):
     entry = json.loads(T._path(T.key_of(ops.problem)).read_text())
     assert [r["ms"] for r in entry["ranking"]] == [1.0, 2.0, 3.0]
     assert entry["winner_label"] == cfgs[1].label()
-    code = ("import torch, json; from tilefuse.kernels import gemm as G, gemm_tuning as T;"
+    code = ("import torch, json; from tilefuse.kernels import gemm as G; from tilefuse.kernels.gemm import tuning as T;"
             "ops = G.prepare(torch.randn(40, 32), torch.randn(32, 48), activation='relu');"
             "print(json.dumps(T.stored(ops.problem).to_json()))")
     env = dict(os.environ, TILEFUSE_CACHE_DIR=str(tmp_cache))
@@ -165,10 +165,10 @@ def test_related_key_seeds_candidates(tmp_cache):
 
 
 def _tagged_bound(monkeypatch):
-    """gemm_launch.bound returning callables that say which config they run (the timer sees only them)."""
-    from tilefuse.kernels import gemm_launch
+    """gemm_launching.bound returning callables that say which config they run (the timer sees only them)."""
+    from tilefuse.kernels.gemm import launching as gemm_launching
 
-    real = gemm_launch.bound
+    real = gemm_launching.bound
 
     def bound(ops, cfg):
         fn = real(ops, cfg)
@@ -177,7 +177,7 @@ def _tagged_bound(monkeypatch):
             fn()
         run.cfg = cfg
         return run
-    monkeypatch.setattr(gemm_launch, "bound", bound)
+    monkeypatch.setattr(gemm_launching, "bound", bound)
 
 
 def test_finalists_are_the_close_ones():

@@ -76,7 +76,7 @@ def test_direct_expands_tensor_descriptors_itself_and_keeps_their_tensor_maps(mo
     a (position, address, shape, strides) once."""
     from triton.backends.nvidia import driver as nv
 
-    from tilefuse.kernels.gemm_launch import HostDescriptor
+    from tilefuse.kernels.gemm.launching import HostDescriptor
 
     monkeypatch.setattr(triton, "__version__", "3.6.0")
     encoded = []

@@ -24,7 +24,7 @@ from typing import Optional, Union
 import torch
 
 from .kernels import gemm as _gemm
-from .kernels import gemm_plan as _plan
+from .kernels.gemm import plan as _plan
 
 Tensor = torch.Tensor
 _TORCH_ACTIVATIONS = {
@@ -50,7 +50,7 @@ def gemm(a: Tensor, b: Tensor, *, bias: Optional[Tensor] = None, activation: Opt
         b: (K, N) or (Z, K, N), the same dtype family as ``a``. A batch of 1 broadcasts. Any strides. On
             Hopper, fp32 (as tf32), fp8 and int8 are read fastest K-major (``w.t()`` of a contiguous (N, K)
             ``w``, as nn.Linear keeps its weight); a row-major B is copied K-major first when M >= 256, one
-            extra pass over B (``tilefuse.kernels.gemm_plan.wgmma_copies``), and an M-major ``a`` likewise.
+            extra pass over B (``tilefuse.kernels.gemm.plan.wgmma_copies``), and an M-major ``a`` likewise.
         bias: (N,) or (1, N): one a column (the nn.Linear bias); (M, 1): one a row. Float dtype.
         activation: None, "relu", "gelu" (exact, erf), "gelu_tanh", "silu", "sigmoid" or "tanh".
         residual: added after the activation, times ``beta``; any tensor broadcasting to the output.

@@ -26,8 +26,8 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 import tilefuse  # noqa: E402
-from tilefuse.kernels import gemm_launch as L  # noqa: E402
-from tilefuse.kernels import gemm_plan as P  # noqa: E402
+from tilefuse.kernels.gemm import launching as L# noqa: E402
+from tilefuse.kernels.gemm import plan as P# noqa: E402
 
 CALLS = 3000
 

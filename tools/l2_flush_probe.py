@@ -115,7 +115,8 @@ def main(argv=None) -> int:
 def _run(opts) -> int:
     import torch
 
-    from tilefuse.kernels import gemm, gemm_configs, gemm_launch, gemm_tuning
+    from tilefuse.kernels import gemm
+    from tilefuse.kernels.gemm import configs as gemm_configs, launching as gemm_launching, tuning as gemm_tuning
 
     part = gemm_configs.current_part()
     cache = torch.empty(int(256e6 // 4), dtype=torch.int32, device="cuda")
@@ -143,7 +144,7 @@ def _run(opts) -> int:
                 print(f"  {cfg.label()}: compile FAILED {failed[cfg]}")
                 continue
             scratch = gemm.scratch_operands(ops)
-            run = gemm_launch.bound(scratch, cfg)
+            run = gemm_launching.bound(scratch, cfg)
             run()
             err = float((scratch.c[0].float() - ref).abs().max() / ref.abs().max())
             if not err < 1e-2:

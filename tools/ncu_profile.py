@@ -80,8 +80,8 @@ def gemm_impls(shape, configs=()):
     ]
     if k % 8 == 0 and n % 8 == 0:
         impls.append(("rung9_nt", lambda: tcuda.gemm(a, w.t(), rung=9), ref_nt))
-    from tilefuse.kernels import gemm_plan
-    from tilefuse.kernels.gemm_configs import GemmConfig
+    from tilefuse.kernels.gemm import plan as gemm_plan
+    from tilefuse.kernels.gemm.configs import GemmConfig
     for label in configs:
         cfg = GemmConfig.from_label(label)
         impls.append((f"nn[{label}]", lambda c=cfg: gemm_plan.gemm_raw(a, b_nn, config=c).out[0], ref_nn))
@@ -300,7 +300,7 @@ def main(argv=None) -> int:
         raise SystemExit(f"unknown cases {bad}; known: {', '.join(list(GEMM_SHAPES) + list(COMPILER_CASES))}")
     configs = [c for x in opts.config for c in x.split(",") if c]
     if configs:
-        from tilefuse.kernels.gemm_configs import GemmConfig
+        from tilefuse.kernels.gemm.configs import GemmConfig
         for label in configs:
             try:
                 GemmConfig.from_label(label)

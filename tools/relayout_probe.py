@@ -53,7 +53,7 @@ def main(argv=None) -> int:
     import torch
     from tilefuse.bench.harness import interleaved_medians
 
-    from tilefuse.kernels.gemm_plan import relayout
+    from tilefuse.kernels.gemm.plan import relayout
 
     if not torch.cuda.is_available():
         raise SystemExit("relayout_probe needs a GPU")
@@ -131,8 +131,8 @@ def crossover(ms, nk: int, rounds: int, csv_path, dtype: str = "tf32") -> int:
     from tilefuse.bench.harness import interleaved_medians
 
     import tilefuse
-    from tilefuse.kernels import gemm_plan
-    from tilefuse.kernels.gemm_plan import relayout
+    from tilefuse.kernels.gemm import plan as gemm_plan
+    from tilefuse.kernels.gemm.plan import relayout
 
     if not torch.cuda.is_available():
         raise SystemExit("relayout_probe needs a GPU")

@@ -98,7 +98,7 @@ def variants(a, b, c, tile):
     """(name, fn) for each kernel on row-major a (M, K), b (K, N) into c (M, N)."""
     from triton.tools.tensor_descriptor import TensorDescriptor
 
-    from tilefuse.kernels import gemm_launch
+    from tilefuse.kernels.gemm import launching as gemm_launching
 
     bm, bn, bk, warps, stages, group = tile
     (m, k), n = a.shape, b.shape[1]
@@ -106,7 +106,7 @@ def variants(a, b, c, tile):
     meta = dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=group, STAGES=stages, num_warps=warps)
     a_desc = TensorDescriptor.from_tensor(a, [bm, bk])
     b_desc = TensorDescriptor.from_tensor(b, [bk, bn])
-    gemm_launch.ensure_scratch_allocator()  # in-kernel descriptors live in Triton's global scratch
+    gemm_launching.ensure_scratch_allocator()  # in-kernel descriptors live in Triton's global scratch
     return [("in_kernel", lambda: in_kernel[grid](a, b, c, m, n, k, **meta)),
             ("host", lambda: host[grid](a_desc, b_desc, c, m, n, k, **meta)),
             ("pointers", lambda: pointers[grid](a, b, c, m, n, k, **meta))]

@@ -25,7 +25,7 @@ GPU_TEXT_HELPERS = ("_tf_erfc_f32", "_tf_exp_neg_abs", "_tf_gelu_grad_f32", "_tf
 
 @pytest.mark.parametrize("arch", sorted(ARCHS))
 # (the GEMM-bound graphs' matmuls and their fused tails run in the library GEMM, whose targets
-# tilefuse.kernels.gemm_targets cross-compiles with an epilogue hook)
+# tilefuse.kernels.gemm.targets cross-compiles with an epilogue hook)
 @pytest.mark.parametrize("case", [g.case for g in suite.GRAPHS if not g.gemm])
 def test_bench_graph_kernels_build(arch, case):
     gpu_target, launch_target = ARCHS[arch]

@@ -15,9 +15,9 @@ import torch
 from tilefuse import targets
 from tilefuse.bench import compiler_suite as suite
 from tilefuse.compiler import codegen, lowering, scheduler
-from tilefuse.kernels import gemm_targets
+from tilefuse.kernels.gemm import targets as gemm_targets
 from tilefuse.kernels.gemm import gemm_tiled_kernel
-from tilefuse.kernels.gemm_configs import GemmConfig
+from tilefuse.kernels.gemm.configs import GemmConfig
 
 CONFIGS = {"sm_90a": GemmConfig("tiled", 128, 128, 64, 8, num_warps=8, num_stages=3),
            "gfx942": GemmConfig("tiled", 256, 128, 64, 8, num_warps=8, num_stages=2, waves_per_eu=2,

@@ -8,8 +8,9 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
-from tilefuse.kernels import gemm_targets, ptx_hints
-from tilefuse.kernels.gemm_configs import GemmConfig
+from tilefuse.kernels import ptx_hints
+from tilefuse.kernels.gemm import targets as gemm_targets
+from tilefuse.kernels.gemm.configs import GemmConfig
 from tilefuse.targets import _attrs_for, cubin_resources
 
 TARGETS = {"sm_90a": GPUTarget("cuda", 90, 32), "sm_100a": GPUTarget("cuda", 100, 32)}

@@ -308,7 +308,7 @@ SUITE_TUNING_BUDGET_S = 170.0  # of the 5-minute budget for the whole suite from
 
 def run(opts: SuiteOptions) -> list[harness.Row]:
     from .. import device
-    from ..kernels import gemm_tuning
+    from ..kernels.gemm import tuning as gemm_tuning
 
     rec = opts.recorder("gemm", compute_bound=True)
     dev = device.torch_device()
@@ -364,7 +364,8 @@ def sweep(shapes, dtype: torch.dtype, all_classes: bool, out: Path | None, rep_m
     import statistics
 
     from .. import device
-    from ..kernels import gemm, gemm_configs, gemm_launch, gemm_tuning
+    from ..kernels import gemm
+    from ..kernels.gemm import configs as gemm_configs, launching as gemm_launching, tuning as gemm_tuning
 
     dev = device.current()
     if not dev.is_gpu or dev.interpreter:
@@ -414,7 +415,7 @@ def sweep(shapes, dtype: torch.dtype, all_classes: bool, out: Path | None, rep_m
                 continue
             try:
                 scratch = gemm.scratch_operands(ops)
-                run = gemm_launch.bound(scratch, cfg)  # the kept launcher, as a plan replays it (no JIT a call)
+                run = gemm_launching.bound(scratch, cfg)  # the kept launcher, as a plan replays it (no JIT a call)
                 run()
                 rows.append({"config": cfg.label(), "rel_error": harness.rel_error(scratch.c[0], ref), "json": cfg.to_json()})
                 entries.append((cfg.label(), run))
@@ -464,7 +465,7 @@ def resources(target: str = "sm_90a") -> int:
         return subprocess.call([sys.executable, "-m", "tilefuse.bench.gemm_suite", "--resources", "--target", target],
                                env=env)
     from .. import targets
-    from ..kernels import gemm_configs, gemm_targets
+    from ..kernels.gemm import configs as gemm_configs, targets as gemm_targets
 
     part = gemm_configs.PART_BY_TARGET[target]
     problems = []

@@ -230,7 +230,7 @@ def run(opts: SuiteOptions) -> list[harness.Row]:
             opts.log(f"  [ladder] not on an NVIDIA GPU ({dev.describe()}): GPU rows not run")
         run_smoke(rec, opts)
         return rec.finish()
-    from ..kernels import gemm_tuning
+    from ..kernels.gemm import tuning as gemm_tuning
 
     start = time.perf_counter()
     gemm_tuning.set_budget(LADDER_TUNING_BUDGET_S)

@@ -1627,7 +1627,7 @@ EPILOGUE_SLOTS = 4  # gemm_epilogue.NUM_EXTRA_OPERANDS: the hook's (pointer, row
 
 class EpilogueWriter(KernelWriter):
     """A fused GEMM epilogue (scheduler.GemmStep) as a ``@triton.jit`` hook with the contract of
-    :mod:`tilefuse.kernels.gemm_epilogue`: the same expression code as a tiled pointwise kernel, over the GEMM's
+    :mod:`tilefuse.kernels.gemm.epilogue`: the same expression code as a tiled pointwise kernel, over the GEMM's
     tile (``yindex`` = the tile's rows, ``xindex`` its columns). A load of the GEMM's product at the tile's
     element is the accumulator (rounded to the product's dtype first, as eager reads the stored product); every
     other operand is a slot ``e{k}`` of the hook, read through its row and column strides; outputs besides the
@@ -1739,7 +1739,7 @@ class EpilogueWriter(KernelWriter):
         if not on_interpreter and any(h in P.GPU_HELPERS for h in helpers):
             imports += "from triton.language.extra import libdevice\n"
         targets = [o.split(":", 1)[1] if ":" in o else o for o in g.origins]
-        header = [f"# GEMM epilogue hook (tilefuse.kernels.gemm_epilogue contract) of {self.step.name}",
+        header = [f"# GEMM epilogue hook (tilefuse.kernels.gemm.epilogue contract) of {self.step.name}",
                   f"# fuses {len(targets)} ATen nodes:"] + [f"#   {t}" for t in targets]
         header.append(f"# the GEMM stores {self.step.out_buffer}; slots: "
                       + (", ".join(f"e{k} {op.kind} {op.buffer}" for k, op in enumerate(self.step.operands))

@@ -748,7 +748,7 @@ class Extern:
 
 @dataclasses.dataclass(frozen=True)
 class Gemm:
-    """``self = a @ b`` through the library's GEMM (:mod:`tilefuse.kernels.gemm_plan`): 2-D (M, K) @ (K, N), or a
+    """``self = a @ b`` through the library's GEMM (:mod:`tilefuse.kernels.gemm.plan`): 2-D (M, K) @ (K, N), or a
     batch (Z, M, K) @ (Z, K, N). ``a`` and ``b`` name the operand nodes (a View is read through its strides:
     the backward's ``grad @ W`` and ``x.T @ grad`` are not copied). The output has ``shape``/``stride``/``dtype``
     (the operands' float dtype); the scheduler may fuse pointwise consumers into the GEMM's epilogue

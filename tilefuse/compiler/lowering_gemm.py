@@ -3,13 +3,13 @@ the ``add`` forms, a Pointwise node ``beta * input + alpha * (a @ b)`` that the 
 GEMM's epilogue like any other pointwise consumer). ``linear``, ``matmul`` and ``einsum`` reach the
 compiler decomposed into these.
 
-The GEMM runs on the library's kernel (:mod:`tilefuse.kernels.gemm_plan`): operands are read through their
+The GEMM runs on the library's kernel (:mod:`tilefuse.kernels.gemm.plan`): operands are read through their
 strides (a transposed weight, the backward's ``x.T @ grad``), never copied, unless an operand is a view the
 runtime cannot express as a strided tensor (then it is materialised once by a pointwise copy).
 
 What the library does not take stays an ATen call *by design*, with the reason as the extern's note (shown
 by ``explain``, not counted as a fallback): dtypes other than float16 / bfloat16 / float32, an empty
-dimension, or whatever :func:`tilefuse.kernels.gemm_plan.supports` rejects. ``GEMM["enabled"]`` False sends
+dimension, or whatever :func:`tilefuse.kernels.gemm.plan.supports` rejects. ``GEMM["enabled"]`` False sends
 every matmul to ATen (the switch to isolate a problem in a model).
 """
 from __future__ import annotations
@@ -65,7 +65,7 @@ def _check(low: Lowerer, a: TV, b: TV, ka: int, kb: int) -> None:
                        f"{ma.dtype} @ {mb.dtype}")
     if 0 in ma.shape or 0 in mb.shape:
         raise ByDesign(f"an empty dimension ({list(ma.shape)} @ {list(mb.shape)}): nothing for a kernel to do")
-    from ..kernels import gemm_plan
+    from ..kernels.gemm import plan as gemm_plan
 
     fa, fb = _fake(low, ka), _fake(low, kb)
     if isinstance(fa, torch.Tensor) and isinstance(fb, torch.Tensor):

@@ -7,10 +7,10 @@ A fused step becomes one call of the library's GEMM with the generated hook::
     launch_gemm_addmm_mm(v_x, v_w.as_strided(...), (v_b.as_strided((7, 65), (0, 1), ...), v_add), v_gelu)
 
 ``launch_gemm_<step>`` is :func:`gemm_run` with the step's hook bound: the library's
-:func:`tilefuse.kernels.gemm_plan.gemm_with_epilogue` (its plan cache makes a repeat call a dictionary lookup
+:func:`tilefuse.kernels.gemm.plan.gemm_with_epilogue` (its plan cache makes a repeat call a dictionary lookup
 and the launches). A GEMM with no epilogue runs the library GEMM on Triton's interpreter
 (the tests exercise it) and cuBLAS (``torch.matmul``) on a GPU, where the tuner's fused-or-split choice
-(:func:`tilefuse.kernels.gemm_tuning.epilogue_choice`) left the tail to its own kernel.
+(:func:`tilefuse.kernels.gemm.tuning.epilogue_choice`) left the tail to its own kernel.
 """
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ import functools
 import torch
 
 from .. import config, device as tf_device
-from ..kernels import gemm_plan
+from ..kernels.gemm import plan as gemm_plan
 from . import cache, codegen, ir, records, scheduler
 
 

@@ -33,7 +33,7 @@
    views of the GEMM's (M, N) tile, at most ``gemm_epilogue.NUM_EXTRA_OPERANDS`` of them, nothing between
    the two steps reads the raw product); :func:`epilogue_benefit` whether it pays (bytes); on a GPU the
    library's tuner may still choose cuBLAS and a separate epilogue kernel for the shape
-   (:func:`tilefuse.kernels.gemm_tuning.epilogue_choice`).
+   (:func:`tilefuse.kernels.gemm.tuning.epilogue_choice`).
 """
 from __future__ import annotations
 
@@ -806,8 +806,8 @@ def epilogue_legality(s: Scheduler, steps: list, gi: int, gemm_name: str) -> tup
     output; no random numbers or index values (the hook sees no linear position); and nothing between the
     two steps reads the raw product (else the fused step runs at the GEMM's place, which needs the group's
     other inputs to exist by then)."""
-    from ..kernels.gemm_checks import FLOAT_OUTPUTS
-    from ..kernels.gemm_epilogue import NUM_EXTRA_OPERANDS
+    from ..kernels.gemm.checks import FLOAT_OUTPUTS
+    from ..kernels.gemm.epilogue import NUM_EXTRA_OPERANDS
 
     g = steps[gi]
     gemm = s.table[gemm_name]
@@ -941,9 +941,9 @@ def fuse_epilogues(s: Scheduler, steps: list) -> list:
 def fused_or_split(s: Scheduler, step: GemmStep) -> bool:
     """True: the epilogue runs fused in the library's GEMM template; False: the GEMM runs alone (cuBLAS-class
     main loop) and the group as its own kernel. The choice is the library tuner's, per (shape class, dtype,
-    layout, epilogue size) (:func:`tilefuse.kernels.gemm_tuning.epilogue_choice`); on the interpreter it is
+    layout, epilogue size) (:func:`tilefuse.kernels.gemm.tuning.epilogue_choice`); on the interpreter it is
     always the fused template (deterministic, and the tests exercise it)."""
-    from ..kernels import gemm_tuning
+    from ..kernels.gemm import tuning as gemm_tuning
 
     gemm = s.table[step.name]
     ma, mb = ir.node_meta(s.table[gemm.a], gemm.a), ir.node_meta(s.table[gemm.b], gemm.b)

@@ -16,7 +16,7 @@ and the stage hook :func:`install` adds, between Triton's ptx and cubin stages, 
 whose tensor map is the kernel's second host-made descriptor parameter (B's: ``a_desc_h, b_desc_h, c_desc_h``
 in the GEMM kernels' order). Kernels without the marker pass through untouched, and a hook that was already
 installed still runs first. The marker is in the kernel's source, so the hinted kernel has a cache key of its
-own; the hook is installed when :mod:`.gemm_launch` is imported, before any such kernel can be compiled.
+own; the hook is installed when :mod:`.gemm_launching` is imported, before any such kernel can be compiled.
 NVIDIA only (the marker is PTX); never on Triton's interpreter.
 """
 from __future__ import annotations

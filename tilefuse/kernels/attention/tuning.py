@@ -1,6 +1,6 @@
 """Choosing an attention config: the space's first candidate, or disk-cached tuning on a GPU.
 
-As :mod:`tilefuse.kernels.gemm_tuning` decides GEMM configs: on the interpreter, or with
+As :mod:`tilefuse.kernels.gemm.tuning` decides GEMM configs: on the interpreter, or with
 ``TILEFUSE_AUTOTUNE=0``, the first candidate of the space (:mod:`.configs`) runs. Otherwise the first call
 of a key times every candidate of its space on the call's own inputs (``triton.testing.do_bench``,
 median; a candidate that fails to compile or launch is skipped), keeps the fastest, and stores the decision

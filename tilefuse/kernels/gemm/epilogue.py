@@ -51,7 +51,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .special import erfc_f32
+from ..special import erfc_f32
 
 NUM_EXTRA_OPERANDS = 4  # (ptr, stride_m, stride_n) triples handed to the hook
 

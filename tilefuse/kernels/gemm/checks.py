@@ -5,7 +5,7 @@ check -> allocate -> launch).
 combinations), raising ``TypeError``/``ValueError`` naming the argument and the accepted values before
 anything is launched, then allocates the outputs and returns :class:`Operands`: 3-D views of A, B and C
 with their strides, the epilogue's tensors broadcast to (Z, M, N) with their strides, and the
-:class:`~tilefuse.kernels.gemm_configs.GemmProblem` the tuner keys on. A batch of B of 1 is folded into
+:class:`~tilefuse.kernels.gemm.configs.GemmProblem` the tuner keys on. A batch of B of 1 is folded into
 A's rows where the strides allow (the nn.Linear case), so a 3-D input runs as one 2-D GEMM.
 """
 from __future__ import annotations
@@ -15,9 +15,9 @@ from typing import Any, Sequence
 
 import torch
 
-from .. import device
-from .gemm_configs import GemmProblem
-from .gemm_epilogue import ACTIVATIONS, NUM_EXTRA_OPERANDS
+from ... import device
+from .configs import GemmProblem
+from .epilogue import ACTIVATIONS, NUM_EXTRA_OPERANDS
 
 FLOAT_INPUTS = (torch.float16, torch.bfloat16, torch.float32)
 FP8_INPUTS = tuple(getattr(torch, n) for n in ("float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz")
@@ -50,7 +50,7 @@ def _hook_id(fn) -> str:
     if not isinstance(key, str):
         import inspect
 
-        from .. import diskcache
+        from ... import diskcache
 
         inner = getattr(fn, "fn", fn)
         try:

@@ -3,13 +3,13 @@
 A call's signature is everything the checks, the config choice and the compiled kernel depend on: each
 tensor's dtype, shape, strides, device and 16-byte alignment, the epilogue's options, ``out_dtype``,
 ``quantize``, the hook, an explicit config and (fp32) the tf32 setting. The first call of a signature runs the
-full path (:func:`~tilefuse.kernels.gemm_checks.prepare`, the tuner, :func:`~tilefuse.kernels.gemm_launch.launches`)
+full path (:func:`~tilefuse.kernels.gemm.checks.prepare`, the tuner, :func:`~tilefuse.kernels.gemm.launching.launches`)
 and keeps a :class:`Plan`: the launches with the role of each pointer, and how to allocate the outputs.
 A repeat call builds the signature (a tuple), finds the plan, allocates the outputs, fills the pointer slots
 and calls the compiled launchers: no validation, no torch ops besides the output allocation, no JIT dispatch.
 
 Plans are dropped when the settings (:func:`tilefuse.config.get`) or the tuner's decisions
-(:func:`tilefuse.kernels.gemm_tuning.forget`) change. A call whose kernels would not see its own tensors
+(:func:`tilefuse.kernels.gemm.tuning.forget`) change. A call whose kernels would not see its own tensors
 (a scale vector copied to make it contiguous, a strided quantised ``out=``) or that launches nothing (a
 zero-size dimension, K = 0) runs the full path every time.
 """
@@ -21,14 +21,14 @@ from typing import Sequence
 import torch
 import triton
 
-from .. import config as tf_config
-from .. import device
-from . import gemm_launch as L
-from . import gemm_tuning
-from .gemm_checks import GemmOutputs, MNOperand, Operands, check_out_overlap, prepare, qmax
-from .gemm_configs import SAFE_CONFIG, GemmConfig
-from .gemm_epilogue import QUANT_EPS
-from .launcher import SiteLauncher
+from ... import config as tf_config
+from ... import device
+from . import launching as L
+from . import tuning as gemm_tuning
+from .checks import GemmOutputs, MNOperand, Operands, check_out_overlap, prepare, qmax
+from .configs import SAFE_CONFIG, GemmConfig
+from .epilogue import QUANT_EPS
+from ..launcher import SiteLauncher
 
 Tensor = torch.Tensor
 
@@ -212,7 +212,7 @@ def relayout(x: Tensor, out: Tensor) -> Tensor:
     dtype; out must not overlap x). On the H200 (``tools/relayout_probe.py``,
     docs/decisions/018-gemm-k-major-copy.md) it moved 4096 x 4096 fp32 in 38 us (3.5 TB/s, 97 % of a plain
     copy) where torch's own transposing copy took 128 us (1.05 TB/s)."""
-    from .gemm import relayout_kernel
+    from .kernels import relayout_kernel
 
     if x.shape != out.shape or x.dtype != out.dtype or x.dim() not in (2, 3):
         raise ValueError(f"relayout: x {tuple(x.shape)} {x.dtype} and out {tuple(out.shape)} {out.dtype} must have "

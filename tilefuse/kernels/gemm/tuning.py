@@ -1,6 +1,6 @@
 """Choosing a GEMM config: the heuristic default, or disk-cached autotuning on a GPU.
 
-Decision order for a problem (see :class:`~tilefuse.kernels.gemm_configs.GemmProblem`):
+Decision order for a problem (see :class:`~tilefuse.kernels.gemm.configs.GemmProblem`):
 
 1. this process already decided its key: reuse (a dict lookup; the launch path stays cheap);
 2. tuning is off (``TILEFUSE_AUTOTUNE=0``), or kernels run on the interpreter (which cannot time, and
@@ -16,7 +16,7 @@ Decision order for a problem (see :class:`~tilefuse.kernels.gemm_configs.GemmPro
    Under torchrun only local rank 0 tunes; the other ranks wait for its decision on disk
    (:func:`tuning_role`, :func:`wait_for_decision`).
 
-Candidates: the space of the problem's shape class (:func:`~tilefuse.kernels.gemm_configs.candidates`,
+Candidates: the space of the problem's shape class (:func:`~tilefuse.kernels.gemm.configs.candidates`,
 at most :data:`TUNE_MAX_CANDIDATES`). When a *related* key was tuned already (the same bucket and layout
 with the plain epilogue, or the other 16-bit dtype), its :data:`RELATED_TOP` fastest configs are the
 candidates instead: the main loop decides the time and the epilogue rarely reorders configs, so a fused
@@ -37,9 +37,9 @@ import time
 from statistics import median
 from typing import Callable, Sequence
 
-from .. import config as tf_config
-from .. import device, diskcache
-from .gemm_configs import (GemmConfig, GemmProblem, INTERPRETER_CONFIG, candidates, current_part, default_config,
+from ... import config as tf_config
+from ... import device, diskcache
+from .configs import (GemmConfig, GemmProblem, INTERPRETER_CONFIG, candidates, current_part, default_config,
                            fp32_precision)
 
 TUNE_MAX_CANDIDATES = 6  # configs timed a key: the space's order is a strong prior, the tail rarely wins
@@ -95,7 +95,7 @@ def tuning_enabled() -> bool:
 
 
 def precision_tag(problem: GemmProblem) -> str:
-    """fp32 inputs: "tf32" or "ieee", as the launch will run them (gemm_launch._input_precision: tf32 on
+    """fp32 inputs: "tf32" or "ieee", as the launch will run them (gemm_launching._input_precision: tf32 on
     NVIDIA when torch allows it). The two are different kernels with different winners, so different keys;
     "" for every other dtype (their keys are unchanged)."""
     if problem.a_dtype != "float32":
@@ -391,7 +391,7 @@ def run_final(close: Sequence[GemmConfig], first: dict[GemmConfig, float],
 def compile_all(ops, configs: Sequence[GemmConfig]) -> dict[GemmConfig, str]:
     """Compile every config (threads: Triton's C++ passes and ptxas run without the GIL). Returns the
     configs that failed to compile, with the error."""
-    from . import gemm_launch
+    from . import launching as gemm_launching
 
     failed: dict[GemmConfig, str] = {}
     if device.interpreting():
@@ -399,7 +399,7 @@ def compile_all(ops, configs: Sequence[GemmConfig]) -> dict[GemmConfig, str]:
 
     def one(cfg):
         try:
-            gemm_launch.warmup(ops, cfg)
+            gemm_launching.warmup(ops, cfg)
         except Exception as exc:  # a config the compiler rejects is dropped, with its reason
             failed[cfg] = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:200]
 
@@ -420,7 +420,7 @@ def tune(ops, configs: Sequence[GemmConfig] | None = None, *, store: bool = True
     wall clock or canned times to run the tuner on the interpreter). The final's rounds call
     ``timer(fn, None)``: a full measurement, no early stop."""
     timer = timer or _time
-    from . import gemm_launch, gemm_plan
+    from . import launching as gemm_launching, plan as gemm_plan
 
     problem = ops.problem
     seeded = False
@@ -456,7 +456,7 @@ def tune(ops, configs: Sequence[GemmConfig] | None = None, *, store: bool = True
             continue
         try:
             # timed through the compiled launcher: host dispatch must not rank small-shape candidates
-            bound[cfg] = gemm_launch.bound(scratch, cfg)
+            bound[cfg] = gemm_launching.bound(scratch, cfg)
             ms = timer(bound[cfg], best[0] if best else None)
         except Exception as exc:  # out of resources at launch, an illegal config on this part
             failed[cfg] = f"{type(exc).__name__}: {exc}"[:200]
@@ -561,7 +561,7 @@ def _time_epilogue_choice(key, Z, M, N, K, a_shape, a_stride, b_stride, dtype, e
     import torch.nn.functional as F
     from triton.testing import do_bench
 
-    from .gemm_plan import gemm_raw
+    from .plan import gemm_raw
 
     dev = device.torch_device()
     a_t, b_t = _layout(a_shape, a_stride) == "T", _layout((K, N), b_stride) == "T"

@@ -1,9 +1,9 @@
 """Launching the GEMM family: what one call launches, and the compiled replay a plan uses.
 
-:func:`launches` turns checked operands (:class:`~tilefuse.kernels.gemm_checks.Operands`) and a config into
+:func:`launches` turns checked operands (:class:`~tilefuse.kernels.gemm.checks.Operands`) and a config into
 :class:`Launch` records: the kernel, its grid, every argument by name and, for each pointer argument, the
 *role* of its tensor ("a", "out", "bias", "ws", ...). The roles are what lets a plan
-(:mod:`tilefuse.kernels.gemm_plan`) keep a launch and swap in the next call's tensors.
+(:mod:`tilefuse.kernels.gemm.plan`) keep a launch and swap in the next call's tensors.
 
 :class:`CompiledLaunch` runs one record. Its first run goes through the JIT (``kernel[grid](...)``), which
 compiles or finds the kernel and returns it; later runs call that compiled kernel's launcher directly with
@@ -24,12 +24,12 @@ from typing import Any, Callable
 import torch
 import triton
 
-from .. import device
-from .launcher import Direct, current_stream, hooks_installed, stream_buffer  # current_stream, stream_buffer: also L.* in gemm_plan
-from .gemm import gemm_persistent_kernel, gemm_tiled_kernel, quantize_rows_kernel
-from .gemm_checks import TMA_ALIGN, Operands, fp8_grid, qmax
-from .gemm_configs import STREAM_K_MIN_STEPS, GemmConfig, current_part, split_in_registers, ws_possible
-from .gemm_epilogue import (ACTIVATIONS, BIAS_MODES, NUM_EXTRA_OPERANDS, QUANT_DIRECT, QUANT_NONE, QUANT_TWO_PASS,
+from ... import device
+from ..launcher import Direct, current_stream, hooks_installed, stream_buffer  # current_stream, stream_buffer: also L.* in gemm_plan
+from .kernels import gemm_persistent_kernel, gemm_tiled_kernel, quantize_rows_kernel
+from .checks import TMA_ALIGN, Operands, fp8_grid, qmax
+from .configs import STREAM_K_MIN_STEPS, GemmConfig, current_part, split_in_registers, ws_possible
+from .epilogue import (ACTIVATIONS, BIAS_MODES, NUM_EXTRA_OPERANDS, QUANT_DIRECT, QUANT_NONE, QUANT_TWO_PASS,
                             SCALE_MODES_A, SCALE_MODES_B)
 
 # Roles of pointer arguments. User roles are the call's own tensors; the others are made per call

@@ -101,7 +101,7 @@ class GemmConfig:
         return cls(**{k: v for k, v in data.items() if k in fields})
 
     def launch_options(self, vendor: str) -> dict[str, Any]:
-        from ..targets import launch_options
+        from ...targets import launch_options
 
         return launch_options(vendor, self.num_warps, self.num_stages, waves_per_eu=self.waves_per_eu,
                               matrix_instr_nonkdim=self.matrix_instr_nonkdim, kpack=self.kpack)
@@ -217,7 +217,7 @@ PART_BY_TARGET = {
 def current_part() -> Part:
     """The part this process runs on (the interpreter is reported as an H100-like part: configs chosen for
     it are never timed, only checked for correctness)."""
-    from .. import device
+    from ... import device
 
     dev = device.current()
     if not dev.is_gpu or dev.interpreter:
@@ -449,7 +449,7 @@ AMD_SPACE: dict[str, tuple[GemmConfig, ...]] = {
 SPACES = {"nvidia": NVIDIA_SPACE, "amd": AMD_SPACE}
 
 # 4-byte inputs (fp32: tf32 tensor cores when torch.backends.cuda.matmul.allow_tf32, exact fp32 otherwise;
-# gemm_launch._input_precision decides, the space serves both). The 2-byte spaces pruned to one config here
+# gemm_launching._input_precision decides, the space serves both). The 2-byte spaces pruned to one config here
 # (T64x64x32, the SAFE_CONFIG: 0.14x cuBLAS tf32 at 4096^3 in three suites, docs/decisions/012-gemm-config-space.md):
 # their BLOCK_K=64 stages double in bytes. Sized for 4 bytes: BLOCK_K 32 keeps a 128x256 stage at 48 KB (the bf16
 # 128x256x64 stage), so 3 stages fit in 227 KB, 4 with the persistent kernel's fp32 TMA store buffer halved (sub2).
@@ -560,7 +560,7 @@ def k_major_operands(problem: "GemmProblem") -> bool:
 
 def fp32_precision(part: "Part") -> str:
     """How fp32 inputs run on ``part``: "tf32" on NVIDIA when torch allows it
-    (``torch.backends.cuda.matmul.allow_tf32``, the rule of gemm_launch._input_precision), else "ieee"."""
+    (``torch.backends.cuda.matmul.allow_tf32``, the rule of gemm_launching._input_precision), else "ieee"."""
     if part.vendor != "nvidia":
         return "ieee"
     import torch

@@ -10,11 +10,11 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from .. import targets
-from .gemm import gemm_persistent_kernel, gemm_tiled_kernel, quantize_rows_kernel, relayout_kernel
-from .gemm_configs import PART_BY_TARGET, STREAM_K_MIN_STEPS, WS_CAPABILITY, GemmConfig, split_in_registers, ws_possible
-from .gemm_epilogue import ACTIVATIONS, QUANT_DIRECT, QUANT_TWO_PASS, example_silu_plus_e0
-from . import gemm_launch
+from ... import targets
+from .kernels import gemm_persistent_kernel, gemm_tiled_kernel, quantize_rows_kernel, relayout_kernel
+from .configs import PART_BY_TARGET, STREAM_K_MIN_STEPS, WS_CAPABILITY, GemmConfig, split_in_registers, ws_possible
+from .epilogue import ACTIVATIONS, QUANT_DIRECT, QUANT_TWO_PASS, example_silu_plus_e0
+from . import launching as gemm_launching
 
 # The target matrix (``tilefuse targets``) compiles these examples for every target and checks the MMA
 # family in the assembly: the GEMM must reach the tensor cores / matrix cores everywhere.
@@ -39,8 +39,8 @@ def _example(fn, label: str, target: str, cfg: GemmConfig, *, a="bf16", out="bf1
     ws = bool(cfg.warp_specialize and use_tma and ws_possible(cfg, part, epi["EPILOGUE"] is not None))
     constexprs: dict[str, Any] = dict(epi, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
                                       GROUP_M=cfg.group_m)
-    # TMA descriptors made on the host, as the launches make them on NVIDIA (gemm_launch.host_descriptors)
-    host = bool(use_tma and part.vendor == "nvidia" and gemm_launch.HOST_DESCRIPTORS and not ws)
+    # TMA descriptors made on the host, as the launches make them on NVIDIA (gemm_launching.host_descriptors)
+    host = bool(use_tma and part.vendor == "nvidia" and gemm_launching.HOST_DESCRIPTORS and not ws)
     constexprs["HOST_DESC"] = host
     constexprs["B_HINT"] = bool(cfg.b_evict_first and host)  # compiled through ptx_hints' stage hook
     if fn is gemm_tiled_kernel:
@@ -54,7 +54,7 @@ def _example(fn, label: str, target: str, cfg: GemmConfig, *, a="bf16", out="bf1
                           STREAM_K=cfg.stream_k and not ws, SK_MIN_STEPS=STREAM_K_MIN_STEPS)
     descs = {}
     if host:
-        a_block, b_block, c_block = gemm_launch.descriptor_blocks(cfg, epi["A_T"], b_t)
+        a_block, b_block, c_block = gemm_launching.descriptor_blocks(cfg, epi["A_T"], b_t)
         descs["a_desc_h"] = f"tensordesc<{a}[{a_block[0]}, {a_block[1]}]>"
         descs["b_desc_h"] = f"tensordesc<{a}[{b_block[0]}, {b_block[1]}]>"
         if constexprs.get("C_TMA"):

@@ -1,48 +1,18 @@
-"""The Triton GEMM family: C = epilogue(A @ B), one source for the library API and the compiler.
-
-Kernels
--------
-- :func:`gemm_tiled_kernel`: one output tile a program, tiles in grouped (L2-aware) order, batched on grid
-  axis 1. ``SPLIT_K > 1`` cuts K into ranges run by separate programs (the split-K variant, for
-  M <= 256 where the tiles alone leave SMs idle): each writes its fp32 partial tile to a workspace, and
-  the last to arrive at the tile's counter (an atomic) sums the partials in a fixed order, runs the
-  epilogue, stores and resets the counter. No second launch, deterministic.
-- :func:`gemm_persistent_kernel`: one program an SM looping over tiles; on Hopper/Blackwell the loads and
-  the store go through TMA tensor descriptors, made on the host and passed in (``HOST_DESC``, the default
-  on NVIDIA) or made in the kernel (``tl.make_tensor_descriptor``, which needs :func:`triton.set_allocator`;
-  detected, with a clean fallback to pointer loads). ``STREAM_K``
-  deals the last, partial round of tiles out to every program as K steps (stream-K), reduced like split-K.
-  ``FLATTEN`` has triton pipeline the tile loop and the K loop as one, so a program's next tile loads
-  while this tile's epilogue runs (``gemm_configs.FLATTEN_NOTE``).
-- ``B_HINT`` (both kernels, host descriptors on NVIDIA): B's TMA loads carry an L2 evict-first policy, written
-  into the PTX by :mod:`.ptx_hints` (Triton 3.6 has no way to ask for it); for shapes that read B once.
-- :func:`quantize_rows_kernel`: the second pass of output quantisation when a row spans several tiles.
-- :func:`relayout_kernel`: a transposing copy (an operand made K-major for Hopper's tf32/fp8/int8 wgmma).
-
-Both GEMM kernels take the same arguments in the same order and end in
-:func:`tilefuse.kernels.gemm_epilogue.apply_epilogue` (bias, activation, residual, alpha/beta, fp8/int8
-dequant scales, the ``EPILOGUE`` hook; see that module for the hook's contract), then cast and store, or
-quantise to fp8/int8 with a per-row scale from the row amax.
-
-Host side (:mod:`.gemm_plan`, :mod:`.gemm_launch`, reachable from here by name): :func:`gemm_call` /
-:func:`gemm_raw` (check -> allocate -> launch, planned once a call signature and then replayed through the
-compiled launchers) and :func:`gemm_with_epilogue`, the entry the compiler calls with a generated hook.
-Configs come from :mod:`tilefuse.kernels.gemm_tuning` (disk-cached autotuning on a GPU, the heuristic
-default otherwise).
-"""
+"""The GEMM family's ``@triton.jit`` kernels (the package docstring, :mod:`tilefuse.kernels.gemm`, describes
+them and the host side)."""
 from __future__ import annotations
 
 import triton
 import triton.language as tl
 
-from .gemm_checks import (FLOAT_INPUTS, TMA_ALIGN, Epilogue, GemmOutputs, MNOperand, Operands, fp8_grid,  # noqa: F401
+from .checks import (FLOAT_INPUTS, TMA_ALIGN, Epilogue, GemmOutputs, MNOperand, Operands, fp8_grid,  # noqa: F401
                           prepare, qmax)
-from .gemm_configs import SAFE_CONFIG, GemmConfig  # noqa: F401
-from .gemm_epilogue import (ACTIVATIONS, BIAS_MODES, NUM_EXTRA_OPERANDS, QUANT_DIRECT, QUANT_EPS,  # noqa: F401
+from .configs import SAFE_CONFIG, GemmConfig  # noqa: F401
+from .epilogue import (ACTIVATIONS, BIAS_MODES, NUM_EXTRA_OPERANDS, QUANT_DIRECT, QUANT_EPS,  # noqa: F401
                             QUANT_NONE, QUANT_TWO_PASS, SCALE_MODES_A, SCALE_MODES_B, apply_epilogue,
                             quantize_values)
-from .ptx_hints import install as _install_ptx_hints
-from .ptx_hints import mark as mark_b_hint
+from ..ptx_hints import install as _install_ptx_hints
+from ..ptx_hints import mark as mark_b_hint
 
 _install_ptx_hints()  # before any kernel with B_HINT can be compiled in this process
 
@@ -141,7 +111,7 @@ def make_ab_descriptors(a_ptr, b_ptr, a_desc_h, b_desc_h, M, N, K, stride_am, st
                         HOST_DESC: tl.constexpr):
     # A column-major / B K-contiguous are described transposed, so the unit stride is always last (TMA's
     # rule) and the tile is transposed in shared memory for free by the MMA's operand layout.
-    # HOST_DESC: the launch made the same descriptors on the host (gemm_launch.host_descriptors), and they
+    # HOST_DESC: the launch made the same descriptors on the host (gemm_launching.host_descriptors), and they
     # arrive as kernel parameters: made here, each program writes and fences them before its first load,
     # 1.4-3.6 us a call (docs/decisions/015-gemm-host-tma-descriptors.md).
     if HOST_DESC:
@@ -548,25 +518,6 @@ def relayout_kernel(x_ptr, y_ptr, R, C, stride_xz, stride_xr, stride_xc, stride_
 
 
 # ------------------------------------------------------------------------------------------ host side
-# The host functions live in gemm_launch (launch records, compiled replay) and gemm_plan (the call path:
+# The host functions live in gemm_launching (launch records, compiled replay) and gemm_plan (the call path:
 # check -> allocate -> launch once a signature, then replay). They are reached from here by name, resolved
 # on first use, so that either module may be imported first.
-_HOST_NAMES = {
-    "launch": "gemm_launch", "launches": "gemm_launch", "warmup": "gemm_launch", "bound": "gemm_launch",
-    "gemm_call": "gemm_plan", "gemm_raw": "gemm_plan", "gemm_with_epilogue": "gemm_plan", "supports": "gemm_plan",
-    "scratch_operands": "gemm_plan", "run_with_config": "gemm_plan", "choose_config": "gemm_plan",
-}
-
-
-def __getattr__(name: str):
-    module = _HOST_NAMES.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    import importlib
-
-    value = getattr(importlib.import_module(f".{module}", __package__), name)
-    globals()[name] = value
-    return value
-
-
-from . import gemm_targets  # noqa: E402,F401  (registers the kernels with the target matrix)
