@@ -229,7 +229,7 @@ def assert_matched(explanation, n: int = 1, backward: bool = True, unrelated_fal
         assert ops.count("tilefuse.attention_bwd.default") == n, str(explanation)
     leftovers = [origin for k in explanation.kernels for origin in k.fuses
                  if any(origin.split(":")[-1].startswith(op) for op in ATTENTION_LEFTOVERS)]
-    leftovers += [op for g in explanation.graphs for _, op, _ in g.externs
+    leftovers += [op for g in explanation.graphs for _, op, *_ in g.externs
                   if any(op.startswith(x) for x in ATTENTION_LEFTOVERS)]
     assert not leftovers, f"ops of the attention remain: {leftovers}\n{explanation}"
     fallbacks = [f for f in explanation.fallbacks if not any(op in f[0] for op in unrelated_fallbacks)]
@@ -396,7 +396,7 @@ def test_transformers_attention_is_found(name):
     assert [op for _, op in explanation.library_calls] == ["tilefuse.attention_fwd.default"] * 2
 
     def count(exp, prefixes):
-        return sum(1 for g in exp.graphs for _, op, _ in g.externs if op.startswith(prefixes)) + \
+        return sum(1 for g in exp.graphs for _, op, *_ in g.externs if op.startswith(prefixes)) + \
             sum(1 for k in exp.kernels for origin in k.fuses if origin.split(":")[-1].startswith(prefixes))
 
     # the two matmuls of each attention (bmm, or SDPA's op) are gone; the model's other bmm (llama's rotary
@@ -432,6 +432,6 @@ def test_dropout_of_the_probabilities_in_training_becomes_the_kernels():
     out = explanation.result
     with collecting() as graphs:
         out.sum().backward()
-    assert any(op == "tilefuse.attention_bwd.default" for g in graphs for _, op, _ in g.externs)
+    assert any(op == "tilefuse.attention_bwd.default" for g in graphs for _, op, *_ in g.externs)
     assert torch.isfinite(out).all() and torch.isfinite(x.grad).all()
     assert (out - model.eval()(x)).abs().max() > 1e-4  # something was dropped

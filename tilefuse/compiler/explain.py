@@ -41,7 +41,7 @@ class Explanation:
     @property
     def library_calls(self) -> list:
         """(node, op) of the calls into tilefuse's kernel families (the flash attention of a matched attention)."""
-        return [(node, op) for g in self.graphs for node, op, reason in g.externs if _is_library(op)]
+        return [(node, op) for g in self.graphs for node, op, *_ in g.externs if _is_library(op)]
 
     @property
     def fallbacks(self) -> list:
