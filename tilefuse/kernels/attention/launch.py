@@ -158,7 +158,7 @@ def backward(do, q, k, v, out, lse2, p: Params, mask=None, alibi=None, *, dkdv_c
     """(dq, dk, dv), each like its input. dQ is computed either by its own pass (no atomics: bitwise
     reproducible) or accumulated with fp32 atomics inside the dK/dV pass. ``p.deterministic`` forces the
     first; otherwise ``atomic_dq`` picks, and None lets :func:`tuning.choose_form` time both on a GPU
-    (decision 031: on an H100 the separate pass was 1.2-1.35x faster at 4k-16k tokens, so it is the
+    (decision 030: on an H100 the separate pass was 1.2-1.35x faster at 4k-16k tokens, so it is the
     untuned default too)."""
     if atomic_dq is None:
         atomic_dq = False if p.deterministic else _tuned_form(do, q, k, v, out, lse2, p, mask, alibi)

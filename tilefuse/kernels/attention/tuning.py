@@ -81,7 +81,7 @@ def choose(key: str, candidates: Sequence[AttentionConfig], run: Callable[[Atten
         return cfg
 
 
-DEFAULT_ATOMIC_DQ = False  # decision 031: the separate dQ pass was 1.2-1.35x faster than atomics on an H100
+DEFAULT_ATOMIC_DQ = False  # decision 030: the separate dQ pass was 1.2-1.35x faster than atomics on an H100
 _forms: dict[str, bool] = {}
 
 
