@@ -14,10 +14,7 @@ the explanation again to see the captures.
 from __future__ import annotations
 
 import dataclasses
-import io
-import runpy
-import sys
-from contextlib import contextmanager, redirect_stdout
+from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -142,29 +139,3 @@ def explain(fn, *args, **kwargs) -> Explanation:
         result = torch.compile(fn, backend="tilefuse")(*args, **kwargs)
     return Explanation(int(dyn.graph_count), int(dyn.graph_break_count), _break_reasons(dyn), list(sink), result,
                        attention)
-
-
-def explain_script(path: str, script_args: list[str] | None = None) -> str:
-    """Run a script with the backend active (``backend="tilefuse"`` in its torch.compile calls, or a
-    ``main()`` it defines) and report every graph compiled while it ran."""
-    from torch._dynamo.utils import counters
-
-    before = dict(counters.get("graph_break", {}))
-    argv = sys.argv
-    sys.argv = [path] + list(script_args or [])
-    out = io.StringIO()
-    try:
-        attention: list = []
-        with collecting(attention) as sink, redirect_stdout(out):
-            namespace = runpy.run_path(path, run_name="__main__")
-            if not sink and callable(namespace.get("main")):
-                namespace["main"]()
-    finally:
-        sys.argv = argv
-    after = counters.get("graph_break", {})
-    breaks = [f"{reason} (x{n - before.get(reason, 0)})" for reason, n in after.items() if n > before.get(reason, 0)]
-    exp = Explanation(len(sink), sum(int(n) for n in (after[r] - before.get(r, 0) for r in after)), breaks, list(sink),
-                      attention=attention)
-    text = str(exp)
-    printed = out.getvalue()
-    return (f"script output:\n{printed.rstrip()}\n\n" if printed.strip() else "") + text
