@@ -231,10 +231,10 @@ def test_epilogue_legality_declines_a_transposed_read():
 
 
 def test_epilogue_choice_is_the_fused_template_on_the_interpreter():
-    from tilefuse.kernels.gemm import tuning as gemm_tuning
+    from tilefuse.kernels.gemm import fusion_choice
 
-    assert gemm_tuning.epilogue_choice((7, 9), (9, 1), (9, 5), (5, 1), torch.float32, 0) == "fused"
-    assert [gemm_tuning.m_class(m) for m in (1, 16, 17, 8192, 8193)] == [16, 16, 32, 8192, 16384]
+    assert fusion_choice.epilogue_choice((7, 9), (9, 1), (9, 5), (5, 1), torch.float32, 0) == "fused"
+    assert [fusion_choice.m_class(m) for m in (1, 16, 17, 8192, 8193)] == [16, 16, 32, 8192, 16384]
 
 
 @pytest.mark.gpu
@@ -242,17 +242,17 @@ def test_epilogue_choice_on_a_gpu_is_timed_and_cached(tmp_path):
     """On a GPU the tuner times the fused template against cuBLAS + a separate epilogue pass once per
     (shape class, dtype, layout, epilogue size) and stores the decision on disk."""
     from tilefuse import config
-    from tilefuse.kernels.gemm import tuning as gemm_tuning
+    from tilefuse.kernels.gemm import fusion_choice
 
     with config.override(cache_dir=tmp_path, autotune=True):
-        gemm_tuning._epilogue_memo.clear()
+        fusion_choice._epilogue_memo.clear()
         shape = ((4096, 4096), (4096, 1), (4096, 4096), (4096, 1))
-        first = gemm_tuning.epilogue_choice(*shape, torch.bfloat16, 4096 * 2)
+        first = fusion_choice.epilogue_choice(*shape, torch.bfloat16, 4096 * 2)
         assert first in ("fused", "split")
         files = list((tmp_path / "tuning" / "gemm_epilogue").glob("*.json"))
         assert len(files) == 1
-        gemm_tuning._epilogue_memo.clear()
-        assert gemm_tuning.epilogue_choice(*shape, torch.bfloat16, 4096 * 2) == first  # from disk
+        fusion_choice._epilogue_memo.clear()
+        assert fusion_choice.epilogue_choice(*shape, torch.bfloat16, 4096 * 2) == first  # from disk
 
 
 
@@ -303,9 +303,9 @@ def test_generated_hooks_cross_compile_for_sm90a_and_gfx942():
 def test_split_choice_leaves_the_tail_to_its_own_kernel(monkeypatch):
     """Where the tuner chooses cuBLAS + a separate epilogue kernel (a GPU decision, forced here), the GEMM runs
     alone and its tail is an ordinary generated kernel; the result is the same and explain says why."""
-    from tilefuse.kernels.gemm import tuning as gemm_tuning
+    from tilefuse.kernels.gemm import fusion_choice
 
-    monkeypatch.setattr(gemm_tuning, "epilogue_choice", lambda *a, **k: "split")
+    monkeypatch.setattr(fusion_choice, "epilogue_choice", lambda *a, **k: "split")
     fn = lambda x, w, b: F.gelu(F.linear(x, w, b))  # noqa: E731
     cc.check_function(fn, t(7, 33, grad=True), t(19, 33, grad=True), t(19, grad=True), what="split")
     assert gemm_kernels() and not [k for k in gemm_kernels() if k.form == "gemm+epilogue"]

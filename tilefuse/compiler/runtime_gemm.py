@@ -10,7 +10,7 @@ A fused step becomes one call of the library's GEMM with the generated hook::
 :func:`tilefuse.kernels.gemm.plan.gemm_with_epilogue` (its plan cache makes a repeat call a dictionary lookup
 and the launches). A GEMM with no epilogue runs the library GEMM on Triton's interpreter
 (the tests exercise it) and cuBLAS (``torch.matmul``) on a GPU, where the tuner's fused-or-split choice
-(:func:`tilefuse.kernels.gemm.tuning.epilogue_choice`) left the tail to its own kernel.
+(:func:`tilefuse.kernels.gemm.fusion_choice.epilogue_choice`) left the tail to its own kernel.
 """
 from __future__ import annotations
 

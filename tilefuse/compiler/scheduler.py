@@ -33,7 +33,7 @@
    views of the GEMM's (M, N) tile, at most ``gemm_epilogue.NUM_EXTRA_OPERANDS`` of them, nothing between
    the two steps reads the raw product); :func:`epilogue_benefit` whether it pays (bytes); on a GPU the
    library's tuner may still choose cuBLAS and a separate epilogue kernel for the shape
-   (:func:`tilefuse.kernels.gemm.tuning.epilogue_choice`).
+   (:func:`tilefuse.kernels.gemm.fusion_choice.epilogue_choice`).
 """
 from __future__ import annotations
 
@@ -941,14 +941,14 @@ def fuse_epilogues(s: Scheduler, steps: list) -> list:
 def fused_or_split(s: Scheduler, step: GemmStep) -> bool:
     """True: the epilogue runs fused in the library's GEMM template; False: the GEMM runs alone (cuBLAS-class
     main loop) and the group as its own kernel. The choice is the library tuner's, per (shape class, dtype,
-    layout, epilogue size) (:func:`tilefuse.kernels.gemm.tuning.epilogue_choice`); on the interpreter it is
+    layout, epilogue size) (:func:`tilefuse.kernels.gemm.fusion_choice.epilogue_choice`); on the interpreter it is
     always the fused template (deterministic, and the tests exercise it)."""
-    from ..kernels.gemm import tuning as gemm_tuning
+    from ..kernels.gemm import fusion_choice
 
     gemm = s.table[step.name]
     ma, mb = ir.node_meta(s.table[gemm.a], gemm.a), ir.node_meta(s.table[gemm.b], gemm.b)
     extra_bytes = sum(nbytes(ir.node_meta(s.table[op.buffer], op.buffer)) for op in step.operands)
-    return gemm_tuning.epilogue_choice(ma.shape, ma.stride, mb.shape, mb.stride, gemm.dtype, extra_bytes) == "fused"
+    return fusion_choice.epilogue_choice(ma.shape, ma.stride, mb.shape, mb.stride, gemm.dtype, extra_bytes) == "fused"
 
 
 def _unstored_gemm(s: Scheduler, steps, name: str) -> bool:

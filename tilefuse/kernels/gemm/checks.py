@@ -455,3 +455,14 @@ def prepare(a: torch.Tensor, b: torch.Tensor, *, out_dtype=None, bias=None, acti
                      bias_mn, res_mn, pre_mn, extras, q, q_scale, problem)
 
 
+def scratch_operands(ops: Operands) -> Operands:
+    """The same inputs with fresh output buffers (the tuner times candidates without touching the caller's
+    ``out=``, which may even alias the residual)."""
+
+    def like(t):
+        return None if t is None else torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=t.device)
+
+    c = like(ops.c)
+    q = c if ops.q is not None else None
+    pre = MNOperand(like(ops.pre.t), ops.pre.sz, ops.pre.sm, ops.pre.sn) if ops.pre is not None else None
+    return dataclasses.replace(ops, c=c, q=q, q_scale=like(ops.q_scale), pre=pre)

@@ -1,0 +1,92 @@
+"""Fused epilogue or cuBLAS + a kernel: the choice the compiler asks of the library for a GEMM with a pointwise tail.
+
+Above the tuner and the plan (it times :func:`.plan.gemm_raw` against ``torch.matmul``), so neither imports the
+other for it. Decision 026 says why and how it is keyed.
+"""
+from __future__ import annotations
+
+from ... import device, diskcache
+from .plan import gemm_raw
+from .tuning import TUNE_REP_MS, TUNE_TIE, TUNE_WARMUP_MS, Progress, tuning_enabled
+
+# The compiler asks, per GEMM with a fusable pointwise tail, whether to run the tail in the library template's
+# epilogue or to run cuBLAS (torch.matmul) and the tail as its own kernel. Keyed by (device, triton, dtype,
+# layout, M size class, N, K, epilogue-operand bytes class): a dynamic M (batch x sequence) lands in a power-of-
+# two class instead of one timing a size. Timed once on the GPU with stand-ins for the tail (the library's
+# built-in GeLU and a residual read the size of the tail's operands; the split side runs torch.matmul and one
+# elementwise pass reading the product and the operands, writing the result), cached on disk for every process.
+EPILOGUE_CHOICE_VERSION = 1
+EPILOGUE_MIN_M_CLASS = 16
+_epilogue_memo: dict[str, str] = {}
+
+
+def m_class(m: int) -> int:
+    """The size class of a GEMM's M: the next power of two, at least EPILOGUE_MIN_M_CLASS."""
+    return max(EPILOGUE_MIN_M_CLASS, 1 << max(int(m) - 1, 0).bit_length())
+
+
+def _layout(shape, stride) -> str:
+    return "T" if len(shape) >= 2 and stride[-2] == 1 and shape[-2] > 1 and stride[-1] != 1 else "N"
+
+
+def epilogue_choice(a_shape, a_stride, b_shape, b_stride, dtype, extra_bytes: int) -> str:
+    """``"fused"`` (the library template with the compiler's epilogue hook) or ``"split"`` (cuBLAS, then the
+    epilogue as a separate kernel) for a GEMM of these operand shapes/strides and ``dtype`` whose epilogue reads
+    or writes ``extra_bytes`` besides the product. On the interpreter, or with tuning off, always "fused": the
+    deterministic CPU rule (the tests exercise the template), and the template's heuristic config on a GPU."""
+    if not tuning_enabled():
+        return "fused"
+    import triton
+
+    dev = device.current()
+    M, K, N = int(a_shape[-2]), int(a_shape[-1]), int(b_shape[-1])
+    Z = int(a_shape[0]) if len(a_shape) == 3 else 1
+    extra_class = 0 if not extra_bytes else 1 << max(int(extra_bytes) - 1, 0).bit_length()
+    key = "|".join([f"epi{EPILOGUE_CHOICE_VERSION}", dev.name, dev.arch, triton.__version__, str(dtype),
+                    _layout(a_shape, a_stride) + _layout(b_shape, b_stride), f"Z{Z}", f"M{m_class(M)}", f"N{N}",
+                    f"K{K}", f"E{extra_class}"])
+    hit = _epilogue_memo.get(key)
+    if hit is not None:
+        return hit
+    path = diskcache.folder("tuning", "gemm_epilogue") / f"{diskcache.digest(key)}.json"
+    data = diskcache.read_json(path, check=lambda d: d["key"] == key and d["choice"] in ("fused", "split"))
+    if data is None:
+        data = _time_epilogue_choice(key, Z, m_class(M), N, K, a_shape, a_stride, b_stride, dtype, extra_bytes)
+        diskcache.write_json(path, data)
+    _epilogue_memo[key] = data["choice"]
+    return data["choice"]
+
+
+def _time_epilogue_choice(key, Z, M, N, K, a_shape, a_stride, b_stride, dtype, extra_bytes) -> dict:
+    import torch
+    import torch.nn.functional as F
+    from triton.testing import do_bench
+
+
+    dev = device.torch_device()
+    a_t, b_t = _layout(a_shape, a_stride) == "T", _layout((K, N), b_stride) == "T"
+    shape_a = (Z, M, K) if Z > 1 else (M, K)
+    a = torch.randn(shape_a[:-2] + ((K, M) if a_t else (M, K)), device=dev, dtype=dtype)
+    a = a.mT if a_t else a
+    b = torch.randn(((Z,) if Z > 1 else ()) + ((N, K) if b_t else (K, N)), device=dev, dtype=dtype)
+    b = b.mT if b_t else b
+    out_shape = shape_a[:-1] + (N,)
+    res = torch.randn(out_shape, device=dev, dtype=dtype) if extra_bytes else None
+    progress = Progress(f"the epilogue of a {Z}x{M}x{N}x{K} {dtype} GEMM (fused template or cuBLAS + a kernel)")
+
+    def fused():
+        gemm_raw(a, b, activation="gelu", residual=res)
+
+    def split():
+        c = torch.matmul(a, b)
+        F.gelu(c + res if res is not None else c)
+
+    times = {}
+    for name, fn in (("fused", fused), ("split", split)):
+        progress.update(f"timing {name} ({2 - len(times)} candidates left)")
+        fn()
+        times[name] = float(do_bench(fn, warmup=TUNE_WARMUP_MS, rep=TUNE_REP_MS))
+    # a tie (within TUNE_TIE) goes to the fused template: one launch fewer, no product in memory
+    choice = "fused" if times["fused"] <= times["split"] * TUNE_TIE else "split"
+    progress.done(f"{choice} (fused {times['fused']:.4f} ms, split {times['split']:.4f} ms)")
+    return {"key": key, "choice": choice, "ms": times}
