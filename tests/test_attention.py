@@ -399,8 +399,8 @@ def _tiny_llama(impl):
 
 def test_transformers_llama_matches_eager_logits_and_gradients(monkeypatch):
     calls = []
-    kernel_forward = attn.forward
-    monkeypatch.setattr(attn, "forward", lambda *a, **k: calls.append(a[3]) or kernel_forward(*a, **k))
+    kernel_forward = attn.api.forward  # what AttentionFunction launches
+    monkeypatch.setattr(attn.api, "forward", lambda *a, **k: calls.append(a[3]) or kernel_forward(*a, **k))
     name = attn.register_transformers()
     assert name == "tilefuse"
     eager, ours = _tiny_llama("eager"), _tiny_llama("tilefuse")

@@ -78,10 +78,6 @@ KNOWN_CYCLES: dict[frozenset, str] = {
         "codegen.tuning() edits lowering_reductions.TUNING and scheduler.TUNING. To be removed by the "
         "compiler's lowering/ and codegen/ subpackages: the registry in a module below the rule modules, "
         "one tuning table that each stage reads.",
-    frozenset({"tilefuse.kernels.attention", "tilefuse.kernels.attention.transformers_adapter"}):
-        "register_transformers() in the package imports the adapter, which calls the package's "
-        "attention(). To be removed with the kernel-family layout: the adapter imports the launch module, "
-        "not the package.",
 }
 
 

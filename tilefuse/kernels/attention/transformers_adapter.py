@@ -30,7 +30,7 @@ def _warn_once(key: str, text: str) -> None:
 
 def tilefuse_attention_forward(module, query, key, value, attention_mask, dropout: float = 0.0,
                                scaling: float | None = None, is_causal: bool | None = None, **kwargs):
-    from . import attention
+    from .api import attention
 
     if kwargs.get("position_bias") is not None or kwargs.get("output_attentions", False):
         from transformers.integrations.sdpa_attention import sdpa_attention_forward
