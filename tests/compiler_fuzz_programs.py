@@ -21,7 +21,8 @@ import torch.nn.functional as F
 from hypothesis import strategies as st
 
 from tilefuse.compiler import codegen
-from tilefuse.compiler import lowering_reductions as LR
+from tilefuse.compiler.tuning import TUNING, tuning
+from tilefuse.compiler.lowering import reductions as LR
 
 from .compiler_checks import upcast_dtype
 
@@ -462,7 +463,7 @@ def planned(plan: tuple):
         if form != "interpreter":
             for name, value in SCALED["split"].items():
                 stack.enter_context(mock.patch.object(LR, name, value))
-            stack.enter_context(codegen.tuning(**SCALED["tuning"]))
+            stack.enter_context(tuning(**SCALED["tuning"]))
         if form == "small_blocks":
             for name, value in (("INTERP_BLOCK", 32), ("INTERP_PERSISTENT_MAX_R", 8), ("INTERP_OUTER_XBLOCK", 4)):
                 stack.enter_context(mock.patch.object(codegen, name, value))
@@ -470,7 +471,7 @@ def planned(plan: tuple):
             real = codegen.generate
             stack.enter_context(mock.patch.object(codegen, "generate", lambda g, s, t=None: real(g, s, GPU_TARGET)))
             stack.enter_context(mock.patch.object(codegen, "PERSISTENT_MAX_R", 8))
-        stack.enter_context(codegen.tuning(**settings_))
+        stack.enter_context(tuning(**settings_))
         yield
 
 
@@ -484,9 +485,7 @@ def plans(draw) -> tuple:
 
 
 def _tuning_default(name):
-    from tilefuse.compiler import scheduler
-
-    return {**codegen.TUNING, **scheduler.TUNING}[name]
+    return TUNING[name]
 
 
 def make_inputs(program: Program):

@@ -1,4 +1,4 @@
-"""The compiler's attention pass (tilefuse/compiler/patterns_attention.py): attention written in plain PyTorch or
+"""The compiler's attention pass (tilefuse/compiler/patterns/attention.py): attention written in plain PyTorch or
 with ``F.scaled_dot_product_attention``, compiled with the tilefuse backend, runs the flash family.
 
 Each module is compiled in float32 and compared, forward and backward (input and parameter gradients), with a
@@ -18,7 +18,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import tilefuse
-from tilefuse.compiler import patterns_attention
+from tilefuse.compiler.patterns import attention as patterns_attention
 from tilefuse.compiler.explain import collecting
 
 from .support import assert_close

@@ -1,6 +1,6 @@
 """Bounds safety of generated kernels (DESIGN.md, Tests): an out-of-range data-dependent index is an error as in
 eager, never a read of garbage; an integer division by zero raises as eager's CPU kernels do; and the
-interpreter's bounds-checking mode (``config.override(check_bounds=True)``, tilefuse.compiler.interpreter_check)
+interpreter's bounds-checking mode (``config.override(check_bounds=True)``, tilefuse.compiler.runtime.interpreter_check)
 catches a stray load or store at its source."""
 from __future__ import annotations
 
@@ -9,7 +9,9 @@ import torch
 import torch.nn.functional as F
 
 from tilefuse import config
-from tilefuse.compiler import codegen, interpreter_check
+from tilefuse.compiler import codegen
+from tilefuse.compiler.codegen import kernel_writer
+from tilefuse.compiler.runtime import interpreter_check
 
 from .compiler_checks import assert_matches, collect_kernels, compiled, reset, strict
 
@@ -150,13 +152,13 @@ def test_zero_divisors_eager_accepts_do_not_raise():
 # --------------------------------------------------------------------------------- bounds-checking mode
 def _off_by_one_stores(monkeypatch):
     """Generated stores one element past where they belong (a deliberately broken code generator)."""
-    store = codegen.KernelWriter.store_root
+    store = kernel_writer.KernelWriter.store_root
 
     def broken(self, r, value, scope, level_mask):
         store(self, r, value, scope, level_mask)
         scope.lines[-1] = scope.lines[-1].replace("tl.store(out_ptr0 + (", "tl.store(out_ptr0 + (1 + ")
 
-    monkeypatch.setattr(codegen.KernelWriter, "store_root", broken)
+    monkeypatch.setattr(kernel_writer.KernelWriter, "store_root", broken)
 
 
 def test_check_mode_catches_a_stray_store(monkeypatch):
@@ -173,13 +175,13 @@ def test_check_mode_catches_a_stray_store(monkeypatch):
 def test_check_mode_catches_a_stray_load_through_a_view(monkeypatch):
     """A load past its input's storage: a view of a bigger buffer may be read anywhere in that buffer, not
     past it."""
-    module = codegen.KernelWriter.module
+    module = kernel_writer.KernelWriter.module
 
     def broken(self, body_lines, *rest):
         body_lines = [line.replace("tl.load(in_ptr0 + (", "tl.load(in_ptr0 + (30 + ") for line in body_lines]
         return module(self, body_lines, *rest)
 
-    monkeypatch.setattr(codegen.KernelWriter, "module", broken)
+    monkeypatch.setattr(kernel_writer.KernelWriter, "module", broken)
     base = torch.randn(6, 8)
     view = base[1:, 2:5]  # storage offset 10 of a storage of 48 elements: offsets -10 .. 37 are inside it
     reset()

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from tilefuse.compiler import cache, codegen, ir, scheduler
-from tilefuse.compiler import primitives as P
+from tilefuse.compiler.ir import primitives as P
 
 from .test_compiler_ir import F32, contiguous, graph, load, pointwise, reduction
 

@@ -1,4 +1,4 @@
-"""``mode="reduce-overhead"``: compiled graphs recorded into CUDA graphs and replayed (tilefuse.compiler.cudagraphs).
+"""``mode="reduce-overhead"``: compiled graphs recorded into CUDA graphs and replayed (tilefuse.compiler.runtime.cudagraphs).
 
 On the CPU: the capture decision for each case (a pure function of the graph and its arguments), the options
 and modes, the mode running uncaptured on the interpreter with the reason reported and eager's results, and
@@ -20,7 +20,8 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.experimental.proxy_tensor import make_fx
 
 from tilefuse import config
-from tilefuse.compiler import backend, cudagraphs, options
+from tilefuse.compiler import backend, options
+from tilefuse.compiler.runtime import cudagraphs
 
 from . import compiler_checks as cc
 from .support import TOLERANCE, rel_error

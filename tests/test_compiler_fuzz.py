@@ -9,7 +9,7 @@ ops (mm, bmm, conv1d, conv2d). Hypothesis draws it: shapes with sizes 1 and odd 
 (contiguous, transposed, sliced with a storage offset, expanded), float32, float16 or bfloat16, which inputs
 require grad, a seed for the data (index tensors in range, negative where the op counts from the end), and how
 the compiler plans it (its interpreter plans, small blocks, or a GPU's forms, with codegen's switches flipped).
-Each example runs with the interpreter's bounds-checking mode on (tilefuse.compiler.interpreter_check), so a
+Each example runs with the interpreter's bounds-checking mode on (tilefuse.compiler.runtime.interpreter_check), so a
 stray load or store fails at its source. Results are judged by tests/compiler_checks.py's rules (:func:`_problems`
 says where a fuzzer must differ).
 

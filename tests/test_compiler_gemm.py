@@ -1,5 +1,5 @@
 """The compiler's GEMMs: matmuls lowered to ir.Gemm, run by the library GEMM with the graph's pointwise tail
-fused into its epilogue as a generated hook (scheduler.fuse_epilogues, codegen.EpilogueWriter).
+fused into its epilogue as a generated hook (scheduler.fuse_epilogues, codegen/kernel_writer.py EpilogueWriter).
 
 Every case runs compiled against eager and a float64 reference (tests/compiler_checks.check_function: outputs
 and, for training cases, every input's gradient), then checks what the compiler made of it from the graph
@@ -12,7 +12,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from tilefuse.compiler import lowering_gemm, records
+from tilefuse.compiler import records
+from tilefuse.compiler.lowering import gemm as lowering_gemm
 
 from . import compiler_checks as cc
 from .support import noncontiguous, transposed_copy

@@ -17,7 +17,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tilefuse.compiler import ir
-from tilefuse.compiler import primitives as P
+from tilefuse.compiler.ir import primitives as P
 
 F32 = torch.float32
 

@@ -67,9 +67,10 @@ def test_reductions_in_both_row_forms(case, form, monkeypatch):
     ties (ties go to the lowest index, as in torch)."""
     if form == "looped":
         from tilefuse.compiler import codegen
+        from tilefuse.compiler.codegen import kernel_writer
 
-        monkeypatch.setattr(codegen, "INTERP_PERSISTENT_MAX_R", 64)
-        monkeypatch.setattr(codegen, "INTERP_BLOCK", 64)
+        monkeypatch.setattr(kernel_writer, "INTERP_PERSISTENT_MAX_R", 64)
+        monkeypatch.setattr(kernel_writer, "INTERP_BLOCK", 64)
     x = torch.randn(9, 300)
     if case.startswith("argmax"):
         x = x.round()  # ties everywhere: the first of several maxima and minima

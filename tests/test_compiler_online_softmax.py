@@ -1,4 +1,4 @@
-"""The looped reduction form's online softmax (codegen.online_pairs): ``m = max(x)`` and ``s = sum(exp(x - m))``
+"""The looped reduction form's online softmax (codegen/kernel_writer.py online_pairs): ``m = max(x)`` and ``s = sum(exp(x - m))``
 in one loop with a running maximum, so a cross-entropy or a softmax over rows too long for registers reads each
 row once fewer. Here the interpreter's limits are lowered so rows of a few hundred take the looped form in
 several steps, with inputs whose maximum grows from step to step, -inf runs (masked scores), whole -inf rows,
@@ -12,6 +12,8 @@ import torch
 import torch.nn.functional as F
 
 from tilefuse.compiler import codegen
+from tilefuse.compiler.codegen import kernel_writer
+from tilefuse.compiler.tuning import TUNING, tuning
 from tilefuse.compiler.explain import explain
 
 from .compiler_checks import kernel_sources, reset, stats, strict
@@ -22,8 +24,8 @@ ROWS, COLS = 9, 300  # 5 loop steps of 64
 
 @pytest.fixture
 def looped(monkeypatch):
-    monkeypatch.setattr(codegen, "INTERP_PERSISTENT_MAX_R", 64)
-    monkeypatch.setattr(codegen, "INTERP_BLOCK", 64)
+    monkeypatch.setattr(kernel_writer, "INTERP_PERSISTENT_MAX_R", 64)
+    monkeypatch.setattr(kernel_writer, "INTERP_BLOCK", 64)
     reset()
     yield
     torch._dynamo.reset()
@@ -110,7 +112,7 @@ def test_one_loop_fewer_and_the_same_result_as_two_passes(looped, case):
     results, loops = {}, {}
     for online in (True, False):
         reset()
-        with codegen.tuning(online_softmax=online), strict():
+        with tuning(online_softmax=online), strict():
             ex = explain(f, x)
         results[online], loops[online] = ex.result, _loops(ex)
     assert sum(loops[True]) == sum(loops[False]) - 1, loops
@@ -141,8 +143,8 @@ def test_softmax_divides_by_its_sum_once_a_row(monkeypatch, form):
     runs and whole -inf rows included)."""
     import re
     if form == "looped":
-        monkeypatch.setattr(codegen, "INTERP_PERSISTENT_MAX_R", 64)
-        monkeypatch.setattr(codegen, "INTERP_BLOCK", 64)
+        monkeypatch.setattr(kernel_writer, "INTERP_PERSISTENT_MAX_R", 64)
+        monkeypatch.setattr(kernel_writer, "INTERP_BLOCK", 64)
     reset()
     x = noncontiguous(_rows(7))
     with strict():
@@ -181,7 +183,7 @@ def test_the_partial_last_step_runs_apart(looped, cols, peel):
     def f(x):
         return torch.softmax(x, -1), torch.log_softmax(x, -1)
 
-    with codegen.tuning(peel_loop_tail=peel), strict():
+    with tuning(peel_loop_tail=peel), strict():
         ex = explain(f, x)
     text = "\n".join(Path(k.path).read_text() for k in ex.kernels if k.form == "looped" and k.path)
     assert text
@@ -213,7 +215,7 @@ def test_a_one_hot_sum_is_its_one_term(looped):
     want = f(t, v.double(), c.double())
     assert torch.allclose(ex.result.double(), want), (ex.result, want)
     assert ex.result[3:6].abs().max().item() == 0.0
-    with codegen.tuning(one_hot_sums=False), strict():
+    with tuning(one_hot_sums=False), strict():
         reset()
         ex = explain(f, t, v, c)
     assert any("for roffset" in s for s in kernel_sources(ex))

@@ -17,7 +17,9 @@ import torch
 import torch.nn.functional as F
 
 from tilefuse.compiler import codegen
-from tilefuse.compiler import lowering_reductions as LR
+from tilefuse.compiler.codegen import kernel_writer
+from tilefuse.compiler.tuning import TUNING, tuning
+from tilefuse.compiler.lowering import reductions as LR
 
 from .compiler_checks import collect_kernels, kernel_sources, reset, strict
 from .support import assert_close, noncontiguous
@@ -42,7 +44,7 @@ def gpu_forms(monkeypatch):
     monkeypatch.setattr(LR, "SPLIT_MIN_CHUNK", 8)
     monkeypatch.setattr(LR, "SPLIT_TARGET_PROGRAMS", 8)
     reset()
-    with codegen.tuning(split_outer_chunks=8, split_outer_min_rows=8, rowloop_min_programs=1):
+    with tuning(split_outer_chunks=8, split_outer_min_rows=8, rowloop_min_programs=1):
         yield forms
     torch._dynamo.reset()
 
@@ -107,7 +109,7 @@ def test_norm_backward_column_sums_in_the_row_kernel(gpu_forms, fn, mats, vecs, 
 
 @pytest.mark.parametrize("rows_a_step", [1, 4])
 def test_row_loop_with_several_rows_a_step_and_a_transposed_input(gpu_forms, rows_a_step):
-    with codegen.tuning(rowloop_rows=rows_a_step):
+    with tuning(rowloop_rows=rows_a_step):
         _check(layer_norm, _mats(200, 67, 1, 2, transposed=True))  # 200 rows: 8 chunks of 25
     assert "rowloop" in gpu_forms
 
@@ -118,7 +120,7 @@ def test_row_loop_prefetching_the_next_rows(gpu_kernels, fn, n_mat, rows_a_step)
     """TUNING rowloop_prefetch: each step's row loads issued a step ahead (before the loop for the first,
     masked past the chunk's end: 25 rows a chunk at 4 a step ends on a partial step). The row loads leave the
     loop body for pf_ values; the gradients are float64's."""
-    with codegen.tuning(rowloop_prefetch=True, rowloop_rows=rows_a_step):
+    with tuning(rowloop_prefetch=True, rowloop_rows=rows_a_step):
         _check(fn, _mats(200, 67, n_mat, 2 if fn is not rms_norm else 1, transposed=True))
     rowloop = [k for k in gpu_kernels if k.form == "rowloop"]
     assert len(rowloop) == 1, [k.form for k in gpu_kernels]
@@ -133,7 +135,7 @@ def test_paired_row_sums(gpu_kernels, fn, n_vec, paired):
     """TUNING pair_row_sums: layer_norm's backward's two independent row sums in one tl.reduce over the pair
     (rms_norm's has one; the forwards' mean and variance depend on each other and stay apart); float64's
     gradients."""
-    with codegen.tuning(pair_row_sums=True):
+    with tuning(pair_row_sums=True):
         _check(fn, _mats(200, 67, 1, n_vec))
     rowloop = [k for k in gpu_kernels if k.form == "rowloop"]
     assert len(rowloop) == 1 and ("_tf_sum2_combine" in rowloop[0].source) == paired, \
@@ -148,13 +150,13 @@ def test_rows_the_split_does_not_divide_are_not_fused_and_stay_right(gpu_forms):
 
 
 def test_row_loop_needs_enough_programs(gpu_forms):
-    with codegen.tuning(rowloop_min_programs=9):  # 8 chunks: fewer programs than asked for
+    with tuning(rowloop_min_programs=9):  # 8 chunks: fewer programs than asked for
         _check(layer_norm, _mats(200, 67, 1, 2))
     assert "rowloop" not in gpu_forms
 
 
 def test_row_loop_off(gpu_forms):
-    with codegen.tuning(columns_into_rows=False):
+    with tuning(columns_into_rows=False):
         _check(layer_norm, _mats(200, 67, 1, 2))
     assert "rowloop" not in gpu_forms
 
@@ -182,7 +184,7 @@ def test_mixed_row_and_column_reductions(gpu_forms):
 def test_gelu_backward_gradient_and_column_sums_in_one_kernel(gpu_forms, persistent_rows, rows, cols):
     """dx = dy * s * gelu'(x + b) and the partials of b's and s's gradients (column sums of dx and of
     dy * gelu(x + b)) from one pass over dy and x, in the column forms (the row loop off)."""
-    with codegen.tuning(outer_persistent_max_r=persistent_rows, stages_as_rows=False):
+    with tuning(outer_persistent_max_r=persistent_rows, stages_as_rows=False):
         _check(gelu_chain, _mats(rows, cols, 1, 2))
     backward = gpu_forms[1:]
     big = [f for f in backward if f in ("looped", "persistent")]
@@ -198,7 +200,7 @@ def test_gelu_backward_first_stage_as_a_row_loop(gpu_kernels, rows, cols, exact)
     element, the column partials in registers over a chunk of rows), then the two second stages; on odd
     sizes against float64. At one row a step the loop ends at the chunk's last row and the step has no row
     mask (TUNING rowloop_exact_rows); off, rows past it are masked."""
-    with codegen.tuning(rowloop_exact_rows=exact):
+    with tuning(rowloop_exact_rows=exact):
         _check(gelu_chain, _mats(rows, cols, 1, 2))
     backward = [k.form for k in gpu_kernels[1:]]
     assert backward == ["rowloop", "persistent"], backward  # both second stages in one kernel (join_small)
@@ -213,7 +215,7 @@ def test_independent_small_second_stages_share_a_kernel(gpu_kernels, join):
     """The bias's and the scale's gradients are two column reductions over the same partial rows that read
     different buffers: nothing to save in bytes, one launch to save. Joined, one kernel computes and stores
     both; with join_small_reductions off (or above join_small_bytes) each has its own, as before."""
-    with codegen.tuning(join_small_reductions=join):
+    with tuning(join_small_reductions=join):
         _check(gelu_chain, _mats(200, 67, 1, 2))
     second = [k for k in gpu_kernels[1:] if k.form == "persistent"]
     assert len(second) == (1 if join else 2), [k.form for k in gpu_kernels]
@@ -221,13 +223,13 @@ def test_independent_small_second_stages_share_a_kernel(gpu_kernels, join):
         assert second[0].source.count("tl.store(") == 2 and second[0].source.count("tl.sum(") == 2
     gpu_kernels.clear()
     reset()  # a fresh compile (Dynamo's own cache would reuse the graph above)
-    with codegen.tuning(join_small_bytes=0):
+    with tuning(join_small_bytes=0):
         _check(gelu_chain, _mats(200, 67, 1, 2))
     assert len([k for k in gpu_kernels[1:] if k.form == "persistent"]) == 2
 
 
 def test_gelu_backward_split_siblings_off(gpu_forms):
-    with codegen.tuning(split_siblings=False):
+    with tuning(split_siblings=False):
         _check(gelu_chain, _mats(200, 67, 1, 2))
     assert len(gpu_forms) > 4
 
@@ -241,7 +243,7 @@ def test_outer_reduction_forms_on_the_gpu_target(gpu_forms):
     """Column sums of many rows loop over wide column steps; a short one (a second stage) is persistent
     with at least outer_run_bytes of each row."""
     x = torch.randn(3000, 300)
-    with strict(), codegen.tuning(split_outer_chunks=1):
+    with strict(), tuning(split_outer_chunks=1):
         monkey_min_r = LR.SPLIT_MIN_R
         LR.SPLIT_MIN_R = 1 << 30  # no split: one column reduction over 3000 rows
         try:
@@ -262,14 +264,14 @@ def test_column_first_stage_with_many_programs_loops_and_second_stage_stays_pers
     """decision 021: a first stage with many column programs (16384 at 32768 x 4096) ran 744 us persistent, 332
     looped at 64 x 8 with 4 warps; a second stage (few programs) stays persistent. 1000 x 300 in 8 chunks:
     38 first-stage programs against a threshold of 0.1 x 132 SMs, 5 second-stage ones."""
-    with codegen.tuning(outer_persistent_max_waves=0.1, stages_as_rows=False):
+    with tuning(outer_persistent_max_waves=0.1, stages_as_rows=False):
         _check(gelu_chain, _mats(1000, 300, 1, 2))
     backward = [k for k in gpu_kernels[1:] if k.form in ("looped", "persistent")]
     assert [k.form for k in backward] == ["looped", "persistent"], [k.form for k in backward]
     first = backward[0]
     blocks = dict(first.constexprs)  # 38 programs < 132 SMs: the columns a program halve (to 32)
-    assert blocks["RBLOCK"] == codegen.OUTER_RBLOCK and blocks["XBLOCK"] in (32, codegen.OUTER_XBLOCK), blocks
-    assert first.num_warps == codegen.OUTER_WARPS
+    assert blocks["RBLOCK"] == kernel_writer.OUTER_RBLOCK and blocks["XBLOCK"] in (32, kernel_writer.OUTER_XBLOCK), blocks
+    assert first.num_warps == kernel_writer.OUTER_WARPS
 
 
 def _loads_before_first_sum(source: str) -> bool:
@@ -285,7 +287,7 @@ def test_row_loop_issues_its_loads_before_the_first_reduction(gpu_kernels, first
     """A residual norm's backward reads dh only for dx, after both row sums: issued after a tl.sum its load
     waits for the sum's barriers (two memory latencies a step). rowloop_loads_first issues it first (the
     order of a step's own loads: with rowloop_prefetch, the default, every row load is a step ahead anyway)."""
-    with codegen.tuning(rowloop_loads_first=first, rowloop_prefetch=False):
+    with tuning(rowloop_loads_first=first, rowloop_prefetch=False):
         _check(residual_layer_norm, _mats(200, 67, 2, 2))
     rowloop = [k for k in gpu_kernels if k.form == "rowloop"]
     assert len(rowloop) == 1
@@ -303,8 +305,8 @@ def test_tiled_pointwise_takes_whole_rows_unless_an_operand_is_transposed(gpu_ke
     tiled = [k for k in gpu_kernels if k.form == "tiled"]
     assert len(tiled) == 1, [k.form for k in gpu_kernels]
     blocks = dict(tiled[0].constexprs)
-    tile = codegen.TILE_ELEMS if transposed else codegen.TUNING["tile_elems"]
-    per_thread = codegen.ELEMS_PER_THREAD if transposed else codegen.TUNING["tile_thread_elems"]
+    tile = kernel_writer.TILE_ELEMS if transposed else TUNING["tile_elems"]
+    per_thread = kernel_writer.ELEMS_PER_THREAD if transposed else TUNING["tile_thread_elems"]
     assert blocks["XBLOCK"] == (128 if transposed else 512) and blocks["XBLOCK"] * blocks["YBLOCK"] <= tile
     assert tiled[0].num_warps == max(1, blocks["XBLOCK"] * blocks["YBLOCK"] // (32 * per_thread))
 
@@ -316,7 +318,7 @@ def test_tiled_pointwise_launches_a_2d_grid_without_dividing_the_program_id(gpu_
     by the column blocks; more row blocks than a grid's second axis holds (CUDA's 65535, lowered to 4
     here) fall back to one axis and the division. Both give eager's result on odd sizes with a
     non-contiguous x."""
-    monkeypatch.setattr(codegen, "MAX_GRID_Y", grid_y_limit)
+    monkeypatch.setattr(kernel_writer, "MAX_GRID_Y", grid_y_limit)
     x, b, s = _mats(37, 1500, 1, 2)
     x = x[:, ::2]  # 37 x 750, row stride 1500
     b, s = b[:750], s[:750]
@@ -355,10 +357,10 @@ def test_row_loop_takes_two_rows_a_step_when_an_element_is_heavy(gpu_kernels, fn
     two when the bodies' element cost reaches TUNING rowloop_heavy_cost (a GeLU's backward in the loop);
     200 rows (8 chunks of 25: a program's last step is half a step) give float64's gradients either way, and the
     threshold switched off gives back one row a step."""
-    for heavy_cost, want in ((codegen.TUNING["rowloop_heavy_cost"], rows_a_step), (1 << 30, 1)):
+    for heavy_cost, want in ((TUNING["rowloop_heavy_cost"], rows_a_step), (1 << 30, 1)):
         gpu_kernels.clear()
         torch._dynamo.reset()
-        with codegen.tuning(rowloop_heavy_cost=heavy_cost):
+        with tuning(rowloop_heavy_cost=heavy_cost):
             _check(fn, _mats(200, 96, 1, 2))
         rowloop = [k for k in gpu_kernels if k.form == "rowloop"]
         assert len(rowloop) == 1, [k.form for k in gpu_kernels]
@@ -380,15 +382,15 @@ def test_two_rows_a_step_without_row_masks_when_the_steps_are_whole(gpu_kernels,
 
 
 def test_tuning_rejects_unknown_settings_and_restores():
-    before = dict(codegen.TUNING)
+    before = dict(TUNING)
     with pytest.raises(ValueError, match="outer_xblock"):
-        with codegen.tuning(outer_xblock=64, no_such_setting=1):
+        with tuning(outer_xblock=64, no_such_setting=1):
             pass
-    assert codegen.TUNING == before
-    with codegen.tuning(outer_xblock=64):
-        assert codegen.TUNING["outer_xblock"] == 64
+    assert TUNING == before
+    with tuning(outer_xblock=64):
+        assert TUNING["outer_xblock"] == 64
         assert LR.split_factor((32768, 4096), (0,), "sum") == 256
-    assert codegen.TUNING == before
+    assert TUNING == before
 
 
 @pytest.mark.parametrize("rows, cols", [(64, 256), (61, 256), (64, 250), (7, 8)])
@@ -441,7 +443,7 @@ def test_the_two_switches_turn_the_rewrites_off(gpu_forms):
     texts = {}
     for on in (True, False):
         reset()
-        with codegen.tuning(fold_even_masks=on, softmax_reciprocal=on), strict():
+        with tuning(fold_even_masks=on, softmax_reciprocal=on), strict():
             ex = explain(lambda t: torch.softmax(t, -1), x)
         texts[on] = "\n".join(kernel_sources(ex))
         assert_close(ex.result.double(), want, torch.float32)

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from tilefuse.compiler import cache, codegen, ir, runtime, scheduler
-from tilefuse.compiler import primitives as P
+from tilefuse.compiler.ir import primitives as P
 
 from .test_compiler_ir import F32, graph, load, pointwise, reduction, verify
 

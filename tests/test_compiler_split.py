@@ -1,4 +1,4 @@
-"""Split reductions (lowering_reductions.split_factor): a reduction with few outputs and long rows becomes two
+"""Split reductions (lowering/reductions.py, split_factor): a reduction with few outputs and long rows becomes two
 kernels, partials over row chunks then the partials' reduction. On the GPU this is what makes a layer norm's
 backward (its weight and bias gradients are column sums over every row) use the whole machine; here the
 thresholds are lowered so the interpreter's small shapes take the same path, and every result is held to a
@@ -9,7 +9,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from tilefuse.compiler import lowering_reductions as LR
+from tilefuse.compiler.lowering import reductions as LR
 
 from .compiler_checks import reset, stats, strict
 from .support import assert_close, noncontiguous
@@ -27,7 +27,7 @@ def small_split(monkeypatch):
 
 
 def test_split_factor_of_the_benchmark_shapes():
-    # layer norm's weight gradient at 32768 x 4096: 256 chunks of 128 rows (lowering_reductions.TUNING's
+    # layer norm's weight gradient at 32768 x 4096: 256 chunks of 128 rows (the tuning table's
     # split_outer_chunks: enough programs when the first stage runs in the row kernel, one per chunk)
     assert LR.split_factor((32768, 4096), (0,), "sum") == 256
     # a row reduction with many rows, or a short reduction, is left alone
@@ -92,9 +92,10 @@ def test_layer_norm_gelu_backward_with_split_column_sums(small_split):
 def test_residual_sum_output_and_its_norm_in_one_kernel(monkeypatch, looped):
     """h = x + r is an output and the layer norm's input: one kernel writes both (Inductor's fusion)."""
     from tilefuse.compiler import codegen
+    from tilefuse.compiler.codegen import kernel_writer
 
     if looped:
-        monkeypatch.setattr(codegen, "INTERP_PERSISTENT_MAX_R", 64)
+        monkeypatch.setattr(kernel_writer, "INTERP_PERSISTENT_MAX_R", 64)
     reset()
     g = torch.Generator().manual_seed(5)
     x, r = torch.randn(33, 257, generator=g), noncontiguous(torch.randn(33, 257, generator=g))

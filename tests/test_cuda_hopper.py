@@ -37,7 +37,7 @@ from .support import assert_close, poison, poisoned_empty
 pytestmark = pytest.mark.xdist_group("cuda_hopper")  # one worker builds the three libraries once
 
 ROOT = Path(__file__).resolve().parent.parent
-CUDA_DIR = ROOT / "tilefuse" / "cuda"
+CUDA_DIR = ROOT / "tilefuse" / "cuda" / "ladder"
 RUNGS = {7: "rung7_tma_wgmma.cu", 8: "rung8_warpspec.cu", 9: "rung9_persistent.cu"}
 CUDA_ERROR_INVALID_VALUE = 1
 

@@ -85,7 +85,7 @@ def test_both_texts_are_one_function():
 
 
 def test_the_cuda_ladders_gelu_uses_the_same_fit():
-    """tilefuse/cuda/gelu_erfc.cuh (the Hopper rungs' GeLU) is this module's degree-8 erfc fit written in C++: the
+    """tilefuse/cuda/ladder/gelu_erfc.cuh (the Hopper rungs' GeLU) is this module's degree-8 erfc fit written in C++: the
     same nine coefficients, the same 0.4 / sqrt 2 scale and -log2(e) / 2 exponent, and no libdevice erff."""
     import inspect
     from pathlib import Path
@@ -94,7 +94,7 @@ def test_the_cuda_ladders_gelu_uses_the_same_fit():
     py_src = inspect.getsource(special.erfc_poly.fn)
     py = [float(c) for c in re.findall(rf"q = ({number}) \* H\n", py_src)]
     py += [float(sign + c) for sign, c in re.findall(rf"q \* t ([-+]) ({number}) \* H", py_src)]
-    cu = (Path(special.__file__).parents[1] / "cuda" / "gelu_erfc.cuh").read_text()
+    cu = (Path(special.__file__).parents[1] / "cuda" / "ladder" / "gelu_erfc.cuh").read_text()
     body = cu[cu.index("gelu_erfc(float x)"):]
     coeffs = [float(a or b) for a, b in re.findall(rf"float q = ({number})f;|fmaf\(q, t, ({number})f\)", body)]
     assert len(py) == 9 and coeffs == py, (coeffs, py)

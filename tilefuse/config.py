@@ -20,7 +20,7 @@ variable                   meaning
                            it so a fallback cannot hide a lowering bug). Default 0.
 ``TILEFUSE_CHECK_BOUNDS``  1: on Triton's interpreter, every load and store of every kernel is checked
                            against its pointer argument's storage (a stray access raises, naming the
-                           kernel, the argument and the offset: tilefuse.compiler.interpreter_check).
+                           kernel, the argument and the offset: tilefuse.compiler.runtime.interpreter_check).
                            Default 0. Slow: for debugging and the fuzzer.
 ``TILEFUSE_CUDAGRAPHS``    1: compiled graphs are recorded into CUDA graphs and replayed, as with
                            ``torch.compile(..., mode="reduce-overhead")`` (tilefuse.compiler.cudagraphs).

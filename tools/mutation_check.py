@@ -65,9 +65,10 @@ class Mutation:
 
 
 M = Mutation
-LP, LV, LR, LW = (COMPILER + f for f in ("lowering_pointwise.py", "lowering_views.py", "lowering_reductions.py",
-                                          "lowering.py"))
-SCHED, IR, CODEGEN, PRIMS = (COMPILER + f for f in ("scheduler.py", "ir.py", "codegen.py", "primitives.py"))
+LP, LV, LR, LW = (COMPILER + f for f in ("lowering/pointwise.py", "lowering/views.py", "lowering/reductions.py",
+                                          "lowering/core.py"))
+SCHED, IR, CODEGEN, PRIMS = (COMPILER + f for f in ("scheduler.py", "ir/__init__.py", "codegen/kernel_writer.py",
+                                                    "ir/primitives.py"))
 
 MUTATIONS: tuple[Mutation, ...] = (
     # ---- the ones the issue names

@@ -9,7 +9,7 @@ reference with C poisoned, then timed with cuBLAS (K-major B) in interleaved rou
 do_bench (its zeroing L2 flush, as ``tilefuse bench ladder`` times) or after a reading flush (``--flush read``).
 Every version runs at its own defaults, bf16, epilogue none.
 
-    git show REV:tilefuse/cuda/rung9_persistent.cu > /tmp/rung9-REV.cu
+    git show REV:tilefuse/cuda/ladder/rung9_persistent.cu > /tmp/rung9-REV.cu
     python3 tools/rung_ab.py --rung 9 /tmp/rung9-REV.cu [more.cu ...] [--shapes 4096,8192] [--rounds 12]
                                [--rep-ms 20] [--flush write|read] [--csv PATH]
 

@@ -1,4 +1,4 @@
-"""Sweep the code generator's reduction choices (codegen.tuning) on the bench graphs' forward + backward.
+"""Sweep the code generator's reduction choices (the compiler's tuning table) on the bench graphs' forward + backward.
 
 GPU (an H200 image: system python, PYTHONPATH=checkout, nothing installed):
 
@@ -42,7 +42,7 @@ START = time.monotonic()
 # "<name>_fwd_bwd" one; the default is the four fwd+bwd graphs whose backward reduces columns
 GRAPHS = ("layer_norm_fwd_bwd", "rms_norm_fwd_bwd", "gelu_chain_fwd_bwd", "residual_layer_norm_fwd_bwd")
 
-# name -> (codegen.tuning(**overrides), the graphs it can change or None for all). Inductor runs right after
+# name -> (tuning(**overrides), the graphs it can change or None for all). Inductor runs right after
 # the first setting. DEFAULT_SETTINGS (run with no --settings, ~45 s) are the default, its run 7 predecessor
 # and the two load-order alternatives; the rest are reachable with --settings.
 NORMS = ("layer_norm_fwd_bwd", "rms_norm_fwd_bwd", "residual_layer_norm_fwd_bwd", "layer_norm_gelu_fwd_bwd")
@@ -178,10 +178,11 @@ def measure(torch, suite, graph, args, ref, eager, backend: str, overrides: dict
     from torch.profiler import ProfilerActivity, profile
 
     from tilefuse.compiler import codegen
+    from tilefuse.compiler.tuning import TUNING, tuning
 
     torch._dynamo.reset()
     t0 = time.perf_counter()
-    with codegen.tuning(**overrides):
+    with tuning(**overrides):
         step = suite.make_step(graph, torch.compile(graph.fn, backend=backend))
         result = step(*args)  # compiles (plans are made under the setting)
         if torch.cuda.is_available():
@@ -395,7 +396,7 @@ def run_inspect(opts) -> int:
     for label in opts.settings:
         for name in opts.graphs:
             try:
-                with codegen.tuning(**_setting(label)):
+                with tuning(**_setting(label)):
                     text, kernels = plan_backward_kernels(name, opts.rows, opts.cols,
                                                           kinds=("forward", "backward"))
             except Exception as exc:

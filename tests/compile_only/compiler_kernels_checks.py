@@ -13,7 +13,7 @@ from triton.backends.compiler import GPUTarget
 from tilefuse import targets
 from tilefuse.bench import compiler_suite as suite
 from tilefuse.compiler import codegen
-from tilefuse.compiler import primitives as P
+from tilefuse.compiler.ir import primitives as P
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tools"))
 import sweep_reductions as sr  # noqa: E402

@@ -163,7 +163,7 @@ def code_lines_cpp(text: str) -> int:
 KERNEL_HEADERS = ("hopper.cuh",)
 
 
-def rung_source_lines(rung: str, cuda_dir: Path = PACKAGE / "cuda") -> int | None:
+def rung_source_lines(rung: str, cuda_dir: Path = PACKAGE / "cuda" / "ladder") -> int | None:
     """Code lines of a rung's .cu file (kernel, host launch and C entry point) and of the kernel headers it
     includes (:data:`KERNEL_HEADERS`); the headers every rung shares, such as common.cuh's bf16 helpers and the
     C ABI, are not counted."""

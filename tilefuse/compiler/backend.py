@@ -4,7 +4,7 @@ Capture -> AOTAutograd (forward and backward graphs, torch's min-cut remateriali
 decomposition table of decompositions.py, input mutations kept in inference graphs as ``copy_``) -> for each
 graph a :class:`runtime.CompiledGraph` (lower -> schedule -> codegen -> cache -> wrapper).
 
-A model never fails because of tilefuse: an op that cannot be lowered is an ATen extern (lowering.py), a
+A model never fails because of tilefuse: an op that cannot be lowered is an ATen extern (lowering/), a
 graph that cannot be planned runs as the ATen graph AOTAutograd produced, and a Dynamo graph AOTAutograd
 cannot trace runs as Dynamo captured it. Complex tensors (out of scope) are extern nodes, op by op. Each is
 counted in ``stats()["fallbacks"]`` with its reason and shown at ``TILEFUSE_DEBUG=1``. ``TILEFUSE_STRICT=1`` raises instead.
@@ -20,7 +20,8 @@ import time
 import torch
 
 from .. import config
-from . import cudagraphs, lowering, options, records, runtime
+from . import lowering, options, records, runtime
+from .runtime import cudagraphs
 from .decompositions import decomposition_table
 from .lowering import FallbackError
 
@@ -126,8 +127,8 @@ def check_backend_arguments(kwargs: dict) -> dict:
 
 
 def _find_attention(gm: torch.fx.GraphModule) -> None:
-    """Attention in the Dynamo graph becomes the flash family's custom op (patterns_attention.py, record 027)."""
-    from . import patterns_attention
+    """Attention in the Dynamo graph becomes the flash family's custom op (patterns/attention.py, record 027)."""
+    from .patterns import attention as patterns_attention
 
     try:
         patterns_attention.rewrite(gm)

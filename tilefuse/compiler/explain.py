@@ -104,7 +104,7 @@ def _format_graph(g: records.GraphReport) -> str:
 @contextmanager
 def collecting(attention: list | None = None):
     """Collect the graph reports (and into ``attention`` the attention pass's outcomes) made while it runs."""
-    from . import patterns_attention
+    from .patterns import attention as patterns_attention
 
     sink: list = []
     records._listeners.append(sink)

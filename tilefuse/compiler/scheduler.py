@@ -44,33 +44,17 @@ from typing import Optional
 import torch
 
 from . import ir
-from . import primitives as P
+from .ir import primitives as P
+from .tuning import TUNING
 
 MAX_GROUP_ROOTS = 48  # beyond this a kernel's compile time and register pressure grow faster than it saves
 MAX_INLINE_OPS = 400  # a recomputed body larger than this is materialized instead
 REUSE_FACTOR = 1.0  # materialize a shared node when recomputing it re-reads more than (n+1) x its own bytes
 # A row kernel that also computes a split column reduction's first stage (codegen's row-loop form) holds whole
-# rows in registers: rows up to this long (codegen.PERSISTENT_MAX_R, the smallest persistent limit of any target).
+# rows in registers: rows up to this long (codegen/kernel_writer.py PERSISTENT_MAX_R, the smallest persistent limit of any target).
 ROWLOOP_MAX_R = 8192
 COLUMN_KINDS = ("sum", "prod", "max", "min", "any", "all")
 
-# Fusion switches and thresholds a sweep may override (codegen.tuning sets these too).
-TUNING = {
-    # a pointwise root over (S*C, ...) joins a split reduction's first stage over (S, C, ...) (the gelu
-    # backward: the input gradient and the bias gradient's partials in one pass over dy and x)
-    "split_siblings": True,
-    # a split column reduction's first stage joins the row kernel over the same rows (a norm backward)
-    "columns_into_rows": True,
-    # ... and a group of such stages with pointwise roots but no row reduction, alone (stages_as_row_loop)
-    "stages_as_rows": True,
-    # ... when the row-loop kernel then has at least this many programs (one per chunk of rows): about two
-    # per SM on a 132-SM H200; fewer leaves SMs idle for the whole (memory-bound) kernel
-    "rowloop_min_programs": 256,
-    # independent reductions over the same small space (a norm backward's weight and bias gradients, summed
-    # over the row loop's partial rows) share one kernel: nothing is saved in bytes, a launch is
-    "join_small_reductions": True,
-    "join_small_bytes": 64 << 20,  # ... when the joined kernel reads and writes at most this much
-}
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,6 +1,6 @@
 """The CUDA C++ GEMM ladder, called from Python: ``tilefuse.cuda.gemm(a, b, rung=9)``.
 
-One ``.cu`` file a rung (``tilefuse/cuda/rung*.cu``), from a naive kernel (1) to a persistent, warp-specialised
+One ``.cu`` file a rung (``tilefuse/cuda/ladder/rung*.cu``), from a naive kernel (1) to a persistent, warp-specialised
 Hopper kernel with TMA multicast (9), plus ``5s``, a split-K rung whose warp code is written portably for 32-
 and 64-lane warps. Shared headers: ``common.cuh`` (the C ABI of rungs 1-6 and 5s), ``mma_sm80.cuh`` (rung 6's
 tensor-core helpers), ``hopper.cuh`` (the TMA, mbarrier and wgmma helpers of rungs 7-9) and ``gelu_erfc.cuh``
@@ -37,7 +37,7 @@ def rungs() -> list[Rung]:
     """Every rung, in ladder order, with its metadata: ``name``, ``path``, ``arch`` (sm_80 / sm_90a),
     ``portable`` (translated to HIP) and ``reason`` (why not), ``claims`` (the SASS instruction its kernels
     contain), ``emulate`` (runs on CPU tensors), ``title``, ``lines_of_code()``."""
-    return list(_build._rungs_cached(str(_build.CUDA_DIR)))
+    return list(_build._rungs_cached(str(_build.LADDER_DIR)))
 
 
 def _names() -> str:

@@ -1,7 +1,7 @@
 """Build the CUDA C++ ladder: one shared library a rung, compiled by nvcc (or by the host compiler for the CPU
 emulator), cached on disk, with its resource report and SASS inspected.
 
-Each ``tilefuse/cuda/rung<K>_<name>.cu`` carries one metadata line near its top::
+Each ``tilefuse/cuda/ladder/rung<K>_<name>.cu`` carries one metadata line near its top::
 
     // tilefuse: rung=6 arch=sm_80 portable=no reason="..." claims=HMMA emulate=yes dynamic_smem=147456
 
@@ -56,7 +56,7 @@ from typing import Iterable, Iterator, Sequence
 
 from .. import config, diskcache
 
-CUDA_DIR = Path(__file__).resolve().parent
+LADDER_DIR = Path(__file__).resolve().parent / "ladder"  # one .cu a rung, and the headers they share
 BUILD_FORMAT = "2"  # bump when the report's content or the parsing changes: old entries become misses
 
 NVCC_FLAGS = ("-shared", "-Xcompiler", "-fPIC", "-O3", "-std=c++17", "-Xptxas", "-v")
@@ -148,7 +148,7 @@ def _rung_from(path: Path) -> Rung:
                 dynamic_smem=int(smem) if smem else None)
 
 
-def discover(folder: Path = CUDA_DIR) -> list[Rung]:
+def discover(folder: Path = LADDER_DIR) -> list[Rung]:
     """Every ``rung*.cu`` in ``folder``, in ladder order (1, 2, ..., 5, 5s, 6, ...)."""
     found = [_rung_from(p) for p in sorted(folder.glob("rung*.cu"))]
     names = [r.name for r in found]
@@ -165,7 +165,7 @@ def _rungs_cached(folder: str) -> tuple[Rung, ...]:
 
 def rung(name: str | int) -> Rung:
     """The rung called ``name`` (``6``, ``"6"``, ``"5s"``)."""
-    by_name = {r.name: r for r in _rungs_cached(str(CUDA_DIR))}
+    by_name = {r.name: r for r in _rungs_cached(str(LADDER_DIR))}
     key = str(name)
     if key not in by_name:
         raise ValueError(f"rung={name!r}: accepted values are {', '.join(repr_rung(n) for n in by_name)}")
@@ -647,7 +647,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--target", default=None, help="NVIDIA target (default: each rung's own arch)")
     p.add_argument("--emulate", action="store_true", help="host (emulator) builds")
     args = p.parse_args(argv)
-    chosen = [rung(n) for n in args.rungs] or list(_rungs_cached(str(CUDA_DIR)))
+    chosen = [rung(n) for n in args.rungs] or list(_rungs_cached(str(LADDER_DIR)))
     if args.emulate:
         chosen = [r for r in chosen if r.emulate]
     reqs = [(r, HOST_TARGET if args.emulate else (args.target or r.arch)) for r in chosen]

@@ -74,7 +74,7 @@ WARP_SIZE_NAME = re.compile(r"(?i)^(k?_?warp_?size|warp_?sz|k?_?warp_?lanes|k?_?
                             r"k?_?threads_?per_?warp|kwarp|warp_?width)$")
 
 PORTABLE_MASK = ("a lane mask as wide as the wavefront: ~lanemask_t(0) with lanemask_t = unsigned long long "
-                 "under __HIP__ (tilefuse/cuda/common.cuh), or __activemask()")
+                 "under __HIP__ (tilefuse/cuda/ladder/common.cuh), or __activemask()")
 
 
 @dataclasses.dataclass(frozen=True)

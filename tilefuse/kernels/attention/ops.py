@@ -1,5 +1,5 @@
 """The family as two PyTorch custom ops, ``tilefuse::attention_fwd`` and ``tilefuse::attention_bwd``: what the
-compiler puts in place of the attention it finds (tilefuse/compiler/patterns_attention.py).
+compiler puts in place of the attention it finds (tilefuse/compiler/patterns/attention.py).
 
 An op, not :class:`AttentionFunction`: AOTAutograd traces through an autograd.Function (and a Triton launch
 cannot run on fake tensors), while a custom op stays one opaque node with a fake (shape) function. Its

@@ -11,9 +11,9 @@ import math
 
 import torch
 
-from . import ir
-from . import primitives as P
-from .lowering import TV, LoweringError, Sym, aten, ints, plain, register
+from .. import ir
+from ..ir import primitives as P
+from .core import TV, LoweringError, Sym, aten, ints, plain, register
 
 prims = torch.ops.prims
 
@@ -515,12 +515,12 @@ def _copy(low, dst, src, non_blocking=False):
 @register(aten.copy_.default)
 def _copy_(low, dst, src, non_blocking=False):
     """An input mutation (``keep_inference_input_mutations``): the kernel writes into the input's storage."""
-    from . import ir as _ir
+    from .. import ir as _ir
     target = low.table.get(dst.name)
     if not isinstance(target, _ir.InputNode):
         raise LoweringError("copy_ into a tensor that is not a graph input")
     meta = low.tensor_meta[dst.name]
-    from .lowering import is_non_overlapping
+    from .core import is_non_overlapping
     if not is_non_overlapping(meta.shape, meta.stride):
         raise LoweringError("copy_ into an input whose elements overlap in memory (an expanded tensor)")
     if isinstance(src, TV) and low.fake.get(src.name) is not None and low.fake.get(dst.name) is not None and \
@@ -531,7 +531,7 @@ def _copy_(low, dst, src, non_blocking=False):
 
 @register(aten.alias.default, aten.detach.default)
 def _alias(low, a):
-    from .lowering_views import identity_view
+    from .views import identity_view
     return identity_view(low, a)
 
 

@@ -18,9 +18,9 @@ import functools
 
 import torch
 
-from .. import config, device as tf_device
-from ..kernels.gemm import plan as gemm_plan
-from . import cache, codegen, ir, records, scheduler
+from ... import config, device as tf_device
+from ...kernels.gemm import plan as gemm_plan
+from .. import cache, codegen, ir, records, scheduler
 
 
 def prepare(sched: scheduler.Schedule, target: codegen.LaunchTarget) -> tuple[dict, list]:

@@ -20,7 +20,7 @@ Kernel shapes:
   one program a chunk of rows, the persistent form in a loop over the chunk, column partials accumulated
   in registers and written once per program.
 
-Performance choices of these forms are in :data:`TUNING` (overridable with :func:`tuning`).
+Performance choices of these forms are settings of the compiler's one tuning table (:mod:`..tuning`).
 
 Sizes and strides are kernel arguments (``xnumel``, ``rnumel``, ``ks0``...), never literals, so one kernel
 serves every size with the same structure (Dynamo's dynamic shapes do not recompile it; Triton specialises
@@ -39,11 +39,13 @@ from typing import Optional
 
 import torch
 
-from .. import device
-from . import ir
-from . import primitives as P
-from .ranges import nonzero, value_range
-from .scheduler import KernelGroup, Schedule
+from ... import device
+from .. import ir
+from ..ir import primitives as P
+from ..ir.ranges import nonzero, value_range
+from ..scheduler import KernelGroup, Schedule
+from ..tuning import (ELEMS_PER_THREAD, LOOPED_RBLOCK, OUTER_RBLOCK, OUTER_SPLIT_XBLOCK, OUTER_WARPS,  # noqa: F401
+                      OUTER_XBLOCK, PERSISTENT_ELEMS, POINTWISE_BLOCK, TILE_ELEMS, TUNING)
 
 CODEGEN_VERSION = "1"  # part of every cache key: bump when generated code changes meaning
 
@@ -63,150 +65,15 @@ INT_DIVISIONS = frozenset({"floordiv_int", "truncdiv_int", "remainder", "fmod"})
 DISCONTINUOUS = frozenset({"eq", "ne", "lt", "le", "gt", "ge", "floor", "ceil", "trunc", "round", "floordiv",
                            "remainder", "fmod"})
 
-# Launch heuristics (host side). Vector width: 16 bytes a thread for 2-byte types -> 8 elements a thread.
-ELEMS_PER_THREAD = 8
-POINTWISE_BLOCK = 1024  # 1024 elements / (4 warps x 32 lanes) = 8 a thread: one 16-byte bf16 vector
-TILE_ELEMS = 1024
+# Launch heuristics (host side); the ones the tuning table starts from live with it (tuning.py).
 FLOAT32_MAX = 3.4028234663852886e38
 MAX_GRID_Y = 65535  # CUDA's (and HIP's) limit on a launch grid's second dimension
 PERSISTENT_MAX_R = 8192  # a row of 8192 fp32 values in 16 warps is 16 registers a thread per live tensor
-PERSISTENT_ELEMS = 4096  # rows per program so that a program holds about this many elements
-LOOPED_RBLOCK = 1024  # elements a step of the looped row form (see TUNING["looped_rblock"]; decision 022)
-# Reductions over a non-contiguous dim (column sums): OUTER_XBLOCK contiguous columns x OUTER_RBLOCK rows a step.
-# On the H200, 64 x 64 at ~0.5 TB/s on a layer norm's weight gradient (128-byte pieces of 64 rows a
-# step); 256 columns (512 contiguous bytes of bf16) x 16 rows keeps the step's 4096 elements in longer runs.
-# Measured (docs/decisions/021-compiler-column-reductions.md): gelu's backward column kernel (dx and the bias
-# partials over 256 chunks of 128 rows, 16384 programs) ran 744 us persistent (64 x 128, 16 warps, 76
-# registers: one program an SM), 547 us looped at 256 x 16 (16 warps), 332 us looped at 64 x 8 with 4 warps
-# (40 registers, many programs an SM: one program's reduction and stores overlap the others' loads).
-OUTER_XBLOCK = 64
-OUTER_RBLOCK = 8
-OUTER_WARPS = 4
-# The columns a program counts as for the split decision (lowering_reductions.split_factor): the 256-column
-# 16-warp program the split thresholds were set with, so the narrower 4-warp step does not change them.
-OUTER_SPLIT_XBLOCK = 256
 MAX_WARPS = 16
 # The interpreter runs each program in Python over numpy blocks: fewer, larger programs run faster.
 INTERP_BLOCK = 16384
 INTERP_PERSISTENT_MAX_R = 65536
 INTERP_OUTER_XBLOCK = 256
-
-# Performance choices of the GPU forms, overridable for a sweep (tools/sweep_reductions.py) with
-# :func:`tuning`; the scheduler's fusion switches live in ``scheduler.TUNING`` and are set by the same call.
-# Block sizes and warps are launch parameters, not kernel text: a setting changes no cache key, but
-# split_outer_* change the IR (the partial buffer's shape), so the kernels' text too.
-TUNING = {
-    # column (outer) reductions: columns x rows a step (contiguous columns: 64 bf16 = 128 bytes a row)
-    "outer_xblock": OUTER_XBLOCK,
-    "outer_rblock": OUTER_RBLOCK,
-    # fewer column programs than SMs: halve the columns a program (down to this) for more programs
-    "outer_min_xblock": 32,
-    # an outer reduction up to this many rows keeps the whole column chunk in registers (persistent form,
-    # every load issued at once: a split's second stage over 256 partials); longer ones loop. decision 021: a
-    # split's stage 1 over 512 rows ran persistent as 8 columns x 512 rows (16 contiguous bytes a row), 457
-    # us for 512 MB where Inductor's looped form moved 256 MB in 64 us.
-    "outer_persistent_max_r": 256,
-    # ... and has at most this many programs (at outer_xblock columns) per SM: a split's second stage (4096
-    # columns: 64 programs, latency-bound, all loads at once: 2.5 us against 6.8 looped); a first
-    # stage (4096 columns x 256 chunks: 16384 programs) loops, many small programs an SM (744 -> 332 us, decision 021)
-    "outer_persistent_max_waves": 4,
-    # a persistent column reduction covers at least this many contiguous bytes of each row
-    "outer_run_bytes": 128,
-    "outer_warps": OUTER_WARPS,  # of the looped column form (0: from the step's elements, warps())
-    # rows x columns kernels that also reduce columns (a norm's backward with its weight/bias partial sums):
-    # rows a step of the loop over a program's row chunk, and warps (0: from the step's elements)
-    "rowloop_rows": 1,
-    "rowloop_warps": 0,
-    # ... at one row a step, the loop stops at the chunk's last row instead of masking rows past it, so the
-    # step has no row mask: its loads and stores unpredicated, its column sums without a select an element
-    # (a GeLU chain's backward: 2 of ~54 instructions an element on sm_90a)
-    "rowloop_exact_rows": True,
-    # ... elements a thread when the step has row sums (warps = the step's elements / (warp size x this)):
-    # docs/decisions/022-compiler-row-reductions.md (kernel ms of fwd+bwd): layer_norm's backward at 8 warps
-    # (16 a thread, a row's sums exchanged between 8 warps, two 128-register programs an SM) 0.398 -> 0.342,
-    # rms_norm 0.334 -> 0.336, layer_norm_gelu (two rows a step: 16 warps either way) unchanged. A loop
-    # without row sums (a GeLU chain's backward) keeps ELEMS_PER_THREAD (16 warps a 4096-wide row), and so
-    # does a step with more row operands than rowloop_wide_max_loads (residual_layer_norm's backward, three:
-    # 172 registers at 8 warps, one program an SM: 0.570 ms fwd+bwd at 16 warps against 0.581)
-    "rowloop_thread_elems": 16,
-    "rowloop_wide_max_loads": 2,
-    # ... two rows a step when the bodies' element_cost() is at least this (decision 022): layer_norm_gelu's
-    # backward (cost 50, 78 registers a thread at 16 warps: one program an SM either way) 0.798 -> 0.553 ms
-    # with two rows (each step's two row sums and their barriers serve two rows), while layer_norm's (cost
-    # 11, 64 registers: two programs an SM at one row) went 0.430 -> 0.465
-    "rowloop_heavy_cost": 24,
-    # ... each step's row loads issued a step ahead (prefetched_rows), when the step has row sums (whose
-    # barriers the loads then run under). Measured (kernel ms, on/off; decision 022): layer_norm fwd+bwd 0.397/0.426,
-    # rms_norm 0.333/0.369, layer_norm_gelu 0.472/0.554; a GeLU chain's backward, which has no row
-    # sums, 0.432/0.402 (the prefetch's registers and no barrier to hide under)
-    "rowloop_prefetch": True,
-    "num_stages": 1,  # Triton software pipelining of the looped forms' loads
-    # issue a step's loads before its first reduction (row-loop form; the persistent form)
-    "rowloop_loads_first": True,
-    # tiled pointwise form with no transposed operand: columns a tile (rows: TILE_ELEMS // this); 128 was
-    # the tile before the column-reduction sweep (8 x 128; decision 021)
-    "tile_contiguous_xblock": TILE_ELEMS,
-    # ... and its elements a tile and a thread (a tile with a transposed operand: TILE_ELEMS at
-    # ELEMS_PER_THREAD); the 2-D launch grid of every tiled kernel (False: one grid axis, the program id
-    # divided by the column blocks)
-    "tile_elems": 2 * TILE_ELEMS,
-    "tile_thread_elems": 2 * ELEMS_PER_THREAD,
-    "tile_grid_2d": True,
-    "persistent_loads_first": False,
-    # row reductions, persistent form (whole rows in registers): elements a program (rows a program =
-    # this // the row's padded length, at least 1) and elements a thread (warps = a program's elements //
-    # (warp size x this), at most MAX_WARPS). Measured (docs/decisions/022-compiler-row-reductions.md, 32768 x
-    # 4096 bf16, kernel us): 8 a thread (16 warps a row) -> 32 (4 warps): softmax forward 168 -> 130, layer
-    # norm 170 -> 129, softmax + layer norm 233 -> 174, rms norm 144 -> 132, log_softmax's backward 203 ->
-    # 185; fewer cross-warp reductions (shuffles, bar.sync) and up to 16 programs an SM instead of 4
-    "persistent_elems": PERSISTENT_ELEMS,
-    "persistent_thread_elems": 32,
-    # row reductions, looped form (rows longer than PERSISTENT_MAX_R): elements a step, elements a thread.
-    # Measured (docs/decisions/022-compiler-row-reductions.md, cross-entropy over 32768 x 32000 bf16, kernel ms):
-    # 1024 a step at 4 warps 0.788 against 2048 at 8 warps 0.812 (forward), 2.085 against 2.109 (fwd+bwd);
-    # 16 a thread at 2048 or 4096 a step slower (0.889, 0.943): the loop is instruction-bound (~20 SASS
-    # instructions an element with the online max and sum), not short of loads in flight
-    "looped_rblock": LOOPED_RBLOCK,
-    "looped_thread_elems": ELEMS_PER_THREAD,
-    # looped form: a max and a sum of exp(x - max) over the same x in one loop (online softmax)
-    "online_softmax": True,
-    # constant all-true masks when a plan's shape fills its blocks (_even_mask), and softmax's division by
-    # its sum as one reciprocal a row (KernelWriter.softmax_reciprocal): switches for an A/B sweep
-    "fold_even_masks": True,
-    # the looped form's partial last step in a loop of its own, after the full steps with the folded mask
-    "peel_loop_tail": True,
-    # persistent / row-loop forms: two row sums in one tl.reduce over the pair (paired_sums)
-    "pair_row_sums": False,
-    # the looped form's sums of a one-hot (where(i == t, v, 0) * c over i) as the one term (one_hot_sum)
-    "one_hot_sums": True,
-    # helpers' half-precision texts (the float32 erfc's degree-6 polynomial) in kernels whose outputs
-    # computed from an erf are all float16 / bfloat16
-    "half_helpers": True,
-    "softmax_reciprocal": True,
-}
-
-
-@contextlib.contextmanager
-def tuning(**overrides):
-    """Override entries of :data:`TUNING` (and ``scheduler.TUNING``, lowering's split sizes in
-    ``lowering_reductions.TUNING``) inside the ``with`` block: ``with codegen.tuning(outer_xblock=64): ...``.
-    Only plans built inside the block see the values (a compiled graph keeps the kernels it planned)."""
-    from . import lowering_reductions, scheduler
-    tables = (TUNING, scheduler.TUNING, lowering_reductions.TUNING)
-    saved = []
-    try:
-        for key, value in overrides.items():
-            table = next((t for t in tables if key in t), None)
-            if table is None:
-                known = sorted(k for t in tables for k in t)
-                raise ValueError(f"tuning: unknown setting {key!r}; the settings are {known}")
-            saved.append((table, key, table[key]))
-            table[key] = value
-        yield
-    finally:
-        for table, key, value in reversed(saved):
-            table[key] = value
-
 TL_DTYPE = {
     torch.float16: "tl.float16", torch.bfloat16: "tl.bfloat16", torch.float32: "tl.float32",
     torch.float64: "tl.float64", torch.int8: "tl.int8", torch.int16: "tl.int16", torch.int32: "tl.int32",
@@ -1648,7 +1515,7 @@ class EpilogueWriter(KernelWriter):
         return repr(float(c.value)) if is_float else str(int(c.value))
 
     def _slot(self, kind: str, buffer: str, index) -> int:
-        from .scheduler import _affine
+        from ..scheduler import _affine
 
         aff = _affine(index, ir.node_meta(self.table[buffer], buffer).stride, len(self.gemm.shape))
         key = (kind, buffer) + (aff if aff is not None else (None, None))

@@ -15,7 +15,7 @@ from typing import Optional
 
 import torch
 
-from . import ir
+from .. import ir
 
 Range = Optional[tuple]  # (lo, hi), inclusive; ints for integer expressions, floats for floating ones
 

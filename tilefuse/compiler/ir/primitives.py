@@ -22,8 +22,8 @@ from typing import Callable, Optional
 
 import torch
 
-from ..kernels import special
-from . import ir
+from ...kernels import special
+from .. import ir
 
 HALF = (torch.float16, torch.bfloat16)
 

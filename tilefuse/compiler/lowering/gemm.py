@@ -16,9 +16,9 @@ from __future__ import annotations
 
 import torch
 
-from . import ir
-from . import primitives as P
-from .lowering import TV, ByDesign, LoweringError, Lowerer, contiguous_stride, plain, register
+from .. import ir
+from ..ir import primitives as P
+from .core import TV, ByDesign, LoweringError, Lowerer, contiguous_stride, plain, register
 
 aten = torch.ops.aten
 
@@ -58,14 +58,14 @@ def _check(low: Lowerer, a: TV, b: TV, ka: int, kb: int) -> None:
     """Raise :class:`ByDesign` (the matmul stays an ATen call, with this note) where the library GEMM does not
     take these operands."""
     if not GEMM["enabled"]:
-        raise ByDesign("GEMM lowering is off (lowering_gemm.GEMM['enabled'])")
+        raise ByDesign("GEMM lowering is off (lowering.gemm.GEMM['enabled'])")
     ma, mb = low.tensor_meta[a.name], low.tensor_meta[b.name]
     if ma.dtype not in GEMM_DTYPES or mb.dtype != ma.dtype:
         raise ByDesign(f"the library GEMM takes float16/bfloat16/float32 operands of one dtype, not "
                        f"{ma.dtype} @ {mb.dtype}")
     if 0 in ma.shape or 0 in mb.shape:
         raise ByDesign(f"an empty dimension ({list(ma.shape)} @ {list(mb.shape)}): nothing for a kernel to do")
-    from ..kernels.gemm import plan as gemm_plan
+    from ...kernels.gemm import plan as gemm_plan
 
     fa, fb = _fake(low, ka), _fake(low, kb)
     if isinstance(fa, torch.Tensor) and isinstance(fb, torch.Tensor):

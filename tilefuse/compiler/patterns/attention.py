@@ -5,7 +5,7 @@ ops (``F.scaled_dot_product_attention``, ``q @ k.transpose(-2, -1)``, ``softmax(
 becomes one call of the custom op ``tilefuse::attention_fwd`` (tilefuse/kernels/attention/ops.py) whose
 registered autograd formula calls ``tilefuse::attention_bwd``: the forward *and* the backward graphs that
 AOTAutograd derives then hold the family's kernels, which the lowering calls as library kernels
-(:func:`lower_library_call`), neither a bmm/softmax/bmm chain nor an ATen fallback.
+(``lowering/attention.py``), neither a bmm/softmax/bmm chain nor an ATen fallback.
 
 Two forms are found:
 
@@ -38,11 +38,11 @@ import torch
 import torch.fx
 import torch.nn.functional as F
 
-from .. import config, device
-from ..kernels.attention import ops as attention_ops  # noqa: F401  (registers the tilefuse:: custom ops)
-from ..kernels.attention import supports
+from ... import config, device
+from ...kernels.attention import ops as attention_ops  # noqa: F401  (registers the tilefuse:: custom ops)
+from ...kernels.attention import supports
 
-__all__ = ["rewrite", "Outcome", "OUTCOMES", "LIBRARY_OPS", "lower_library_call"]
+__all__ = ["rewrite", "Outcome", "OUTCOMES"]
 
 # A finite fill at or below this is a mask: eager's softmax gives a filled score exp(fill - row max), which
 # underflows to exactly 0 in float32 once the row max is 104 above the fill (any score above -1e9 + 104), and
@@ -56,8 +56,6 @@ ABSORBING_FILL = -1e9
 ABSORBING_STANDIN = -2.0 ** 127
 # How far back from the softmax the scores' matmul is looked for (ops of the score chain).
 MAX_CHAIN = 24
-
-LIBRARY_OPS = (torch.ops.tilefuse.attention_fwd.default, torch.ops.tilefuse.attention_bwd.default)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -917,18 +915,3 @@ def rewrite(gm: torch.fx.GraphModule) -> list[Outcome]:
         gm.graph.lint()
         gm.recompile()
     return outcomes
-
-
-# ------------------------------------------------------------------------------------ lowering
-def lower_library_call(low, *args, **kwargs):
-    """The lowering rule of the family's custom ops: a call of the library's kernels (an extern by design)."""
-    return low.extern(low.current, args, kwargs, reason=None)
-
-
-def _register_lowering() -> None:
-    from . import lowering
-
-    lowering.register(*LIBRARY_OPS)(lower_library_call)
-
-
-_register_lowering()

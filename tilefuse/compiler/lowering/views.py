@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import torch
 
-from . import ir
-from . import primitives as P
-from .lowering import (TV, LoweringError, aten, and_, index_cond, index_value, ints, is_dense, norm_dim, op_name,
+from .. import ir
+from ..ir import primitives as P
+from .core import (TV, LoweringError, aten, and_, index_cond, index_value, ints, is_dense, norm_dim, op_name,
                        plain, register)
 
 prims = torch.ops.prims

@@ -28,9 +28,10 @@ from typing import Any, Callable
 
 import torch
 
-from .. import config, device as tf_device
-from ..kernels.launcher import SiteLauncher
-from . import cache, codegen, ir, lowering, records, runtime_gemm, scheduler
+from ... import config, device as tf_device
+from ...kernels.launcher import SiteLauncher
+from .. import cache, codegen, ir, lowering, records, scheduler
+from . import gemm as runtime_gemm
 
 _ids = itertools.count()
 
@@ -65,7 +66,7 @@ class WrapperWriter:
         self.globals: dict[str, Any] = {"torch": torch, "empty_strided": torch.empty_strided, "device": dev}
         self.vars: dict[str, str] = {}
         self.lines: list[str] = []
-        self.hooks: dict = {}  # GEMM step -> its epilogue hook (runtime_gemm.prepare)
+        self.hooks: dict = {}  # GEMM step -> its epilogue hook (runtime/gemm.py prepare)
 
     def var(self, name: str) -> str:
         v = self.vars.get(name)

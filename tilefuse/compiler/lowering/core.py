@@ -1,14 +1,11 @@
-"""Lowering: an ATen FX graph (after AOTAutograd and decomposition) -> the loop IR (:class:`ir.Graph`).
-
-One registered rule per ATen op (``@register(aten.add)``) builds the IR node(s) for one FX node from the
-values of its arguments. The rules live in lowering_pointwise.py, lowering_views.py and
-lowering_reductions.py; this module is the framework: the registry, the walk over the graph, loads through
-views, broadcasting, type promotion, and the extern fallback.
+"""The lowering's framework: the rule registry, the walk over the graph, loads through views, broadcasting,
+type promotion, and the extern fallback (the rules live beside it: pointwise.py, views.py, reductions.py,
+gemm.py; :func:`tilefuse.compiler.lowering.lower` is the stage's entry).
 
 What a rule cannot lower (no rule, an unsupported dtype, a pattern the rule declines with
 :class:`LoweringError`) becomes an :class:`ir.Extern` that calls ATen, with the reason recorded; in strict
 mode that raises :class:`FallbackError` instead. Convolutions and attention are externs by design
-(:data:`EXTERN_OPS`), not fallbacks; matmuls lower to :class:`ir.Gemm` (lowering_gemm.py), or to an extern by
+(:data:`EXTERN_OPS`), not fallbacks; matmuls lower to :class:`ir.Gemm` (gemm.py), or to an extern by
 design with a note where the library GEMM does not take their operands.
 """
 from __future__ import annotations
@@ -21,8 +18,8 @@ from typing import Any, Callable, Optional, Sequence
 import torch
 import torch.fx
 
-from . import ir
-from . import primitives as P
+from .. import ir
+from ..ir import primitives as P
 
 aten = torch.ops.aten
 
@@ -48,7 +45,7 @@ SUPPORTED_DTYPES = frozenset({torch.float16, torch.bfloat16, torch.float32, torc
                               torch.int16, torch.int32, torch.int64, torch.uint8, torch.bool})
 
 # Calls into ATen by design (not counted as fallbacks): convolutions, attention, and the matmul forms that
-# nothing decomposes to the library GEMM's (mm, bmm, addmm, baddbmm lower to ir.Gemm: lowering_gemm.py).
+# nothing decomposes to the library GEMM's (mm, bmm, addmm, baddbmm lower to ir.Gemm: lowering/gemm.py).
 EXTERN_OPS = frozenset(filter(None, [
     getattr(aten, n, None) for n in (
         "addbmm", "addmv", "mv", "dot", "vdot", "_scaled_mm", "convolution",
@@ -462,15 +459,6 @@ class Lowerer:
             else:
                 out.append(ir.Output(None, v))
         return out
-
-
-def lower(gm: torch.fx.GraphModule, meta: Callable[[torch.fx.Node], Any], strict: bool = False) -> tuple[ir.Graph, list, list]:
-    """Lower ``gm``: returns (graph, fallbacks [(node, reason)], constants)."""
-    from . import lowering_gemm, lowering_pointwise, lowering_reductions, lowering_views  # noqa: F401  (rules)
-
-    low = Lowerer(gm, meta, strict)
-    graph = low.run()
-    return graph, low.fallbacks, low.constants
 
 
 # ----------------------------------------------------------------------------------- shared rule helpers

@@ -41,8 +41,8 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-from .. import config
-from . import records
+from ... import config
+from .. import records
 
 MAX_RECORDINGS = 8  # graphs recorded a compiled graph (one a shape or a moved parameter set): each holds its
 # outputs in the pool for good, so a model fed ever-new shapes is bounded at 8 sets of activations.
@@ -356,7 +356,7 @@ def _set_error(t: torch.Tensor) -> None:
 
 # ------------------------------------------------------------------------------------------------ runner
 def _interpreting() -> bool:
-    from .. import device as tf_device
+    from ... import device as tf_device
 
     return tf_device.interpreting()
 

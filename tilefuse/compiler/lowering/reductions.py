@@ -12,10 +12,10 @@ import math
 
 import torch
 
-from . import ir
-from . import codegen  # OUTER_SPLIT_XBLOCK: the columns a program of an outer (column) reduction counts as
-from . import primitives as P
-from .lowering import TV, LoweringError, aten, ints, norm_dim, plain, register
+from .. import ir
+from ..ir import primitives as P
+from ..tuning import OUTER_SPLIT_XBLOCK, TUNING
+from .core import TV, LoweringError, aten, ints, norm_dim, plain, register
 
 prims = torch.ops.prims
 
@@ -49,7 +49,7 @@ def row_index(vars_, out_dims) -> tuple[ir.Index, ...]:
 # layer norm's backward (4096 outputs over 32768 rows) are 16 programs of 256 columns, each looping over every
 # row. Such a reduction is written as two: stage 1 reduces ``S`` chunks of the rows into an fp32 [S, outputs]
 # buffer (S x more programs), stage 2 reduces the S partials (and takes the epilogue). "Programs" counts what
-# the code generator launches: one a row for an innermost reduction, one per codegen.OUTER_SPLIT_XBLOCK
+# the code generator launches: one a row for an innermost reduction, one per OUTER_SPLIT_XBLOCK
 # outputs for an outer one (256: the 16-warp column program these thresholds were set with; the 4-warp
 # 64-column program (decision 021) is a quarter of one).
 SPLIT_MIN_R = 8192  # rows shorter than this are not split
@@ -61,8 +61,6 @@ SPLIT_KINDS = ("sum", "prod", "max", "min", "any", "all")
 # first stage can then run inside the row kernel that reads the same rows (scheduler's columns_into_rows),
 # one program per chunk, and 256 chunks are about two programs per SM of a 132-SM H200. 64 chunks (decision 021)
 # were enough for the 16 x 64 column programs of a separate kernel, not for a program per chunk.
-# Overridable for a sweep (codegen.tuning).
-TUNING = {"split_outer_chunks": 256, "split_outer_min_rows": 32}
 
 
 def split_factor(space, reduced, kind: str) -> int:
@@ -75,7 +73,7 @@ def split_factor(space, reduced, kind: str) -> int:
     if rsize < SPLIT_MIN_R:
         return 1
     inner = (len(space) - 1) in reduced
-    programs = xnumel if inner else -(-xnumel // codegen.OUTER_SPLIT_XBLOCK)
+    programs = xnumel if inner else -(-xnumel // OUTER_SPLIT_XBLOCK)
     if programs >= SPLIT_MAX_PROGRAMS:
         return 1
     limit = min(SPLIT_TARGET_PROGRAMS // max(programs, 1), rsize // SPLIT_MIN_CHUNK)
@@ -292,7 +290,7 @@ def _var(low, a, dims, correction, keepdim, var_meta, mean_meta=None):
 
 
 def _contig(shape):
-    from .lowering import contiguous_stride
+    from .core import contiguous_stride
     return contiguous_stride(shape)
 
 
@@ -309,7 +307,7 @@ def _reshape_like(low, keepdim_tv, meta, dims, space):
             if d is not None:
                 src[d] = v[k]
         return src
-    from .lowering_views import make_view
+    from .views import make_view
     return make_view(low, keepdim_tv, index_fn, name=low.new_name("mean_view"), meta=vmeta)
 
 

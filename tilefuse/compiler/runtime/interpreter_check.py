@@ -31,7 +31,7 @@ import threading
 
 import numpy as np
 
-from .. import config
+from ... import config
 
 _installed = False
 _state = threading.local()  # .launch: the _Launch of the kernel running in this thread (check mode), or None
@@ -90,7 +90,7 @@ def install() -> None:
 
 # ------------------------------------------------------------------------------------------ asserts
 def _patch_asserts(semantic_cls, interpreter) -> None:
-    from .codegen import ASSERT_PREFIX
+    from ..codegen import ASSERT_PREFIX
 
     original = semantic_cls.device_assert
 

@@ -4,7 +4,7 @@ The interpreter (triton 3.6) runs ``tl.reduce`` with a user combine function ele
 (``ReduceOps.generic_reduce``): a softmax row max over 7 x 1000 values takes ~0.3 s, and a quadratic scan of
 7 x 1000 x 1000 a minute. Only Triton's own ``tl.sum``/``tl.max`` have numpy fast paths, and its ``tl.max``
 ignores NaN (``np.nanmax``) where torch propagates it, which is why the generated kernels reduce with the
-combine helpers of primitives.py. :func:`install` adds numpy fast paths for exactly those helpers (found by
+combine helpers of ir/primitives.py. :func:`install` adds numpy fast paths for exactly those helpers (found by
 name; each kernel file carries its own copy), computing what the combine function computes:
 
 * ``_tf_max_combine`` / ``_tf_min_combine``: NaN-propagating max/min (``np.max``/``np.min``);
