@@ -2,7 +2,7 @@
 
 The OpInfo coverage report: how many of PyTorch's OpInfo samples the compiler gets right, per op.
 
-Written by tests/test_compiler_opinfo.py. Each pytest process (each xdist worker, or the one process) writes
+Written by tests/compiler/test_compiler_opinfo.py. Each pytest process (each xdist worker, or the one process) writes
 its own shard, ``<report>.parts/<run id>/<worker>.json``, when its session ends, then merges every shard of
 the run into ``<report>`` under a lock: the last worker to finish leaves the complete report.
 
@@ -14,7 +14,7 @@ summary at the end of the session. test_compiler_opinfo.py loads it (``pytest_pl
 single-process run. Under xdist the controlling process never imports test modules, so for the printed summary
 (and for the two options) load it at start-up too:
 
-    .venv/bin/python -m pytest tests/test_compiler_opinfo.py -n 2 -p tests.opinfo_report [--opinfo-full] \
+    .venv/bin/python -m pytest tests/compiler/test_compiler_opinfo.py -n 2 -p tests.opinfo_report [--opinfo-full] \
         [--opinfo-report PATH]
 
 (``PYTEST_PLUGINS=tests.opinfo_report`` does the same). Without it the JSON is still written.

@@ -14,8 +14,8 @@ Usage (from the repository root, with the project's Python)::
     python tools/mutation_check.py                      # every mutation, the default stages
     python tools/mutation_check.py --list               # the mutations, one a line
     python tools/mutation_check.py --only alpha_on_left permute_inverse
-    python tools/mutation_check.py --stage "tests/test_compiler_operands.py" \\
-        --stage "tests/test_compiler_opinfo.py -k 'add or sub'"   # own stages (each a pytest argument string)
+    python tools/mutation_check.py --stage "tests/compiler/test_compiler_operands.py" \\
+        --stage "tests/compiler/test_compiler_opinfo.py -k 'add or sub'"   # own stages (each a pytest argument string)
     python tools/mutation_check.py --csv build/mutations.csv --timeout 600 --seed 1234
     nohup python tools/mutation_check.py --csv build/mutations.csv > build/mutations.log 2>&1 &
 
@@ -24,7 +24,7 @@ that runs out counts as *timeout*, reported apart); ``--no-baseline`` skips the 
 checks the selection passes; ``--keep`` keeps the temporary copies; ``--python`` picks the interpreter.
 Mutations marked ``equivalent`` (no test can catch them: unreachable code, or no value changes; each says
 why) are skipped unless ``--equivalent`` or ``--only`` names them. The table is printed at the end (mutation,
-result, the first failing test, seconds) and written as CSV with ``--csv``. tests/test_mutation_check.py
+result, the first failing test, seconds) and written as CSV with ``--csv``. tests/tools/test_mutation_check.py
 checks that every mutation's text is still found exactly once, so the list does not rot while the compiler
 changes.
 
@@ -252,13 +252,13 @@ MUTATIONS: tuple[Mutation, ...] = (
       "names a reduced variable, and a root without a reduced position has none in its body"),
 )
 
-FOCUSED = ("tests/test_compiler_operands.py tests/test_compiler_mutants.py tests/test_compiler_indexing.py "
-           "tests/test_compiler_dynamic_backward.py tests/test_compiler_bf16.py tests/test_compiler_extern_backward.py")
+FOCUSED = ("tests/compiler/test_compiler_operands.py tests/compiler/test_compiler_mutants.py tests/compiler/test_compiler_indexing.py "
+           "tests/compiler/test_compiler_dynamic_backward.py tests/compiler/test_compiler_bf16.py tests/compiler/test_compiler_extern_backward.py")
 DEFAULT_STAGES = (
     FOCUSED,
-    "tests/test_compiler_opinfo.py",
-    "tests/test_compiler_models.py tests/test_compiler_online_softmax.py tests/test_compiler_split.py "
-    "tests/test_compiler_reductions_perf.py",
+    "tests/compiler/test_compiler_opinfo.py",
+    "tests/compiler/test_compiler_models.py tests/compiler/test_compiler_online_softmax.py tests/compiler/test_compiler_split.py "
+    "tests/compiler/test_compiler_reductions_perf.py",
 )
 SKIP_DIRS = ("benchmarks/results/",)  # large and not read by the compiler's tests
 

@@ -1,4 +1,4 @@
-"""Cross-compilation of the attention family, run in a child with TILEFUSE_INTERPRET=0 by tests/test_attention.py
+"""Cross-compilation of the attention family, run in a child with TILEFUSE_INTERPRET=0 by tests/kernels/attention/test_attention.py
 (compiling in an interpreting process fails with triton 3.6). A few registered examples, not the whole space:
 the whole space is `tilefuse targets --kernel attention_fwd,...` (the slow matrix test compiles it)."""
 import pytest

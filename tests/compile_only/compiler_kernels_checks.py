@@ -1,7 +1,7 @@
 """Every kernel the compiler writes for the bench graphs (tools/sweep_reductions.plan_backward_kernels, at
 the suite's 32768 x 4096 from fake tensors) builds for sm_90 without local memory and for gfx942, planned for
 each vendor's warp size; the helpers' libdevice (GPU) texts are the ones written, and use the approximate exp
-there. Run in a child process with TILEFUSE_INTERPRET=0 by tests/test_compiler_cross_compile.py:
+there. Run in a child process with TILEFUSE_INTERPRET=0 by tests/compiler/test_compiler_cross_compile.py:
 cross-compiling in an interpreting process fails with triton 3.6."""
 import re
 import sys

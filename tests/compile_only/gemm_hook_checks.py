@@ -2,7 +2,7 @@
 tensors at a small LLM-like size) cross-compile inside the library's GEMM template for sm_90a and gfx942, with
 the GPU texts of their helpers (libdevice), and without spills on sm_90a at the 8-warp 128x128 tile where they
 read at most one full tile besides the accumulator. Run in a
-child process with TILEFUSE_INTERPRET=0 by tests/test_compiler_gemm.py: cross-compiling in an interpreting
+child process with TILEFUSE_INTERPRET=0 by tests/compiler/test_compiler_gemm.py: cross-compiling in an interpreting
 process fails with triton 3.6."""
 import importlib.util
 import sys

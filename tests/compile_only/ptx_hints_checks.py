@@ -1,5 +1,5 @@
 """Cross-compilation checks of the evict-first hint on B's TMA loads (tilefuse.kernels.ptx_hints). Run in a child
-process with TILEFUSE_INTERPRET=0 by tests/test_ptx_hints.py: compiling in an interpreting process fails with
+process with TILEFUSE_INTERPRET=0 by tests/kernels/test_ptx_hints.py: compiling in an interpreting process fails with
 triton 3.6."""
 import re
 

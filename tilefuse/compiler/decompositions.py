@@ -10,7 +10,7 @@ What torch gets wrong for a training graph: a decomposition must return every ou
 AOTAutograd records the op's backward (with the op's outputs as saved values) *before* the decomposition runs
 below it. :data:`EXCLUDED` lists the entries of torch's tables whose outputs differ from the op's; those ops stay
 in the graph as themselves and run as ATen externs, forward and backward alike.
-``tests/test_compiler_decompositions.py`` compares every multi-output entry of the table with its op.
+``tests/compiler/test_compiler_decompositions.py`` compares every multi-output entry of the table with its op.
 
 What torch lacks: on torch builds whose registry has no ``_fused_rms_norm`` decomposition (the op
 ``F.rms_norm`` reaches on CUDA), :func:`_fused_rms_norm` below supplies one.

@@ -15,7 +15,7 @@ in ``t``, fitted for relative error on ``z`` in [0, 10] (our own Lawson-weighted
 before an output. Evaluated in float32 on the interpreter the relative error is
 at most 6e-7 for ``|x| <= 2``, 9e-7 for ``|x| <= 4`` and 5e-6 down to the underflow at ``x = 9.2``, where the
 rounding of ``-z^2`` inside the exp dominates; a GPU's approximate reciprocal and exp add about 2 ulp each
-(tests/test_special.py holds both to 1.5e-6 / 4e-6 / 3e-5 against float64 ``math.erfc``). ``erfc(+inf) = 0``,
+(tests/kernels/test_special.py holds both to 1.5e-6 / 4e-6 / 3e-5 against float64 ``math.erfc``). ``erfc(+inf) = 0``,
 ``erfc(-inf) = 2``, NaN gives NaN.
 
 Two texts of the one function: :func:`erfc_f32_portable` (core ops; the interpreter) and :func:`erfc_f32_fast`

@@ -3,7 +3,7 @@
     out = tilefuse.attention(q, k, v, causal=True)          # q (B, H, Sq, D), k/v (B, H_kv, Sk, D)
 
 Semantics are ``F.scaled_dot_product_attention``'s, with these choices (each tested against a float64
-reference in tests/test_attention.py):
+reference in tests/kernels/attention/test_attention.py):
 
 - **Layout**: q/k/v are read through their strides: a model's (B, S, H, D) projection viewed with
   ``.transpose(1, 2)`` is read with no copy, and the output is laid out like ``q``.

@@ -454,7 +454,7 @@ SPACES = {"nvidia": NVIDIA_SPACE, "amd": AMD_SPACE}
 # their BLOCK_K=64 stages double in bytes. Sized for 4 bytes: BLOCK_K 32 keeps a 128x256 stage at 48 KB (the bf16
 # 128x256x64 stage), so 3 stages fit in 227 KB, 4 with the persistent kernel's fp32 TMA store buffer halved (sub2).
 # Cross-compiled for sm_90a (tf32, NN and NT, plain and bias+gelu): no spills, wgmma m64nNk8 tf32;
-# tests/test_gemm_configs.py keeps that true. Layout matters more than for 2-byte types: tf32 wgmma reads
+# tests/kernels/gemm/test_gemm_configs.py keeps that true. Layout matters more than for 2-byte types: tf32 wgmma reads
 # B K-major only, so with an N-major B (the plain NN case) the pointer kernels' cp.async writes B
 # transposed into shared memory (4-byte copies) while a TMA-loaded B tile goes through registers to be
 # transposed each K step and the wgmma waits for it (ttgir: local_load + local_alloc, pendings=0);

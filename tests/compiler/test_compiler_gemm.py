@@ -1,0 +1,342 @@
+"""The compiler's GEMMs: matmuls lowered to ir.Gemm, run by the library GEMM with the graph's pointwise tail
+fused into its epilogue as a generated hook (scheduler.fuse_epilogues, codegen/kernel_writer.py EpilogueWriter).
+
+Every case runs compiled against eager and a float64 reference (tests/compiler_checks.check_function: outputs
+and, for training cases, every input's gradient), then checks what the compiler made of it from the graph
+reports: which GEMM kernels fused which ATen nodes, and that no matmul stayed an ATen call where a kernel was
+chosen. CPU interpreter, float32 and float16 (and bfloat16 for Linear + GeLU: tilefuse.kernels._interpreter
+widens the interpreter's bf16 dot to float32), sizes <= 129."""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from tilefuse.compiler import records
+from tilefuse.compiler.lowering import gemm as lowering_gemm
+
+from tests import compiler_checks as cc
+from tests.support import noncontiguous, transposed_copy
+
+MATMUL_OPS = ("aten.mm", "aten.addmm", "aten.bmm", "aten.baddbmm")
+
+
+@pytest.fixture(autouse=True)
+def _fresh_dynamo():
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
+
+
+def _reports():
+    return list(records.REPORTS)
+
+
+def gemm_kernels(kind: str | None = None) -> list:
+    return [k for g in _reports() if kind is None or g.kind == kind for k in g.kernels if k.form.startswith("gemm")]
+
+
+def matmul_externs() -> list:
+    return [(node, op, note) for g in _reports() for node, op, _reason, note in g.externs
+            if any(op.startswith(m) for m in MATMUL_OPS)]
+
+
+def assert_fused(what: str, *ops: str, kind: str | None = None) -> None:
+    """A GEMM kernel with an epilogue fuses every one of ``ops`` (ATen op names) in graphs of ``kind``, and no
+    matmul ran as an ATen call."""
+    fused = [k for k in gemm_kernels(kind) if k.form == "gemm+epilogue"]
+    assert fused, f"{what}: no GEMM with a fused epilogue; kernels {[k.name for g in _reports() for k in g.kernels]}"
+    names = " ".join(f for k in fused for f in k.fuses)
+    missing = [op for op in ops if op not in names]
+    assert not missing, f"{what}: the GEMM epilogues fuse {names}, not {missing}"
+    assert not matmul_externs(), f"{what}: matmuls ran in ATen: {matmul_externs()}"
+
+
+def t(*shape, dtype=torch.float32, grad=False):
+    x = torch.randn(*shape, dtype=dtype)
+    return x.requires_grad_() if grad else x
+
+
+def gelu_tanh(x):
+    return F.gelu(x, approximate="tanh")
+
+
+# ------------------------------------------------------------------------------ epilogue forms
+OTHER = {torch.float32: torch.float16, torch.float16: torch.float32, torch.float64: torch.float16}  # float64: the reference
+EPILOGUES = {
+    "bias": (lambda x, w, b, r: F.linear(x, w, b), ("addmm",)),
+    "gelu": (lambda x, w, b, r: F.gelu(F.linear(x, w, b)), ("erf",)),
+    "gelu_tanh": (lambda x, w, b, r: gelu_tanh(x @ w.t() + b), ("tanh",)),
+    "silu": (lambda x, w, b, r: F.silu(x @ w.t()), ("sigmoid",)),
+    "relu": (lambda x, w, b, r: torch.relu(F.linear(x, w, b)), ("relu",)),
+    "relu_squared": (lambda x, w, b, r: torch.relu(x @ w.t()).square(), ("relu", "pow")),
+    "residual": (lambda x, w, b, r: F.linear(x, w, b) + r, ("add",)),
+    "scale_residual": (lambda x, w, b, r: (x @ w.t()) * 0.125 + 2.0 * r, ("mul", "add")),
+    "sigmoid_gate": (lambda x, w, b, r: torch.sigmoid(x @ w.t()) * r, ("sigmoid", "mul")),
+    "scalar_and_column": (lambda x, w, b, r: torch.relu(x @ w.t()) * r[0, 0] + r[:, :1], ("relu", "mul", "add")),
+    "cast": (lambda x, w, b, r: F.linear(x, w, b).to(OTHER[x.dtype]).to(x.dtype) * 1.5, ("_to_copy",)),
+}
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=["fp32", "fp16"])
+@pytest.mark.parametrize("form", sorted(EPILOGUES))
+def test_epilogue_forms(form, dtype):
+    fn, ops = EPILOGUES[form]
+    M, K, N = 7, 33, 19
+    args = (t(M, K, dtype=dtype), t(N, K, dtype=dtype), t(N, dtype=dtype), t(M, N, dtype=dtype))
+    cc.check_function(fn, *args, what=form, backward=False)
+    assert_fused(form, *ops)
+
+
+def test_several_outputs_from_one_epilogue():
+    """The pre-activation (returned too) and the activation from one GEMM epilogue: the hook stores the extra
+    output through a slot, the GEMM stores the other."""
+    def fn(x, w, b):
+        h = F.linear(x, w, b)
+        return h, F.gelu(h), torch.tanh(h) * 3.0
+    cc.check_function(fn, t(9, 17), t(13, 17), t(13), what="three outputs", backward=False)
+    fused = [k for k in gemm_kernels() if k.form == "gemm+epilogue"]
+    assert fused and len(fused[0].stores) == 3, f"stores {[k.stores for k in fused]}"
+    assert not matmul_externs()
+
+
+# ------------------------------------------------------------------------------ sizes and layouts
+@pytest.mark.parametrize("M,K,N", [(1, 7, 129), (129, 1, 7), (7, 129, 1), (129, 7, 129)])
+def test_odd_sizes(M, K, N):
+    fn = lambda x, w, b: F.silu(F.linear(x, w, b))  # noqa: E731
+    cc.check_function(fn, t(M, K), t(N, K), t(N), what=f"{M}x{K}x{N}", backward=False)
+    assert_fused(f"{M}x{K}x{N}", "sigmoid")
+
+
+LAYOUTS = {
+    "a transposed": (lambda a, b: torch.relu(a.t() @ b), lambda: (transposed_copy(torch.randn(7, 33)), t(7, 19))),
+    "b transposed": (lambda a, b: torch.relu(a @ b.t()), lambda: (t(7, 33), t(19, 33))),
+    "both transposed": (lambda a, b: torch.relu(a.t() @ b.t()), lambda: (t(33, 7), t(19, 33))),
+    "sliced columns": (lambda a, b: torch.relu(a[:, 1:34] @ b[2:]), lambda: (t(7, 40), t(35, 19))),
+    "every other row": (lambda a, b: torch.relu(a[::2] @ b), lambda: (t(13, 33), t(33, 19))),
+    "noncontiguous": (lambda a, b: torch.relu(a @ b), lambda: (noncontiguous(torch.randn(7, 33)), t(33, 19))),
+}
+
+
+@pytest.mark.parametrize("layout", sorted(LAYOUTS))
+def test_transposed_and_sliced_operands(layout):
+    fn, make = LAYOUTS[layout]
+    cc.check_function(fn, *make(), what=layout, backward=False)
+    assert_fused(layout, "relu")
+
+
+def test_bmm_and_baddbmm():
+    def fn(a, b, c):
+        return torch.softmax(torch.baddbmm(c, a, b, beta=0.5, alpha=2.0), -1) @ b.transpose(1, 2)
+    cc.check_function(fn, t(3, 7, 16, grad=True), t(3, 16, 9, grad=True), t(3, 7, 9, grad=True), what="bmm")
+    assert gemm_kernels("forward") and not matmul_externs(), matmul_externs()
+
+
+def test_dynamic_m():
+    """Batch x sequence changes: one compiled graph, planned per size; every size is right."""
+    w, b = t(19, 33), t(19)
+    fn = lambda x, w, b: F.gelu(F.linear(x, w, b))  # noqa: E731
+    cfn = cc.compiled(fn, dynamic=True)
+    cc.reset()
+    for m in (5, 9, 17):
+        x = t(m, 33)
+        cc.assert_matches(f"M={m}", cfn(x, w, b), fn(x, w, b), fn(x.double(), w.double(), b.double()))
+    assert_fused("dynamic M", "erf")
+
+
+# ------------------------------------------------------------------------------ models: forward and backward
+# bf16 too: the interpreter's bf16 dot is widened to fp32 (tilefuse.kernels._interpreter), so the library GEMM
+# is right there as well
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=["fp32", "fp16", "bf16"])
+def test_linear_bias_gelu_training(dtype):
+    def fn(x, w, b):
+        return F.gelu(F.linear(x, w, b))
+    cc.check_function(fn, t(9, 33, dtype=dtype, grad=True), t(17, 33, dtype=dtype, grad=True),
+                      t(17, dtype=dtype, grad=True), what="linear+gelu")
+    assert_fused("linear+gelu forward", "addmm", "erf", kind="forward")
+    # the backward's grad @ W and x^T @ grad run on the library GEMM, read through strides
+    assert len(gemm_kernels("backward")) >= 2, [k.name for k in gemm_kernels("backward")]
+
+
+def swiglu(x, w1, w3, w2):
+    return (F.silu(x @ w1.t()) * (x @ w3.t())) @ w2.t()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=["fp32", "fp16"])
+def test_swiglu_ffn(dtype):
+    args = (t(7, 16, dtype=dtype, grad=True), t(24, 16, dtype=dtype, grad=True), t(24, 16, dtype=dtype, grad=True),
+            t(16, 24, dtype=dtype, grad=True))
+    cc.check_function(swiglu, *args, what="swiglu")
+    assert_fused("swiglu forward", "sigmoid", "mul", kind="forward")
+
+
+class Block(torch.nn.Module):
+    """A transformer block's projections: q, k, v and o around attention, and an MLP, with residuals."""
+
+    def __init__(self, d=32, heads=4):
+        super().__init__()
+        self.heads = heads
+        # no bias on k: softmax is invariant to it, so its gradient is 0 and has no relative error to check
+        self.q, self.k, self.v, self.o = (torch.nn.Linear(d, d, bias=(n != "k")) for n in "qkvo")
+        self.norm = torch.nn.LayerNorm(d)
+        self.up, self.down = torch.nn.Linear(d, 2 * d), torch.nn.Linear(2 * d, d)
+
+    def forward(self, x):
+        B, S, D = x.shape
+        h = self.norm(x)
+        q, k, v = (p(h).view(B, S, self.heads, -1).transpose(1, 2) for p in (self.q, self.k, self.v))
+        att = torch.softmax(q @ k.transpose(-1, -2) * (q.shape[-1] ** -0.5), -1) @ v
+        x = x + self.o(att.transpose(1, 2).reshape(B, S, D))
+        return x + self.down(F.gelu(self.up(x)))
+
+
+def test_transformer_block_projections():
+    torch.manual_seed(0)
+    block = Block()
+    x = t(2, 7, 32, grad=True)
+    params = dict(block.named_parameters())
+
+    def fn(x, *ps):
+        return torch.func.functional_call(block, dict(zip(params, ps)), (x,))
+    cc.check_function(fn, x, *[p.detach().clone().requires_grad_() for p in params.values()], what="block")
+    assert_fused("block forward", "add", kind="forward")
+
+
+# ------------------------------------------------------------------------------ explain and fallbacks
+def test_explain_shows_gemm_kernels_and_the_reason_for_an_aten_matmul():
+    def fn(x, w, y, v):
+        return F.gelu(x @ w) + 1.0, (y @ v) * 2.0
+    x, w = t(7, 9), t(9, 5)
+    y, v = torch.randn(7, 9, dtype=torch.float64), torch.randn(9, 5, dtype=torch.float64)
+    import tilefuse
+
+    text = str(tilefuse.explain(fn, x, w, y, v))
+    assert "gemm+epilogue" in text and "aten.mm" in text, text
+    assert "the library GEMM takes float16/bfloat16/float32" in text, text  # the float64 matmul's reason
+    assert text.count("\n  extern ") == 1, text
+
+
+def test_switch_off_keeps_matmuls_in_aten(monkeypatch):
+    monkeypatch.setitem(lowering_gemm.GEMM, "enabled", False)
+    fn = lambda x, w: torch.relu(x @ w)  # noqa: E731
+    cc.check_function(fn, t(7, 9), t(9, 5), what="off", backward=False)
+    assert not gemm_kernels() and matmul_externs() and "GEMM lowering is off" in matmul_externs()[0][2]
+
+
+def test_epilogue_legality_declines_a_transposed_read():
+    """A consumer that reads the product transposed cannot run in the tile's epilogue: the GEMM stores its
+    output and the consumer is its own kernel (and the result is still right)."""
+    fn = lambda x, w: torch.relu(x @ w).t() + torch.ones(5, 7)  # noqa: E731
+    cc.check_function(fn, t(7, 9), t(9, 5), what="transposed read", backward=False)
+    assert gemm_kernels() and not matmul_externs()
+
+
+def test_epilogue_choice_is_the_fused_template_on_the_interpreter():
+    from tilefuse.kernels.gemm import fusion_choice
+
+    assert fusion_choice.epilogue_choice((7, 9), (9, 1), (9, 5), (5, 1), torch.float32, 0) == "fused"
+    assert [fusion_choice.m_class(m) for m in (1, 16, 17, 8192, 8193)] == [16, 16, 32, 8192, 16384]
+
+
+@pytest.mark.gpu
+def test_epilogue_choice_on_a_gpu_is_timed_and_cached(tmp_path):
+    """On a GPU the tuner times the fused template against cuBLAS + a separate epilogue pass once per
+    (shape class, dtype, layout, epilogue size) and stores the decision on disk."""
+    from tilefuse import config
+    from tilefuse.kernels.gemm import fusion_choice
+
+    with config.override(cache_dir=tmp_path, autotune=True):
+        fusion_choice._epilogue_memo.clear()
+        shape = ((4096, 4096), (4096, 1), (4096, 4096), (4096, 1))
+        first = fusion_choice.epilogue_choice(*shape, torch.bfloat16, 4096 * 2)
+        assert first in ("fused", "split")
+        files = list((tmp_path / "tuning" / "gemm_epilogue").glob("*.json"))
+        assert len(files) == 1
+        fusion_choice._epilogue_memo.clear()
+        assert fusion_choice.epilogue_choice(*shape, torch.bfloat16, 4096 * 2) == first  # from disk
+
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+def test_gemm_graphs_on_the_gpu(dtype):
+    """Linear + bias + GeLU and a SwiGLU FFN, forward and backward, at a GPU size: right against float32, and
+    every matmul on a tilefuse GEMM (the fused template or, where the tuner chose it, cuBLAS + the tail's own
+    kernel)."""
+    dev = "cuda"
+
+    def g(*shape):
+        return (torch.randn(*shape, device=dev, dtype=dtype) * shape[-1] ** -0.5).requires_grad_()
+    cc.check_function(lambda x, w, b: F.gelu(F.linear(x, w, b)), g(1000, 512), g(1536, 512), g(1536),
+                      what="linear+gelu gpu")
+    assert gemm_kernels("forward") and not matmul_externs(), matmul_externs()
+    cc.check_function(swiglu, g(1000, 512), g(1536, 512), g(1536, 512), g(512, 1536), what="swiglu gpu")
+    assert gemm_kernels("backward") and not matmul_externs(), matmul_externs()
+
+
+def test_explain_says_why_a_consumer_was_not_fused():
+    import tilefuse
+
+    fn = lambda x, w: torch.relu(x @ w).t() + torch.ones(5, 7)  # noqa: E731
+    text = str(tilefuse.explain(fn, t(7, 9), t(9, 5)))
+    assert "not fused: " in text and "at another element" in text, text
+
+
+def test_generated_hooks_cross_compile_for_sm90a_and_gfx942():
+    """tests/compile_only/gemm_hook_checks.py in a child that is not on the interpreter: the hooks the compiler
+    writes for the bench's Linear+GeLU and SwiGLU graphs build inside the library GEMM for both vendors."""
+    import os
+    import re
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    here = Path(__file__).resolve().parents[1]  # tests/
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env.update(TILEFUSE_INTERPRET="0", PYTHONPATH=str(here.parent))
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                           str(here / "compile_only" / "gemm_hook_checks.py")],
+                          capture_output=True, text=True, env=env, cwd=here.parent, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
+    assert re.search(r"\b4 passed", proc.stdout) and "failed" not in proc.stdout, proc.stdout[-2000:]
+
+
+def test_split_choice_leaves_the_tail_to_its_own_kernel(monkeypatch):
+    """Where the tuner chooses cuBLAS + a separate epilogue kernel (a GPU decision, forced here), the GEMM runs
+    alone and its tail is an ordinary generated kernel; the result is the same and explain says why."""
+    from tilefuse.kernels.gemm import fusion_choice
+
+    monkeypatch.setattr(fusion_choice, "epilogue_choice", lambda *a, **k: "split")
+    fn = lambda x, w, b: F.gelu(F.linear(x, w, b))  # noqa: E731
+    cc.check_function(fn, t(7, 33, grad=True), t(19, 33, grad=True), t(19, grad=True), what="split")
+    assert gemm_kernels() and not [k for k in gemm_kernels() if k.form == "gemm+epilogue"]
+    assert any("tuner chose cuBLAS" in k.name for k in gemm_kernels()), [k.name for k in gemm_kernels()]
+
+
+GEMM_OPINFO = ("mm", "addmm", "bmm", "baddbmm", "matmul", "nn.functional.linear")
+OPINFO_PER_OP = 6  # samples an op at most (CI time: ~1 s a sample on the interpreter); all of them pass
+
+
+def _opinfo_samples():
+    from . import test_compiler_opinfo as coverage  # loads op_db (with its expecttest stand-in)
+
+    out = []
+    for op in coverage.OP_DB:
+        if op.name in GEMM_OPINFO and not op.variant_test_name:
+            samples = list(op.sample_inputs("cpu", torch.float32, requires_grad=True))
+            step = -(-len(samples) // OPINFO_PER_OP)  # every step-th: matmul's 15 and linear's 18 forms, spread
+            for k in range(0, len(samples), step):
+                out.append(pytest.param(op, samples[k], id=f"{op.name}-{k}"))
+    return out
+
+
+@pytest.mark.parametrize("op,sample", _opinfo_samples())
+def test_opinfo_matmul_samples(op, sample):
+    """PyTorch's own OpInfo samples of the matmul ops (broadcast batches, 1-D operands, empty dims, transposed
+    strides, alpha/beta), forward and backward in strict mode: a GEMM the library takes, or an ATen call by
+    design with a note; never a wrong answer."""
+    kwargs = sample.kwargs
+
+    def fn(*args):
+        return op(*args, **kwargs)
+    cc.check_function(fn, sample.input, *sample.args, what=op.name)

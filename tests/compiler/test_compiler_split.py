@@ -1,0 +1,127 @@
+"""Split reductions (lowering/reductions.py, split_factor): a reduction with few outputs and long rows becomes two
+kernels, partials over row chunks then the partials' reduction. On the GPU this is what makes a layer norm's
+backward (its weight and bias gradients are column sums over every row) use the whole machine; here the
+thresholds are lowered so the interpreter's small shapes take the same path, and every result is held to a
+float64 reference."""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from tilefuse.compiler.lowering import reductions as LR
+
+from tests.compiler_checks import reset, stats, strict
+from tests.support import assert_close, noncontiguous
+
+
+@pytest.fixture
+def small_split(monkeypatch):
+    """Thresholds for interpreter-sized shapes: rows of 64 and more split, into chunks of at least 16."""
+    monkeypatch.setattr(LR, "SPLIT_MIN_R", 64)
+    monkeypatch.setattr(LR, "SPLIT_MIN_CHUNK", 16)
+    monkeypatch.setattr(LR, "SPLIT_TARGET_PROGRAMS", 8)
+    reset()
+    yield
+    torch._dynamo.reset()
+
+
+def test_split_factor_of_the_benchmark_shapes():
+    # layer norm's weight gradient at 32768 x 4096: 256 chunks of 128 rows (the tuning table's
+    # split_outer_chunks: enough programs when the first stage runs in the row kernel, one per chunk)
+    assert LR.split_factor((32768, 4096), (0,), "sum") == 256
+    # a row reduction with many rows, or a short reduction, is left alone
+    assert LR.split_factor((32768, 4096), (1,), "sum") == 1
+    assert LR.split_factor((64, 4096), (0,), "sum") == 1
+    # a full reduction of a large tensor: one program would read it all
+    assert LR.split_factor((32768, 4096), (0, 1), "sum") == 1024
+    # argmax keeps its (value, index) pairs in one pass
+    assert LR.split_factor((32768, 4096), (0,), "argmax") == 1
+
+
+@pytest.mark.parametrize("case", ["sum_all", "sum_cols_keepdim", "amax_cols", "any_cols", "sum_two_dims", "var_cols",
+                                  "prod_cols", "sum_transposed"])
+def test_split_reductions_match_float64(small_split, case):
+    g = torch.Generator().manual_seed(7)
+    x = torch.randn(301, 67, generator=g)
+    fns = {
+        "sum_all": (lambda t: t.sum(), x),
+        "sum_cols_keepdim": (lambda t: t.sum(0, keepdim=True), x),
+        "amax_cols": (lambda t: t.amax(0), x),
+        "any_cols": (lambda t: (t > 2.5).any(0), x),
+        "sum_two_dims": (lambda t: t.sum((0, 1)), torch.randn(13, 11, 7, generator=g)),
+        "var_cols": (lambda t: t.var(0), x),
+        "prod_cols": (lambda t: (1 + t * 1e-2).prod(0), x),
+        "sum_transposed": (lambda t: t.t().sum(1), noncontiguous(x)[:, :3]),
+    }
+    fn, arg = fns[case]
+    with strict():
+        out = torch.compile(fn, backend="tilefuse")(arg)
+    ref = fn(arg.double())
+    assert out.shape == ref.shape
+    if out.dtype == torch.bool:
+        assert torch.equal(out, ref)
+    else:
+        assert_close(out, ref, torch.float32)
+    assert int(stats()["kernels"]) >= 2, "the reduction was not split into two kernels"
+
+
+def test_layer_norm_gelu_backward_with_split_column_sums(small_split):
+    g = torch.Generator().manual_seed(11)
+    rows, cols = 301, 67
+    x = noncontiguous(torch.randn(rows, cols, generator=g)).requires_grad_()
+    w = torch.randn(cols, generator=g).requires_grad_()
+    b = torch.randn(cols, generator=g).requires_grad_()
+    dy = torch.randn(rows, cols, generator=g)
+
+    def f(x, w, b):
+        return F.gelu(F.layer_norm(x, (cols,), w, b, 1e-5))
+
+    with strict():
+        out = torch.compile(f, backend="tilefuse")(x, w, b)
+        grads = torch.autograd.grad(out, (x, w, b), dy)
+    x64, w64, b64 = (t.detach().double().requires_grad_() for t in (x, w, b))
+    ref = f(x64, w64, b64)
+    ref_grads = torch.autograd.grad(ref, (x64, w64, b64), dy.double())
+    assert_close(out, ref, torch.float32)
+    for name, got, want in zip(("x", "weight", "bias"), grads, ref_grads):
+        assert_close(got, want, torch.float32, what=f"grad {name}")
+
+
+@pytest.mark.parametrize("looped", [False, True], ids=["persistent", "looped"])
+def test_residual_sum_output_and_its_norm_in_one_kernel(monkeypatch, looped):
+    """h = x + r is an output and the layer norm's input: one kernel writes both (Inductor's fusion)."""
+    from tilefuse.compiler import codegen
+    from tilefuse.compiler.codegen import kernel_writer
+
+    if looped:
+        monkeypatch.setattr(kernel_writer, "INTERP_PERSISTENT_MAX_R", 64)
+    reset()
+    g = torch.Generator().manual_seed(5)
+    x, r = torch.randn(33, 257, generator=g), noncontiguous(torch.randn(33, 257, generator=g))
+    w, b = torch.randn(257, generator=g), torch.randn(257, generator=g)
+
+    def f(x, r, w, b):
+        h = x + r
+        return h, F.layer_norm(h, (257,), w, b, 1e-5)
+
+    with strict():
+        h, y = torch.compile(f, backend="tilefuse")(x, r, w, b)
+    h64, y64 = f(x.double(), r.double(), w.double(), b.double())
+    assert_close(h, h64, torch.float32, what="h")
+    assert_close(y, y64, torch.float32, what="norm")
+    assert int(stats()["kernels"]) == 1
+    reset()
+
+
+def test_split_half_sum_rounds_only_its_result(small_split):
+    """Fuzzer finding: stage 2 rounded each float32 partial to the output's bfloat16 before summing them, so a
+    split bfloat16 column sum was up to 13 ulps off (eager accumulates in float32 and rounds once). Every
+    output is now within one bfloat16 rounding of the exact sum."""
+    g = torch.Generator().manual_seed(7)
+    x = torch.randn(301, 67, generator=g).to(torch.bfloat16)
+    fn = lambda t: (t * 3).sum(0)  # noqa: E731
+    with strict():
+        out = torch.compile(fn, backend="tilefuse")(x)
+    exact = (x * 3).double().sum(0)  # of eager's bfloat16 products
+    assert ((out.double() - exact).abs() <= exact.abs() * 2.0**-8 + 1e-6).all(), (out.double() - exact).abs().max()

@@ -1,0 +1,126 @@
+"""The direct launcher (tilefuse.kernels.launcher): what runs on the CPU. The GPU path (a kept kernel called
+through its C launcher) is tested on the H200 by tests/compiler/test_compiler_gpu.py and the GEMM plan tests."""
+from __future__ import annotations
+
+import pytest
+import torch
+import triton
+import triton.language as tl
+
+from tilefuse.kernels import launcher
+
+
+@triton.jit
+def _axpy(x_ptr, y_ptr, out_ptr, n, alpha, BLOCK: tl.constexpr):
+    i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    m = i < n
+    tl.store(out_ptr + i, alpha * tl.load(x_ptr + i, m) + tl.load(y_ptr + i, m), m)
+
+
+def test_site_launcher_runs_through_the_jit_on_the_interpreter():
+    n = 1000
+    site = launcher.SiteLauncher(_axpy, (triton.cdiv(n, 256),), {}, {"BLOCK": 256})
+    for _ in range(2):
+        x, y = torch.randn(n), torch.randn(n)
+        out = torch.full((n,), float("nan"))
+        site(x, y, out, n, 2.5)
+        torch.testing.assert_close(out, 2.5 * x + y)
+    assert site.direct is None  # nothing compiled to keep on the interpreter
+
+
+def test_site_launcher_rejects_constexprs_that_are_not_trailing():
+    with pytest.raises(ValueError, match="trailing"):
+        launcher.SiteLauncher(_axpy, (1,), {}, {"n": 4})
+
+
+def test_int_class_is_what_triton_specialises_on():
+    assert launcher._int_class(1) == (True, False, True)
+    assert launcher._int_class(4096) == (False, True, True)
+    assert launcher._int_class(4097) == (False, False, True)
+    assert launcher._int_class(2 ** 31) == (False, True, False)
+    assert launcher._int_class(16) != launcher._int_class(17)
+
+
+class CudaLauncher:  # the name the direct form is chosen by
+    def __init__(self):
+        self.calls = []
+        self.launch_cooperative_grid, self.launch_pdl = False, True
+        self.global_scratch_size, self.global_scratch_align = 0, 1
+        self.profile_scratch_size, self.num_ctas = 0, 1
+
+    def launch(self, *args):
+        self.calls.append(args)
+
+
+class _Compiled:
+    def __init__(self):
+        self.run, self.function, self.packed_metadata = CudaLauncher(), 1234, ("meta",)
+
+
+def test_direct_passes_grid_stream_function_and_arguments_in_the_launcher_order(monkeypatch):
+    monkeypatch.setattr(triton, "__version__", "3.6.0")
+    compiled = _Compiled()
+    d = launcher.Direct(compiled, (7, 2), -1)
+    assert not d.via_run
+    d.launch(99, [111, 222, 5, 256])
+    (call,) = compiled.run.calls
+    assert call[:5] == (7, 2, 1, 99, 1234)
+    assert call[5:10] == (0, 1, None, None, ("meta",))  # cooperative, pdl, scratch, profile scratch, metadata
+    assert call[10:13] == (None, None, None)
+    assert call[13:] == (111, 222, 5, 256)
+
+
+def test_direct_expands_tensor_descriptors_itself_and_keeps_their_tensor_maps(monkeypatch):
+    """A kernel with descriptor parameters: Triton wraps its C launcher to encode each descriptor at every
+    launch. Direct keeps the launcher under the wrapper, expands the descriptors in place itself, and encodes
+    a (position, address, shape, strides) once."""
+    from triton.backends.nvidia import driver as nv
+
+    from tilefuse.kernels.gemm.launching import HostDescriptor
+
+    monkeypatch.setattr(triton, "__version__", "3.6.0")
+    encoded = []
+
+    def fake_encode(desc, meta):
+        encoded.append((desc.base.data_ptr(), meta["block"]))
+        return [f"map{len(encoded)}", *desc.shape, *desc.strides]
+
+    monkeypatch.setattr(nv, "make_tensordesc_arg", fake_encode)
+    compiled = _Compiled()
+    raw = compiled.run.launch
+    signature = {0: "*bf16", 1: "tensordesc<bf16[64, 64]>", 2: "i32", 3: "tensordesc<bf16[64, 32]>", 4: "constexpr"}
+    compiled.run.launch = nv.wrap_handle_tensordesc(raw, signature, [{"block": 64}, {"block": 32}])
+    d = launcher.Direct(compiled, (4,), -1)
+    assert d.fn is raw and [p for p, _ in d.desc_pos] == [1, 3]
+    x, y, z = torch.zeros(64, 64), torch.zeros(64, 32), torch.zeros(64, 32)
+    for second in (y, y, z):
+        d.launch(5, [111, HostDescriptor(x, (64, 64), (64, 1)), 7, HostDescriptor(second, (64, 32), (32, 1)), 16])
+    assert [c[13:] for c in compiled.run.calls] == [
+        (111, "map1", 64, 64, 64, 1, 7, "map2", 64, 32, 32, 1, 16),
+        (111, "map1", 64, 64, 64, 1, 7, "map2", 64, 32, 32, 1, 16),  # both kept
+        (111, "map1", 64, 64, 64, 1, 7, "map3", 64, 32, 32, 1, 16)]  # a new address: encoded again
+    assert encoded == [(x.data_ptr(), 64), (y.data_ptr(), 32), (z.data_ptr(), 32)]
+
+
+def test_direct_uses_the_launchers_own_call_on_other_triton_versions(monkeypatch):
+    monkeypatch.setattr(triton, "__version__", "3.7.0")
+    d = launcher.Direct(_Compiled(), (3,), -1)
+    assert d.via_run
+
+
+def test_no_launch_hook_is_installed_until_a_profiler_adds_one():
+    """Triton 3.6 keeps an (empty) HookChain in each launch-hook knob: an empty chain is no hook. (Reading
+    "not None" as "installed" sent every launch through the JIT: 35 us a GEMM launch on the H200
+    (docs/decisions/020-gemm-launch-host-time.md).)"""
+    assert not launcher.hooks_installed()
+
+    def hook(metadata):
+        pass
+
+    chain = launcher.RUNTIME.launch_enter_hook
+    chain.add(hook)
+    try:
+        assert launcher.hooks_installed()
+    finally:
+        chain.remove(hook)
+    assert not launcher.hooks_installed()
