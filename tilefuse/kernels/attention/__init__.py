@@ -42,12 +42,15 @@ length split across programs, a second kernel combining the partial results by t
 from __future__ import annotations
 
 from . import configs, targets  # noqa: F401  (targets: registers the kernels with tilefuse.targets)
-from .api import AttentionFunction, attention, attention_with_lse, supports  # noqa: F401
+from .api import (AttentionFunction, AttentionVarlenFunction, attention, attention_varlen,  # noqa: F401
+                  attention_varlen_with_lse, attention_with_lse, supports)
 from .checks import DTYPES, MAX_HEAD_DIM, Params, check_arguments  # noqa: F401
 from .launch import Plan, backward, dropout_mask, forward, lse_natural, plan_forward  # noqa: F401
 
-__all__ = ["attention", "attention_with_lse", "AttentionFunction", "supports", "dropout_mask",
-           "register_transformers"]
+from .varlen import dropout_mask_varlen  # noqa: F401
+
+__all__ = ["attention", "attention_with_lse", "attention_varlen", "attention_varlen_with_lse", "AttentionFunction",
+           "AttentionVarlenFunction", "supports", "dropout_mask", "dropout_mask_varlen", "register_transformers"]
 
 
 def register_transformers(name: str = "tilefuse") -> str:
