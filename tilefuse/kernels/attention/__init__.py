@@ -33,6 +33,17 @@ reference in tests/test_attention.py):
   dK/dV are summed over the group inside one program (no atomics).
 - **deterministic**: the backward computes dQ in its own pass instead of fp32 atomics: bitwise equal runs.
 - Gradients flow to q, k and v; ``mask`` and ``alibi`` get none (a mask that requires grad is refused).
+- **Packed variable-length sequences** (:mod:`.varlen`, FlashAttention's ``varlen`` form)::
+
+      out = tilefuse.attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal=True)
+
+  q (total_q, H, D), k/v (total_k, H_kv, D), int32 cumulative lengths (batch + 1,). Each sequence attends
+  within itself, every option above applying per sequence with indices counted from its start (``causal=True``
+  top-left per sequence as above, ``"bottom_right"`` aligns each sequence's last query with its last key;
+  ALiBi slopes (H,) or (batch, H); dropout streams per (sequence, head)); no ``mask``. Zero-length sequences
+  give nothing (no query) or zero rows (no key). ``check_seqlens=True`` reads the lengths on the host once (a
+  sync on a GPU) to check them; False trusts them. The same kernels with a constexpr VARLEN switch, prefill
+  form only (no split-KV decode form).
 
 dtypes float16 / bfloat16 / float32 (fp32 accumulation; fp32 matmuls are tf32 when
 ``torch.backends.cuda.matmul.allow_tf32`` is set), head dims 1..256 (padded to a power of two, masked).

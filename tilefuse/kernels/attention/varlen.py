@@ -220,13 +220,13 @@ def forward_varlen(q, k, v, cu_q, cu_k, vp: VarlenParams, alibi=None, config=Non
     """(out, lse2): ``out`` like ``q`` (total_q, H, D); ``lse2`` (H, total_q) fp32 in log2 units (-inf for
     rows with nothing visible). Without a ``config``, tuned on a GPU as the non-varlen forward is."""
     p = vp.params
-    if config is None:
-        config = tuning.choose(tuning.key_of("fwd_varlen", p, q.dtype, block_d(p.D)), kernel_space("fwd", p.D, q.dtype),
-                               lambda c: forward_varlen(q, k, v, cu_q, cu_k, vp, alibi, c))
     out = torch.empty_like(q)
     lse2 = torch.empty((p.H, vp.total_q), dtype=torch.float32, device=q.device)
     if vp.total_q == 0 or p.Sq == 0:
         return out, lse2
+    if config is None:
+        config = tuning.choose(tuning.key_of("fwd_varlen", p, q.dtype, block_d(p.D)), kernel_space("fwd", p.D, q.dtype),
+                               lambda c: forward_varlen(q, k, v, cu_q, cu_k, vp, alibi, c))
     a, as_ = _alibi_args(q, alibi)
     tiles = triton.cdiv(vp.total_k, config.block_n) + 1  # one split: more than any sequence's key tiles
     attn_fwd_kernel[(triton.cdiv(p.Sq, config.block_m), p.B * p.H, 1)](
@@ -243,15 +243,15 @@ def backward_varlen(do, q, k, v, out, lse2, cu_q, cu_k, vp: VarlenParams, alibi=
                     dq_config=None, atomic_dq: bool | None = None):
     """(dq, dk, dv), each like its input: the dQ forms and their choice are :func:`launch.backward`'s."""
     p = vp.params
-    if atomic_dq is None:
-        atomic_dq = False if p.deterministic else tuning.choose_form(
-            tuning.key_of("bwd_form_varlen", p, q.dtype, block_d(p.D)),
-            lambda atomic: backward_varlen(do, q, k, v, out, lse2, cu_q, cu_k, vp, alibi, atomic_dq=atomic))
-    elif atomic_dq and p.deterministic:
+    if atomic_dq and p.deterministic:
         raise ValueError("atomic_dq=True contradicts deterministic=True (atomics make the sum order vary)")
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
     if vp.total_q == 0 or vp.total_k == 0 or p.Sq == 0 or p.Sk == 0:
         return dq.zero_(), dk.zero_(), dv.zero_()
+    if atomic_dq is None:
+        atomic_dq = False if p.deterministic else tuning.choose_form(
+            tuning.key_of("bwd_form_varlen", p, q.dtype, block_d(p.D)),
+            lambda atomic: backward_varlen(do, q, k, v, out, lse2, cu_q, cu_k, vp, alibi, atomic_dq=atomic))
     if dkdv_config is None or (not atomic_dq and dq_config is None):
         dkdv_config, dq_config = _tuned_backward_configs(do, q, k, v, out, lse2, cu_q, cu_k, vp, alibi, dkdv_config,
                                                          dq_config, atomic_dq)
