@@ -107,6 +107,8 @@ CASES = [
     ("causal-gqa-sq!=sk", [7, 0, 40, 33], [20, 5, 33, 65], (4, 2, 32), F16, {"causal": True}),
     ("causal-bottom-right-sq>sk", [7, 33, 1, 9], [40, 10, 1, 0], (2, 1, 32), F32, {"causal": "bottom_right"}),
     ("window", [129, 7, 0, 1], None, (2, 2, 64), F16, {"window": (8, 4)}),
+    ("window-bottom-right", [20, 7, 1, 9], [40, 7, 30, 3], (2, 1, 32), F16,
+     {"window": (6, None), "causal": "bottom_right"}),
     ("window-causal-softcap-alibi-mqa", [65, 1, 30], [65, 9, 40], (4, 1, 32), F32,
      {"window": (20, None), "causal": True, "softcap": 3.0, "alibi": "BH", "scale": 0.3}),
     ("alibi-bottom-right-fp16", [33, 5], [70, 5], (2, 2, 32), F16, {"alibi": "H", "causal": "bottom_right"}),
