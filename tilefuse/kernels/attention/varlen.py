@@ -6,7 +6,7 @@ cu_seqlens_k[b+1]-1``. Each sequence attends only within itself; every score opt
 per sequence, with query and key indices counted from the sequence's start (ALiBi distances, the band,
 ``score_mod``'s ``q_idx``/``k_idx``; its ``b`` is the sequence index).
 
-The kernels are the family's own with the constexpr VARLEN switch (:mod:`.kernels`): the grid's batch axis
+The kernels are the family's own with the constexpr VARLEN switch (:mod:`.kernels`; decision 031): the grid's batch axis
 runs over the sequences and its row axis over ``max_seqlen_q`` (``max_seqlen_k`` for dK/dV); a program past
 its sequence's end returns at once. The prefill form only: no split-KV decode form and no packed GQA rows.
 
