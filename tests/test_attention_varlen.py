@@ -229,6 +229,8 @@ BAD = [
     (dict(k=torch.randn(12, 2, 16), v=torch.randn(12, 2, 16)), ValueError, "head dims differ"),
     (dict(k=torch.randn(12, 3, 32), v=torch.randn(12, 3, 32)), ValueError, "kv heads must divide"),
     (dict(v=torch.randn(11, 2, 32)), ValueError, "k and v must have one shape"),
+    (dict(q=torch.randn(1, 2, 32).expand(2 ** 29, 2, 32)), ValueError,
+     "q packs 536870912 tokens: accepted totals are below 2\\^29"),
     (dict(cu_seqlens_q=torch.tensor([0, 3, 10])), TypeError, "cu_seqlens_q has dtype torch.int64: accepted dtype is "
                                                              "torch.int32"),
     (dict(cu_seqlens_k=[0, 5, 12]), TypeError, "cu_seqlens_k must be a torch.Tensor"),

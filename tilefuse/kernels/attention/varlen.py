@@ -33,8 +33,9 @@ from .launch import _common_constexprs, _score_args, block_d, dropout_mask, kern
 
 # the kernels' VARLEN constexpr: where each sequence's diagonal lies
 VARLEN_TOP_LEFT, VARLEN_BOTTOM_RIGHT = 1, 2
-# band offsets, positions and totals are int32 in the kernels
-MAX_TOTAL = 2 ** 30
+# positions, totals and band offsets are int32 in the kernels: an unbounded side is total_q + total_k + 1,
+# and a position plus that offset plus a diagonal shift must stay below 2^31
+MAX_TOTAL = 2 ** 29
 PREPROCESS_ROWS = 64
 
 
@@ -81,7 +82,8 @@ def check_packed_tensors(q, k, v) -> None:
                          f"(GQA/MQA groups of H // H_kv query heads)")
     for name, t in (("q", q), ("k", k)):
         if t.shape[0] >= MAX_TOTAL:
-            raise ValueError(f"{name} packs {t.shape[0]} tokens: accepted totals are below 2^30 (int32 positions)")
+            raise ValueError(f"{name} packs {t.shape[0]} tokens: accepted totals are below 2^29 (int32 positions and "
+                             f"band offsets in the kernels)")
 
 
 def check_cu_seqlens(cu_q, cu_k, dev) -> int:
