@@ -207,6 +207,16 @@ def test_varlen_equals_padded_batch_attention_with_strided_head_dim():
     assert torch.equal(out.view(B, S, H, D), batched.transpose(1, 2))
 
 
+def test_cu_seqlens_read_through_a_strided_view():
+    lens = [7, 40, 1]
+    q, k, v = (t.detach() for t in packed_qkv(lens, lens, 2, 2, 32, F32))
+    cu = cumulative(lens)
+    strided = torch.stack((cu, torch.full_like(cu, -5)), 1)[:, 0]  # every other int32 of a wider buffer
+    assert strided.stride() == (2,)
+    assert torch.equal(tilefuse.attention_varlen(q, k, v, strided, strided, 40, 40, causal=True),
+                       tilefuse.attention_varlen(q, k, v, cu, cu, 40, 40, causal=True))
+
+
 def test_no_tokens_at_all():
     q, k, v = (torch.randn(0, 2, 32, requires_grad=True) for _ in range(3))
     cu = torch.zeros(3, dtype=torch.int32)

@@ -114,9 +114,9 @@ class AttentionVarlenFunction(torch.autograd.Function):
 
 def _run_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, options):
     needs_grad = torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad for t in (q, k, v))
-    vp, alibi_view = check_varlen_arguments(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-                                            needs_grad=needs_grad, **options)
-    return AttentionVarlenFunction.apply(q, k, v, cu_seqlens_q, cu_seqlens_k, alibi_view, vp)
+    vp, alibi_view, cu_q, cu_k = check_varlen_arguments(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                                                        max_seqlen_k, needs_grad=needs_grad, **options)
+    return AttentionVarlenFunction.apply(q, k, v, cu_q, cu_k, alibi_view, vp)
 
 
 def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *, causal=False, window=None,

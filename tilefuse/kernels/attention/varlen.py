@@ -151,7 +151,8 @@ def varlen_band(causal: str, window, total_q: int, total_k: int) -> tuple[int, i
 def check_varlen_arguments(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *, causal, window,
                            softcap, alibi, score_mod, score_mod_grad, dropout_p, dropout_seed, scale, deterministic,
                            check_seqlens, needs_grad):
-    """(VarlenParams, alibi view): every argument checked, in the order of the signature, before any launch."""
+    """(VarlenParams, alibi view, cu_seqlens_q, cu_seqlens_k): every argument checked, in the order of the
+    signature, before any launch; the cumulative lengths contiguous (the kernels index them densely)."""
     check_packed_tensors(q, k, v)
     B = check_cu_seqlens(cu_seqlens_q, cu_seqlens_k, q.device)
     max_q = check_max_seqlen("max_seqlen_q", max_seqlen_q)
@@ -204,7 +205,8 @@ def check_varlen_arguments(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
                     alibi_view is not None, MASK_NONE, score_mod, score_mod_grad, dropout_p, int(dropout_seed or 0),
                     deterministic)
     kind = VARLEN_BOTTOM_RIGHT if causal_kind == "bottom_right" else VARLEN_TOP_LEFT
-    return VarlenParams(params, total_q, total_k, kind), alibi_view
+    return VarlenParams(params, total_q, total_k, kind), alibi_view, cu_seqlens_q.contiguous(), \
+        cu_seqlens_k.contiguous()
 
 
 # --------------------------------------------------------------------------------------------- launch
