@@ -27,6 +27,7 @@ BACKEND_ENTRY_POINT = "tilefuse.compiler.backend:tilefuse_backend"
 _LAZY = {
     "gemm": ("tilefuse.linalg", "gemm"),
     "attention": ("tilefuse.kernels.attention", "attention"),
+    "attention_varlen": ("tilefuse.kernels.attention", "attention_varlen"),
     "linalg": ("tilefuse.linalg", None),
     "nn": ("tilefuse.nn", None),
     "explain": ("tilefuse.compiler.explain", "explain"),

@@ -34,4 +34,5 @@ def test_attention_example_compiles_with_matrix_instructions(kernel, index, targ
 def test_every_kernel_of_the_family_is_registered():
     names = {n for n, s in targets.kernels().items() if s.family == "attention"}
     assert names == {"attention_fwd", "attention_decode", "attention_bwd_dkdv", "attention_bwd_dkdv_d256",
-                     "attention_bwd_dq", "attention_aux", "attention_combine"}
+                     "attention_bwd_dq", "attention_aux", "attention_combine", "attention_fwd_varlen",
+                     "attention_bwd_dkdv_varlen", "attention_bwd_dkdv_varlen_d256", "attention_bwd_dq_varlen"}

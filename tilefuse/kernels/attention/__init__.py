@@ -33,6 +33,17 @@ reference in tests/kernels/attention/test_attention.py):
   dK/dV are summed over the group inside one program (no atomics).
 - **deterministic**: the backward computes dQ in its own pass instead of fp32 atomics: bitwise equal runs.
 - Gradients flow to q, k and v; ``mask`` and ``alibi`` get none (a mask that requires grad is refused).
+- **Packed variable-length sequences** (:mod:`.varlen`, FlashAttention's ``varlen`` form)::
+
+      out = tilefuse.attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal=True)
+
+  q (total_q, H, D), k/v (total_k, H_kv, D), int32 cumulative lengths (batch + 1,). Each sequence attends
+  within itself, every option above applying per sequence with indices counted from its start (``causal=True``
+  top-left per sequence as above, ``"bottom_right"`` aligns each sequence's last query with its last key;
+  ALiBi slopes (H,) or (batch, H); dropout streams per (sequence, head)); no ``mask``. Zero-length sequences
+  give nothing (no query) or zero rows (no key). ``check_seqlens=True`` reads the lengths on the host once (a
+  sync on a GPU) to check them; False trusts them. The same kernels with a constexpr VARLEN switch, prefill
+  form only (no split-KV decode form).
 
 dtypes float16 / bfloat16 / float32 (fp32 accumulation; fp32 matmuls are tf32 when
 ``torch.backends.cuda.matmul.allow_tf32`` is set), head dims 1..256 (padded to a power of two, masked).
@@ -42,12 +53,15 @@ length split across programs, a second kernel combining the partial results by t
 from __future__ import annotations
 
 from . import configs, targets  # noqa: F401  (targets: registers the kernels with tilefuse.targets)
-from .api import AttentionFunction, attention, attention_with_lse, supports  # noqa: F401
+from .api import (AttentionFunction, AttentionVarlenFunction, attention, attention_varlen,  # noqa: F401
+                  attention_varlen_with_lse, attention_with_lse, supports)
 from .checks import DTYPES, MAX_HEAD_DIM, Params, check_arguments  # noqa: F401
 from .launch import Plan, backward, dropout_mask, forward, lse_natural, plan_forward  # noqa: F401
 
-__all__ = ["attention", "attention_with_lse", "AttentionFunction", "supports", "dropout_mask",
-           "register_transformers"]
+from .varlen import dropout_mask_varlen  # noqa: F401
+
+__all__ = ["attention", "attention_with_lse", "attention_varlen", "attention_varlen_with_lse", "AttentionFunction",
+           "AttentionVarlenFunction", "supports", "dropout_mask", "dropout_mask_varlen", "register_transformers"]
 
 
 def register_transformers(name: str = "tilefuse") -> str:

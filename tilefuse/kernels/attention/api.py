@@ -1,11 +1,14 @@
 """The attention family's library API: :func:`attention` with autograd, :func:`attention_with_lse`,
-:func:`supports` (the package docstring, :mod:`tilefuse.kernels.attention`, describes the arguments)."""
+:func:`attention_varlen` (packed variable-length sequences), :func:`supports` (the package docstring,
+:mod:`tilefuse.kernels.attention`, describes the arguments)."""
 from __future__ import annotations
 
 import torch
 
 from .checks import DTYPES, MAX_HEAD_DIM, Params, check_arguments
+from .kernels import LN2
 from .launch import Plan, backward, forward, lse_natural, plan_forward
+from .varlen import VarlenParams, backward_varlen, check_varlen_arguments, forward_varlen
 
 
 class AttentionFunction(torch.autograd.Function):
@@ -87,3 +90,57 @@ def supports(q_shape, k_shape, dtype, *, mask_shape=None) -> tuple[bool, str]:
         if len(mask_shape) > 4 or any(m not in (1, t) for m, t in zip(tuple(mask_shape)[::-1], (Sk, Sq, H, B))):
             return False, f"mask shape {tuple(mask_shape)} does not broadcast to {(B, H, Sq, Sk)}"
     return True, ""
+
+
+# ----------------------------------------------------------------------------- packed variable-length sequences
+class AttentionVarlenFunction(torch.autograd.Function):
+    """Autograd over the VARLEN kernels. Saves q, k, v, the output, its (H, total_q) log2 logsumexp and the
+    cumulative lengths."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, cu_q, cu_k, alibi, vp: VarlenParams):
+        out, lse2 = forward_varlen(q, k, v, cu_q, cu_k, vp, alibi)
+        ctx.save_for_backward(q, k, v, out, lse2, cu_q, cu_k, alibi)
+        ctx.vp = vp
+        ctx.mark_non_differentiable(lse2)
+        return out, lse2
+
+    @staticmethod
+    def backward(ctx, dout, _dlse):
+        q, k, v, out, lse2, cu_q, cu_k, alibi = ctx.saved_tensors
+        dq, dk, dv = backward_varlen(dout, q, k, v, out, lse2, cu_q, cu_k, ctx.vp, alibi)
+        return dq, dk, dv, None, None, None, None
+
+
+def _run_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, options):
+    needs_grad = torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad for t in (q, k, v))
+    vp, alibi_view, cu_q, cu_k = check_varlen_arguments(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                                                        max_seqlen_k, needs_grad=needs_grad, **options)
+    return AttentionVarlenFunction.apply(q, k, v, cu_q, cu_k, alibi_view, vp)
+
+
+def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *, causal=False, window=None,
+                     softcap=None, alibi=None, score_mod=None, dropout_p=0.0, scale=None, deterministic=False,
+                     score_mod_grad=None, dropout_seed=None, check_seqlens=True):
+    """Flash attention over packed variable-length sequences (FlashAttention's ``varlen`` form):
+    ``q`` (total_q, H, D), ``k``/``v`` (total_k, H_kv, D), int32 ``cu_seqlens_q``/``cu_seqlens_k`` (batch + 1
+    cumulative lengths), ``max_seqlen_q``/``max_seqlen_k`` the longest sequences; (total_q, H, D) out, laid out
+    like ``q``. Each sequence attends within itself, with the options of :func:`attention` applied per sequence
+    (``alibi`` slopes (H,) or (batch, H); no ``mask``). ``check_seqlens``: see :mod:`.varlen` (one host read)."""
+    out, _ = _run_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dict(
+        causal=causal, window=window, softcap=softcap, alibi=alibi, score_mod=score_mod, score_mod_grad=score_mod_grad,
+        dropout_p=dropout_p, dropout_seed=dropout_seed, scale=scale, deterministic=deterministic,
+        check_seqlens=check_seqlens))
+    return out
+
+
+def attention_varlen_with_lse(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, **kwargs):
+    """(out, lse): ``lse`` (H, total_q) float32, the natural-log logsumexp of each row's scores (-inf where
+    nothing is visible), not differentiable. Keywords as :func:`attention_varlen`."""
+    defaults = dict(causal=False, window=None, softcap=None, alibi=None, score_mod=None, score_mod_grad=None,
+                    dropout_p=0.0, dropout_seed=None, scale=None, deterministic=False, check_seqlens=True)
+    unknown = set(kwargs) - set(defaults)
+    if unknown:
+        raise TypeError(f"attention_varlen_with_lse got unexpected arguments {sorted(unknown)}")
+    out, lse2 = _run_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, {**defaults, **kwargs})
+    return out, lse2 * LN2

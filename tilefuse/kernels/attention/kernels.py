@@ -33,6 +33,17 @@ Dropout: keep ``(i, j)`` of (batch, head) ``bh`` iff ``rand(seed + bh * 2^32, i 
 the same mask from the seed. The normaliser ``l`` sums the probabilities before dropout; the kept ones are
 scaled by ``1 / (1 - p)``, as ``F.dropout`` does.
 
+VARLEN (packed variable-length sequences, :mod:`.varlen`; 0 off, 1 top-left diagonal, 2 bottom-right): the
+forward and both backward kernels take ``cu_q_ptr`` / ``cu_k_ptr`` (int32 cumulative lengths) and read the
+batch index of the grid as the sequence index. A program loads its sequence's start and length, moves its q/o/
+do/dq and k/v/dk/dv pointers to the start (the launcher passes batch strides of 0 for the packed
+``(total, H, D)`` tensors), replaces Sq / Sk (which arrive as the packed totals) by the sequence's lengths, and
+returns at once if its row (key) block lies past the sequence's end: the grid is sized by the longest sequence.
+Everything after that is the non-varlen code with the sequence's lengths, so keys past the end are masked like a
+ragged last tile. ``lse2`` and ``delta`` are ``(H, total_q)``. With VARLEN == 2 the band offsets arrive relative to
+the diagonal and each sequence adds its ``Sk - Sq``. The default VARLEN=0 leaves the non-varlen specialisation
+untouched (the switch is constexpr, the ``cu_*`` arguments are constexpr None).
+
 ``DOT_F32`` (set on Triton's interpreter): every ``tl.dot`` operand is upcast to float32 first, because the
 interpreter's ``tl.dot`` multiplies bfloat16 bit patterns as integers (triton 3.6). Values are still rounded
 to the input dtype where a GPU rounds them (``p`` before ``p @ v``), so the interpreter's numbers are the GPU's.
@@ -77,6 +88,26 @@ def band_tiles(a, b, c_lo, c_hi, N, BLOCK: tl.constexpr):
     t1 = tl.minimum(tl.maximum(tl.cdiv(all_lo, BLOCK), t0), t3)
     t2 = tl.minimum(tl.maximum(all_hi // BLOCK, t1), t3)
     return t0, t1, t2, t3
+
+
+@triton.jit
+def varlen_bounds(cu_q_ptr, cu_k_ptr, seq):
+    """(q_start, q_len, k_start, k_len) of packed sequence ``seq`` from the int32 cumulative lengths."""
+    q_start = tl.load(cu_q_ptr + seq)
+    k_start = tl.load(cu_k_ptr + seq)
+    return q_start, tl.load(cu_q_ptr + seq + 1) - q_start, k_start, tl.load(cu_k_ptr + seq + 1) - k_start
+
+
+@triton.jit
+def varlen_diagonal(diag, lo_off, hi_off, Sq, Sk, VARLEN: tl.constexpr):
+    """The band of one packed sequence: the offsets are passed relative to its diagonal, which is
+    ``Sk - Sq`` of that sequence with VARLEN_BOTTOM_RIGHT (2), ``0`` with VARLEN_TOP_LEFT (1)."""
+    if VARLEN == 2:
+        shift = Sk - Sq
+        diag = diag + shift
+        lo_off = lo_off + shift
+        hi_off = hi_off + shift
+    return diag, lo_off, hi_off
 
 
 @triton.jit
@@ -190,17 +221,31 @@ def attn_fwd_kernel(
         HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
         GROUP: tl.constexpr, PACK_GQA: tl.constexpr, BAND_LO: tl.constexpr, BAND_HI: tl.constexpr,
         SOFTCAP: tl.constexpr, ALIBI: tl.constexpr, MASK_KIND: tl.constexpr, SCORE_MOD: tl.constexpr,
-        DROPOUT: tl.constexpr, DOT_F32: tl.constexpr, INPUT_PRECISION: tl.constexpr):
+        DROPOUT: tl.constexpr, DOT_F32: tl.constexpr, INPUT_PRECISION: tl.constexpr,
+        # packed variable-length sequences (see the VARLEN section of the module docstring)
+        cu_q_ptr=None, cu_k_ptr=None, VARLEN: tl.constexpr = 0):
     """One program: BLOCK_M query rows of one (batch, head) [, one KV split]. Grid
     ``(cdiv(rows, BLOCK_M), B * H [or B * H_kv with PACK_GQA], splits)``.
 
     PACK_GQA (decode): a program's rows are (group member, query) pairs of one KV head, ``row = g * Sq + i``,
     so the group's heads share each K/V tile load; the grid's second axis is then ``B * H_kv``.
     With splits > 1 each program covers ``tiles_per_split`` KV tiles and writes its normalised partial output
-    (fp32) and partial ``lse2``; :func:`attn_combine_kernel` merges them."""
+    (fp32) and partial ``lse2``; :func:`attn_combine_kernel` merges them.
+
+    VARLEN (not with PACK_GQA or splits): "batch" ``b`` is the packed sequence; Sq/Sk arrive as the totals."""
     pid_m = tl.program_id(0)
     pid_bh = tl.program_id(1)
     split = tl.program_id(2)
+    if VARLEN:
+        total_q = Sq
+        q_start, Sq, k_start, Sk = varlen_bounds(cu_q_ptr, cu_k_ptr, pid_bh // H)
+        if pid_m * BLOCK_M >= Sq:  # a row block past this sequence's end
+            return
+        q_ptr += q_start.to(tl.int64) * stride_qm
+        o_ptr += q_start.to(tl.int64) * stride_om
+        k_ptr += k_start.to(tl.int64) * stride_kn
+        v_ptr += k_start.to(tl.int64) * stride_vn
+        diag, lo_off, hi_off = varlen_diagonal(diag, lo_off, hi_off, Sq, Sk, VARLEN)
     if PACK_GQA:
         b = pid_bh // (H // GROUP)
         kvh = pid_bh % (H // GROUP)
@@ -272,7 +317,11 @@ def attn_fwd_kernel(
               + row_q.to(tl.int64) * stride_om)
     tl.store(o_rows[:, None] + offs_d[None, :] * stride_od, out.to(o_ptr.dtype.element_ty),
              mask=row_ok[:, None] & d_ok[None, :])
-    tl.store(lse_ptr + split.to(tl.int64) * stride_ls + bh.to(tl.int64) * Sq + row_q, lse2, mask=row_ok)
+    if VARLEN:
+        lse_rows = lse_ptr + row_h.to(tl.int64) * total_q + q_start + row_q  # (H, total_q)
+    else:
+        lse_rows = lse_ptr + split.to(tl.int64) * stride_ls + bh.to(tl.int64) * Sq + row_q
+    tl.store(lse_rows, lse2, mask=row_ok)
 
 
 @triton.jit
@@ -401,7 +450,8 @@ def attn_bwd_dkdv_kernel(
         GROUP: tl.constexpr, BAND_LO: tl.constexpr, BAND_HI: tl.constexpr,
         SOFTCAP: tl.constexpr, ALIBI: tl.constexpr, MASK_KIND: tl.constexpr, SCORE_MOD: tl.constexpr,
         SCORE_MOD_GRAD: tl.constexpr, DROPOUT: tl.constexpr, ATOMIC_DQ: tl.constexpr,
-        DOT_F32: tl.constexpr, INPUT_PRECISION: tl.constexpr):
+        DOT_F32: tl.constexpr, INPUT_PRECISION: tl.constexpr,
+        cu_q_ptr=None, cu_k_ptr=None, VARLEN: tl.constexpr = 0):
     """dK and dV of BLOCK_N keys of one (batch, KV head), summed over the GROUP query heads that read them
     (GQA/MQA without atomics). Grid ``(cdiv(Sk, BLOCK_N), B * H_kv)``. With ATOMIC_DQ the program also adds
     its ``dS @ K`` share into the fp32 ``dq`` buffer (one backward pass; the sum's order is the scheduler's);
@@ -411,6 +461,19 @@ def attn_bwd_dkdv_kernel(
     HK = H // GROUP
     b = pid_bh // HK
     kvh = pid_bh % HK
+    if VARLEN:
+        total_q = Sq
+        q_start, Sq, k_start, Sk = varlen_bounds(cu_q_ptr, cu_k_ptr, b)
+        if pid_n * BLOCK_N >= Sk:  # a key block past this sequence's end (Sq == 0 still stores zeros)
+            return
+        q_ptr += q_start.to(tl.int64) * stride_qm
+        do_ptr += q_start.to(tl.int64) * stride_dom
+        dq_ptr += q_start.to(tl.int64) * stride_dqm
+        k_ptr += k_start.to(tl.int64) * stride_kn
+        v_ptr += k_start.to(tl.int64) * stride_vn
+        dk_ptr += k_start.to(tl.int64) * stride_dkn
+        dv_ptr += k_start.to(tl.int64) * stride_dvn
+        diag, lo_off, hi_off = varlen_diagonal(diag, lo_off, hi_off, Sq, Sk, VARLEN)
     b64 = b.to(tl.int64)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
@@ -437,8 +500,12 @@ def attn_bwd_dkdv_kernel(
         q_base = q_ptr + b64 * stride_qb + h.to(tl.int64) * stride_qh
         do_base = do_ptr + b64 * stride_dob + h.to(tl.int64) * stride_doh
         dq_base = dq_ptr + b64 * stride_dqb + h.to(tl.int64) * stride_dqh
-        lse_base = lse_ptr + bh.to(tl.int64) * Sq
-        delta_base = delta_ptr + bh.to(tl.int64) * Sq
+        if VARLEN:  # (H, total_q)
+            lse_base = lse_ptr + h.to(tl.int64) * total_q + q_start
+            delta_base = delta_ptr + h.to(tl.int64) * total_q + q_start
+        else:
+            lse_base = lse_ptr + bh.to(tl.int64) * Sq
+            delta_base = delta_ptr + bh.to(tl.int64) * Sq
         if BAND_HI:
             for tile in range(t0, t1):
                 dk, dv = _bwd_kv_tile(dk, dv, k, v, q_base, do_base, lse_base, delta_base, dq_base, tile, b, h, bh,
@@ -521,7 +588,8 @@ def attn_bwd_dq_kernel(
         GROUP: tl.constexpr, BAND_LO: tl.constexpr, BAND_HI: tl.constexpr,
         SOFTCAP: tl.constexpr, ALIBI: tl.constexpr, MASK_KIND: tl.constexpr, SCORE_MOD: tl.constexpr,
         SCORE_MOD_GRAD: tl.constexpr, DROPOUT: tl.constexpr, DOT_F32: tl.constexpr,
-        INPUT_PRECISION: tl.constexpr):
+        INPUT_PRECISION: tl.constexpr,
+        cu_q_ptr=None, cu_k_ptr=None, VARLEN: tl.constexpr = 0):
     """dQ of BLOCK_M query rows of one (batch, head): the deterministic second pass (each dQ row is summed by
     one program in key order). Grid ``(cdiv(Sq, BLOCK_M), B * H)``."""
     pid_m = tl.program_id(0)
@@ -529,6 +597,17 @@ def attn_bwd_dq_kernel(
     b = pid_bh // H
     h = pid_bh % H
     kvh = h // GROUP
+    if VARLEN:
+        total_q = Sq
+        q_start, Sq, k_start, Sk = varlen_bounds(cu_q_ptr, cu_k_ptr, b)
+        if pid_m * BLOCK_M >= Sq:
+            return
+        q_ptr += q_start.to(tl.int64) * stride_qm
+        do_ptr += q_start.to(tl.int64) * stride_dom
+        dq_ptr += q_start.to(tl.int64) * stride_dqm
+        k_ptr += k_start.to(tl.int64) * stride_kn
+        v_ptr += k_start.to(tl.int64) * stride_vn
+        diag, lo_off, hi_off = varlen_diagonal(diag, lo_off, hi_off, Sq, Sk, VARLEN)
     b64 = b.to(tl.int64)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, BLOCK_D)
@@ -537,9 +616,15 @@ def attn_bwd_dq_kernel(
                 + offs_d[None, :] * stride_qd, mask=ld_mask, other=0.0)
     do = tl.load(do_ptr + b64 * stride_dob + h.to(tl.int64) * stride_doh + offs_m[:, None] * stride_dom
                  + offs_d[None, :] * stride_dod, mask=ld_mask, other=0.0)
-    lse2 = tl.load(lse_ptr + pid_bh.to(tl.int64) * Sq + offs_m, mask=offs_m < Sq, other=float("inf"))
+    if VARLEN:  # (H, total_q)
+        lse2 = tl.load(lse_ptr + h.to(tl.int64) * total_q + q_start + offs_m, mask=offs_m < Sq, other=float("inf"))
+    else:
+        lse2 = tl.load(lse_ptr + pid_bh.to(tl.int64) * Sq + offs_m, mask=offs_m < Sq, other=float("inf"))
     lse2 = tl.where(lse2 == float("-inf"), float("inf"), lse2)
-    delta = tl.load(delta_ptr + pid_bh.to(tl.int64) * Sq + offs_m, mask=offs_m < Sq, other=0.0)
+    if VARLEN:
+        delta = tl.load(delta_ptr + h.to(tl.int64) * total_q + q_start + offs_m, mask=offs_m < Sq, other=0.0)
+    else:
+        delta = tl.load(delta_ptr + pid_bh.to(tl.int64) * Sq + offs_m, mask=offs_m < Sq, other=0.0)
     if DOT_F32:
         q = q.to(tl.float32)
         do = do.to(tl.float32)

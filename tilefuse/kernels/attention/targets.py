@@ -7,6 +7,8 @@ fp16 with a boolean mask + ALiBi + soft cap + a ``score_mod`` hook (no band), bf
 band edges) with dropout, and
 head dims that are not powers of two (80, 96). Pointer arguments and the non-unit strides are marked
 16-divisible and the head-dim strides are the constant 1, as the JIT specialises a contiguous-D launch.
+The ``*_varlen`` kernels are the same configs and options with the VARLEN switch on (packed variable-length
+sequences, top-left and bottom-right diagonals in turn; the mask option becomes no mask).
 """
 from __future__ import annotations
 
@@ -51,7 +53,8 @@ _ODD_HEAD_DIM = {64: 48, 128: 80, 256: 192}  # non-power-of-two head dims: padde
 def _signature(fn, dtype: str, mask_kind: int, constexprs: dict) -> tuple[dict, tuple]:
     ptr = {"q_ptr": dtype, "k_ptr": dtype, "v_ptr": dtype, "o_ptr": dtype, "do_ptr": dtype, "dk_ptr": dtype,
            "dv_ptr": dtype, "lse_ptr": "fp32", "delta_ptr": "fp32", "alibi_ptr": "fp32", "part_ptr": "fp32",
-           "part_lse_ptr": "fp32", "mask_ptr": "u8" if mask_kind == 2 else dtype}
+           "part_lse_ptr": "fp32", "mask_ptr": "u8" if mask_kind == 2 else dtype, "cu_q_ptr": "i32",
+           "cu_k_ptr": "i32"}
     sig, divisible = {}, []
     for name in fn.arg_names:
         if name in constexprs:
@@ -76,7 +79,7 @@ def _unit_strides(fn) -> dict:
 
 def _score_constexprs(overrides: dict) -> dict:
     base = {"BAND_LO": False, "BAND_HI": False, "SOFTCAP": False, "ALIBI": False, "MASK_KIND": 0, "SCORE_MOD": None, "DROPOUT": False,
-            "DOT_F32": False, "INPUT_PRECISION": "tf32"}
+            "DOT_F32": False, "INPUT_PRECISION": "tf32", "VARLEN": 0, "cu_q_ptr": None, "cu_k_ptr": None}
     return {**base, **overrides}
 
 
@@ -127,6 +130,37 @@ def _dq_examples(target):
     return _examples_of("bwd_dq", attn_bwd_dq_kernel, target, {})
 
 
+def _varlen(fn, examples: list[targets.Example]) -> list[targets.Example]:
+    """The same configs and score options with the VARLEN switch on (top-left and bottom-right diagonals in
+    turn) and int32 cumulative lengths; no mask tensor (packed sequences take none)."""
+    out = []
+    for i, ex in enumerate(examples):
+        consts = {k: v for k, v in ex.constexprs.items() if k not in ("cu_q_ptr", "cu_k_ptr")}
+        consts["VARLEN"] = 1 + i % 2
+        if "MASK_KIND" in consts:
+            consts["MASK_KIND"] = 0
+        sig, div = _signature(fn, ex.signature["q_ptr"][1:], 0, consts)
+        label = ex.label.replace("bool mask+", "") + (" varlen" if i % 2 == 0 else " varlen bottom-right")
+        out.append(targets.Example(label, sig, consts, ex.options, div))
+    return out
+
+
+def _fwd_varlen_examples(target):
+    return _varlen(attn_fwd_kernel, _fwd_examples(target))
+
+
+def _dkdv_varlen_examples(target):
+    return _varlen(attn_bwd_dkdv_kernel, _dkdv_examples(target))
+
+
+def _dkdv_d256_varlen_examples(target):
+    return _varlen(attn_bwd_dkdv_kernel, _dkdv_d256_examples(target))
+
+
+def _dq_varlen_examples(target):
+    return _varlen(attn_bwd_dq_kernel, _dq_examples(target))
+
+
 def _aux_examples(target):
     opts = {"num_warps": 4}
     pre_c = {"HEAD_DIM": 128, "BLOCK_D": 128, "BLOCK_M": 64, **_unit_strides(attn_bwd_preprocess_kernel)}
@@ -159,6 +193,21 @@ def _register() -> None:
     targets.register(targets.KernelSpec(
         "attention_combine", family="attention", fn=attn_combine_kernel, examples=lambda t: _aux_examples(t)[1:],
         description="split-KV decode combine by logsumexp"))
+
+    # packed variable-length sequences (:mod:`.varlen`): the same kernels and configs with VARLEN on
+    targets.register(targets.KernelSpec(
+        "attention_fwd_varlen", family="attention", fn=attn_fwd_kernel, examples=_fwd_varlen_examples,
+        expect_mma=EXPECT_PREFILL, description="flash-attention forward over packed variable-length sequences"))
+    targets.register(targets.KernelSpec(
+        "attention_bwd_dkdv_varlen", family="attention", fn=attn_bwd_dkdv_kernel, examples=_dkdv_varlen_examples,
+        expect_mma=EXPECT_PREFILL, description="attention backward dK/dV over packed variable-length sequences"))
+    targets.register(targets.KernelSpec(
+        "attention_bwd_dkdv_varlen_d256", family="attention", fn=attn_bwd_dkdv_kernel,
+        examples=_dkdv_d256_varlen_examples, expect_mma=EXPECT_D256_DKDV,
+        description="attention backward dK/dV at head dim 256 over packed variable-length sequences"))
+    targets.register(targets.KernelSpec(
+        "attention_bwd_dq_varlen", family="attention", fn=attn_bwd_dq_kernel, examples=_dq_varlen_examples,
+        expect_mma=EXPECT_PREFILL, description="attention backward dQ over packed variable-length sequences"))
 
 
 _register()
