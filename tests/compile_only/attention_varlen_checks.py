@@ -1,5 +1,5 @@
 """Cross-compilation of the attention family's VARLEN kernels, run in a child with TILEFUSE_INTERPRET=0 by
-tests/test_attention_varlen.py (compiling in an interpreting process fails with triton 3.6). A few registered
+tests/kernels/attention/test_attention_varlen.py (compiling in an interpreting process fails with triton 3.6). A few registered
 examples, not the whole space: the whole space is `tilefuse targets --kernel attention_fwd_varlen,...`."""
 import pytest
 

@@ -19,10 +19,10 @@ import torch
 import tilefuse
 from tilefuse.kernels import attention as attn
 
-from .support import assert_close
+from tests.support import assert_close
 from .test_attention import quadratic_bias, quadratic_bias_grad, quadratic_bias_ref, reference
 
-HERE = Path(__file__).resolve().parent
+HERE = Path(__file__).resolve().parents[2]  # tests/
 GRAD_TOLERANCE = {torch.float32: 1e-5, torch.float16: 3e-3}
 F32, F16 = torch.float32, torch.float16
 
