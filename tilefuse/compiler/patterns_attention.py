@@ -40,7 +40,9 @@ import torch.nn.functional as F
 
 from .. import config, device
 from ..kernels.attention import ops as attention_ops  # noqa: F401  (registers the tilefuse:: custom ops)
+from ..kernels.attention import ops_score_mod  # noqa: F401  (registers tilefuse::attention_mod_*)
 from ..kernels.attention import supports
+from . import patterns_score_mod
 
 __all__ = ["rewrite", "Outcome", "OUTCOMES", "LIBRARY_OPS", "lower_library_call"]
 
@@ -57,7 +59,8 @@ ABSORBING_STANDIN = -2.0 ** 127
 # How far back from the softmax the scores' matmul is looked for (ops of the score chain).
 MAX_CHAIN = 24
 
-LIBRARY_OPS = (torch.ops.tilefuse.attention_fwd.default, torch.ops.tilefuse.attention_bwd.default)
+LIBRARY_OPS = (torch.ops.tilefuse.attention_fwd.default, torch.ops.tilefuse.attention_bwd.default,
+               torch.ops.tilefuse.attention_mod_fwd.default, torch.ops.tilefuse.attention_mod_bwd.default)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -588,7 +591,10 @@ def _match_decomposed(gm, sm) -> str:
     if not _same_shape(_shape(pv), tuple(vq.shape)) or _val(pv).dtype != vq.dtype:
         raise NoMatch(f"{pv.name}: the output's shape or dtype differs from q's")
     scores = _Scores()
-    _fold(_score_path(x, qk), scores, vq, vk)
+    try:
+        _fold(_score_path(x, qk), scores, vq, vk)
+    except NoMatch as exc:  # not the kernel's parameters alone: a generated score_mod for the rest
+        return _match_generated(gm, x, qk, q, k, v, pv, v_full, vq, vk, dropout_p, str(exc))
     window = _bands(scores, _known(vq.shape[2]), _known(vk.shape[2]))
     alibi = _alibi(scores, vq, window, _known(vq.shape[2]), _known(vk.shape[2]))
     graph = gm.graph
@@ -610,6 +616,91 @@ def _match_decomposed(gm, sm) -> str:
     pv.replace_all_uses_with(out)
     _erase_dead(graph, pv)
     return describe(call, "additive" if scores.additive else "boolean")
+
+
+def _match_generated(gm, x, qk, q, k, v, pv, v_full, vq, vk, dropout_p, why_not_parameters: str) -> str:
+    """The score chain as parameters where they apply and a generated ``score_mod`` for the rest (decision
+    record 031): constant factors straight after the matmul are the kernel's ``scale``; -inf / finfo.min fills
+    at the end its boolean mask or band (so it still skips tiles); the ops between become generated code
+    (:func:`patterns_score_mod.generate`), reading the tensors they need from one packed operand vector."""
+    scores = _Scores()
+    s_in = qk
+    while s_in is not x:  # leading constant factors and float casts
+        users = [u for u in s_in.users if not _dtype_only_use(u, s_in)]
+        if len(users) != 1:
+            break
+        u, op = users[0], _op(users[0])
+        if op in ("identity", "cast"):
+            uv = _val(u)
+            if not (isinstance(uv, torch.Tensor) and uv.dtype.is_floating_point):
+                break
+        elif op in ("mul", "div") and len(u.args) == 2 and not u.kwargs:
+            if op == "div" and u.args[0] is not s_in:
+                break
+            c = _constant(u.args[1] if u.args[0] is s_in else u.args[0])
+            if c is None or c == 0 or not math.isfinite(c):
+                break
+            scores.multiply(c if op == "mul" else 1.0 / c, u.name)
+        else:
+            break
+        s_in = u
+    s_out = x
+    while s_out is not s_in:  # trailing fills: the boolean mask (True = attend) and the band
+        fill_of = _trailing_fill(s_out, qk, vq, vk)
+        if fill_of is None:
+            break
+        s_out, cond, hidden_when, value = fill_of
+        (scores.hidden if value == -math.inf else scores.absorbing).append((cond, hidden_when))
+    if s_out is s_in:
+        raise NoMatch(why_not_parameters)
+    try:
+        gen = patterns_score_mod.generate(s_in, s_out, (*vq.shape[:3], vk.shape[2]))
+    except patterns_score_mod.Refused as exc:
+        raise NoMatch(f"{why_not_parameters}; nor as a generated score_mod: {exc}") from None
+    window = _bands(scores, _known(vq.shape[2]), _known(vk.shape[2]))
+    graph = gm.graph
+    with graph.inserting_before(pv):
+        mask = _build_mask(graph, scores, torch.float32)  # no additive term here: None or boolean
+        operands = patterns_score_mod.pack_operands(graph, gen.captures)
+        call = graph.call_function(torch.ops.tilefuse.attention_mod_fwd.default,
+                                   (q, k, v, mask, operands, float(scores.scale), 0, *window, dropout_p, gen.key))
+        out = graph.call_function(operator.getitem, (call, 0))
+        if scores.absorbing:
+            out = _uniform_empty_rows(graph, out, scores, v_full)
+    out.meta["example_value"] = _val(pv)
+    pv.replace_all_uses_with(out)
+    _erase_dead(graph, pv)
+    return describe(call, "boolean") + f", generated score_mod {gen.key} ({gen.summary})"
+
+
+def _trailing_fill(node, qk, vq, vk):
+    """``node`` = a fill of the scores with -inf or an absorbing value under a mask that does not depend on the
+    scores: (the scores' node, mask, True when the mask marks hidden scores, fill), else None."""
+    op = _op(node)
+    if op == "masked_fill":
+        src, cond, fill, hidden_when = node.args[0], _arg(node, 1, "mask"), _arg(node, 2, "value"), True
+    elif op == "where":
+        cond, a, b = _arg(node, 0, "condition"), _arg(node, 1, "input"), _arg(node, 2, "other")
+        on_a = isinstance(a, torch.fx.Node) and _reaches(a, qk)
+        on_b = isinstance(b, torch.fx.Node) and _reaches(b, qk)
+        if on_a == on_b:
+            return None
+        src, fill, hidden_when = (a, b, False) if on_a else (b, a, True)
+    else:
+        return None
+    if not isinstance(src, torch.fx.Node) or not isinstance(cond, torch.fx.Node) or _reaches(cond, qk) \
+            or len(src.users) != 1:
+        return None
+    value = _constant(fill)
+    if value is None or not (value == -math.inf or value <= ABSORBING_FILL):
+        return None
+    try:
+        _check_mask(cond, vq, vk)
+    except NoMatch:
+        return None
+    if _val(cond).dtype != torch.bool:
+        return None
+    return src, cond, hidden_when, value
 
 
 # Masks evaluated at compile time to look for a band: at most this many (Sq, Sk) elements, and ops above them.
@@ -758,8 +849,12 @@ def _alibi(scores: _Scores, vq, window, Sq, Sk):
 
 
 def describe(call, mask_kind: str | None = None) -> str:
-    """The parameters of an ``attention_fwd`` call node, for ``explain``."""
-    q, k, v, mask, alibi, scale, softcap, causal, left, right, dropout_p = call.args
+    """The parameters of an ``attention_fwd`` (or ``attention_mod_fwd``) call node, for ``explain``."""
+    if call.target is torch.ops.tilefuse.attention_mod_fwd.default:
+        q, k, v, mask, _operands, scale, causal, left, right, dropout_p, _key = call.args
+        alibi, softcap = None, 0.0
+    else:
+        q, k, v, mask, alibi, scale, softcap, causal, left, right, dropout_p = call.args
     parts = [f"scale {scale:.4g}"]
     if softcap:
         parts.append(f"softcap {softcap:g}")
