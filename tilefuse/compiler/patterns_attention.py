@@ -42,7 +42,7 @@ from .. import config, device
 from ..kernels.attention import ops as attention_ops  # noqa: F401  (registers the tilefuse:: custom ops)
 from ..kernels.attention import ops_score_mod  # noqa: F401  (registers tilefuse::attention_mod_*)
 from ..kernels.attention import supports
-from . import patterns_score_mod
+from . import patterns_mha, patterns_score_mod
 
 __all__ = ["rewrite", "Outcome", "OUTCOMES", "LIBRARY_OPS", "lower_library_call"]
 
@@ -67,7 +67,7 @@ LIBRARY_OPS = (torch.ops.tilefuse.attention_fwd.default, torch.ops.tilefuse.atte
 class Outcome:
     """One attention candidate: ``node`` (the softmax or SDPA node), ``form``, and None or the reason it stays."""
     node: str
-    form: str  # "sdpa" | "decomposed"
+    form: str  # "sdpa" | "decomposed" | "multi_head_attention" (a call left unopened)
     reason: str | None
     detail: str = ""  # the kernel's parameters of a match
 
@@ -107,6 +107,8 @@ _FUNCTIONS = {
     torch.repeat_interleave: "repeat_interleave", torch.reshape: "reshape", torch.unsqueeze: "unsqueeze",
     operator.getitem: "getitem", operator.invert: "not", torch.logical_not: "not", torch.bitwise_not: "not",
     F.scaled_dot_product_attention: "sdpa",
+    # nn.MultiheadAttention's, once patterns_mha has traced it open (same arguments as F.sdpa)
+    torch.ops.aten.scaled_dot_product_attention.default: "sdpa",
 }
 _METHODS = {
     "matmul": "matmul", "bmm": "matmul", "mul": "mul", "div": "div", "add": "add", "sub": "sub", "tanh": "tanh",
@@ -994,6 +996,17 @@ def rewrite(gm: torch.fx.GraphModule) -> list[Outcome]:
     outcomes = []
     if not ENABLED:
         return outcomes
+    opened = False
+    for node in list(gm.graph.nodes):  # nn.MultiheadAttention's one call, traced open (patterns_mha)
+        if not patterns_mha.is_mha(node):
+            continue
+        try:
+            patterns_mha.inline(gm, node)
+            opened = True
+        except patterns_mha.Refused as exc:
+            outcome = Outcome(node.name, "multi_head_attention", str(exc))
+            outcomes.append(outcome)
+            _note(outcome)
     for node in list(gm.graph.nodes):
         if getattr(node, "_erased", False):  # a node of an attention replaced before it in this loop
             continue
@@ -1008,7 +1021,7 @@ def rewrite(gm: torch.fx.GraphModule) -> list[Outcome]:
             outcome = Outcome(node.name, form, str(exc))
         outcomes.append(outcome)
         _note(outcome)
-    if any(o.reason is None for o in outcomes):
+    if opened or any(o.reason is None for o in outcomes):
         gm.graph.lint()
         gm.recompile()
     return outcomes
