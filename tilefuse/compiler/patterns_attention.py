@@ -929,6 +929,8 @@ def _erase_dead(graph, start) -> None:
     stack = [start]
     while stack:
         n = stack.pop()
+        if getattr(n, "_erased", False):  # reached twice (an op reading the scores twice, s + sin(s))
+            continue
         if n.users or n.op != "call_function" and n.op != "call_method":
             continue
         if n.op == "call_method" and n.target.endswith("_"):

@@ -48,6 +48,7 @@ class ScoreMod:
     reads_operands: bool
     chain: Callable
     operands_vjp: Callable | None
+    source: str
 
 
 _MODS: dict[str, ScoreMod] = {}
@@ -70,7 +71,8 @@ def register(source: str, chain: Callable, operands_vjp: Callable | None) -> Sco
         module = importlib.util.module_from_spec(spec)
         sys.modules[key] = module  # Triton finds a jit function's source through its module
         exec(compile(want, str(path), "exec"), module.__dict__)
-        mod = ScoreMod(key, module.score_mod, module.score_mod_grad, operands_vjp is not None, chain, operands_vjp)
+        mod = ScoreMod(key, module.score_mod, module.score_mod_grad, operands_vjp is not None, chain, operands_vjp,
+                       source)
         _MODS[key] = mod
         return mod
 
