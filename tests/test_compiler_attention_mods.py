@@ -119,6 +119,15 @@ class IndexExpression(nn.Module):
         return s.softmax(-1) @ v
 
 
+class FiniteFill(nn.Module):
+    """A fill with -1e4, which scores can come near: not a mask but a value, computed by the generated mod
+    (eager's weights exp(-1e4 - max) exactly, and its uniform rows where every key is filled)."""
+    def forward(self, q, k, v):
+        s = (q @ k.transpose(-2, -1)) * 0.25
+        s = s.masked_fill(torch.ones(q.shape[2], k.shape[2], dtype=torch.bool).triu(1), -1e4)
+        return s.softmax(-1) @ v
+
+
 class FullyMaskedRows(PerHeadScale):
     """Rows hidden everywhere by a finfo.min fill: eager's softmax averages v uniformly there."""
     def forward(self, q, k, v, hidden):
@@ -178,8 +187,9 @@ def assert_one_attention_kernel(explanation, calls=MOD_CALLS, backward=True):
     (BucketBias, F16, "scale 0.25"),
     (WhereThreshold, F32, "scale 0.25"),
     (IndexExpression, F32, "scale 0.25, window (7, 0)"),
+    (FiniteFill, F32, "scale 0.25"),
 ], ids=["per-head-scale", "per-head-scale-fp16", "sin-residual", "bucket-bias", "bucket-bias-fp16",
-        "where-threshold", "index-expression"])
+        "where-threshold", "index-expression", "finite-fill"])
 def test_generated_score_mod(make, dtype, detail):
     """Forward and backward as float64 eager (the learned tensors the mod reads get their gradients); the
     parameter forms still apply around the generated code (the scale, the band)."""
