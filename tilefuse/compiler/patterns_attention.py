@@ -14,8 +14,7 @@ Two forms are found:
 - The plain-PyTorch form: ``q @ kᵀ`` -> a chain of pointwise ops on the scores -> ``softmax(-1)`` (or written
   by hand: ``exp(s - max) / sum``) -> optional casts and dropout -> ``@ v``, with GQA's ``expand``/``reshape``
   (transformers' ``repeat_kv``) or ``repeat_interleave`` of k and v unwrapped (the kernel reads the KV head
-  ``h // group`` itself). The chain is folded into the family's parameters (:class:`_Scores`), not into a
-  generated ``score_mod``: multiplications and divisions by constants into ``scale``; ``c * tanh(s / c)`` into
+  ``h // group`` itself). The chain is folded into the family's parameters (:class:`_Scores`): multiplications and divisions by constants into ``scale``; ``c * tanh(s / c)`` into
   ``softcap``; tensors added to the scores (an additive mask, ALiBi, T5's relative position bias) into one
   additive ``mask`` that the graph's own ops compute (and that gets its gradient when it requires one);
   ``masked_fill`` / ``where`` with -inf into a boolean mask (True = attend); a fill with a finite value at or
@@ -23,6 +22,12 @@ Two forms are found:
   taken from ``v.mean(-2)`` as eager's uniform softmax gives them. Masks computed from sizes only that are a
   band of diagonals become the kernel's ``window`` (:func:`_bands`), and a per-head slope times ``|i - j|``
   its ``alibi`` (:func:`_alibi`): no (B, H, Sq, Sk) tensor for those.
+
+A chain the parameters do not cover (``s * w[h]``, ``s + sin(s)``, a bucketed relative bias, a finite fill)
+keeps the parameters that apply at its ends (a leading constant scale, trailing -inf / finfo.min fills) and
+becomes a generated ``score_mod`` in between (:func:`_match_generated`, patterns_score_mod.py, decision
+record 031). ``nn.MultiheadAttention``'s single call is traced open first (patterns_mha.py), so that the SDPA
+inside it is found like any other.
 
 What cannot be matched stays as it is, with the reason recorded (:data:`OUTCOMES`, shown by ``explain``).
 """
