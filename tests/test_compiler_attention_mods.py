@@ -137,6 +137,35 @@ class FullyMaskedRows(PerHeadScale):
         return s.softmax(-1) @ v
 
 
+class GroupedPerHeadScale(nn.Module):
+    """GQA (two query heads a KV head, through repeat_interleave) with a learned scale per query head."""
+    def __init__(self):
+        super().__init__()
+        self.w = nn.Parameter(torch.rand(H) + 0.5)
+
+    def forward(self, q, k, v):
+        k, v = k.repeat_interleave(2, dim=1), v.repeat_interleave(2, dim=1)
+        s = (q @ k.transpose(-2, -1)) * 0.25
+        s = s * self.w.view(1, -1, 1, 1) + 0.1 * torch.cos(s)
+        return s.softmax(-1) @ v
+
+
+class DroppedSin(nn.Module):
+    """``s + sin(s)``, softmax, dropout of the probabilities (training); ``keep`` replays a given dropout mask."""
+    p = 0.25
+
+    def __init__(self):
+        super().__init__()
+        self.w = nn.Parameter(torch.rand(H) + 0.5)
+
+    def forward(self, q, k, v, keep=None):
+        s = (q @ k.transpose(-2, -1)) * 0.25
+        s = s * self.w.view(1, -1, 1, 1) + torch.sin(s)
+        probs = s.softmax(-1)
+        probs = F.dropout(probs, self.p, training=True) if keep is None else probs * keep / (1 - self.p)
+        return probs @ v
+
+
 # ------------------------------------------------------------------------------------ harness
 def compile_and_compare(model: nn.Module, q, k, v, *rest, dtype=F32):
     """Compile ``model`` (in ``dtype``), run forward and backward, compare with a float64 eager copy (every
@@ -199,12 +228,46 @@ def test_generated_score_mod(make, dtype, detail):
     assert outcome.detail.startswith(detail + ", generated score_mod tfsm_"), str(explanation)
 
 
-def test_generated_score_mod_with_unequal_lengths_and_gqa_free_heads():
+def test_generated_score_mod_with_unequal_lengths():
     """Sq != Sk (7 queries, 33 keys; neither a block multiple) with a mod in the indices: padded rows and keys
     of both tiles."""
     explanation = compile_and_compare(IndexExpression(), bshd(1, 7, H, D, F32), bshd(1, S, H, D, F32),
                                       bshd(1, S, H, D, F32))
     assert_one_attention_kernel(explanation)
+
+
+def test_generated_score_mod_with_gqa():
+    """K/V with half the heads: the kernel reads KV head h // 2, the mod's per-head scale is the query head's."""
+    explanation = compile_and_compare(GroupedPerHeadScale(), bshd(B, S, H, D, F32), bshd(B, S, H // 2, D, F32),
+                                      bshd(B, S, H // 2, D, F32))
+    outcome = assert_one_attention_kernel(explanation)
+    assert "GQA group 2" in outcome.detail
+
+
+def test_dropout_after_a_generated_score_mod():
+    """The kernel's counter-based dropout with a generated mod, forward and backward (the operand gradient
+    regenerates the same mask): against float64 eager with the kernel's keep mask for the seed the op drew."""
+    from tilefuse.kernels.attention import dropout_mask
+
+    model = DroppedSin()
+    ref = copy.deepcopy(model).double()
+    q, k, v = (bshd(B, S, H, D, F32).requires_grad_() for _ in range(3))
+    compiled = torch.compile(model, backend="tilefuse")
+    torch.manual_seed(1234)
+    out = compiled(q, k, v)
+    torch.manual_seed(1234)
+    seed = int(torch.randint(0, 2 ** 31 - 1, (1,)).item())
+    keep = dropout_mask(seed, B, H, S, S, DroppedSin.p)
+    leaves64 = [t.detach().double().requires_grad_() for t in (q, k, v)]
+    expected = ref(*leaves64, keep)
+    assert_close(out, expected, tol=TOL[F32], what="output")
+    g = torch.randn_like(out)
+    out.backward(g)
+    expected.backward(g.double())
+    for name, t, t64 in zip("qkv", (q, k, v), leaves64):
+        assert_close(t.grad, t64.grad, tol=GRAD_TOL[F32], what=f"d{name}")
+    assert_close(model.w.grad, ref.w.grad, tol=GRAD_TOL[F32], what="gradient of w")
+    assert (keep == 0).any()
 
 
 def test_fully_masked_rows_match_eager():
