@@ -227,7 +227,7 @@ def _expression(gm, score_shape):
         index = tuple(ir.substitute(ix, mapping) for ix in node.index)
         name = node.source
         node = table[name]
-    if tuple(node.shape if not isinstance(node, ir.View) else ()) and len(index) != len(node.shape):
+    if len(index) != len(node.shape):
         raise Refused("the score chain's output is not the scores' shape")
     if isinstance(node, ir.InputNode):
         body = ir.Load.make(name, index, node.dtype)
@@ -247,7 +247,7 @@ def _check_body(graph, body, score: str, operands: str | None, score_shape):
         if not isinstance(e, ir.Load):
             continue
         if e.buffer == score:
-            if tuple(e.index) != identity:
+            if tuple(e.index) != identity or e.mask is not None:
                 raise Refused("the chain reads the scores at other positions (not elementwise: a reduction, a "
                               "shift or a transpose of the scores)")
         elif e.buffer != operands:
