@@ -428,6 +428,35 @@ def test_multihead_attention_inference():
     assert_one_attention_kernel(explanation, FLASH_CALLS, backward=False)
 
 
+def test_multihead_attention_float16_inference():
+    """A float16 model against its float64 eager copy (float16 tolerance)."""
+    model = Encoder().half().eval()
+    ref = copy.deepcopy(model).double()
+    x = torch.randn(B, S, 4 * D)
+    pad = torch.zeros(B, S, dtype=torch.bool)
+    pad[0, -3:] = True
+    with torch.no_grad():
+        explanation = tilefuse.explain(model, x.half(), pad)
+        expected = ref(x.double(), pad)
+    assert_one_attention_kernel(explanation, FLASH_CALLS, backward=False)
+    assert explanation.result.dtype == F16
+    assert_close(explanation.result, expected, tol=TOL[F16], what="fp16 output")
+
+
+def test_multihead_attention_fully_padded_sequence_matches_eager():
+    """A batch row whose every key is padded (torch's float mask is -inf on all of it): eager's SDPA gives that
+    row zeros (then the out-projection's bias), and so does the kernel; forward and backward as float64 eager."""
+    pad = torch.zeros(B, S, dtype=torch.bool)
+    pad[1] = True
+    pad[0, -4:] = True
+    model = Encoder()
+    with torch.no_grad():
+        model.mha.out_proj.bias.normal_()
+    explanation = compare_mha(model, torch.randn(B, S, 4 * D), pad)
+    assert_one_attention_kernel(explanation, FLASH_CALLS)
+    assert torch.isfinite(explanation.result).all()
+
+
 def test_multihead_attention_returned_weights_are_a_reason_not_to_match():
     class Weights(Encoder):
         def forward(self, x):

@@ -923,10 +923,13 @@ def _combine(graph, conds: list, hidden: bool):
 
 
 def _floored(graph, additive, dtype):
-    """``additive`` with values below :data:`ABSORBING_STANDIN` raised to it (float32/bfloat16/float64 masks)."""
+    """``additive`` with finite values below :data:`ABSORBING_STANDIN` raised to it (float32/bfloat16/float64
+    masks). -inf stays -inf: eager's SDPA gives a row masked everywhere with -inf zeros, as the kernel does (the
+    float masks nn.MultiheadAttention makes from boolean ones), where a floored row would average v."""
     if dtype not in (torch.float32, torch.bfloat16, torch.float64):
         return additive
-    return graph.call_function(torch.clamp, (additive,), {"min": ABSORBING_STANDIN})
+    floored = graph.call_function(torch.clamp, (additive,), {"min": ABSORBING_STANDIN})
+    return graph.call_function(torch.where, (graph.call_function(torch.isneginf, (additive,)), additive, floored))
 
 
 def _erase_dead(graph, start) -> None:
