@@ -34,6 +34,7 @@ import dataclasses
 import torch
 import torch.fx
 
+from .. import config
 from . import ir, lowering
 from .codegen_score_mod import ScoreModWriter, module_source
 from .decompositions import decomposition_table
@@ -331,6 +332,7 @@ def _generate(s_in, s_out, score_shape, expand: bool) -> Generated:
              [f"operands: {', '.join(c.name for c in captured) or 'none'}"]
     source = module_source(functions, helpers, header)
     mod = ops_score_mod.register(source, fwd, operands_vjp)
+    config.log(2, f"generated score_mod {mod.key}:\n{source}")
     summary = ", ".join(_describe(n) for n in chain_nodes if not _is_index(n))
     return Generated(mod.key, tuple(captured), source, summary)
 
