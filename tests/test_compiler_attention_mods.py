@@ -128,6 +128,15 @@ class FiniteFill(nn.Module):
         return s.softmax(-1) @ v
 
 
+class QueryGate(nn.Module):
+    """The mod reads a tensor computed from q (a gate per query row): q's gradient is the flash kernels' plus
+    the one through the operand vector and the graph's own ops."""
+    def forward(self, q, k, v):
+        s = (q @ k.transpose(-2, -1)) * 0.25
+        s = s * torch.sigmoid(q.sum(-1, keepdim=True)) + 0.1 * s * s
+        return s.softmax(-1) @ v
+
+
 class FullyMaskedRows(PerHeadScale):
     """Rows hidden everywhere by a finfo.min fill: eager's softmax averages v uniformly there."""
     def forward(self, q, k, v, hidden):
@@ -217,8 +226,9 @@ def assert_one_attention_kernel(explanation, calls=MOD_CALLS, backward=True):
     (WhereThreshold, F32, "scale 0.25"),
     (IndexExpression, F32, "scale 0.25, window (7, 0)"),
     (FiniteFill, F32, "scale 0.25"),
+    (QueryGate, F32, "scale 0.25"),
 ], ids=["per-head-scale", "per-head-scale-fp16", "sin-residual", "bucket-bias", "bucket-bias-fp16",
-        "where-threshold", "index-expression", "finite-fill"])
+        "where-threshold", "index-expression", "finite-fill", "query-gate"])
 def test_generated_score_mod(make, dtype, detail):
     """Forward and backward as float64 eager (the learned tensors the mod reads get their gradients); the
     parameter forms still apply around the generated code (the scale, the band)."""
@@ -285,8 +295,8 @@ def test_fully_masked_rows_match_eager():
 
 def test_generated_source_comes_from_the_lowering():
     """The bucket lookup is generated code: index arithmetic on q_idx / k_idx, a log, an indirect load of the
-    table from the operand vector; the derivative reads the same operands; the same chain compiled again
-    gets the same key (the digest of its source)."""
+    table from the operand vector; the derivative reads the same operands; the same chain compiled again (its
+    module read back from the disk cache) gets the same key (the digest of its source)."""
     model = BucketBias()
     q, k, v = (bshd(B, S, H, D, F32) for _ in range(3))
     first = tilefuse.explain(model, q, k, v).attention[0]
@@ -296,9 +306,15 @@ def test_generated_source_comes_from_the_lowering():
     assert "score, b, h, q_idx, k_idx, operands" in fwd
     assert "k_idx" in fwd and "q_idx" in fwd and "tl.log(" in fwd and "tl.load(operands" in fwd
     assert "tl.where(" in bwd  # d/ds of where(s > 0.5, s, s / 2)
+    from tilefuse import diskcache
+
+    path = diskcache.folder("attention", "score_mods") / f"{key}.py"
+    assert path.read_text() == source
+    ops_score_mod._MODS.clear()  # as in a new process: the module is found on disk under the same key
     torch._dynamo.reset()
-    again = tilefuse.explain(model, q, k, v).attention[0]
-    assert again.detail == first.detail
+    again = tilefuse.explain(model, q, k, v)
+    assert again.attention[0].detail == first.detail
+    assert_close(again.result, model(q, k, v), tol=1e-5)
 
 
 class ReadsRowMean(nn.Module):

@@ -103,6 +103,9 @@ def inline(gm: torch.fx.GraphModule, node) -> None:
             traced = make_fx(implementation, pre_dispatch=True)(*values)
         except Exception as exc:  # torch's own checks (a shape, is_causal without a mask): eager raises too
             raise Refused(f"tracing multi_head_attention_forward failed: {type(exc).__name__}: {exc}") from None
+    odd = [n for n in traced.graph.nodes if n.op not in ("placeholder", "call_function", "output")]
+    if odd:
+        raise Refused(f"the traced implementation holds a {odd[0].op} node ({odd[0].name})")
     graph = gm.graph
     env = {}
     placeholders = [n for n in traced.graph.nodes if n.op == "placeholder"]
@@ -116,8 +119,6 @@ def inline(gm: torch.fx.GraphModule, node) -> None:
             if n.op == "output":
                 result = env[n.args[0]] if isinstance(n.args[0], torch.fx.Node) else env[n.args[0][0]]
                 continue
-            if n.op != "call_function":
-                raise Refused(f"the traced implementation holds a {n.op} node")
             new = graph.node_copy(n, lambda a: env[a])
             new.meta = {"example_value": n.meta.get("val")}
             env[n] = new
