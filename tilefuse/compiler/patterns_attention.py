@@ -14,9 +14,10 @@ Two forms are found:
 - The plain-PyTorch form: ``q @ kᵀ`` -> a chain of pointwise ops on the scores -> ``softmax(-1)`` (or written
   by hand: ``exp(s - max) / sum``) -> optional casts and dropout -> ``@ v``, with GQA's ``expand``/``reshape``
   (transformers' ``repeat_kv``) or ``repeat_interleave`` of k and v unwrapped (the kernel reads the KV head
-  ``h // group`` itself). The chain is folded into the family's parameters (:class:`_Scores`): multiplications and divisions by constants into ``scale``; ``c * tanh(s / c)`` into
-  ``softcap``; tensors added to the scores (an additive mask, ALiBi, T5's relative position bias) into one
-  additive ``mask`` that the graph's own ops compute (and that gets its gradient when it requires one);
+  ``h // group`` itself). The chain is folded into the family's parameters (:class:`_Scores`): multiplications
+  and divisions by constants into ``scale``; ``c * tanh(s / c)`` into ``softcap``; tensors added to the scores
+  (an additive mask, ALiBi, T5's relative position bias) into one additive ``mask`` that the graph's own ops
+  compute (and that gets its gradient when it requires one);
   ``masked_fill`` / ``where`` with -inf into a boolean mask (True = attend); a fill with a finite value at or
   below :data:`ABSORBING_FILL` (``finfo.min``) into the boolean mask too, with the rows it hides entirely
   taken from ``v.mean(-2)`` as eager's uniform softmax gives them. Masks computed from sizes only that are a
