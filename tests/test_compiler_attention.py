@@ -332,7 +332,7 @@ class WeightsReturned(Projections):
 @pytest.mark.parametrize("make,reason", [
     (NotLastDim, "softmax over dim -2, not the last"),
     (WeightsReturned, "users"),
-], ids=["softmax-dim", "weights-used"])  # (a finite fill such as -1e4: a generated score_mod, test_compiler_attention_mods)
+], ids=["softmax-dim", "weights-used"])  # (a finite fill such as -1e4: test_compiler_attention_mods matches it)
 def test_unmatched_attention_keeps_eager_results_and_says_why(make, reason):
     explanation = compile_and_compare(make(), torch.randn(B, S, C))
     outcomes = explanation.attention
