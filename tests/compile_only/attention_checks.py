@@ -15,6 +15,9 @@ CHECKS = [  # (kernel, example index, target, matrix family)
     ("attention_bwd_dkdv", 1, "gfx942", "v_mfma"),
     ("attention_decode", 1, "sm_80", "mma.sync"),
     ("attention_bwd_dq", 0, "gfx90a", "v_mfma"),  # the AMD dots take input_precision="ieee" (tf32 is refused)
+    # the fourth option set: a generated score_mod reading its operand vector (ALIBI == 2)
+    ("attention_fwd", 3, "sm_90a", "wgmma"),
+    ("attention_bwd_dkdv", 3, "gfx942", "v_mfma"),
 ]
 
 
@@ -22,6 +25,8 @@ CHECKS = [  # (kernel, example index, target, matrix family)
 def test_attention_example_compiles_with_matrix_instructions(kernel, index, target, family):
     spec = targets.kernels()[kernel]
     example = spec.examples(target)[index]
+    if index == 3:
+        assert "operands" in example.label, example.label
     result = targets.compile_example(spec, example, target)
     assert result.ok, f"{example.label}: {result.error}"
     assert result.mma == family

@@ -128,10 +128,11 @@ def check_backend_arguments(kwargs: dict) -> dict:
 
 def _find_attention(gm: torch.fx.GraphModule) -> None:
     """Attention in the Dynamo graph becomes the flash family's custom op (patterns/attention.py, record 027)."""
+    from .codegen import score_mod
     from .patterns import attention as patterns_attention
 
     try:
-        patterns_attention.rewrite(gm)
+        patterns_attention.rewrite(gm, compile_score_mod=score_mod.compile_chain)
     except Exception as exc:  # the graph stays as captured: its attention runs as written
         if config.get().strict:
             raise

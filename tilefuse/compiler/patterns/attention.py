@@ -14,21 +14,28 @@ Two forms are found:
 - The plain-PyTorch form: ``q @ kᵀ`` -> a chain of pointwise ops on the scores -> ``softmax(-1)`` (or written
   by hand: ``exp(s - max) / sum``) -> optional casts and dropout -> ``@ v``, with GQA's ``expand``/``reshape``
   (transformers' ``repeat_kv``) or ``repeat_interleave`` of k and v unwrapped (the kernel reads the KV head
-  ``h // group`` itself). The chain is folded into the family's parameters (:class:`_Scores`), not into a
-  generated ``score_mod``: multiplications and divisions by constants into ``scale``; ``c * tanh(s / c)`` into
-  ``softcap``; tensors added to the scores (an additive mask, ALiBi, T5's relative position bias) into one
-  additive ``mask`` that the graph's own ops compute (and that gets its gradient when it requires one);
+  ``h // group`` itself). The chain is folded into the family's parameters (:class:`_Scores`): multiplications
+  and divisions by constants into ``scale``; ``c * tanh(s / c)`` into ``softcap``; tensors added to the scores
+  (an additive mask, ALiBi, T5's relative position bias) into one additive ``mask`` that the graph's own ops
+  compute (and that gets its gradient when it requires one);
   ``masked_fill`` / ``where`` with -inf into a boolean mask (True = attend); a fill with a finite value at or
   below :data:`ABSORBING_FILL` (``finfo.min``) into the boolean mask too, with the rows it hides entirely
   taken from ``v.mean(-2)`` as eager's uniform softmax gives them. Masks computed from sizes only that are a
   band of diagonals become the kernel's ``window`` (:func:`_bands`), and a per-head slope times ``|i - j|``
   its ``alibi`` (:func:`_alibi`): no (B, H, Sq, Sk) tensor for those.
 
+A chain the parameters do not cover (``s * w[h]``, ``s + sin(s)``, a bucketed relative bias, a finite fill)
+keeps the parameters that apply at its ends (a leading constant scale, trailing -inf / finfo.min fills) and
+becomes a generated ``score_mod`` in between (:func:`_match_generated`, score_mod.py, decision
+record 032). ``nn.MultiheadAttention``'s single call is traced open first (mha.py), so that the SDPA
+inside it is found like any other.
+
 What cannot be matched stays as it is, with the reason recorded (:data:`OUTCOMES`, shown by ``explain``).
 """
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import dataclasses
 import functools
 import math
@@ -40,7 +47,9 @@ import torch.nn.functional as F
 
 from ... import config, device
 from ...kernels.attention import ops as attention_ops  # noqa: F401  (registers the tilefuse:: custom ops)
+from ...kernels.attention import ops_score_mod  # noqa: F401  (registers tilefuse::attention_mod_*)
 from ...kernels.attention import supports
+from . import mha as patterns_mha, score_mod as patterns_score_mod
 
 __all__ = ["rewrite", "Outcome", "OUTCOMES"]
 
@@ -56,13 +65,15 @@ ABSORBING_FILL = -1e9
 ABSORBING_STANDIN = -2.0 ** 127
 # How far back from the softmax the scores' matmul is looked for (ops of the score chain).
 MAX_CHAIN = 24
+# The score_mod compiler of the rewrite in progress (rewrite's argument).
+_SCORE_MOD_COMPILER: contextvars.ContextVar = contextvars.ContextVar("score_mod_compiler", default=None)
 
 
 @dataclasses.dataclass(frozen=True)
 class Outcome:
     """One attention candidate: ``node`` (the softmax or SDPA node), ``form``, and None or the reason it stays."""
     node: str
-    form: str  # "sdpa" | "decomposed"
+    form: str  # "sdpa" | "decomposed" | "multi_head_attention" (a call left unopened)
     reason: str | None
     detail: str = ""  # the kernel's parameters of a match
 
@@ -102,6 +113,8 @@ _FUNCTIONS = {
     torch.repeat_interleave: "repeat_interleave", torch.reshape: "reshape", torch.unsqueeze: "unsqueeze",
     operator.getitem: "getitem", operator.invert: "not", torch.logical_not: "not", torch.bitwise_not: "not",
     F.scaled_dot_product_attention: "sdpa",
+    # nn.MultiheadAttention's, once patterns_mha has traced it open (same arguments as F.sdpa)
+    torch.ops.aten.scaled_dot_product_attention.default: "sdpa",
 }
 _METHODS = {
     "matmul": "matmul", "bmm": "matmul", "mul": "mul", "div": "div", "add": "add", "sub": "sub", "tanh": "tanh",
@@ -586,7 +599,10 @@ def _match_decomposed(gm, sm) -> str:
     if not _same_shape(_shape(pv), tuple(vq.shape)) or _val(pv).dtype != vq.dtype:
         raise NoMatch(f"{pv.name}: the output's shape or dtype differs from q's")
     scores = _Scores()
-    _fold(_score_path(x, qk), scores, vq, vk)
+    try:
+        _fold(_score_path(x, qk), scores, vq, vk)
+    except NoMatch as exc:  # not the kernel's parameters alone: a generated score_mod for the rest
+        return _match_generated(gm, x, qk, q, k, v, pv, v_full, vq, vk, dropout_p, str(exc))
     window = _bands(scores, _known(vq.shape[2]), _known(vk.shape[2]))
     alibi = _alibi(scores, vq, window, _known(vq.shape[2]), _known(vk.shape[2]))
     graph = gm.graph
@@ -608,6 +624,91 @@ def _match_decomposed(gm, sm) -> str:
     pv.replace_all_uses_with(out)
     _erase_dead(graph, pv)
     return describe(call, "additive" if scores.additive else "boolean")
+
+
+def _match_generated(gm, x, qk, q, k, v, pv, v_full, vq, vk, dropout_p, why_not_parameters: str) -> str:
+    """The score chain as parameters where they apply and a generated ``score_mod`` for the rest (decision
+    record 032): constant factors straight after the matmul are the kernel's ``scale``; -inf / finfo.min fills
+    at the end its boolean mask or band (so it still skips tiles); the ops between become generated code
+    (:func:`patterns_score_mod.generate`), reading the tensors they need from one packed operand vector."""
+    scores = _Scores()
+    s_in = qk
+    while s_in is not x:  # leading constant factors and float casts
+        users = [u for u in s_in.users if not _dtype_only_use(u, s_in)]
+        if len(users) != 1:
+            break
+        u, op = users[0], _op(users[0])
+        if op in ("identity", "cast"):
+            uv = _val(u)
+            if not (isinstance(uv, torch.Tensor) and uv.dtype.is_floating_point):
+                break
+        elif op in ("mul", "div") and len(u.args) == 2 and not u.kwargs:
+            if op == "div" and u.args[0] is not s_in:
+                break
+            c = _constant(u.args[1] if u.args[0] is s_in else u.args[0])
+            if c is None or c == 0 or not math.isfinite(c):
+                break
+            scores.multiply(c if op == "mul" else 1.0 / c, u.name)
+        else:
+            break
+        s_in = u
+    s_out = x
+    while s_out is not s_in:  # trailing fills: the boolean mask (True = attend) and the band
+        fill_of = _trailing_fill(s_out, qk, vq, vk)
+        if fill_of is None:
+            break
+        s_out, cond, hidden_when, value = fill_of
+        (scores.hidden if value == -math.inf else scores.absorbing).append((cond, hidden_when))
+    if s_out is s_in:
+        raise NoMatch(why_not_parameters)
+    try:
+        gen = patterns_score_mod.generate(s_in, s_out, (*vq.shape[:3], vk.shape[2]), _SCORE_MOD_COMPILER.get())
+    except patterns_score_mod.Refused as exc:
+        raise NoMatch(f"{why_not_parameters}; nor as a generated score_mod: {exc}") from None
+    window = _bands(scores, _known(vq.shape[2]), _known(vk.shape[2]))
+    graph = gm.graph
+    with graph.inserting_before(pv):
+        mask = _build_mask(graph, scores, torch.float32)  # no additive term here: None or boolean
+        operands = patterns_score_mod.pack_operands(graph, gen.captures)
+        call = graph.call_function(torch.ops.tilefuse.attention_mod_fwd.default,
+                                   (q, k, v, mask, operands, float(scores.scale), 0, *window, dropout_p, gen.key))
+        out = graph.call_function(operator.getitem, (call, 0))
+        if scores.absorbing:
+            out = _uniform_empty_rows(graph, out, scores, v_full)
+    out.meta["example_value"] = _val(pv)
+    pv.replace_all_uses_with(out)
+    _erase_dead(graph, pv)
+    return describe(call, "boolean") + f", generated score_mod {gen.key} ({gen.summary})"
+
+
+def _trailing_fill(node, qk, vq, vk):
+    """``node`` = a fill of the scores with -inf or an absorbing value under a mask that does not depend on the
+    scores: (the scores' node, mask, True when the mask marks hidden scores, fill), else None."""
+    op = _op(node)
+    if op == "masked_fill":
+        src, cond, fill, hidden_when = node.args[0], _arg(node, 1, "mask"), _arg(node, 2, "value"), True
+    elif op == "where":
+        cond, a, b = _arg(node, 0, "condition"), _arg(node, 1, "input"), _arg(node, 2, "other")
+        on_a = isinstance(a, torch.fx.Node) and _reaches(a, qk)
+        on_b = isinstance(b, torch.fx.Node) and _reaches(b, qk)
+        if on_a == on_b:
+            return None
+        src, fill, hidden_when = (a, b, False) if on_a else (b, a, True)
+    else:
+        return None
+    if not isinstance(src, torch.fx.Node) or not isinstance(cond, torch.fx.Node) or _reaches(cond, qk) \
+            or len(src.users) != 1:
+        return None
+    value = _constant(fill)
+    if value is None or not (value == -math.inf or value <= ABSORBING_FILL):
+        return None
+    try:
+        _check_mask(cond, vq, vk)
+    except NoMatch:
+        return None
+    if _val(cond).dtype != torch.bool:
+        return None
+    return src, cond, hidden_when, value
 
 
 # Masks evaluated at compile time to look for a band: at most this many (Sq, Sk) elements, and ops above them.
@@ -756,8 +857,12 @@ def _alibi(scores: _Scores, vq, window, Sq, Sk):
 
 
 def describe(call, mask_kind: str | None = None) -> str:
-    """The parameters of an ``attention_fwd`` call node, for ``explain``."""
-    q, k, v, mask, alibi, scale, softcap, causal, left, right, dropout_p = call.args
+    """The parameters of an ``attention_fwd`` (or ``attention_mod_fwd``) call node, for ``explain``."""
+    if call.target is torch.ops.tilefuse.attention_mod_fwd.default:
+        q, k, v, mask, _operands, scale, causal, left, right, dropout_p, _key = call.args
+        alibi, softcap = None, 0.0
+    else:
+        q, k, v, mask, alibi, scale, softcap, causal, left, right, dropout_p = call.args
     parts = [f"scale {scale:.4g}"]
     if softcap:
         parts.append(f"softcap {softcap:g}")
@@ -819,10 +924,13 @@ def _combine(graph, conds: list, hidden: bool):
 
 
 def _floored(graph, additive, dtype):
-    """``additive`` with values below :data:`ABSORBING_STANDIN` raised to it (float32/bfloat16/float64 masks)."""
+    """``additive`` with finite values below :data:`ABSORBING_STANDIN` raised to it (float32/bfloat16/float64
+    masks). -inf stays -inf: eager's SDPA gives a row masked everywhere with -inf zeros, as the kernel does (the
+    float masks nn.MultiheadAttention makes from boolean ones), where a floored row would average v."""
     if dtype not in (torch.float32, torch.bfloat16, torch.float64):
         return additive
-    return graph.call_function(torch.clamp, (additive,), {"min": ABSORBING_STANDIN})
+    floored = graph.call_function(torch.clamp, (additive,), {"min": ABSORBING_STANDIN})
+    return graph.call_function(torch.where, (graph.call_function(torch.isneginf, (additive,)), additive, floored))
 
 
 def _erase_dead(graph, start) -> None:
@@ -830,6 +938,8 @@ def _erase_dead(graph, start) -> None:
     stack = [start]
     while stack:
         n = stack.pop()
+        if getattr(n, "_erased", False):  # reached twice (an op reading the scores twice, s + sin(s))
+            continue
         if n.users or n.op != "call_function" and n.op != "call_method":
             continue
         if n.op == "call_method" and n.target.endswith("_"):
@@ -892,11 +1002,33 @@ def switched_off():
         ENABLED = before
 
 
-def rewrite(gm: torch.fx.GraphModule) -> list[Outcome]:
-    """Replace every attention of a Dynamo graph that the family runs; returns the outcomes (also recorded)."""
+def rewrite(gm: torch.fx.GraphModule, compile_score_mod=None) -> list[Outcome]:
+    """Replace every attention of a Dynamo graph that the family runs; returns the outcomes (also recorded).
+    ``compile_score_mod``: what lowers and writes a generated score_mod (the backend passes
+    ``codegen.score_mod.compile_chain``, a later stage); without it a chain that needs one stays unmatched, with
+    that reason."""
+    token = _SCORE_MOD_COMPILER.set(compile_score_mod)
+    try:
+        return _rewrite(gm)
+    finally:
+        _SCORE_MOD_COMPILER.reset(token)
+
+
+def _rewrite(gm: torch.fx.GraphModule) -> list[Outcome]:
     outcomes = []
     if not ENABLED:
         return outcomes
+    opened = False
+    for node in list(gm.graph.nodes):  # nn.MultiheadAttention's one call, traced open (patterns_mha)
+        if not patterns_mha.is_mha(node):
+            continue
+        try:
+            patterns_mha.inline(gm, node)
+            opened = True
+        except patterns_mha.Refused as exc:
+            outcome = Outcome(node.name, "multi_head_attention", str(exc))
+            outcomes.append(outcome)
+            _note(outcome)
     for node in list(gm.graph.nodes):
         if getattr(node, "_erased", False):  # a node of an attention replaced before it in this loop
             continue
@@ -911,7 +1043,7 @@ def rewrite(gm: torch.fx.GraphModule) -> list[Outcome]:
             outcome = Outcome(node.name, form, str(exc))
         outcomes.append(outcome)
         _note(outcome)
-    if any(o.reason is None for o in outcomes):
+    if opened or any(o.reason is None for o in outcomes):
         gm.graph.lint()
         gm.recompile()
     return outcomes

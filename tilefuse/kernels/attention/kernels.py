@@ -7,9 +7,11 @@ FlexAttention's ``score_mod``)::
 
     s = (q @ k^T) * sm_scale
     s = softcap * tanh(s / softcap)                        SOFTCAP
-    s = s - slope[b, h] * |i + diag - j|                   ALIBI
+    s = s - slope[b, h] * |i + diag - j|                   ALIBI == 1
     s = s + mask[b, h, i, j]                               MASK_KIND 1 (additive)
     s = SCORE_MOD(s, b, h, i, j)                           SCORE_MOD (a @triton.jit function, or None)
+                                                           (ALIBI == 2: SCORE_MOD(s, b, h, i, j, alibi_ptr),
+                                                           the pointer to the tensors a generated mod reads)
     s = where(mask[b, h, i, j], s, -inf)                   MASK_KIND 2 (boolean, True = attend)
     s = where(i + lo_off <= j <= i + hi_off and j < Sk, s, -inf)   the band (causal, window) and bounds
 
@@ -124,7 +126,7 @@ def score_tile(qk, b, h, q_idx, k_idx, Sq, Sk, sm_scale, softcap, diag, lo_off, 
     if SOFTCAP:
         t = tanh_f32(s / softcap)
         s = softcap * t
-    if ALIBI:
+    if ALIBI == 1:
         slope = tl.load(alibi_ptr + b * stride_ab + h * stride_ah)
         s = s - slope * tl.abs(q_idx + diag - k_idx).to(tl.float32)
     if MASK_KIND != 0:
@@ -135,7 +137,10 @@ def score_tile(qk, b, h, q_idx, k_idx, Sq, Sk, sm_scale, softcap, diag, lo_off, 
             s = s + mv.to(tl.float32)
     pre = s
     if SCORE_MOD is not None:
-        s = SCORE_MOD(s, b, h, q_idx, k_idx)
+        if ALIBI == 2:  # alibi_ptr holds the mod's operands (a generated score_mod reading tensors)
+            s = SCORE_MOD(s, b, h, q_idx, k_idx, alibi_ptr)
+        else:
+            s = SCORE_MOD(s, b, h, q_idx, k_idx)
     if MASK_KIND == 2:  # after the mod: SCORE_MOD never sees the -inf of a masked-out score
         s = tl.where(mv != 0, s, float("-inf"))
     if MASKED:
@@ -145,10 +150,14 @@ def score_tile(qk, b, h, q_idx, k_idx, Sq, Sk, sm_scale, softcap, diag, lo_off, 
 
 
 @triton.jit
-def score_grad(ds, b, h, q_idx, k_idx, pre, t, SOFTCAP: tl.constexpr, SCORE_MOD_GRAD: tl.constexpr):
+def score_grad(ds, b, h, q_idx, k_idx, pre, t, alibi_ptr, SOFTCAP: tl.constexpr, ALIBI: tl.constexpr,
+               SCORE_MOD_GRAD: tl.constexpr):
     """d loss / d (qk * sm_scale) from d loss / d s: back through SCORE_MOD (its derivative) and the cap."""
     if SCORE_MOD_GRAD is not None:
-        ds = ds * SCORE_MOD_GRAD(pre, b, h, q_idx, k_idx)
+        if ALIBI == 2:
+            ds = ds * SCORE_MOD_GRAD(pre, b, h, q_idx, k_idx, alibi_ptr)
+        else:
+            ds = ds * SCORE_MOD_GRAD(pre, b, h, q_idx, k_idx)
     if SOFTCAP:
         ds = ds * (1.0 - t * t)
     return ds
@@ -420,7 +429,7 @@ def _bwd_kv_tile(dk, dv, k, v, q_base, do_base, lse_base, delta_base, dq_base, t
         pd_t = pd_t.to(tl.float32)
     dv = tl.dot(pd_t, do, dv, input_precision=INPUT_PRECISION)
     ds_t = p_t * (dp_t - delta[None, :])
-    ds_t = score_grad(ds_t, b, h, q_idx, k_idx, pre, t, SOFTCAP, SCORE_MOD_GRAD)
+    ds_t = score_grad(ds_t, b, h, q_idx, k_idx, pre, t, alibi_ptr, SOFTCAP, ALIBI, SCORE_MOD_GRAD)
     ds_t = ds_t.to(in_dtype)
     if DOT_F32:
         ds_t = ds_t.to(tl.float32)
@@ -565,7 +574,7 @@ def _bwd_q_tile(dq, q, do, lse2, delta, k_base, v_base, tile, b, h, bh, q_idx, S
         keep = dropout_keep(seed, bh, q_idx, k_idx, Sk, dropout_p)
         dp = tl.where(keep, dp * (1.0 / (1.0 - dropout_p)), 0.0)
     ds = p * (dp - delta[:, None])
-    ds = score_grad(ds, b, h, q_idx, k_idx, pre, t, SOFTCAP, SCORE_MOD_GRAD)
+    ds = score_grad(ds, b, h, q_idx, k_idx, pre, t, alibi_ptr, SOFTCAP, ALIBI, SCORE_MOD_GRAD)
     ds = ds.to(in_dtype)
     if DOT_F32:
         ds = ds.to(tl.float32)

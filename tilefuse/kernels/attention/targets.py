@@ -4,7 +4,7 @@ config of the family's spaces (:mod:`.configs`) for every target and checks the 
 Each config of a kernel's space (the target's arch class, every head-dim class) is one example, compiled with
 a rotating set of score options so that each option reaches every target's code generator: bf16 causal,
 fp16 with a boolean mask + ALiBi + soft cap + a ``score_mod`` hook (no band), bf16 sliding window (both
-band edges) with dropout, and
+band edges) with dropout, fp16 causal with a ``score_mod`` that reads an operand vector (``ALIBI == 2``), and
 head dims that are not powers of two (80, 96). Pointer arguments and the non-unit strides are marked
 16-divisible and the head-dim strides are the constant 1, as the JIT specialises a contiguous-D launch.
 The ``*_varlen`` kernels are the same configs and options with the VARLEN switch on (packed variable-length
@@ -40,12 +40,28 @@ def example_relative_bias_grad(score, b, h, q_idx, k_idx):
     return 1.0
 
 
+@triton.jit
+def example_operand_bias(score, b, h, q_idx, k_idx, operands):
+    """A generated mod reading tensors (ALIBI == 2: the operand vector in the slopes' slot): a per-head scale
+    and a relative-position table, loads masked past the sequence as a generated mod masks them."""
+    rel = tl.minimum(tl.abs(k_idx - q_idx), 7)
+    bias = tl.load(operands + 16 + rel * 16 + h, mask=(rel >= 0) & (q_idx < 4096), other=0.0)
+    return score * tl.load(operands + h) + bias
+
+
+@triton.jit
+def example_operand_bias_grad(score, b, h, q_idx, k_idx, operands):
+    return tl.load(operands + h) + 0.0 * score
+
+
 # options: (label, dtype, head_dim, constexpr overrides)
 _OPTION_SETS = (
     ("bf16 causal", "bf16", None, {"BAND_HI": True}),
     ("fp16 bool mask+alibi+softcap+score_mod", "fp16", None,
      {"MASK_KIND": 2, "ALIBI": True, "SOFTCAP": True, "SCORE_MOD": example_relative_bias}),
     ("bf16 window+dropout", "bf16", None, {"BAND_LO": True, "BAND_HI": True, "DROPOUT": True}),
+    ("fp16 causal+generated score_mod with operands", "fp16", None,
+     {"BAND_HI": True, "ALIBI": 2, "SCORE_MOD": example_operand_bias, "SCORE_MOD_GRAD": example_operand_bias_grad}),
 )
 _ODD_HEAD_DIM = {64: 48, 128: 80, 256: 192}  # non-power-of-two head dims: padded block, masked loads
 
@@ -101,7 +117,8 @@ def _examples_of(kernel: str, fn, target: str, extra: dict, head_dims=(64, 128, 
                       "HEAD_DIM": head_dim, "BLOCK_D": hd_class, "BLOCK_M": cfg.block_m, "BLOCK_N": cfg.block_n,
                       "GROUP": 2 if "dropout" not in label else 1, **extra}
             if "SCORE_MOD_GRAD" in fn.arg_names:
-                consts["SCORE_MOD_GRAD"] = example_relative_bias_grad if overrides.get("SCORE_MOD") else None
+                consts["SCORE_MOD_GRAD"] = overrides.get("SCORE_MOD_GRAD", example_relative_bias_grad) \
+                    if overrides.get("SCORE_MOD") else None
             consts = {k: v for k, v in consts.items() if k in fn.arg_names}
             sig, div = _signature(fn, dtype, consts.get("MASK_KIND", 0), consts)
             out.append(targets.Example(f"{cfg.label()} d{head_dim} {label}", sig, consts,
