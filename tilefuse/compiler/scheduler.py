@@ -862,8 +862,9 @@ def epilogue_legality(s: Scheduler, steps: list, gi: int, gemm_name: str) -> tup
         for k in range(gemm_at):
             produced |= _step_writes(s, steps[k])
         inputs = {n.name for n in s.graph.nodes if isinstance(n, ir.InputNode)}
-        if any(op.buffer not in produced | inputs for op in loads):
-            return None, "a step between them reads the product and the group needs later values"
+        late = [op.buffer for op in loads if op.buffer not in produced | inputs]
+        if late:
+            return None, _late_operands_reason(s, steps, gemm_at, gi, gemm_name, late)
         at = gemm_at
     stores: list[tuple[str, tuple, int]] = []
     for r in g.stores:
@@ -889,6 +890,20 @@ def epilogue_legality(s: Scheduler, steps: list, gi: int, gemm_name: str) -> tup
     return step, ("" if at == gi else "at the GEMM")
 
 
+def _late_operands_reason(s: Scheduler, steps: list, gemm_at: int, gi: int, gemm_name: str, late: list) -> str:
+    """Why a consumer that needs values computed after the GEMM cannot be its epilogue. The usual case is a
+    quantisation whose scale is a reduction over the product itself (``amax(|y|) / 448``): every tile must be
+    reduced before any element is quantised, so the GEMM stores its product, the reduction runs, and the
+    quantising pass reads the product once more (docs/decisions/031-compiler-gemm-quantised-outputs.md)."""
+    reductions = [st for st in steps[gemm_at + 1:gi]
+                  if isinstance(st, KernelGroup) and st.kind == "reduction" and gemm_name in _step_reads(s, st)]
+    if reductions:
+        names = ", ".join(sorted({r for st in reductions for r in st.roots}))
+        return (f"it needs {', '.join(late)}, computed from the product by a reduction ({names}) that must see "
+                f"every tile first: the GEMM stores the product, the reduction and this pass run after it")
+    return f"a step between them reads the product and the group needs later values ({', '.join(late)})"
+
+
 def epilogue_benefit(s: Scheduler, step: GemmStep) -> int:
     """Bytes of memory traffic the fused epilogue saves: the product's read by the group, and its write when
     nothing else needs it (the fused step stores the group's outputs instead)."""
@@ -906,6 +921,13 @@ def fuse_epilogues(s: Scheduler, steps: list) -> list:
     gi = 0
     while gi < len(steps):
         g = steps[gi]
+        if isinstance(g, KernelGroup) and g.kind == "reduction":
+            # a reduction over the product (an amax scale, a row norm) needs every tile of it: not an epilogue
+            reads = {ld.buffer for _, b in g.bodies for ld in ir.loads(b)}
+            for st in steps[:gi]:
+                if isinstance(st, GemmStep) and st.epilogue is None and st.name in reads:
+                    notes.setdefault(st.name, f"consumer {g.name} reduces over the product ({', '.join(g.roots)}): "
+                                              f"it runs after the GEMM as its own kernel")
         if not isinstance(g, KernelGroup) or g.kind != "pointwise":
             gi += 1
             continue
