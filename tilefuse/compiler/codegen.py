@@ -700,7 +700,7 @@ class KernelWriter:
             return self.emit(scope, f"tl.full([], 0, {TL_DTYPE[reg]})", reg, key)
         args = f"{ptr} + ({offtext})"
         if mask:
-            other = "0" if e.dtype != torch.bool else "0"
+            other = "0.0" if e.dtype in float8.FP8_DTYPES else "0"  # the interpreter casts no int to float8
             args += f", {mask}, other={other}"
         text = f"tl.load({args})"
         if e.dtype in P.HALF:
@@ -1691,7 +1691,8 @@ class EpilogueWriter(KernelWriter):
             return self.emit(scope, text, P.compute_dtype(e.dtype), key)
         k = self._slot("load", e.buffer, e.index)
         mask = self.slot_mask(k)
-        text = f"tl.load({self.slot_address(k)}, {mask}, other=0)" if mask else f"tl.load(e{k})"
+        other = "0.0" if e.dtype in float8.FP8_DTYPES else "0"
+        text = f"tl.load({self.slot_address(k)}, {mask}, other={other})" if mask else f"tl.load(e{k})"
         if e.dtype in P.HALF:
             text += ".to(tl.float32)"
         text = self.fp8_loaded(text, e.dtype)

@@ -99,6 +99,7 @@ def helper_texts() -> dict[str, tuple[str, tuple[str, ...]]]:
         "def _tf_e5m2_bits(v):\n"
         "    # v: float32 on the e5m2 grid, inf or NaN -> the float8 code (float16's top byte)\n"
         "    h = v.to(tl.float16).to(tl.int16, bitcast=True) >> 8\n"
+        "    h = tl.where(v != v, (h & 0x80) | 0x7F, h)  # torch's NaN code (float16's top byte is 0x7e)\n"
         "    return h.to(tl.uint8).to(tl.float8e5, bitcast=True)\n", ())
     out["_tf_from_e4m3fn"] = (
         "def _tf_from_e4m3fn(x):\n"
