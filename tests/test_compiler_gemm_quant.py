@@ -72,7 +72,7 @@ FORMS = {
     "int8_row": (mm, lambda y, s: F.gelu(y) / (s.abs() + 0.02), int8,
                  lambda M, dt: torch.rand(M, 1, dtype=dt) * 0.1, ("round", "_to_copy")),
     # per-tensor int8 through the inverse scale
-    "int8_inverse": (mm_bias, lambda y, s: y * (127.0 / s), int8, lambda M, dt: torch.tensor(6.0),
+    "int8_inverse": (mm_bias, lambda y, s: y * (127.0 / s), int8, lambda M, dt: torch.tensor(24.0),
                      ("mul", "round", "_to_copy")),
     # no clamp: values past the largest finite code take torch's overflow rule (e4m3fn saturates, e5m2
     # overflows to inf)
