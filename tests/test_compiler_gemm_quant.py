@@ -319,3 +319,22 @@ def test_float8_arithmetic_stays_in_aten_with_its_reason():
     with cc.lenient():
         out = cc.compiled(fn2, fullgraph=True, dynamic=False)(q)
     assert torch.equal(out, fn2(q))
+
+
+def test_quantising_hooks_cross_compile_for_sm90a_and_gfx942():
+    """tests/compile_only/gemm_quant_hook_checks.py in a child that is not on the interpreter: the quantising
+    hooks (float8 codes from bits, int8) build inside the library GEMM for both vendors."""
+    import os
+    import re
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    here = Path(__file__).resolve().parent
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env.update(TILEFUSE_INTERPRET="0", PYTHONPATH=str(here.parent))
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                           str(here / "compile_only" / "gemm_quant_hook_checks.py")],
+                          capture_output=True, text=True, env=env, cwd=here.parent, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
+    assert re.search(r"\b6 passed", proc.stdout) and "failed" not in proc.stdout, proc.stdout[-2000:]
