@@ -13,6 +13,8 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
+import triton
+import triton.language as tl
 
 from tilefuse.compiler import records
 
@@ -282,6 +284,34 @@ def test_explain_shows_the_quantising_gemm_and_no_matmul_extern():
     fuses = text.split(gemm_lines[0], 1)[1].splitlines()[1]
     assert "aten.mm" in fuses and "aten._to_copy" in fuses and "aten.clamp" in fuses, fuses
     assert "\n  extern " not in text and "no fallback to ATen" in text, text
+    # the codes are the only output: the library GEMM does not store the product (store_out=False)
+    assert "(the product is not stored)" in gemm_lines[0], gemm_lines[0]
+    writes = text.split(gemm_lines[0], 1)[1].splitlines()[2]
+    assert writes.strip() == "writes _to_copy", writes
+
+
+@triton.jit
+def twice_into_e0(acc, offs_m, offs_n, mask_m, mask_n, e0, e0_sm, e0_sn, e1, e1_sm, e1_sn, e2, e2_sm, e2_sn,
+                  e3, e3_sm, e3_sn):
+    mask = mask_m[:, None] & mask_n[None, :]
+    tl.store(e0 + offs_m[:, None] * e0_sm + offs_n[None, :] * e0_sn, acc * 2.0, mask)
+    return acc
+
+
+def test_library_gemm_without_its_own_store():
+    """``store_out=False``: the hook's slot store is the only write; ``out`` (a one-element stand-in with zero
+    strides) is untouched; a call that would store nothing is refused before any launch."""
+    from tilefuse.kernels.gemm import plan
+
+    for M, K, N in ((37, 29, 41), (1, 7, 129)):
+        a, b = t(M, K), t(N, K).t()  # b read transposed through its strides
+        side = torch.full((M, N), float("nan"))
+        stand_in = torch.full((1,), 7.0).as_strided((M, N), (0, 0))
+        plan.gemm_with_epilogue(a, b, twice_into_e0, [side], torch.float32, out=stand_in, store_out=False)
+        ref = 2 * (a.double() @ b.double())
+        assert cc.rel_error(side, ref) < 1e-5 and stand_in[0, 0].item() == 7.0
+    with pytest.raises(ValueError, match="store_out=False needs an epilogue_fn"):
+        plan.gemm_with_epilogue(a, b, None, [], torch.float32, store_out=False)
 
 
 def test_unsupported_float8_format_falls_back_with_its_reason():

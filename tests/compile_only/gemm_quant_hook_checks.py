@@ -86,7 +86,9 @@ def test_quantising_hooks_build_in_the_gemm_template(fn, target):
         assert "_to_copy" in ks.source, ks.source  # the quantising cast is in the hook
         if fn is not int8_row:  # torch's float8 rounding and the code's bits, not Triton's float8 cast
             assert "_tf_round_to_fp8_grid" in ks.source and "_bits(" in ks.source, ks.source
+        # the codes are the only output: the GEMM's own store is off (the compiler's store_out=False)
+        assert "the GEMM stores nothing itself" in ks.source, ks.source
         example = gemm_targets._example(gemm_tiled_kernel, ks.name, target, CONFIGS[target],
-                                        epilogue={"EPILOGUE": _load(ks)})
+                                        epilogue={"EPILOGUE": _load(ks), "STORE_C": False})
         result = targets.compile_example(spec, example, target)
         assert result.ok, (ks.name, result.error)

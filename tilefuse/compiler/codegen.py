@@ -1769,7 +1769,8 @@ class EpilogueWriter(KernelWriter):
         targets = [o.split(":", 1)[1] if ":" in o else o for o in g.origins]
         header = [f"# GEMM epilogue hook (tilefuse.kernels.gemm.epilogue contract) of {self.step.name}",
                   f"# fuses {len(targets)} ATen nodes:"] + [f"#   {t}" for t in targets]
-        header.append(f"# the GEMM stores {self.step.out_buffer}; slots: "
+        stored = "nothing itself (its product is not needed)" if self.step.discard else self.step.out_buffer
+        header.append(f"# the GEMM stores {stored}; slots: "
                       + (", ".join(f"e{k} {op.kind} {op.buffer}" for k, op in enumerate(self.step.operands))
                          or "none"))
         body = "\n".join(top.lines)

@@ -127,6 +127,9 @@ class GemmStep:
     out_stride: tuple = ()
     out_offset: int = 0
     note: str = ""  # why a pointwise consumer of the product was not fused (explain shows it)
+    # the GEMM's own store is skipped: nothing reads the product and the epilogue's outputs are all stored by
+    # the hook (a quantising tail whose codes are float8 or int8: the library stores only float outputs)
+    discard: bool = False
 
     @property
     def out_buffer(self) -> str:
@@ -886,7 +889,8 @@ def epilogue_legality(s: Scheduler, steps: list, gi: int, gemm_name: str) -> tup
     group = dataclasses.replace(g, space=tuple(gemm.shape), bodies=tuple((r, bodies[r]) for r, _ in g.bodies),
                                 positions=tuple((r, positions[r]) for r, _ in g.positions),
                                 origins=tuple(gemm.origins) + tuple(o for o in g.origins if o not in gemm.origins))
-    step = GemmStep(gemm_name, group, operands, main[0], main[1], main[2])
+    discard = main[0] == gemm_name and not keep_product and bool(extra_stores)
+    step = GemmStep(gemm_name, group, operands, main[0], main[1], main[2], discard=discard)
     return step, ("" if at == gi else "at the GEMM")
 
 
