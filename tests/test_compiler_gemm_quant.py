@@ -368,3 +368,22 @@ def test_quantising_hooks_cross_compile_for_sm90a_and_gfx942():
                           capture_output=True, text=True, env=env, cwd=here.parent, timeout=900)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
     assert re.search(r"\b6 passed", proc.stdout) and "failed" not in proc.stdout, proc.stdout[-2000:]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=["fp32", "fp16"])
+def test_operand_producers_stay_their_own_kernel_and_explain_says_so(dtype):
+    """A cast or a scale of a GEMM operand is not fused into the GEMM's loads (no prologue: decision 032): the
+    producer is its own kernel, the answer is eager's, and explain names the producer and the reason."""
+    import tilefuse
+
+    other = torch.float16 if dtype == torch.float32 else torch.float32
+    cases = {
+        "cast of the activations": (lambda x, w: F.gelu(x.to(w.dtype) @ w.t()), (t(7, 33, dtype=other), t(19, 33, dtype=dtype))),
+        "scale of the weight": (lambda x, w: x @ (w * 0.5).t(), (t(7, 33, dtype=dtype), t(19, 33, dtype=dtype))),
+    }
+    for what, (fn, args) in cases.items():
+        args = tuple(a.requires_grad_() for a in args)
+        cc.check_function(fn, *args, what=what)
+        assert gemm_kernels() and not matmul_externs(), matmul_externs()
+        text = str(tilefuse.explain(fn, *[a.detach() for a in args]))
+        assert "no prologue fusion (decision 032)" in text, text

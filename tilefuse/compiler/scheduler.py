@@ -960,8 +960,28 @@ def fuse_epilogues(s: Scheduler, steps: list) -> list:
             break
         if not fused:
             gi += 1
-    return [dataclasses.replace(st, note=notes[st.name]) if isinstance(st, GemmStep) and st.epilogue is None
-            and st.name in notes else st for st in steps]
+    out = []
+    for st in steps:
+        if isinstance(st, GemmStep):
+            said = [notes[st.name]] if st.epilogue is None and st.name in notes else []
+            said += _prologue_notes(s, steps, st)
+            if said:
+                st = dataclasses.replace(st, note="; ".join(said))
+        out.append(st)
+    return out
+
+
+def _prologue_notes(s: Scheduler, steps: list, st: GemmStep) -> list[str]:
+    """An operand of the GEMM made by a pointwise kernel (a cast, a scale) stays that kernel's output: the
+    library template takes no prologue hook (docs/decisions/032-compiler-gemm-prologue.md); explain says so."""
+    gemm = s.table[st.name]
+    said = []
+    for operand in dict.fromkeys((s.base(gemm.a), s.base(gemm.b))):
+        maker = next((g for g in steps if isinstance(g, KernelGroup) and g.kind == "pointwise" and operand in g.stores),
+                     None)
+        if maker is not None:
+            said.append(f"operand {operand} is made by {maker.name}, its own kernel: no prologue fusion (decision 032)")
+    return said
 
 
 def fused_or_split(s: Scheduler, step: GemmStep) -> bool:
