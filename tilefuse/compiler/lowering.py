@@ -44,6 +44,7 @@ class GraphFallback(Exception):
     """The whole graph runs in ATen (the message is the reason)."""
 
 
+# (float8_e4m3fn / float8_e5m2 are compiled in casts, copies and views only: _check_dtype, compiler/float8.py)
 SUPPORTED_DTYPES = frozenset({torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.int8,
                               torch.int16, torch.int32, torch.int64, torch.uint8, torch.bool})
 

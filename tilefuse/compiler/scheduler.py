@@ -33,7 +33,11 @@
    views of the GEMM's (M, N) tile, at most ``gemm_epilogue.NUM_EXTRA_OPERANDS`` of them, nothing between
    the two steps reads the raw product); :func:`epilogue_benefit` whether it pays (bytes); on a GPU the
    library's tuner may still choose cuBLAS and a separate epilogue kernel for the shape
-   (:func:`tilefuse.kernels.gemm.fusion_choice.epilogue_choice`).
+   (:func:`tilefuse.kernels.gemm.fusion_choice.epilogue_choice`). A tail whose only outputs are codes the
+   library does not store (float8, int8: a quantised output) is stored by the hook, and the GEMM stores
+   nothing itself (``GemmStep.discard``, docs/decisions/031-compiler-gemm-quantised-outputs.md). Operand
+   producers are not fused as prologues (docs/decisions/032-compiler-gemm-prologue.md); explain says why a
+   consumer or a producer stayed apart (``GemmStep.note``).
 """
 from __future__ import annotations
 
