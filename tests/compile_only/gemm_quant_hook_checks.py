@@ -92,3 +92,51 @@ def test_quantising_hooks_build_in_the_gemm_template(fn, target):
                                         epilogue={"EPILOGUE": _load(ks), "STORE_C": False})
         result = targets.compile_example(spec, example, target)
         assert result.ok, (ks.name, result.error)
+
+
+def dequant_requant(q, s, t):
+    # a float8 input read (every code), dequantised, and quantised again to the other format
+    return (q.to(torch.float32) * s).to(torch.float8_e5m2), (t.to(torch.float32) * s).to(torch.float8_e4m3fn)
+
+
+@pytest.mark.parametrize("arch", ["sm_90", "gfx942"])
+def test_float8_pointwise_kernels_build(arch):
+    """The generated pointwise kernels that load and store float8 (decoded and encoded from bits) build for
+    sm_90 and gfx942."""
+    from torch._functorch.aot_autograd import aot_module_simplified
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from triton.backends.compiler import GPUTarget
+
+    from tilefuse.compiler import ir
+    from tilefuse.compiler.decompositions import decomposition_table
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tools"))
+    import sweep_reductions as sr
+
+    gpu_target, launch = {"sm_90": (GPUTarget("cuda", 90, 32), LAUNCH["sm_90a"]),
+                          "gfx942": (GPUTarget("hip", "gfx942", 64), LAUNCH["gfx942"])}[arch]
+    captured = []
+
+    def backend(gm, example_inputs):
+        return aot_module_simplified(gm, example_inputs, fw_compiler=lambda g, _: captured.append(g) or g,
+                                     decompositions=decomposition_table())
+
+    torch._dynamo.reset()
+    with FakeTensorMode(allow_non_fake_inputs=False):
+        args = (torch.empty(256, 128, dtype=torch.float8_e4m3fn), torch.rand(256, 1),
+                torch.empty(256, 128, dtype=torch.float8_e5m2))
+        torch.compile(dequant_requant, backend=backend)(*args)
+    built = 0
+    for gm in captured:
+        g, fallbacks, _ = lowering.lower(gm, lambda n: n.meta.get("val"))
+        assert not fallbacks, fallbacks
+        sched = scheduler.schedule(g)
+        table = sched.graph.by_name()
+        for st in sched.steps:
+            if isinstance(st, scheduler.KernelGroup):
+                ks = codegen.generate(st, sched, launch)
+                assert "_tf_from_e4m3fn(" in ks.source and "_tf_e5m2_bits(" in ks.source, ks.source
+                dtypes = {a[1]: ir.node_meta(table[a[1]], a[1]).dtype for a in ks.args if a[0] == "buf"}
+                sr.compile_kernel(ks, dtypes, gpu_target)
+                built += 1
+    assert built, "no kernel was planned"

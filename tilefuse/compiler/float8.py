@@ -20,8 +20,9 @@ Triton's float8 casts:
   on NVIDIA it is ``cvt.rn.satfinite``, which saturates e5m2's inf to 57344 where torch gives inf.
 - **store** (``_tf_<fmt>_bits``): the on-grid value's bits (sign, exponent, three mantissa bits for e4m3;
   e5m2 is float16's top byte) bitcast to the float8 type, exact on every backend.
-- **load** (``_tf_from_<fmt>``): e5m2 through float16 (its top byte), e4m3 through Triton's cast with the
-  NaN code (0x7f) mapped to NaN: the interpreter reads it as 480, and e5m2's inf and NaN as 65536 and 98304.
+- **load** (``_tf_from_<fmt>``): e5m2 through float16 (its top byte), e4m3 from its sign, exponent and
+  mantissa bits (0x7f is NaN): Triton's cast reads e4m3's NaN as 480 on the interpreter, and e5m2's inf and
+  NaN as 65536 and 98304.
 
 The GEMM epilogue hook writes the same text (codegen.EpilogueWriter), so a quantising tail fused into the
 library's GEMM stores exactly what eager's ``.to(float8)`` stores.
@@ -103,8 +104,14 @@ def helper_texts() -> dict[str, tuple[str, tuple[str, ...]]]:
         "    return h.to(tl.uint8).to(tl.float8e5, bitcast=True)\n", ())
     out["_tf_from_e4m3fn"] = (
         "def _tf_from_e4m3fn(x):\n"
-        "    bits = x.to(tl.uint8, bitcast=True)\n"
-        "    return tl.where((bits & 0x7F) == 0x7F, float(\"nan\"), x.to(tl.float32))\n", ())
+        "    # the code's value from its bits: (8 + m) * 2^(e - 10), subnormals m * 2^-9, 0x7f NaN\n"
+        "    b = x.to(tl.uint8, bitcast=True).to(tl.int32)\n"
+        "    e = (b >> 3) & 0xF\n"
+        "    m = (b & 7).to(tl.float32)\n"
+        "    pow2 = ((e + 117) << 23).to(tl.float32, bitcast=True)\n"
+        "    mag = tl.where(e == 0, m * 0.001953125, (8.0 + m) * pow2)\n"
+        "    mag = tl.where((b & 0x7F) == 0x7F, float(\"nan\"), mag)\n"
+        "    return tl.where((b & 0x80) != 0, -mag, mag)\n", ())
     out["_tf_from_e5m2"] = (
         "def _tf_from_e5m2(x):\n"
         "    bits = x.to(tl.uint8, bitcast=True).to(tl.uint16) << 8\n"
