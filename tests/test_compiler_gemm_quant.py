@@ -91,9 +91,10 @@ def band(product, tail, quant, args, dtype, K):
     roundings."""
     x, w, b, s = [a.detach().double() for a in args]
     y = product(x, w, b)
-    err = (K + 4) * 2.0 ** -24 * (x.abs() @ w.abs().t() + b.abs())
+    # (every product form is bilinear plus a bias: product(|x|, |w|, |b|) bounds the terms' sum)
+    err = (K + 4) * 2.0 ** -24 * product(x.abs(), w.abs(), b.abs())
     if dtype == torch.float16:  # y rounded to float16; addmm's product also rounded before the bias is added
-        err = err + 2.0 ** -11 * (y.abs() + (x @ w.t()).abs())
+        err = err + 2.0 ** -11 * (y.abs() + product(x, w, b * 0).abs())
     v1, v2 = tail(y - err, s), tail(y + err, s)
     v = tail(y, s)
     # the tail's roundings: float16 rounds the product's scale and v (half an ulp, 2^-12, each); in float32,
@@ -142,7 +143,7 @@ def assert_quant_fused(what, *ops):
     assert fused, f"{what}: no GEMM with a fused epilogue: {[k.name for k in gemm_kernels()]}"
     names = " ".join(f for k in fused for f in k.fuses)
     missing = [op for op in ops if op not in names]
-    assert "aten.mm" in names or "aten.addmm" in names, f"{what}: the GEMM epilogue fuses {names}"
+    assert any(m in names for m in ("aten.mm", "aten.addmm", "aten.bmm")), f"{what}: the GEMM epilogue fuses {names}"
     assert not missing, f"{what}: the GEMM epilogue fuses {names}, not {missing}"
     assert not matmul_externs(), f"{what}: matmuls ran in ATen: {matmul_externs()}"
 
@@ -168,6 +169,21 @@ def test_odd_sizes(form, M, K, N):
     args = (t(M, K), t(N, K), t(N), scale(M, torch.float32))
     check_quantised(product, tail, quant, args, f"{form} {M}x{K}x{N}", K)
     assert_quant_fused(form, *ops)
+
+
+def test_batched_and_3d_operands():
+    """bmm with a per-(batch, row) scale, and a Linear on (B, S, K) activations: one fused quantising GEMM
+    each, with no product stored."""
+    cases = {
+        "bmm e4m3": (lambda x, w, b: torch.bmm(x, w), lambda y, s: y / s, fp8(E4M3),
+                     (t(3, 7, 33), t(3, 33, 19), torch.zeros(19), torch.rand(3, 7, 1) * 0.1 + 0.01)),
+        "linear 3-D int8": (linear, lambda y, s: y / s, int8,
+                            (t(2, 5, 33), t(19, 33), t(19), torch.rand(2, 5, 1) * 0.1 + 0.05)),
+    }
+    for what, (product, tail, quant, args) in cases.items():
+        check_quantised(product, tail, quant, args, what, 33)
+        assert_quant_fused(what, "_to_copy")
+        assert any("(the product is not stored)" in k.name for k in gemm_kernels()), [k.name for k in gemm_kernels()]
 
 
 LAYOUTS = {
