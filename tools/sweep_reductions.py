@@ -335,7 +335,7 @@ def plan_backward_kernels(case: str, rows: int, cols: int, target=None, kinds=("
 
 _TRITON_TYPES = {"torch.bfloat16": "bf16", "torch.float16": "fp16", "torch.float32": "fp32", "torch.float64": "fp64",
                  "torch.int64": "i64", "torch.int32": "i32", "torch.int8": "i8", "torch.uint8": "u8",
-                 "torch.bool": "i1"}
+                 "torch.bool": "i1", "torch.float8_e4m3fn": "fp8e4nv", "torch.float8_e5m2": "fp8e5"}
 
 
 def compile_kernel(ks, dtypes, target=None, with_options=False):

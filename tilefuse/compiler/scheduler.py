@@ -33,7 +33,11 @@
    views of the GEMM's (M, N) tile, at most ``gemm_epilogue.NUM_EXTRA_OPERANDS`` of them, nothing between
    the two steps reads the raw product); :func:`epilogue_benefit` whether it pays (bytes); on a GPU the
    library's tuner may still choose cuBLAS and a separate epilogue kernel for the shape
-   (:func:`tilefuse.kernels.gemm.fusion_choice.epilogue_choice`).
+   (:func:`tilefuse.kernels.gemm.fusion_choice.epilogue_choice`). A tail whose only outputs are codes the
+   library does not store (float8, int8: a quantised output) is stored by the hook, and the GEMM stores
+   nothing itself (``GemmStep.discard``, docs/decisions/033-compiler-gemm-quantised-outputs.md). Operand
+   producers are not fused as prologues (docs/decisions/034-compiler-gemm-prologue.md); explain says why a
+   consumer or a producer stayed apart (``GemmStep.note``).
 """
 from __future__ import annotations
 
@@ -111,6 +115,9 @@ class GemmStep:
     out_stride: tuple = ()
     out_offset: int = 0
     note: str = ""  # why a pointwise consumer of the product was not fused (explain shows it)
+    # the GEMM's own store is skipped: nothing reads the product and the epilogue's outputs are all stored by
+    # the hook (a quantising tail whose codes are float8 or int8: the library stores only float outputs)
+    discard: bool = False
 
     @property
     def out_buffer(self) -> str:
@@ -846,8 +853,9 @@ def epilogue_legality(s: Scheduler, steps: list, gi: int, gemm_name: str) -> tup
         for k in range(gemm_at):
             produced |= _step_writes(s, steps[k])
         inputs = {n.name for n in s.graph.nodes if isinstance(n, ir.InputNode)}
-        if any(op.buffer not in produced | inputs for op in loads):
-            return None, "a step between them reads the product and the group needs later values"
+        late = [op.buffer for op in loads if op.buffer not in produced | inputs]
+        if late:
+            return None, _late_operands_reason(s, steps, gemm_at, gi, gemm_name, late)
         at = gemm_at
     stores: list[tuple[str, tuple, int]] = []
     for r in g.stores:
@@ -869,8 +877,23 @@ def epilogue_legality(s: Scheduler, steps: list, gi: int, gemm_name: str) -> tup
     group = dataclasses.replace(g, space=tuple(gemm.shape), bodies=tuple((r, bodies[r]) for r, _ in g.bodies),
                                 positions=tuple((r, positions[r]) for r, _ in g.positions),
                                 origins=tuple(gemm.origins) + tuple(o for o in g.origins if o not in gemm.origins))
-    step = GemmStep(gemm_name, group, operands, main[0], main[1], main[2])
+    discard = main[0] == gemm_name and not keep_product and bool(extra_stores)
+    step = GemmStep(gemm_name, group, operands, main[0], main[1], main[2], discard=discard)
     return step, ("" if at == gi else "at the GEMM")
+
+
+def _late_operands_reason(s: Scheduler, steps: list, gemm_at: int, gi: int, gemm_name: str, late: list) -> str:
+    """Why a consumer that needs values computed after the GEMM cannot be its epilogue. The usual case is a
+    quantisation whose scale is a reduction over the product itself (``amax(|y|) / 448``): every tile must be
+    reduced before any element is quantised, so the GEMM stores its product, the reduction runs, and the
+    quantising pass reads the product once more (docs/decisions/033-compiler-gemm-quantised-outputs.md)."""
+    reductions = [st for st in steps[gemm_at + 1:gi]
+                  if isinstance(st, KernelGroup) and st.kind == "reduction" and gemm_name in _step_reads(s, st)]
+    if reductions:
+        names = ", ".join(sorted({r for st in reductions for r in st.roots}))
+        return (f"it needs {', '.join(late)}, computed from the product by a reduction ({names}) that must see "
+                f"every tile first: the GEMM stores the product, the reduction and this pass run after it")
+    return f"a step between them reads the product and the group needs later values ({', '.join(late)})"
 
 
 def epilogue_benefit(s: Scheduler, step: GemmStep) -> int:
@@ -890,6 +913,13 @@ def fuse_epilogues(s: Scheduler, steps: list) -> list:
     gi = 0
     while gi < len(steps):
         g = steps[gi]
+        if isinstance(g, KernelGroup) and g.kind == "reduction":
+            # a reduction over the product (an amax scale, a row norm) needs every tile of it: not an epilogue
+            reads = {ld.buffer for _, b in g.bodies for ld in ir.loads(b)}
+            for st in steps[:gi]:
+                if isinstance(st, GemmStep) and st.epilogue is None and st.name in reads:
+                    notes.setdefault(st.name, f"consumer {g.name} reduces over the product ({', '.join(g.roots)}): "
+                                              f"it runs after the GEMM as its own kernel")
         if not isinstance(g, KernelGroup) or g.kind != "pointwise":
             gi += 1
             continue
@@ -918,8 +948,28 @@ def fuse_epilogues(s: Scheduler, steps: list) -> list:
             break
         if not fused:
             gi += 1
-    return [dataclasses.replace(st, note=notes[st.name]) if isinstance(st, GemmStep) and st.epilogue is None
-            and st.name in notes else st for st in steps]
+    out = []
+    for st in steps:
+        if isinstance(st, GemmStep):
+            said = [notes[st.name]] if st.epilogue is None and st.name in notes else []
+            said += _prologue_notes(s, steps, st)
+            if said:
+                st = dataclasses.replace(st, note="; ".join(said))
+        out.append(st)
+    return out
+
+
+def _prologue_notes(s: Scheduler, steps: list, st: GemmStep) -> list[str]:
+    """An operand of the GEMM made by a pointwise kernel (a cast, a scale) stays that kernel's output: the
+    library template takes no prologue hook (docs/decisions/034-compiler-gemm-prologue.md); explain says so."""
+    gemm = s.table[st.name]
+    said = []
+    for operand in dict.fromkeys((s.base(gemm.a), s.base(gemm.b))):
+        maker = next((g for g in steps if isinstance(g, KernelGroup) and g.kind == "pointwise" and operand in g.stores),
+                     None)
+        if maker is not None:
+            said.append(f"operand {operand} is made by {maker.name}, its own kernel: no prologue fusion (decision 034)")
+    return said
 
 
 def fused_or_split(s: Scheduler, step: GemmStep) -> bool:

@@ -41,6 +41,7 @@ import torch
 
 from ... import device
 from .. import ir
+from ..ir import float8
 from ..ir import primitives as P
 from ..ir.ranges import nonzero, value_range
 from ..scheduler import KernelGroup, Schedule
@@ -78,6 +79,7 @@ TL_DTYPE = {
     torch.float16: "tl.float16", torch.bfloat16: "tl.bfloat16", torch.float32: "tl.float32",
     torch.float64: "tl.float64", torch.int8: "tl.int8", torch.int16: "tl.int16", torch.int32: "tl.int32",
     torch.int64: "tl.int64", torch.uint8: "tl.uint8", torch.bool: "tl.int1",
+    **{dt: fmt[4] for dt, fmt in float8.FP8_FORMATS.items()},
 }
 
 
@@ -497,6 +499,15 @@ class KernelWriter:
             text = self.as_stored(e.arg, text, scope)
         text = self.tensor_text(text, src_reg, scope)
         reg = P.compute_dtype(dst)
+        if dst in float8.FP8_DTYPES:
+            if src == dst:
+                return text, reg
+            # torch's rounding and overflow rule from float32 arithmetic (compiler/ir/float8.py says why not
+            # Triton's cast); a float8 register is the float32 on its grid
+            base = text if src_reg == torch.float32 else f"{text}.to(tl.float32)"
+            call, helper = float8.cast_text(base, dst)
+            self.helpers.add(helper)
+            return self.emit(scope, call, reg, key)
         if dst in P.HALF:
             if src in P.HALF and src == dst:
                 return text, reg
@@ -557,12 +568,29 @@ class KernelWriter:
             return self.emit(scope, f"tl.full([], 0, {TL_DTYPE[reg]})", reg, key)
         args = f"{ptr} + ({offtext})"
         if mask:
-            other = "0" if e.dtype != torch.bool else "0"
+            other = "0.0" if e.dtype in float8.FP8_DTYPES else "0"  # the interpreter casts no int to float8
             args += f", {mask}, other={other}"
         text = f"tl.load({args})"
         if e.dtype in P.HALF:
             text += ".to(tl.float32)"
+        text = self.fp8_loaded(text, e.dtype)
         return self.emit(scope, text, P.compute_dtype(e.dtype), key)
+
+    def fp8_loaded(self, text: str, dtype) -> str:
+        """A loaded value of ``dtype`` as its register value: float8 decoded from its bits (compiler/ir/float8.py)."""
+        if dtype not in float8.FP8_DTYPES:
+            return text
+        call, helper = float8.load_text(text, dtype)
+        self.helpers.add(helper)
+        return call
+
+    def stored_text(self, value: str, reg, dtype) -> str:
+        """``value`` (a register of dtype ``reg``) converted for a store into a buffer of ``dtype``."""
+        if dtype in float8.FP8_DTYPES:
+            call, helper = float8.store_text(value if reg == torch.float32 else f"{value}.to(tl.float32)", dtype)
+            self.helpers.add(helper)
+            return call
+        return f"{value}.to({TL_DTYPE[dtype]})"
 
     def zero_shape(self, ux: bool, ur: bool) -> str:
         outer, inner = self.pvars
@@ -1029,10 +1057,9 @@ class KernelWriter:
         if not ux and not ur:
             offtext = f"{offtext} + 0 * {self.pvars[0]}"
         dtype = node.dtype
-        cast = f".to({TL_DTYPE[dtype]})" if dtype != torch.bool and dtype != self.value_dtype(r) else ""
-        if cast:
-            value = self.tensor_text(value, self.value_dtype(r), scope)
-        scope.lines.append(f"{scope.indent}tl.store({ptr} + ({offtext}), {value}{cast}, {level_mask})")
+        if dtype != torch.bool and dtype != self.value_dtype(r):
+            value = self.stored_text(self.tensor_text(value, self.value_dtype(r), scope), self.value_dtype(r), dtype)
+        scope.lines.append(f"{scope.indent}tl.store({ptr} + ({offtext}), {value}, {level_mask})")
 
     def value_dtype(self, r: str) -> torch.dtype:
         """The register dtype of root ``r``'s value (the dtype the store converts from)."""
@@ -1532,9 +1559,11 @@ class EpilogueWriter(KernelWriter):
             return self.emit(scope, text, P.compute_dtype(e.dtype), key)
         k = self._slot("load", e.buffer, e.index)
         mask = self.slot_mask(k)
-        text = f"tl.load({self.slot_address(k)}, {mask}, other=0)" if mask else f"tl.load(e{k})"
+        other = "0.0" if e.dtype in float8.FP8_DTYPES else "0"
+        text = f"tl.load({self.slot_address(k)}, {mask}, other={other})" if mask else f"tl.load(e{k})"
         if e.dtype in P.HALF:
             text += ".to(tl.float32)"
+        text = self.fp8_loaded(text, e.dtype)
         return self.emit(scope, text, P.compute_dtype(e.dtype), key)
 
     def slot_address(self, k: int) -> str:
@@ -1584,7 +1613,7 @@ class EpilogueWriter(KernelWriter):
             elif r in g.stores:
                 k = self._slot("store", r, self.positions[r])
                 dtype = self.table[r].dtype
-                value = text if dtype == torch.bool else f"{self.tensor_text(text, reg, top)}.to({TL_DTYPE[dtype]})"
+                value = text if dtype == torch.bool else self.stored_text(self.tensor_text(text, reg, top), reg, dtype)
                 top.lines.append(f"    tl.store({self.slot_address(k)}, {value}, mask)")
         for k, op in enumerate(self.step.operands):
             if op.kind == "store" and op.buffer == self.step.name:  # the raw product too (read elsewhere)
@@ -1608,7 +1637,8 @@ class EpilogueWriter(KernelWriter):
         targets = [o.split(":", 1)[1] if ":" in o else o for o in g.origins]
         header = [f"# GEMM epilogue hook (tilefuse.kernels.gemm.epilogue contract) of {self.step.name}",
                   f"# fuses {len(targets)} ATen nodes:"] + [f"#   {t}" for t in targets]
-        header.append(f"# the GEMM stores {self.step.out_buffer}; slots: "
+        stored = "nothing itself (its product is not needed)" if self.step.discard else self.step.out_buffer
+        header.append(f"# the GEMM stores {stored}; slots: "
                       + (", ".join(f"e{k} {op.kind} {op.buffer}" for k, op in enumerate(self.step.operands))
                          or "none"))
         body = "\n".join(top.lines)

@@ -24,13 +24,15 @@ import torch
 
 from ...kernels import special
 from .. import ir
+from . import float8
 
 HALF = (torch.float16, torch.bfloat16)
 
 
 def compute_dtype(dtype: torch.dtype) -> torch.dtype:
-    """The dtype a value is held in registers: half types compute in float32."""
-    return torch.float32 if dtype in HALF else dtype
+    """The dtype a value is held in registers: half and float8 types compute in float32 (a float8 value is
+    a float32 on its grid: compiler/ir/float8.py)."""
+    return torch.float32 if dtype in HALF or dtype in float8.FP8_DTYPES else dtype
 
 
 @dataclasses.dataclass(frozen=True)
@@ -169,15 +171,16 @@ def const(value, dtype: torch.dtype, from_size: bool = False) -> ir.Const:
 def cast(e: ir.Expr, dtype: torch.dtype) -> ir.Expr:
     if e.dtype == dtype:
         return e
-    if isinstance(e, ir.Const) and not e.from_size and not (dtype in HALF):
+    if isinstance(e, ir.Const) and not e.from_size and not (dtype in HALF or dtype in float8.FP8_DTYPES):
         if dtype == torch.bool:
             return const(bool(e.value), dtype)
         if dtype.is_floating_point:
             return const(float(e.value), dtype)
         if not (isinstance(e.value, float) and not math.isfinite(e.value)):
             return const(int(e.value), dtype)
-    if isinstance(e, ir.Const) and dtype in HALF and e.dtype.is_floating_point and not e.from_size:
-        # a constant cast to a half type: round it now (exactly what the kernel would do)
+    if isinstance(e, ir.Const) and (dtype in HALF or dtype in float8.FP8_DTYPES) and e.dtype.is_floating_point \
+            and not e.from_size:
+        # a constant cast to a half or float8 type: round it now (exactly what the kernel would do)
         return const(float(torch.tensor(e.value, dtype=dtype).item()), dtype)
     return ir.Cast.make(e, dtype)
 
@@ -422,6 +425,11 @@ def helper_text(name: str, interpreter: bool, half: bool = False) -> str:
         return HALF_HELPERS[name]
     return HELPERS[name] if interpreter else GPU_HELPERS.get(name, HELPERS[name])
 
+
+for _name, (_text, _deps) in float8.helper_texts().items():  # float8 casts, loads, stores
+    _helper(_name, _text)
+    if _deps:
+        HELPER_DEPS[_name] = _deps
 
 _helper("_tf_remainder", '''
 def _tf_remainder(a, b):

@@ -19,6 +19,7 @@ import torch
 import torch.fx
 
 from .. import ir
+from ..ir import float8
 from ..ir import primitives as P
 
 aten = torch.ops.aten
@@ -41,6 +42,7 @@ class GraphFallback(Exception):
     """The whole graph runs in ATen (the message is the reason)."""
 
 
+# (float8_e4m3fn / float8_e5m2 are compiled in casts, copies and views only: _check_dtype, compiler/ir/float8.py)
 SUPPORTED_DTYPES = frozenset({torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.int8,
                               torch.int16, torch.int32, torch.int64, torch.uint8, torch.bool})
 
@@ -358,7 +360,16 @@ class Lowerer:
         self.fake[node.name] = value
         return self.add(ir.InputNode(node.name, meta.shape, meta.stride, meta.dtype, -len(self.constants)))
 
-    def _check_dtype(self, dtype, what, whole_graph=False):
+    def _check_dtype(self, dtype, what, whole_graph=False, target=None):
+        if dtype in float8.FP8_DTYPES:
+            packet = getattr(getattr(target, "overloadpacket", None), "__name__", "")
+            if float8.op_allowed(packet):
+                return
+            msg = (f"{what} has dtype {dtype}: tilefuse compiles float8 tensors in casts, copies and views "
+                   f"only (compiler/ir/float8.py)")
+            if whole_graph:
+                raise GraphFallback(msg)
+            raise LoweringError(msg)
         if dtype not in SUPPORTED_DTYPES:
             kind = "complex" if dtype.is_complex else str(dtype).replace("torch.", "")
             msg = f"{what} has dtype {dtype}: {kind} tensors are not supported by tilefuse"
@@ -395,11 +406,11 @@ class Lowerer:
             for v in (value if isinstance(value, (tuple, list)) else (value,)):
                 if isinstance(v, torch.Tensor):
                     self._note_device(v)
-                    self._check_dtype(v.dtype, f"{node.name} ({op_name(target)})")
+                    self._check_dtype(v.dtype, f"{node.name} ({op_name(target)})", target=target)
             for a in node.all_input_nodes:
                 m = self.meta(a)
                 if isinstance(m, torch.Tensor):
-                    self._check_dtype(m.dtype, f"input {a.name} of {node.name} ({op_name(target)})")
+                    self._check_dtype(m.dtype, f"input {a.name} of {node.name} ({op_name(target)})", target=target)
             rule = rule_for(target)
             if rule is None:
                 raise LoweringError(f"no lowering rule for {op_name(target)}")

@@ -46,21 +46,22 @@ def report(sched: scheduler.Schedule, sources: list) -> list:
             continue
         ks = fused.get(st.name)
         origins = list(st.epilogue.origins) if st.epilogue is not None else list(table[st.name].origins)
-        stores = [st.out_buffer] + [op.buffer for op in st.operands if op.kind == "store"]
+        stores = ([] if st.discard else [st.out_buffer]) + [op.buffer for op in st.operands if op.kind == "store"]
         name = f"gemm {st.name}" + (f" + epilogue {ks.name}" if ks is not None else "") + \
-            (f" ({st.note})" if st.note else "")
+            (f" ({st.note})" if st.note else "") + (" (the product is not stored)" if st.discard else "")
         out.append(records.KernelReport(name, "gemm+epilogue" if ks is not None else "gemm", origins, stores,
                                         str(cache.kernel_path(ks)) if ks is not None else ""))
         records.bump("gemm_kernels")
     return out
 
 
-def gemm_run(a, b, extras, out, hook=None):
-    """One GEMM step: the library GEMM (with the epilogue hook, if any) into ``out``."""
+def gemm_run(a, b, extras, out, hook=None, store_out=True):
+    """One GEMM step: the library GEMM (with the epilogue hook, if any) into ``out`` (not written when
+    ``store_out`` is False: the hook stores every output, and ``out`` is a one-element stand-in)."""
     if hook is None and not tf_device.interpreting():
         torch.matmul(a, b, out=out) if out.is_contiguous() else out.copy_(torch.matmul(a, b))
         return
-    gemm_plan.gemm_with_epilogue(a, b, hook, extras, out.dtype, out=out)
+    gemm_plan.gemm_with_epilogue(a, b, hook, extras, out.dtype, out=out, store_out=store_out)
 
 
 def _strided(writer, buffer: str, shape, stride, offset) -> str:
@@ -76,7 +77,9 @@ def step_lines(writer, step: scheduler.GemmStep, hooks: dict) -> tuple[list[str]
     writes = [step.out_buffer] + [op.buffer for op in step.operands if op.kind == "store"]
     for name in writes:
         meta = ir.node_meta(table[name], name)
-        lines.append(f"    {writer.var(name)} = empty_strided({tuple(meta.shape)!r}, {tuple(meta.stride)!r}, "
+        # a discarded product: one element seen with zero strides (the library writes nothing there)
+        stride = (0,) * len(meta.shape) if step.discard and name == step.out_buffer else tuple(meta.stride)
+        lines.append(f"    {writer.var(name)} = empty_strided({tuple(meta.shape)!r}, {stride!r}, "
                      f"dtype={meta.dtype}, device=device)")
         used.add(writer.var(name))
     a, b = writer.view_expr(gemm.a), writer.view_expr(gemm.b)
@@ -85,12 +88,12 @@ def step_lines(writer, step: scheduler.GemmStep, hooks: dict) -> tuple[list[str]
     for op in step.operands:
         extras.append(_strided(writer, op.buffer, gemm.shape, op.stride, op.offset))
         used.add(writer.var(op.buffer))
-    out = _strided(writer, step.out_buffer, gemm.shape, step.out_stride, step.out_offset) if step.out \
+    out = _strided(writer, step.out_buffer, gemm.shape, step.out_stride, step.out_offset) if step.out and not step.discard \
         else writer.var(step.name)
     launcher = "launch_gemm_" + "".join(ch if ch.isalnum() else "_" for ch in step.name)
     while launcher in writer.globals:
         launcher += "_"
-    writer.globals[launcher] = functools.partial(gemm_run, hook=hooks.get(step.name))
+    writer.globals[launcher] = functools.partial(gemm_run, hook=hooks.get(step.name), store_out=not step.discard)
     hook = hooks.get(step.name)
     writer.globals.setdefault("_kernel_names", {})[launcher] = f"gemm {step.name}" + (
         f" + {getattr(hook, '__name__', 'epilogue')}" if hook is not None else "")

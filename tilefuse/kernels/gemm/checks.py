@@ -72,6 +72,7 @@ class Epilogue:
     store_pre: bool = False  # also store the pre-activation value (autograd)
     quantize: str = "none"  # none | a torch dtype name (float8_e4m3fn, float8_e5m2, int8, ...)
     hook: Any = None
+    store_out: bool = True  # False: the hook stores every output through its slots; the value is not stored
 
     def signature(self) -> str:
         parts = []
@@ -91,6 +92,8 @@ class Epilogue:
             parts.append(f"hook={_hook_id(self.hook)}")
         if self.quantize != "none":
             parts.append(f"quant={self.quantize}")
+        if not self.store_out:
+            parts.append("no-store")
         return ",".join(parts) or "plain"
 
 
@@ -277,9 +280,11 @@ def _tma_operand_ok(t: torch.Tensor, s_outer: int, s_inner: int) -> bool:
 def prepare(a: torch.Tensor, b: torch.Tensor, *, out_dtype=None, bias=None, activation="none", residual=None,
             alpha: float = 1.0, beta: float = 1.0, scale_a=None, scale_b=None, quantize=None, epilogue_fn=None,
             extra_operands: Sequence[torch.Tensor] = (), out=None, store_pre: bool = False,
-            allocate: bool = True) -> Operands | None:
+            allocate: bool = True, store_out: bool = True) -> Operands | None:
     """Check every argument and allocate the outputs; raises TypeError/ValueError before any launch.
-    With ``allocate=False`` only the checks run (and None is returned)."""
+    With ``allocate=False`` only the checks run (and None is returned). ``store_out=False`` (the compiler's
+    quantising epilogue, whose hook stores the codes itself): the epilogue's value is not stored; ``out`` is
+    then written by nothing (pass a one-element buffer with zero strides)."""
     dev = device.torch_device()
     for name, t in (("a", a), ("b", b)):
         if not isinstance(t, torch.Tensor):
@@ -335,6 +340,8 @@ def prepare(a: torch.Tensor, b: torch.Tensor, *, out_dtype=None, bias=None, acti
         _fail(ValueError, f"extra_operands has {len(extra_operands)} tensors; accepted: at most {NUM_EXTRA_OPERANDS}")
     if extra_operands and epilogue_fn is None:
         _fail(ValueError, "extra_operands were given without an epilogue_fn to read them")
+    if not store_out and (epilogue_fn is None or qdtype is not None):
+        _fail(ValueError, "store_out=False needs an epilogue_fn that stores the outputs itself, and no quantize=")
     for name, v in (("alpha", alpha), ("beta", beta)):
         if not isinstance(v, (int, float)) or isinstance(v, bool):
             _fail(TypeError, f"{name} must be a Python float, got {type(v).__name__}")
@@ -414,7 +421,8 @@ def prepare(a: torch.Tensor, b: torch.Tensor, *, out_dtype=None, bias=None, acti
 
     epi = Epilogue(activation=activation, bias=bias_mode, residual=res_mn is not None, scale_a=sa_mode, scale_b=sb_mode,
                    alpha=float(alpha) != 1.0, store_pre=bool(store_pre),
-                   quantize=dtype_name(qdtype) if qdtype is not None else "none", hook=epilogue_fn)
+                   quantize=dtype_name(qdtype) if qdtype is not None else "none", hook=epilogue_fn,
+                   store_out=bool(store_out))
     pre_mn = None
     if store_pre:
         pre_t = torch.empty(out_shape, dtype=out_dtype if out_dtype in FLOAT_OUTPUTS else torch.float32, device=dev)

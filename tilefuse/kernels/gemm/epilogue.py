@@ -12,7 +12,9 @@ Every GEMM kernel of :mod:`tilefuse.kernels.gemm` calls :func:`apply_epilogue` o
                    e0_ptr, e0_sm, e0_sn, e1_ptr, e1_sm, e1_sn,
                    e2_ptr, e2_sm, e2_sn, e3_ptr, e3_sm, e3_sn)   # the hook, if any
 
-and the kernel then casts and stores it, or quantises it (fp8 / int8 with a per-row scale from the row amax).
+and the kernel then casts and stores it, or quantises it (fp8 / int8 with a per-row scale from the row amax),
+or stores nothing when the caller passed ``store_out=False`` (the hook stored every output through its slots:
+the compiler's quantising tail with a scale of its own, docs/decisions/033-compiler-gemm-quantised-outputs.md).
 
 The hook (the compiler's fused pointwise tail)
 ----------------------------------------------

@@ -160,8 +160,9 @@ def finish_tile(acc, m0, n0, offs_m, offs_n, z, part, M, N, c_ptr, c_desc, strid
                 HAS_RESIDUAL: tl.constexpr, SCALE_A_MODE: tl.constexpr, SCALE_B_MODE: tl.constexpr,
                 HAS_ALPHA: tl.constexpr, STORE_PRE: tl.constexpr, QUANT: tl.constexpr, QMAX: tl.constexpr,
                 Q_INT: tl.constexpr, Q_GRID_MANT: tl.constexpr, Q_GRID_EMIN: tl.constexpr, RAW_INT: tl.constexpr,
-                C_TMA: tl.constexpr):
-    """Epilogue in fp32 registers, then the tile's one store (or its quantised store)."""
+                C_TMA: tl.constexpr, STORE_C: tl.constexpr = True):
+    """Epilogue in fp32 registers, then the tile's one store (or its quantised store). STORE_C False: the
+    hook stores every output itself (a quantised code through its slot) and the value is not stored."""
     mask_m = offs_m < M
     mask_n = offs_n < N
     mask = mask_m[:, None] & mask_n[None, :]
@@ -186,7 +187,9 @@ def finish_tile(acc, m0, n0, offs_m, offs_n, z, part, M, N, c_ptr, c_desc, strid
         tl.store(c_ptrs, q.to(c_ptr.dtype.element_ty), mask=mask)
         tl.store(amax_ptr + z64 * M + offs_m, scale, mask=mask_m)
     else:
-        if C_TMA:
+        if not STORE_C:
+            pass
+        elif C_TMA:
             c_desc.store([m0, n0], value.to(c_desc.dtype))
         else:
             tl.store(c_ptrs, value.to(c_ptr.dtype.element_ty), mask=mask)
@@ -212,7 +215,8 @@ def gemm_tiled_kernel(
         USE_TMA: tl.constexpr, A_T: tl.constexpr, B_T: tl.constexpr,
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
         SPLIT_K: tl.constexpr, WARP_SPECIALIZE: tl.constexpr, B_STREAM: tl.constexpr,
-        SPLIT_IN_REGS: tl.constexpr = False, HOST_DESC: tl.constexpr = False, B_HINT: tl.constexpr = False):
+        SPLIT_IN_REGS: tl.constexpr = False, HOST_DESC: tl.constexpr = False, B_HINT: tl.constexpr = False,
+        STORE_C: tl.constexpr = True):
     """One tile a program (grid: tiles x SPLIT_K, Z); SPLIT_K > 1 is the split-K variant.
     WARP_SPECIALIZE (TMA, SPLIT_K == 1 only: the split-K atomics abort triton 3.6's data partitioning)
     specialises the K loop's warps. SPLIT_IN_REGS (SPLIT_K == 2, a small accumulator: see
@@ -283,7 +287,7 @@ def gemm_tiled_kernel(
                                 e0_ptr, e0_sz, e0_sm, e0_sn, e1_ptr, e1_sz, e1_sm, e1_sn,
                                 e2_ptr, e2_sz, e2_sm, e2_sn, e3_ptr, e3_sz, e3_sm, e3_sn,
                                 EPILOGUE, ACTIVATION, BIAS_MODE, HAS_RESIDUAL, SCALE_A_MODE, SCALE_B_MODE,
-                                HAS_ALPHA, STORE_PRE, QUANT, QMAX, Q_INT, Q_GRID_MANT, Q_GRID_EMIN, RAW_INT, False)
+                                HAS_ALPHA, STORE_PRE, QUANT, QMAX, Q_INT, Q_GRID_MANT, Q_GRID_EMIN, RAW_INT, False, STORE_C)
                 tl.atomic_xchg(lock_ptr + tile_id, 0)  # the counter is zero again for the next launch
     if whole:
         finish_tile(acc, m0, n0, offs_m, offs_n, z, pid_n, M, N, c_ptr, c_ptr, stride_cz, stride_cm, stride_cn,
@@ -293,7 +297,7 @@ def gemm_tiled_kernel(
                     e0_ptr, e0_sz, e0_sm, e0_sn, e1_ptr, e1_sz, e1_sm, e1_sn,
                     e2_ptr, e2_sz, e2_sm, e2_sn, e3_ptr, e3_sz, e3_sm, e3_sn,
                     EPILOGUE, ACTIVATION, BIAS_MODE, HAS_RESIDUAL, SCALE_A_MODE, SCALE_B_MODE,
-                    HAS_ALPHA, STORE_PRE, QUANT, QMAX, Q_INT, Q_GRID_MANT, Q_GRID_EMIN, RAW_INT, False)
+                    HAS_ALPHA, STORE_PRE, QUANT, QMAX, Q_INT, Q_GRID_MANT, Q_GRID_EMIN, RAW_INT, False, STORE_C)
         if SPLIT_K > 1:
             tl.atomic_xchg(lock_ptr + tile_id, 0)
 
@@ -315,7 +319,7 @@ def gemm_persistent_kernel(
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
         NUM_PROGRAMS: tl.constexpr, C_TMA: tl.constexpr, EPI_SUBTILE: tl.constexpr, FLATTEN: tl.constexpr,
         WARP_SPECIALIZE: tl.constexpr, STREAM_K: tl.constexpr, SK_MIN_STEPS: tl.constexpr,
-        HOST_DESC: tl.constexpr = False, B_HINT: tl.constexpr = False):
+        HOST_DESC: tl.constexpr = False, B_HINT: tl.constexpr = False, STORE_C: tl.constexpr = True):
     """One program an SM (grid: min(NUM_PROGRAMS, tiles); NUM_PROGRAMS with STREAM_K), looping over the
     Z x tiles in grouped order.
 
@@ -376,7 +380,7 @@ def gemm_persistent_kernel(
                         e0_ptr, e0_sz, e0_sm, e0_sn, e1_ptr, e1_sz, e1_sm, e1_sn,
                         e2_ptr, e2_sz, e2_sm, e2_sn, e3_ptr, e3_sz, e3_sm, e3_sn,
                         EPILOGUE, ACTIVATION, BIAS_MODE, HAS_RESIDUAL, SCALE_A_MODE, SCALE_B_MODE,
-                        HAS_ALPHA, STORE_PRE, QUANT, QMAX, Q_INT, Q_GRID_MANT, Q_GRID_EMIN, RAW_INT, C_TMA)
+                        HAS_ALPHA, STORE_PRE, QUANT, QMAX, Q_INT, Q_GRID_MANT, Q_GRID_EMIN, RAW_INT, C_TMA, STORE_C)
         else:
             # two column halves: half the registers live in the epilogue and half the store buffer
             halves = tl.split(tl.permute(tl.reshape(acc, (BLOCK_M, 2, SUB_N)), (0, 2, 1)))
@@ -388,7 +392,7 @@ def gemm_persistent_kernel(
                         e0_ptr, e0_sz, e0_sm, e0_sn, e1_ptr, e1_sz, e1_sm, e1_sn,
                         e2_ptr, e2_sz, e2_sm, e2_sn, e3_ptr, e3_sz, e3_sm, e3_sn,
                         EPILOGUE, ACTIVATION, BIAS_MODE, HAS_RESIDUAL, SCALE_A_MODE, SCALE_B_MODE,
-                        HAS_ALPHA, STORE_PRE, QUANT, QMAX, Q_INT, Q_GRID_MANT, Q_GRID_EMIN, RAW_INT, C_TMA)
+                        HAS_ALPHA, STORE_PRE, QUANT, QMAX, Q_INT, Q_GRID_MANT, Q_GRID_EMIN, RAW_INT, C_TMA, STORE_C)
             n1 = n0 + SUB_N
             finish_tile(halves[1], m0, n1, offs_m, n1 + tl.arange(0, SUB_N), zc, 2 * pid_nc + 1, M, N, c_ptr,
                         c_desc, stride_cz, stride_cm, stride_cn, scale_a_ptr, scale_b_ptr, bias_ptr,
@@ -397,7 +401,7 @@ def gemm_persistent_kernel(
                         e0_ptr, e0_sz, e0_sm, e0_sn, e1_ptr, e1_sz, e1_sm, e1_sn,
                         e2_ptr, e2_sz, e2_sm, e2_sn, e3_ptr, e3_sz, e3_sm, e3_sn,
                         EPILOGUE, ACTIVATION, BIAS_MODE, HAS_RESIDUAL, SCALE_A_MODE, SCALE_B_MODE,
-                        HAS_ALPHA, STORE_PRE, QUANT, QMAX, Q_INT, Q_GRID_MANT, Q_GRID_EMIN, RAW_INT, C_TMA)
+                        HAS_ALPHA, STORE_PRE, QUANT, QMAX, Q_INT, Q_GRID_MANT, Q_GRID_EMIN, RAW_INT, C_TMA, STORE_C)
 
     if STREAM_K:
         # the tail: `rem` tiles of k_total steps each, `work` steps dealt to `shares` programs; program p
@@ -471,7 +475,7 @@ def gemm_persistent_kernel(
                                     e2_ptr, e2_sz, e2_sm, e2_sn, e3_ptr, e3_sz, e3_sm, e3_sn,
                                     EPILOGUE, ACTIVATION, BIAS_MODE, HAS_RESIDUAL, SCALE_A_MODE, SCALE_B_MODE,
                                     HAS_ALPHA, STORE_PRE, QUANT, QMAX, Q_INT, Q_GRID_MANT, Q_GRID_EMIN, RAW_INT,
-                                    False)
+                                    False, STORE_C)
                 tl.atomic_xchg(lock_ptr + t, 0)  # the counter is zero again for the next launch
             w += kt1 - kt0
 

@@ -258,6 +258,7 @@ def launches(ops: Operands, cfg: GemmConfig) -> tuple[list[Launch], Callable[[],
         RAW_INT=raw_int, ACC_INT=acc_int, INPUT_PRECISION=_input_precision(ops),
         EVEN_K=ops.K % cfg.block_k == 0, USE_TMA=use_tma, A_T=ops.problem.a_t, B_T=ops.problem.b_t,
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m)
+    args["STORE_C"] = epi.store_out  # False: the hook stores every output (checks.prepare's store_out)
     if cfg.kernel == "tiled":
         kernel = gemm_tiled_kernel
         args["SPLIT_K"] = cfg.split_k

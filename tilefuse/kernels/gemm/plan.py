@@ -128,7 +128,7 @@ def plan_count() -> int:
 def gemm_call(a: Tensor, b: Tensor, *, out_dtype=None, bias=None, activation="none", residual=None,
               alpha: float = 1.0, beta: float = 1.0, scale_a=None, scale_b=None, quantize=None, epilogue_fn=None,
               extra_operands: Sequence[Tensor] = (), out=None, store_pre: bool = False,
-              config: GemmConfig | None = None) -> tuple[Tensor, Tensor | None, Tensor | None]:
+              config: GemmConfig | None = None, store_out: bool = True) -> tuple[Tensor, Tensor | None, Tensor | None]:
     """C = epilogue(A @ B); returns ``(value, scale, pre)``: the result (2-D for 2-D operands, else 3-D;
     ``out`` itself when given), the per-row scales ((M, 1) or (Z, M, 1)) when quantising, the pre-activation
     values (Z, M, N) when ``store_pre``. Arguments as :func:`tilefuse.linalg.gemm`."""
@@ -141,7 +141,7 @@ def gemm_call(a: Tensor, b: Tensor, *, out_dtype=None, bias=None, activation="no
                None if residual is None else _sig(residual), alpha == 1.0, type(alpha) in _NUMBERS, type(beta) in _NUMBERS,
                None if scale_a is None else _sig(scale_a), None if scale_b is None else _sig(scale_b), quantize,
                id(epilogue_fn), tuple(map(_sig, extra_operands)) if extra_operands else (),
-               None if out is None else _sig(out), store_pre, config,
+               None if out is None else _sig(out), store_pre, config, store_out,
                torch.backends.cuda.matmul.allow_tf32 if a.dtype is torch.float32 else None,
                K_MAJOR_MIN)  # (the plan keeps the copy decision it implies; a probe may change it)
         plan = _plans.get(key)
@@ -154,7 +154,7 @@ def gemm_call(a: Tensor, b: Tensor, *, out_dtype=None, bias=None, activation="no
     return _first_call(key, a, b, out_dtype=out_dtype, bias=bias, activation=activation, residual=residual,
                        alpha=alpha, beta=beta, scale_a=scale_a, scale_b=scale_b, quantize=quantize,
                        epilogue_fn=epilogue_fn, extra_operands=extra_operands, out=out, store_pre=store_pre,
-                       config=config)
+                       config=config, store_out=store_out)
 
 
 # Hopper's wgmma transposes 16-bit operands itself, but reads tf32, fp8 and int8 operands from shared memory
@@ -248,10 +248,10 @@ def choose_config(ops: Operands) -> GemmConfig:
 
 
 def _first_call(key, a, b, *, out_dtype, bias, activation, residual, alpha, beta, scale_a, scale_b, quantize,
-                epilogue_fn, extra_operands, out, store_pre, config):
+                epilogue_fn, extra_operands, out, store_pre, config, store_out=True):
     checked = dict(out_dtype=out_dtype, bias=bias, activation=activation or "none", residual=residual, alpha=alpha,
                    beta=beta, scale_a=scale_a, scale_b=scale_b, quantize=quantize, epilogue_fn=epilogue_fn,
-                   extra_operands=extra_operands, out=out, store_pre=store_pre)
+                   extra_operands=extra_operands, out=out, store_pre=store_pre, store_out=store_out)
     copies = (False, False)
     if getattr(a, "dtype", None) in K_MAJOR_DTYPES:
         prepare(a, b, allocate=False, **checked)  # bad input raises here, before the copy's launch
@@ -354,9 +354,12 @@ def gemm_raw(a: Tensor, b: Tensor, *, out_dtype=None, bias=None, activation="non
 def gemm_with_epilogue(a: Tensor, b: Tensor, epilogue_fn, extra_operands: Sequence[Tensor] = (),
                        out_dtype: torch.dtype | None = None, *, bias=None, activation=None, residual=None,
                        alpha: float = 1.0, beta: float = 1.0, scale_a=None, scale_b=None, quantize=None, out=None,
-                       config: GemmConfig | None = None):
+                       config: GemmConfig | None = None, store_out: bool = True):
     """The compiler's entry: ``epilogue_fn`` (a ``@triton.jit`` hook, see :mod:`.gemm_epilogue`) runs on the
     fp32 tile after the built-in steps, reading up to four ``extra_operands`` broadcast to the output.
+    ``store_out=False``: the hook stores every output itself (through its slots) and the tile it returns is
+    not stored (a quantising tail whose only output is a float8 or int8 code: the product's 2-4 bytes an
+    element are never written); ``out`` may then be a one-element buffer with zero strides.
 
     Returns the output with the operands' batch shape (2-D for 2-D operands), or ``(codes, scales)`` when
     ``quantize`` is given. No autograd: the compiler differentiates its graphs itself.
@@ -364,7 +367,7 @@ def gemm_with_epilogue(a: Tensor, b: Tensor, epilogue_fn, extra_operands: Sequen
     value, scale, _ = gemm_call(a, b, out_dtype=out_dtype, bias=bias, activation=activation or "none",
                                 residual=residual, alpha=alpha, beta=beta, scale_a=scale_a, scale_b=scale_b,
                                 quantize=quantize, epilogue_fn=epilogue_fn, extra_operands=extra_operands, out=out,
-                                config=config)
+                                config=config, store_out=store_out)
     if scale is not None:
         return value, scale
     return value

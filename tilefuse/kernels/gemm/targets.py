@@ -34,7 +34,7 @@ def _example(fn, label: str, target: str, cfg: GemmConfig, *, a="bf16", out="bf1
     epi = dict(EPILOGUE=None, ACTIVATION=0, BIAS_MODE=0, HAS_RESIDUAL=False, SCALE_A_MODE=0, SCALE_B_MODE=0,
                HAS_ALPHA=False, STORE_PRE=False, QUANT=0, QMAX=1.0, Q_INT=False, Q_GRID_MANT=0, Q_GRID_EMIN=0,
                RAW_INT=out == "i32", ACC_INT=a == "i8", INPUT_PRECISION="ieee", EVEN_K=True,
-               USE_TMA=use_tma, A_T=False, B_T=b_t)
+               USE_TMA=use_tma, A_T=False, B_T=b_t, STORE_C=True)
     epi.update(epilogue or {})
     ws = bool(cfg.warp_specialize and use_tma and ws_possible(cfg, part, epi["EPILOGUE"] is not None))
     constexprs: dict[str, Any] = dict(epi, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
