@@ -8,12 +8,14 @@ fallback, an extern result read through strides it does not have.
 from __future__ import annotations
 
 import copy
+from pathlib import Path
 
 import pytest
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+import tilefuse
 import tilefuse.compiler as compiler
 from tilefuse.compiler import ir, runtime
 
@@ -109,6 +111,40 @@ def test_compiled_training_step_with_backward_and_optimizer_inside():
     assert s["graphs"] >= 2
     # Dynamo's restart requests are not fallbacks, and AdamW's fma is lowered
     assert not s["fallbacks"], s["fallbacks"]
+
+
+def test_dynamo_never_traces_the_compiler_when_backward_runs_inside_a_compiled_frame(monkeypatch):
+    """loss.backward() inside a compiled step makes AOTAutograd compile the backward graph while Dynamo is
+    converting frames: tilefuse's compiler must run untraced (it once had 90 of its own frames converted, and
+    Dynamo's walks over their globals raced the compiler's imports: "dictionary changed size")."""
+    from torch._dynamo import convert_frame
+
+    converted = []
+    real = convert_frame._compile
+
+    def spy(code, *args, **kwargs):
+        converted.append(code.co_filename)
+        return real(code, *args, **kwargs)
+
+    monkeypatch.setattr(convert_frame, "_compile", spy)
+    torch._dynamo.reset()
+    model = nn.Sequential(nn.Linear(8, 16), nn.GELU(), nn.Linear(16, 4))
+    opt = torch.optim.SGD(model.parameters(), lr=1e-2)
+
+    def step(m, o, x):
+        loss = m(x).pow(2).mean()
+        loss.backward()
+        o.step()
+        o.zero_grad()
+        return loss
+
+    compiled = cc.compiled(step)
+    for _ in range(2):
+        compiled(model, opt, torch.randn(5, 8))
+    assert converted, "the spy saw no frame: Dynamo's conversion entry point moved"
+    package = str(Path(tilefuse.__file__).parent)
+    ours = [f for f in converted if f.startswith(package)]
+    assert not ours, f"Dynamo converted tilefuse's own frames: {sorted(set(ours))}"
 
 
 def test_extern_result_in_another_layout_is_copied_into_the_graphs_strides():

@@ -77,7 +77,10 @@ def _compiler(kind: str, pool=None):
         if cfg.cudagraphs and pool is not None:
             compiled.cudagraphs = cudagraphs.runner_for(compiled, gm, kind, pool)
         return compiled
-    return compile_graph
+    # AOTAutograd compiles a backward graph on its first backward: when that runs inside a frame Dynamo is
+    # compiling (loss.backward() in a compiled training step), Dynamo would otherwise trace the compiler's own
+    # Python (a test step converted 97 of its frames, and its dict walks then raced the compiler's imports).
+    return torch._dynamo.disable(compile_graph, reason="tilefuse's compiler is not traced by Dynamo")
 
 
 def _account(report: records.GraphReport, elapsed: float | None = None) -> None:
