@@ -21,6 +21,7 @@ import torch.nn.functional as F
 from hypothesis import strategies as st
 
 from tilefuse.compiler import codegen
+from tilefuse.compiler.codegen import kernel_writer
 from tilefuse.compiler.tuning import TUNING, tuning
 from tilefuse.compiler.lowering import reductions as LR
 
@@ -466,11 +467,11 @@ def planned(plan: tuple):
             stack.enter_context(tuning(**SCALED["tuning"]))
         if form == "small_blocks":
             for name, value in (("INTERP_BLOCK", 32), ("INTERP_PERSISTENT_MAX_R", 8), ("INTERP_OUTER_XBLOCK", 4)):
-                stack.enter_context(mock.patch.object(codegen, name, value))
+                stack.enter_context(mock.patch.object(kernel_writer, name, value))
         if form == "gpu":
             real = codegen.generate
             stack.enter_context(mock.patch.object(codegen, "generate", lambda g, s, t=None: real(g, s, GPU_TARGET)))
-            stack.enter_context(mock.patch.object(codegen, "PERSISTENT_MAX_R", 8))
+            stack.enter_context(mock.patch.object(kernel_writer, "PERSISTENT_MAX_R", 8))
         stack.enter_context(tuning(**settings_))
         yield
 

@@ -86,6 +86,14 @@ def test_head_split_of_a_reshape_is_one_strided_index():
     assert all(isinstance(a, ir.Var) for a, _ in offset.terms)
 
 
+def _train_step(m, o, x):
+    loss = m(x).pow(2).mean()
+    loss.backward()
+    o.step()
+    o.zero_grad()
+    return loss
+
+
 def test_compiled_training_step_with_backward_and_optimizer_inside():
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(8, 16), nn.GELU(), nn.Linear(16, 4))
@@ -93,16 +101,9 @@ def test_compiled_training_step_with_backward_and_optimizer_inside():
     opt, opt2 = (torch.optim.AdamW(m.parameters(), lr=1e-2) for m in (model, twin))
     x = torch.randn(5, 8)
 
-    def step(m, o, x):
-        loss = m(x).pow(2).mean()
-        loss.backward()
-        o.step()
-        o.zero_grad()
-        return loss
-
-    compiled = cc.compiled(step)
+    compiled = cc.compiled(_train_step)
     for _ in range(2):
-        want = step(model, opt, x)
+        want = _train_step(model, opt, x)
         got = compiled(twin, opt2, x)
         assert abs(got.item() - want.item()) <= 1e-5 * abs(want.item())
     for p, q in zip(model.parameters(), twin.parameters()):
@@ -130,15 +131,7 @@ def test_dynamo_never_traces_the_compiler_when_backward_runs_inside_a_compiled_f
     torch._dynamo.reset()
     model = nn.Sequential(nn.Linear(8, 16), nn.GELU(), nn.Linear(16, 4))
     opt = torch.optim.SGD(model.parameters(), lr=1e-2)
-
-    def step(m, o, x):
-        loss = m(x).pow(2).mean()
-        loss.backward()
-        o.step()
-        o.zero_grad()
-        return loss
-
-    compiled = cc.compiled(step)
+    compiled = cc.compiled(_train_step)
     for _ in range(2):
         compiled(model, opt, torch.randn(5, 8))
     assert converted, "the spy saw no frame: Dynamo's conversion entry point moved"

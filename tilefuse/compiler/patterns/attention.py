@@ -467,17 +467,8 @@ def _dtype_only_use(user, node) -> bool:
         and user.args[0] is not node
 
 
-def _reaches(node, target, limit: int = MAX_CHAIN) -> bool:
-    seen, stack = set(), [(node, 0)]
-    while stack:
-        n, d = stack.pop()
-        if n is target:
-            return True
-        if d >= limit or n in seen:
-            continue
-        seen.add(n)
-        stack.extend((a, d + 1) for a in n.all_input_nodes)
-    return False
+def _reaches(node, target) -> bool:
+    return patterns_score_mod.reaches(node, target, MAX_CHAIN)
 
 
 def _find_qk(start, score_shape):

@@ -105,7 +105,7 @@ def _collect(s_in, s_out, expand: bool):
         seen.add(n)
         if len(seen) > MAX_CHAIN_NODES:
             raise Refused(f"more than {MAX_CHAIN_NODES} ops in the score chain")
-        if n is s_out or _depends(n, s_in) or _from_sizes(n, sizes_memo) or \
+        if n is s_out or reaches(n, s_in) or _from_sizes(n, sizes_memo) or \
                 (expand and _worth_generating(n, sizes_memo)):
             if n.op not in ("call_function", "call_method"):
                 raise Refused(f"{n.name}: a {n.op} node inside the score chain")
@@ -114,7 +114,7 @@ def _collect(s_in, s_out, expand: bool):
         else:
             captured.append(n)
     for n in [s_in, *chain]:  # the scores (and values computed from them) stay inside the chain
-        if n is s_out or not (n is s_in or _depends(n, s_in)):
+        if n is s_out or not (n is s_in or reaches(n, s_in)):
             continue
         for u in n.users:
             if u not in chain and not (u.op == "call_method" and u.target == "type_as" and u.args[1] is n
@@ -124,7 +124,8 @@ def _collect(s_in, s_out, expand: bool):
     return sorted(chain, key=order.__getitem__), sorted(set(captured), key=order.__getitem__)
 
 
-def _depends(node, target, limit: int = 64) -> bool:
+def reaches(node, target, limit: int = 64) -> bool:
+    """Whether ``target`` is among ``node``'s inputs, at most ``limit`` steps up."""
     seen, stack = set(), [(node, 0)]
     while stack:
         n, d = stack.pop()

@@ -176,13 +176,11 @@ def _is_jit(fn) -> bool:
     return fn is not None and hasattr(fn, "fn") and callable(getattr(fn, "fn"))  # JITFunction / InterpretedFunction
 
 
-def check_arguments(q, k, v, *, causal, window, softcap, alibi, mask, score_mod, score_mod_grad, dropout_p,
-                    dropout_seed, scale, deterministic, needs_grad: bool):
-    check_tensors(q, k, v)
-    B, H, Sq, D = q.shape
-    H_kv, Sk = k.shape[1], k.shape[2]
-    causal_kind = normalize_causal(causal)
-    win = normalize_window(window)
+def check_score_options(head_dim: int, *, softcap, scale, dropout_p, dropout_seed, deterministic, score_mod,
+                        score_mod_grad, needs_grad: bool):
+    """The options the batched and the packed (varlen) forms share, checked; returns (softcap, scale, dropout_p)
+    normalised (scale None -> 1 / sqrt(head_dim))."""
+    D = head_dim
     if softcap is not None:
         if isinstance(softcap, bool) or not isinstance(softcap, (int, float)) or not softcap > 0 \
                 or not math.isfinite(softcap):
@@ -195,9 +193,6 @@ def check_arguments(q, k, v, *, causal, window, softcap, alibi, mask, score_mod,
     if isinstance(dropout_p, bool) or not isinstance(dropout_p, (int, float)) or not 0.0 <= dropout_p < 1.0:
         raise ValueError(f"dropout_p={dropout_p!r}: accepted values are numbers in [0, 1)")
     dropout_p = float(dropout_p)
-    if dropout_p > 0 and Sq * Sk >= MAX_DROPOUT_SCORES:
-        raise ValueError(f"dropout_p > 0 with q_seq * kv_seq = {Sq * Sk}: the dropout counters are int32, "
-                         f"accepted sizes have q_seq * kv_seq < 2^31")
     if dropout_seed is not None and (isinstance(dropout_seed, bool) or not isinstance(dropout_seed, int)
                                      or not 0 <= dropout_seed < 2 ** 32):
         raise ValueError(f"dropout_seed={dropout_seed!r}: accepted values are None or an int in [0, 2^32)")
@@ -212,6 +207,22 @@ def check_arguments(q, k, v, *, causal, window, softcap, alibi, mask, score_mod,
     if score_mod is not None and score_mod_grad is None and needs_grad:
         raise ValueError("score_mod with inputs that require grad needs score_mod_grad: a @triton.jit function "
                          "score_mod_grad(score, b, h, q_idx, k_idx) returning d score_mod / d score")
+    return softcap, scale, dropout_p
+
+
+def check_arguments(q, k, v, *, causal, window, softcap, alibi, mask, score_mod, score_mod_grad, dropout_p,
+                    dropout_seed, scale, deterministic, needs_grad: bool):
+    check_tensors(q, k, v)
+    B, H, Sq, D = q.shape
+    H_kv, Sk = k.shape[1], k.shape[2]
+    causal_kind = normalize_causal(causal)
+    win = normalize_window(window)
+    softcap, scale, dropout_p = check_score_options(
+        D, softcap=softcap, scale=scale, dropout_p=dropout_p, dropout_seed=dropout_seed, deterministic=deterministic,
+        score_mod=score_mod, score_mod_grad=score_mod_grad, needs_grad=needs_grad)
+    if dropout_p > 0 and Sq * Sk >= MAX_DROPOUT_SCORES:
+        raise ValueError(f"dropout_p > 0 with q_seq * kv_seq = {Sq * Sk}: the dropout counters are int32, "
+                         f"accepted sizes have q_seq * kv_seq < 2^31")
     mask_view, mask_kind = check_mask(mask, B, H, Sq, Sk, q.device)
     alibi_view = check_alibi(alibi, B, H, q.device)
     diag, lo_off, hi_off, band_lo, band_hi = band(causal_kind, win, Sq, Sk)

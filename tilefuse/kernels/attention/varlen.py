@@ -19,14 +19,13 @@ FlashAttention.
 from __future__ import annotations
 
 import dataclasses
-import math
 
 import torch
 import triton
 
 from ... import device
 from . import tuning
-from .checks import (DTYPES, MAX_DROPOUT_SCORES, MAX_HEAD_DIM, MASK_NONE, Params, _is_jit, check_alibi,
+from .checks import (DTYPES, MAX_DROPOUT_SCORES, MAX_HEAD_DIM, MASK_NONE, Params, check_alibi, check_score_options,
                      normalize_causal, normalize_window)
 from .kernels import attn_bwd_dkdv_kernel, attn_bwd_dq_kernel, attn_bwd_preprocess_kernel, attn_fwd_kernel
 from .launch import _common_constexprs, _score_args, block_d, dropout_mask, kernel_space
@@ -164,35 +163,12 @@ def check_varlen_arguments(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
         raise ValueError(f"{name}={m} is longer than the {t} packed tokens")
     causal_kind = normalize_causal(causal)
     win = normalize_window(window)
-    if softcap is not None:
-        if isinstance(softcap, bool) or not isinstance(softcap, (int, float)) or not softcap > 0 \
-                or not math.isfinite(softcap):
-            raise ValueError(f"softcap={softcap!r}: accepted values are None or a finite number > 0")
-        softcap = float(softcap)
-    if scale is None:
-        scale = 1.0 / math.sqrt(D)
-    elif isinstance(scale, bool) or not isinstance(scale, (int, float)) or not math.isfinite(scale):
-        raise ValueError(f"scale={scale!r}: accepted values are None (1 / sqrt(head_dim)) or a finite number")
-    if isinstance(dropout_p, bool) or not isinstance(dropout_p, (int, float)) or not 0.0 <= dropout_p < 1.0:
-        raise ValueError(f"dropout_p={dropout_p!r}: accepted values are numbers in [0, 1)")
-    dropout_p = float(dropout_p)
+    softcap, scale, dropout_p = check_score_options(
+        D, softcap=softcap, scale=scale, dropout_p=dropout_p, dropout_seed=dropout_seed, deterministic=deterministic,
+        score_mod=score_mod, score_mod_grad=score_mod_grad, needs_grad=needs_grad)
     if dropout_p > 0 and max_q * max_k >= MAX_DROPOUT_SCORES:
         raise ValueError(f"dropout_p > 0 with max_seqlen_q * max_seqlen_k = {max_q * max_k}: the dropout counters "
                          f"are int32 (one stream a sequence and head), accepted sizes are below 2^31")
-    if dropout_seed is not None and (isinstance(dropout_seed, bool) or not isinstance(dropout_seed, int)
-                                     or not 0 <= dropout_seed < 2 ** 32):
-        raise ValueError(f"dropout_seed={dropout_seed!r}: accepted values are None or an int in [0, 2^32)")
-    if not isinstance(deterministic, bool):
-        raise TypeError(f"deterministic must be a bool, got {type(deterministic).__name__}")
-    for name, fn in (("score_mod", score_mod), ("score_mod_grad", score_mod_grad)):
-        if fn is not None and not _is_jit(fn):
-            raise TypeError(f"{name} must be a @triton.jit function {name}(score, b, h, q_idx, k_idx) or None, "
-                            f"got {type(fn).__name__}")
-    if score_mod_grad is not None and score_mod is None:
-        raise ValueError("score_mod_grad was given without score_mod")
-    if score_mod is not None and score_mod_grad is None and needs_grad:
-        raise ValueError("score_mod with inputs that require grad needs score_mod_grad: a @triton.jit function "
-                         "score_mod_grad(score, b, h, q_idx, k_idx) returning d score_mod / d score")
     alibi_view = check_alibi(alibi, B, H, q.device)
     if not isinstance(check_seqlens, bool):
         raise TypeError(f"check_seqlens must be a bool, got {type(check_seqlens).__name__}")
