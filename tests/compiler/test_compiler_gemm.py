@@ -1,5 +1,5 @@
 """The compiler's GEMMs: matmuls lowered to ir.Gemm, run by the library GEMM with the graph's pointwise tail
-fused into its epilogue as a generated hook (scheduler.fuse_epilogues, codegen/kernel_writer.py EpilogueWriter).
+fused into its epilogue as a generated hook (scheduler.fuse_epilogues, codegen/gemm_epilogue.py).
 
 Every case runs compiled against eager and a float64 reference (tests/compiler_checks.check_function: outputs
 and, for training cases, every input's gradient), then checks what the compiler made of it from the graph

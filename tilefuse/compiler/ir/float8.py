@@ -24,7 +24,7 @@ Triton's float8 casts:
   mantissa bits (0x7f is NaN): Triton's cast reads e4m3's NaN as 480 on the interpreter, and e5m2's inf and
   NaN as 65536 and 98304.
 
-The GEMM epilogue hook writes the same text (codegen.EpilogueWriter), so a quantising tail fused into the
+The GEMM epilogue hook writes the same text (codegen/gemm_epilogue.py), so a quantising tail fused into the
 library's GEMM stores exactly what eager's ``.to(float8)`` stores.
 """
 from __future__ import annotations
