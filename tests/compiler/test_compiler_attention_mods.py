@@ -510,3 +510,64 @@ def test_pass_switched_off_leaves_the_call():
     with patterns_attention.switched_off(), torch.no_grad():
         explanation = tilefuse.explain(Encoder().eval(), torch.randn(B, S, 4 * D))
     assert not explanation.attention and not explanation.library_calls
+
+
+class TooSmallTable(nn.Module):
+    """A relative-position table with fewer rows than the distances the chain indexes it with (|j - i| up to
+    S - 1 = 32 against 16 rows): eager raises; the generated mod's bounds assert must too, never read past it."""
+    def __init__(self):
+        super().__init__()
+        self.table = nn.Parameter(torch.randn(16, H))
+
+    def forward(self, q, k, v):
+        i, j = rel_index(q.shape[2], k.shape[2], q.device)
+        bias = self.table[(j - i).abs()].permute(2, 0, 1)
+        s = q @ k.transpose(-2, -1) * 0.25 + bias
+        s = torch.where(s > 0.5, s, s * 0.5)
+        return s.softmax(-1) @ v
+
+
+def test_a_bounds_assert_in_a_generated_mod_is_compiled_with_the_debug_option(monkeypatch):
+    """A mod with a table lookup carries a device assert; the attention kernels that call it are launched with
+    Triton's debug option (without it a GPU build drops the assert and an out-of-range index reads past the
+    table). A mod without one adds no option."""
+    from tilefuse.compiler.codegen import ASSERT_OPTIONS
+    from tilefuse.kernels.attention import launch
+
+    seen = []
+
+    class Spy:
+        def __init__(self, kernel):
+            self.kernel = kernel
+
+        def __getitem__(self, grid):
+            def run(*args, **kwargs):
+                seen.append({k: kwargs[k] for k, _ in ASSERT_OPTIONS if k in kwargs})
+                return self.kernel[grid](*args, **kwargs)
+            return run
+
+    for name in ("attn_fwd_kernel", "attn_bwd_dkdv_kernel", "attn_bwd_dq_kernel"):
+        monkeypatch.setattr(launch, name, Spy(getattr(launch, name)))
+    q, k, v = (bshd(B, S, H, D, F32).requires_grad_() for _ in range(3))
+    checked = tilefuse.explain(BucketBias(), q, k, v).attention[0]
+    mod = ops_score_mod.lookup(checked.detail.split("generated score_mod ")[1].split(" ")[0])
+    assert "tl.device_assert(" in mod.source and mod.launch_options == ASSERT_OPTIONS
+    seen.clear()  # explain ran the forward once
+    out = torch.compile(BucketBias(), backend="tilefuse")(q, k, v)
+    out.sum().backward()
+    assert len(seen) == 3 and all(s == dict(ASSERT_OPTIONS) for s in seen), seen  # forward, dK/dV, dQ
+    seen.clear()
+    torch._dynamo.reset()
+    plain = tilefuse.explain(SinResidual(), q, k, v).attention[0]
+    plain_mod = ops_score_mod.lookup(plain.detail.split("generated score_mod ")[1].split(" ")[0])
+    assert "tl.device_assert(" not in plain_mod.source and plain_mod.launch_options == ()
+    assert seen and all(s == {} for s in seen), seen
+
+
+def test_an_out_of_range_lookup_in_a_generated_mod_raises_as_eager_does():
+    model = TooSmallTable()
+    q, k, v = (bshd(B, S, H, D, F32) for _ in range(3))
+    with pytest.raises(IndexError):
+        model(q, k, v)
+    with pytest.raises(Exception, match="out of bounds"):
+        torch.compile(model, backend="tilefuse")(q, k, v)

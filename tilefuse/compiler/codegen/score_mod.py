@@ -21,7 +21,7 @@ from .. import ir, lowering
 from ..ir import primitives as P
 from ..patterns.score_mod import Refused
 from ..scheduler import KernelGroup, Schedule, Scheduler
-from .kernel_writer import TL_DTYPE, KernelWriter, LaunchTarget, _Scope
+from .kernel_writer import ASSERT_OPTIONS, TL_DTYPE, KernelWriter, LaunchTarget, _Scope
 
 VARS = ("b", "h", "q_idx", "k_idx")
 
@@ -162,7 +162,7 @@ def compile_chain(fwd, bwd, operands_vjp, score_shape, has_operands: bool, heade
     """The traced chain (``fwd``), its derivative in the score (``bwd``) and its operands' vector-Jacobian
     product (or None): lowered, inlined into one expression each, written as ``score_mod`` / ``score_mod_grad``
     and registered with the family. Returns (key, source); raises :class:`Refused` with the reason."""
-    functions, helpers = [], set()
+    functions, helpers, asserts = [], set(), 0
     for name, gm in (("score_mod", fwd), ("score_mod_grad", bwd)):
         graph, body = _expression(gm, score_shape)
         score, operands = _inputs(graph)
@@ -170,8 +170,11 @@ def compile_chain(fwd, bwd, operands_vjp, score_shape, has_operands: bool, heade
         writer = ScoreModWriter(graph, body, score_shape, score, operands if has_operands else None)
         functions.append(writer.write_function(name))
         helpers |= writer.helpers
+        asserts += writer.asserts
     source = module_source(functions, helpers, header)
-    mod = ops_score_mod.register(source, fwd, operands_vjp)
+    # a bounds assert (a table lookup whose index range the writer could not prove) lives only where the kernels
+    # are compiled with Triton's debug option, as the compiler's own kernels with asserts are
+    mod = ops_score_mod.register(source, fwd, operands_vjp, ASSERT_OPTIONS if asserts else ())
     config.log(2, f"generated score_mod {mod.key}:\n{source}")
     return mod.key, source
 

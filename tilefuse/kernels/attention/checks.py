@@ -42,6 +42,9 @@ class Params:
     dropout_p: float
     seed: int
     deterministic: bool
+    # compile options beyond a config's warps and stages: Triton's debug option for a generated score_mod with
+    # device asserts (a table lookup's bounds), which a GPU build drops without it
+    launch_options: tuple = ()
 
     @property
     def group(self) -> int:

@@ -145,7 +145,7 @@ def forward(q, k, v, p: Params, mask=None, alibi=None, plan: Plan | None = None)
         *q.stride(), *k.stride(), *v.stride(), *o_strides, l_stride, *ms, *as_,
         p.H, p.Sq, p.Sk, tiles_per_split, *_score_args(p),
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, PACK_GQA=plan.pack_gqa, **_common_constexprs(p, q.dtype),
-        **cfg.launch_options(device.current().vendor))
+        **cfg.launch_options(device.current().vendor), **dict(p.launch_options))
     if splits > 1:
         attn_combine_kernel[(triton.cdiv(p.B * p.H * p.Sq, COMBINE_ROWS),)](
             o_buf, l_buf, out, lse2, p.B * p.H, p.H, p.Sq, splits, *out.stride(),
@@ -189,7 +189,7 @@ def backward(do, q, k, v, out, lse2, p: Params, mask=None, alibi=None, *, dkdv_c
         *q.stride(), *k.stride(), *v.stride(), *do.stride(), *dk.stride(), *dv.stride(), *dq_acc.stride(),
         *ms, *as_, p.H, p.Sq, p.Sk, *_score_args(p),
         BLOCK_M=kv_cfg.block_m, BLOCK_N=kv_cfg.block_n, SCORE_MOD_GRAD=p.score_mod_grad, ATOMIC_DQ=atomic,
-        **common, **kv_cfg.launch_options(vendor))
+        **common, **kv_cfg.launch_options(vendor), **dict(p.launch_options))
     if atomic:
         dq.copy_(dq_acc)
     else:
@@ -199,7 +199,7 @@ def backward(do, q, k, v, out, lse2, p: Params, mask=None, alibi=None, *, dkdv_c
             *q.stride(), *k.stride(), *v.stride(), *do.stride(), *dq.stride(), *ms, *as_,
             p.H, p.Sq, p.Sk, *_score_args(p),
             BLOCK_M=q_cfg.block_m, BLOCK_N=q_cfg.block_n, SCORE_MOD_GRAD=p.score_mod_grad,
-            **common, **q_cfg.launch_options(vendor))
+            **common, **q_cfg.launch_options(vendor), **dict(p.launch_options))
     return dq, dk, dv
 
 

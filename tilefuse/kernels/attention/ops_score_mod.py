@@ -49,14 +49,16 @@ class ScoreMod:
     chain: Callable
     operands_vjp: Callable | None
     source: str
+    launch_options: tuple = ()  # compile options of the kernels that call it (Params.launch_options)
 
 
 _MODS: dict[str, ScoreMod] = {}
 _lock = threading.Lock()
 
 
-def register(source: str, chain: Callable, operands_vjp: Callable | None) -> ScoreMod:
-    """Load ``source`` (defining ``score_mod`` and ``score_mod_grad``) and keep it under its digest."""
+def register(source: str, chain: Callable, operands_vjp: Callable | None, launch_options: tuple = ()) -> ScoreMod:
+    """Load ``source`` (defining ``score_mod`` and ``score_mod_grad``) and keep it under its digest.
+    ``launch_options``: compile options the attention kernels need with it (debug, where it has device asserts)."""
     key = "tfsm_" + diskcache.digest(source, length=16)
     with _lock:
         found = _MODS.get(key)
@@ -72,7 +74,7 @@ def register(source: str, chain: Callable, operands_vjp: Callable | None) -> Sco
         sys.modules[key] = module  # Triton finds a jit function's source through its module
         exec(compile(want, str(path), "exec"), module.__dict__)
         mod = ScoreMod(key, module.score_mod, module.score_mod_grad, operands_vjp is not None, chain, operands_vjp,
-                       source)
+                       source, tuple(launch_options))
         _MODS[key] = mod
         return mod
 
@@ -98,6 +100,7 @@ def _params(q, k, v, mask, operands, scale, causal, window_left, window_right, d
         q, k, v, causal=bool(causal), window=window, softcap=None, alibi=None, mask=mask, score_mod=mod.score_mod,
         score_mod_grad=mod.score_mod_grad, dropout_p=dropout_p, dropout_seed=seed, scale=scale, deterministic=False,
         needs_grad=False)
+    params = dataclasses.replace(params, launch_options=mod.launch_options)
     aux = None
     if operands is not None:
         # the slopes' slot (ALIBI == 2 in kernels.score_tile): a (1, N) view for the launch's two alibi strides
