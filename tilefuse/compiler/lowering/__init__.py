@@ -2,8 +2,8 @@
 
 One registered rule per ATen op (``@register(aten.add)``) builds the IR node(s) for one FX node from the
 values of its arguments. :mod:`.core` is the framework (registry, walk, views, promotion, extern fallback);
-the rules live in :mod:`.pointwise`, :mod:`.views`, :mod:`.reductions`, :mod:`.gemm` and :mod:`.attention`, which import the
-registry from the core and register themselves when this package is imported.
+the rules live in :mod:`.pointwise`, :mod:`.views`, :mod:`.reductions`, :mod:`.gemm` and :mod:`.attention`,
+which import the registry from the core and register themselves on the first :func:`lower`.
 """
 from __future__ import annotations
 
@@ -12,10 +12,11 @@ from typing import Any, Callable
 import torch.fx
 
 from .. import ir
-from .core import (EXTERN_OPS, SUPPORTED_DTYPES, ByDesign, FallbackError, GraphFallback, Lowerer, LoweringError, op_name,
-                   register)
+from .core import (EXTERN_OPS, SUPPORTED_DTYPES, ByDesign, FallbackError, GraphFallback, Lowerer, LoweringError,
+                   op_name, register)
 
-__all__ = ["lower", "register", "op_name", "GraphFallback", "ByDesign", "FallbackError", "LoweringError", "EXTERN_OPS", "SUPPORTED_DTYPES"]
+__all__ = ["lower", "register", "op_name", "GraphFallback", "ByDesign", "FallbackError", "LoweringError",
+           "EXTERN_OPS", "SUPPORTED_DTYPES"]
 
 
 def lower(gm: torch.fx.GraphModule, meta: Callable[[torch.fx.Node], Any],
