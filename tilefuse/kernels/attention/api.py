@@ -3,9 +3,13 @@
 :mod:`tilefuse.kernels.attention`, describes the arguments)."""
 from __future__ import annotations
 
+import functools
+import math
+
 import torch
 
-from .checks import DTYPES, MAX_HEAD_DIM, Params, check_arguments
+from . import ops
+from .checks import DTYPES, MAX_HEAD_DIM, Params, check_arguments, normalize_causal, normalize_window
 from .kernels import LN2
 from .launch import Plan, backward, forward, lse_natural, plan_forward
 from .varlen import VarlenParams, backward_varlen, check_varlen_arguments, forward_varlen
@@ -42,19 +46,62 @@ def _run(q, k, v, causal, window, softcap, alibi, mask, score_mod, score_mod_gra
     return out, lse2, params
 
 
+def _eager_under_compile(fn):
+    """Under ``torch.compile``, ``fn`` runs as eager code behind a graph break: Dynamo cannot trace the launch
+    path (Triton's launcher, on the CPU its interpreter, which failed inside Dynamo). Eager calls go straight to
+    ``fn`` (the disable wrapper costs host time on every call)."""
+    disabled = torch.compiler.disable(fn, reason="tilefuse's attention kernels run as one opaque call")
+
+    @functools.wraps(fn)
+    def call(*args, **kwargs):
+        if torch.compiler.is_compiling():
+            return disabled(*args, **kwargs)
+        return fn(*args, **kwargs)
+    return call
+
+
+def _as_op_call(q, k, v, causal, window, softcap, alibi, mask, dropout_p, scale):
+    """The call as ``tilefuse::attention_fwd``'s arguments (the custom op the compiler also uses: one node in the
+    compiled graph, no break), or None where the op cannot express it (bottom-right causal)."""
+    kind = normalize_causal(causal)
+    if kind == "bottom_right":
+        return None
+    left, right = normalize_window(window) or (-1, -1)
+    if scale is None:
+        scale = 1.0 / math.sqrt(q.shape[-1])
+    return (q, k, v, mask, alibi, float(scale), float(softcap) if softcap is not None else 0.0,
+            int(kind == "top_left"), left, right, float(dropout_p))
+
+
 def attention(q, k, v, *, causal=False, window=None, softcap=None, alibi=None, mask=None, score_mod=None,
               dropout_p=0.0, scale=None, deterministic=False, score_mod_grad=None, dropout_seed=None,
               num_splits=None, pack_gqa=None):
     """Flash attention: softmax(mods(q k^T * scale)) @ v, (B, H, Sq, D) out. See the package docstring.
 
     ``num_splits`` / ``pack_gqa`` override the forward's plan (KV splits of the decode form; GQA rows packed
-    a KV head); None lets :func:`plan_forward` decide."""
+    a KV head); None lets :func:`plan_forward` decide. Under ``torch.compile`` a call the family's custom op
+    expresses (no ``score_mod``, seed, plan override or ``deterministic``; top-left causal) is that op, one node
+    of the compiled graph; any other call is a graph break that runs as in eager."""
+    if torch.compiler.is_compiling():
+        plain = score_mod is None and score_mod_grad is None and dropout_seed is None and not deterministic \
+            and num_splits is None and pack_gqa is None
+        args = _as_op_call(q, k, v, causal, window, softcap, alibi, mask, dropout_p, scale) if plain else None
+        if args is not None:
+            return torch.ops.tilefuse.attention_fwd(*args)[0]
+        return _attention_eager(q, k, v, causal=causal, window=window, softcap=softcap, alibi=alibi, mask=mask,
+                                score_mod=score_mod, dropout_p=dropout_p, scale=scale, deterministic=deterministic,
+                                score_mod_grad=score_mod_grad, dropout_seed=dropout_seed, num_splits=num_splits,
+                                pack_gqa=pack_gqa)
     opts = {k_: v_ for k_, v_ in (("num_splits", num_splits), ("pack_gqa", pack_gqa)) if v_ is not None}
     out, _, _ = _run(q, k, v, causal, window, softcap, alibi, mask, score_mod, score_mod_grad, dropout_p,
                      dropout_seed, scale, deterministic, opts)
     return out
 
 
+_attention_eager = torch.compiler.disable(attention, reason="tilefuse's attention kernels run as one opaque call")
+
+
+@_eager_under_compile
 def attention_with_lse(q, k, v, **kwargs):
     """(out, lse): ``lse`` (B, H, Sq) float32, the natural-log logsumexp of each row's scores (-inf where
     nothing is visible), not differentiable."""
@@ -119,6 +166,7 @@ def _run_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
     return AttentionVarlenFunction.apply(q, k, v, cu_q, cu_k, alibi_view, vp)
 
 
+@_eager_under_compile
 def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *, causal=False, window=None,
                      softcap=None, alibi=None, score_mod=None, dropout_p=0.0, scale=None, deterministic=False,
                      score_mod_grad=None, dropout_seed=None, check_seqlens=True):
@@ -134,6 +182,7 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seql
     return out
 
 
+@_eager_under_compile
 def attention_varlen_with_lse(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, **kwargs):
     """(out, lse): ``lse`` (H, total_q) float32, the natural-log logsumexp of each row's scores (-inf where
     nothing is visible), not differentiable. Keywords as :func:`attention_varlen`."""
