@@ -24,6 +24,7 @@ from typing import Optional, Union
 import torch
 
 from .kernels import gemm as _gemm
+from .kernels.compile_boundary import eager_under_compile
 from .kernels.gemm import plan as _plan
 
 Tensor = torch.Tensor
@@ -38,6 +39,7 @@ _TORCH_ACTIVATIONS = {
 ACTIVATIONS = (None,) + tuple(_TORCH_ACTIVATIONS)
 
 
+@eager_under_compile  # under torch.compile: a graph break, run as in eager (kernels/compile_boundary.py)
 def gemm(a: Tensor, b: Tensor, *, bias: Optional[Tensor] = None, activation: Optional[str] = None,
          residual: Optional[Tensor] = None, alpha: float = 1.0, beta: float = 1.0,
          out_dtype: Optional[torch.dtype] = None, quantize: Union[None, str, torch.dtype] = None,
@@ -68,13 +70,6 @@ def gemm(a: Tensor, b: Tensor, *, bias: Optional[Tensor] = None, activation: Opt
     Returns the result, of shape (M, N), or (Z, M, N) if either operand is 3-D; ``(codes, scales)`` with
     ``quantize``. Raises TypeError/ValueError naming the argument before anything runs.
     """
-    if torch.compiler.is_compiling():
-        # Under torch.compile, Dynamo would trace into the launch path (Triton's launcher, and on the CPU its
-        # interpreter, which it cannot trace): the call is a graph break instead and runs as it does in eager,
-        # with its own autograd.Function; the compiled graph around it is unaffected. (Eager calls skip the
-        # disable wrapper: it costs host time on every call.)
-        return _gemm_eager(a, b, bias=bias, activation=activation, residual=residual, alpha=alpha, beta=beta,
-                           out_dtype=out_dtype, quantize=quantize, out=out, scale_a=scale_a, scale_b=scale_b)
     if activation is not None and activation not in _TORCH_ACTIVATIONS:
         raise ValueError(f"activation={activation!r}: accepted values are None, "
                          + ", ".join(repr(k) for k in _TORCH_ACTIVATIONS))
@@ -89,11 +84,6 @@ def gemm(a: Tensor, b: Tensor, *, bias: Optional[Tensor] = None, activation: Opt
     if scale is not None:
         return value, scale
     return value
-
-
-@torch.compiler.disable
-def _gemm_eager(a, b, **kwargs):
-    return gemm(a, b, **kwargs)
 
 
 def _check_differentiable(a, b, quantize, out, scale_a, scale_b, out_dtype) -> None:

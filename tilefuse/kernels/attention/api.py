@@ -3,11 +3,11 @@
 :mod:`tilefuse.kernels.attention`, describes the arguments)."""
 from __future__ import annotations
 
-import functools
 import math
 
 import torch
 
+from ..compile_boundary import eager_under_compile
 from . import ops
 from .checks import DTYPES, MAX_HEAD_DIM, Params, check_arguments, normalize_causal, normalize_window
 from .kernels import LN2
@@ -44,20 +44,6 @@ def _run(q, k, v, causal, window, softcap, alibi, mask, score_mod, score_mod_gra
     plan = plan_forward(params, q.dtype, **plan_options) if plan_options else None
     out, lse2 = AttentionFunction.apply(q, k, v, mask_view, alibi_view, params, plan)
     return out, lse2, params
-
-
-def _eager_under_compile(fn):
-    """Under ``torch.compile``, ``fn`` runs as eager code behind a graph break: Dynamo cannot trace the launch
-    path (Triton's launcher, on the CPU its interpreter, which failed inside Dynamo). Eager calls go straight to
-    ``fn`` (the disable wrapper costs host time on every call)."""
-    disabled = torch.compiler.disable(fn, reason="tilefuse's attention kernels run as one opaque call")
-
-    @functools.wraps(fn)
-    def call(*args, **kwargs):
-        if torch.compiler.is_compiling():
-            return disabled(*args, **kwargs)
-        return fn(*args, **kwargs)
-    return call
 
 
 def _as_op_call(q, k, v, causal, window, softcap, alibi, mask, dropout_p, scale):
@@ -98,10 +84,10 @@ def attention(q, k, v, *, causal=False, window=None, softcap=None, alibi=None, m
     return out
 
 
-_attention_eager = torch.compiler.disable(attention, reason="tilefuse's attention kernels run as one opaque call")
+_attention_eager = eager_under_compile(attention).eager
 
 
-@_eager_under_compile
+@eager_under_compile
 def attention_with_lse(q, k, v, **kwargs):
     """(out, lse): ``lse`` (B, H, Sq) float32, the natural-log logsumexp of each row's scores (-inf where
     nothing is visible), not differentiable."""
@@ -166,7 +152,7 @@ def _run_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
     return AttentionVarlenFunction.apply(q, k, v, cu_q, cu_k, alibi_view, vp)
 
 
-@_eager_under_compile
+@eager_under_compile
 def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *, causal=False, window=None,
                      softcap=None, alibi=None, score_mod=None, dropout_p=0.0, scale=None, deterministic=False,
                      score_mod_grad=None, dropout_seed=None, check_seqlens=True):
@@ -182,7 +168,7 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seql
     return out
 
 
-@_eager_under_compile
+@eager_under_compile
 def attention_varlen_with_lse(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, **kwargs):
     """(out, lse): ``lse`` (H, total_q) float32, the natural-log logsumexp of each row's scores (-inf where
     nothing is visible), not differentiable. Keywords as :func:`attention_varlen`."""
