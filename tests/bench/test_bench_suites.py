@@ -257,6 +257,36 @@ def test_rows_option_is_the_compiler_suites_alone(monkeypatch):
     assert seen[0][-2:] == ["--rows", "65536"] and "--rows" not in seen[1]
 
 
+def test_reduce_overhead_option_times_the_backward_graphs_under_cuda_graphs(monkeypatch):
+    """--reduce-overhead: the compiler suite alone (else an error naming the option, before anything runs);
+    forward + backward graphs gain both backends' reduce-overhead impls, forward-only graphs do not; those impls
+    compile with mode="reduce-overhead" and begin a CUDA-graph generation before each step."""
+    from tilefuse.bench import compiler_suite as cs
+
+    args = argparse.Namespace(suites=["models"], out="/nonexistent", quick=False, smoke=True, only=[], rep_ms=100,
+                              reduce_overhead=True)
+    with pytest.raises(ValueError, match="--reduce-overhead: accepted for the compiler suite alone"):
+        runner.main(args)
+    on, off = runner.SuiteOptions(reduce_overhead=True), runner.SuiteOptions()
+    bwd = next(g for g in cs.GRAPHS if g.case == "softmax_fwd_bwd")
+    fwd = next(g for g in cs.GRAPHS if g.case == "softmax")
+    assert cs.impls(bwd, on) == cs.IMPLS + ("inductor-reduce-overhead", "tilefuse-reduce-overhead")
+    assert cs.impls(bwd, off) == cs.impls(fwd, on) == cs.IMPLS
+    compiled, marks = [], []
+    monkeypatch.setattr(cs.torch, "compile", lambda fn, **kw: compiled.append(kw) or fn)
+    monkeypatch.setattr(cs.torch.compiler, "cudagraph_mark_step_begin", lambda: marks.append(1))
+    cs._compile("tilefuse-reduce-overhead", cs.softmax)
+    cs._compile("inductor-reduce-overhead", cs.softmax)
+    assert compiled == [dict(backend="tilefuse", mode="reduce-overhead"),
+                        dict(backend="inductor", mode="reduce-overhead")]
+    step = cs._marking_steps(lambda x: x + 1)
+    assert step(1) == 2 and step(2) == 3 and marks == [1, 1]
+    stats = dict(cudagraph_recordings=2, cudagraph_replays=40, cudagraph_uncaptured_calls=3,
+                 cudagraphs=[{"uncaptured": {}}, {"uncaptured": {"a CPU tensor input": 3}}])
+    assert cs.cuda_graph_summary(stats) == \
+        "cuda graphs: 2 recorded, 40 replays, 3 uncaptured calls (a CPU tensor input)"
+
+
 @pytest.mark.gpu
 def test_flushed_call_ms_times_the_call_after_the_flush():
     """harness.flushed_call_ms: the flush runs first, then one call is timed by CUDA events; a ten times longer

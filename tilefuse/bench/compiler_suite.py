@@ -27,6 +27,12 @@ GEMM_FFN, in bf16: Linear + bias + GeLU, a SwiGLU FFN and the attention projecti
 and forward + backward. They report TFLOP/s (2·M·N·K a GEMM, the backward twice the forward) and are also timed
 against Inductor's ``max-autotune`` mode (impl ``inductor-max-autotune``) in the same run; the baseline stays
 Inductor default. ``--rows`` sets their M too.
+
+``--reduce-overhead``: each forward + backward graph is also timed under ``mode="reduce-overhead"``, Inductor's
+CUDA graph trees (impl ``inductor-reduce-overhead``) and tilefuse's CUDA graphs (``tilefuse-reduce-overhead``),
+each with its ``-kernels`` row and host time; a step starts with ``torch.compiler.cudagraph_mark_step_begin()``
+(what Inductor asks of a loop; tilefuse's runner needs no mark). At the suite's size the steps are kernel-bound;
+small ``--rows`` (e.g. 1024) make them host-bound, which is where CUDA graphs pay.
 """
 from __future__ import annotations
 
@@ -61,6 +67,9 @@ SMOKE_COMPILE_CASES = ("softmax", "layer_norm_gelu_fwd_bwd")
 COMPILE_CHILD_TIMEOUT_S = 600
 IMPLS = ("eager", "inductor", "tilefuse")
 GEMM_IMPLS = ("eager", "inductor", "inductor-max-autotune", "tilefuse")
+REDUCE_OVERHEAD_IMPLS = ("inductor-reduce-overhead", "tilefuse-reduce-overhead")
+COMPILED_IMPLS = ("inductor", "inductor-max-autotune", "inductor-reduce-overhead", "tilefuse",
+                  "tilefuse-reduce-overhead")
 # GEMM-bound graphs: a Llama-3-8B-sized layer (hidden 4096, FFN 14336) over 8192 tokens
 GEMM_TOKENS, GEMM_HIDDEN, GEMM_FFN = 8192, 4096, 14336
 SMOKE_GEMM_TOKENS, SMOKE_GEMM_HIDDEN, SMOKE_GEMM_FFN = 13, 32, 48
@@ -321,7 +330,26 @@ def _compile(backend: str, fn: Callable) -> Callable:
     torch._dynamo.reset()
     if backend == "inductor-max-autotune":
         return torch.compile(fn, backend="inductor", mode="max-autotune")
+    if backend.endswith("-reduce-overhead"):
+        return torch.compile(fn, backend=backend.removesuffix("-reduce-overhead"), mode="reduce-overhead")
     return torch.compile(fn, backend=backend)
+
+
+def impls(graph: Graph, opts: runner.SuiteOptions) -> tuple[str, ...]:
+    """What a graph is timed as: eager, Inductor (and max-autotune for a GEMM graph), tilefuse; with
+    ``--reduce-overhead`` a forward + backward graph also under both backends' CUDA graphs."""
+    base = GEMM_IMPLS if graph.gemm else IMPLS
+    return base + REDUCE_OVERHEAD_IMPLS if opts.reduce_overhead and graph.backward else base
+
+
+def _marking_steps(step: Callable) -> Callable:
+    """``step`` with a new CUDA-graph generation begun before each call (Inductor's trees keep the previous
+    step's outputs alive otherwise and re-record instead of replaying)."""
+    def marked(*args):
+        torch.compiler.cudagraph_mark_step_begin()
+        return step(*args)
+
+    return marked
 
 
 def _tilefuse_stats() -> dict | None:
@@ -331,6 +359,15 @@ def _tilefuse_stats() -> dict | None:
         return dict(compiler.stats())
     except Exception:
         return None
+
+
+def cuda_graph_summary(s: dict) -> str:
+    """What tilefuse's CUDA graphs did over a row (its stats after the timing): recordings, replays, calls
+    that ran uncaptured and the first reason given; a row whose steps were never replayed says so."""
+    text = (f"cuda graphs: {s.get('cudagraph_recordings', 0)} recorded, {s.get('cudagraph_replays', 0)} "
+            f"replays, {s.get('cudagraph_uncaptured_calls', 0)} uncaptured calls")
+    reasons = [why for g in s.get("cudagraphs", []) for why in g.get("uncaptured", {})]
+    return f"{text} ({reasons[0]})" if reasons else text
 
 
 def _reset_tilefuse_stats() -> None:
@@ -380,7 +417,7 @@ def time_graph(rec: harness.Recorder, graph: Graph, opts: runner.SuiteOptions, d
     eager = [t.detach() for t in _flat(eager_step(*args))]
     moved = minimal_bytes(graph, args)
     times: dict[str, harness.Row] = {}
-    for impl in (GEMM_IMPLS if graph.gemm else IMPLS):
+    for impl in impls(graph, opts):
         if impl.startswith("inductor") and opts.smoke:
             rec.skip(graph.case, impl, "smoke run on the interpreter: Inductor would build C++ for the CPU",
                      dtype=dtype, shape=shape)
@@ -388,9 +425,11 @@ def time_graph(rec: harness.Recorder, graph: Graph, opts: runner.SuiteOptions, d
         if impl == "eager":
             step = eager_step
         else:
-            if impl == "tilefuse":
+            if impl.startswith("tilefuse"):
                 _reset_tilefuse_stats()
             step = make_step(graph, _compile(impl, graph.fn))
+            if impl.endswith("-reduce-overhead"):
+                step = _marking_steps(step)
 
         def check(step=step):
             return check_against(step(*args), ref, eager, dtype)
@@ -401,17 +440,19 @@ def time_graph(rec: harness.Recorder, graph: Graph, opts: runner.SuiteOptions, d
             one = minimal_bytes(graph, args, two_pass=False)
             extra = f"one-pass count {one / 1e9:.3f} GB: {one / 1e9 / (row.ms_p50 * 1e-3):.0f} GB/s"
             row.note = f"{row.note}; {extra}" if row.note else extra
-        if impl == "tilefuse":
+        if impl.startswith("tilefuse"):
             s = _tilefuse_stats()
             if s is not None:
                 extra = f"{len(s.get('fallbacks', []))} fallbacks, {s.get('kernels', '?')} kernels, " \
                         f"{s.get('externs', '?')} externs"
+                if impl.endswith("-reduce-overhead"):
+                    extra += f", {cuda_graph_summary(s)}"
                 row.note = f"{row.note}; {extra}" if row.note else extra
         times[impl] = row
         if impl != "eager" and row.ok:
             record_kernel_time(rec, graph, impl, step, sets, opts, dtype=dtype, shape=shape, bytes_moved=moved)
     base = times.get("eager")
-    for impl in ("inductor", "inductor-max-autotune", "tilefuse"):
+    for impl in COMPILED_IMPLS:
         row = times.get(impl)
         if row is not None and row.ok and base is not None and base.ok:
             vs = f"{base.ms_p50 / row.ms_p50:.2f}x eager"

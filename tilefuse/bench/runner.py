@@ -44,6 +44,7 @@ class SuiteOptions:
     time_limit: float = 0.0  # models / attention: wall seconds a row may take over its phases (0: the suite's own)
     warm: bool = True  # models suite: also time a warm compile (a second compile after a Dynamo reset)
     budget_s: float = 0.0  # attention suite: wall seconds for the whole suite (0: the suite's own)
+    reduce_overhead: bool = False  # compiler suite: also time the forward + backward graphs under CUDA graphs
     log: Callable[[str], None] = print
 
     def wants(self, case: str) -> bool:
@@ -87,6 +88,10 @@ def add_arguments(p) -> None:
                    "wall seconds one row (a model x backend, a case x impl) may spend over its phases (compile, "
                    "accuracy, timing); past it the row is 'not run: exceeded ...' and the suite goes on (default: "
                    "no limit for models, the attention suite's own)")
+    p.add_argument("--reduce-overhead", action="store_true", help="compiler suite only: also time each "
+                   "forward + backward graph with mode='reduce-overhead' (impls inductor-reduce-overhead and "
+                   "tilefuse-reduce-overhead: CUDA graphs), with their host time a step; small --rows make the "
+                   "steps host-bound")
     p.add_argument("--no-warm", dest="warm", action="store_false", help="models suite only: skip the warm compile "
                    "(a second compile after a Dynamo reset, disk caches warm): half the compile time")
     p.add_argument("--budget", type=float, default=0.0, metavar="SECONDS", help="attention suite only: wall seconds "
@@ -125,6 +130,10 @@ def main(args) -> int:
     if time_limit and (time_limit < 0 or not set(args.suites) <= TIME_LIMITED):
         raise ValueError(f"--time-limit {time_limit:g}: accepted as positive seconds for the "
                          f"{' and '.join(sorted(TIME_LIMITED))} suites (got suites {', '.join(args.suites)})")
+    reduce_overhead = bool(getattr(args, "reduce_overhead", False))
+    if reduce_overhead and set(args.suites) != {"compiler"}:
+        raise ValueError(f"--reduce-overhead: accepted for the compiler suite alone (got suites "
+                         f"{', '.join(args.suites)})")
     budget = getattr(args, "budget", 0.0) or 0.0
     if budget and (budget < 0 or set(args.suites) != {"attention"}):
         raise ValueError(f"--budget {budget:g}: accepted as positive seconds for the attention suite alone "
@@ -145,7 +154,8 @@ def main(args) -> int:
         return 1
     opts = SuiteOptions(quick=args.quick, smoke=args.smoke, only=tuple(args.only), rep_ms=args.rep_ms, rows=rows,
                         mode=models_only["mode"], dtype=models_only["dtype"], batch=models_only["batch"],
-                        backends=backends, time_limit=time_limit, budget_s=budget, warm=not models_only["no-warm"])
+                        backends=backends, time_limit=time_limit, budget_s=budget, warm=not models_only["no-warm"],
+                        reduce_overhead=reduce_overhead)
     status = 0
     for name in args.suites:
         print(f"== bench {name}: {SUITES[name]} on {dev.describe()}", flush=True)
