@@ -51,9 +51,15 @@ def _fake_cuda(*shape):
         return torch.empty(*shape, device="cuda")
 
 
-def test_call_blockers_name_the_interpreter_cpu_tensors_and_graphs_without_cuda_inputs():
+def test_call_blockers_name_the_interpreter_cpu_tensors_and_graphs_without_cuda_inputs(monkeypatch):
     cuda = _fake_cuda(4, 3)
+    # a torch build that cannot make a kept output raise after a replay overwrote it captures nothing (the CPU
+    # build has no such setter: give it one, then take it away)
+    monkeypatch.setattr(torch._C, cudagraphs._STORAGE_ERROR, lambda *a: None, raising=False)
     assert cudagraphs.call_blockers([cuda, 3, None], interpreting=False) == []
+    monkeypatch.delattr(torch._C, cudagraphs._STORAGE_ERROR)
+    reasons = cudagraphs.call_blockers([cuda], interpreting=False)
+    assert len(reasons) == 1 and "could not be made to raise" in reasons[0], reasons
     assert re.search("interpreter", cudagraphs.call_blockers([cuda], interpreting=True)[0])
     reasons = cudagraphs.call_blockers([cuda, torch.randn(2)], interpreting=False)
     assert len(reasons) == 1 and "input 1 is a CPU tensor" in reasons[0]
@@ -249,6 +255,9 @@ def stand_in(monkeypatch):
     monkeypatch.setattr(cudagraphs, "_interpreting", lambda: False)
     monkeypatch.setattr(cudagraphs, "call_blockers", lambda args, interpreting: [])
     monkeypatch.setattr(cudagraphs, "capture_cuda_graph", capture)
+    # the CPU build cannot make a storage raise on access: an invalidation is a no-op here (the tests of which
+    # storages are invalidated put their own recorder in; the GPU tests read an invalidated output)
+    monkeypatch.setattr(cudagraphs, "_set_error", lambda storage: None)
     return made
 
 
@@ -339,7 +348,7 @@ def test_moved_parameters_record_again(stand_in):
 @pytest.mark.parametrize("keep", ["output", "view"])
 def test_a_kept_output_is_invalidated_by_the_next_replay_and_a_clone_is_not(stand_in, monkeypatch, keep):
     marked = []  # the CPU build has no storage access error: record which storages would raise
-    monkeypatch.setattr(cudagraphs, "_set_error", lambda t: marked.append(t.untyped_storage().data_ptr()))
+    monkeypatch.setattr(cudagraphs, "_set_error", lambda s: marked.append(s.data_ptr()))
     model = _mlp()
     compiled = torch.compile(model, backend="tilefuse", mode="reduce-overhead")
     with torch.no_grad():
@@ -367,7 +376,7 @@ def test_an_output_fed_back_as_the_next_input_is_read_before_it_is_invalidated(s
     monkeypatch.setattr(cudagraphs, "_copy_span",
                         lambda span, src: (events.append(("copy", src.untyped_storage().data_ptr())),
                                            real_copy(span, src)))
-    monkeypatch.setattr(cudagraphs, "_set_error", lambda t: events.append(("error", t.untyped_storage().data_ptr())))
+    monkeypatch.setattr(cudagraphs, "_set_error", lambda s: events.append(("error", s.data_ptr())))
     model = nn.Sequential(nn.Linear(13, 13), nn.Tanh())
     compiled = torch.compile(model, backend="tilefuse", mode="reduce-overhead")
     with torch.no_grad():

@@ -147,6 +147,9 @@ def call_blockers(args: Sequence[Any], *, interpreting: bool) -> list[str]:
             break
     if not tensors and not reasons:
         reasons.append("the graph has no CUDA tensor input")
+    if not reasons and not hasattr(torch._C, _STORAGE_ERROR):
+        reasons.append(f"this torch build has no torch._C.{_STORAGE_ERROR}: an output a replay overwrote could "
+                       f"not be made to raise when read")
     return reasons
 
 
@@ -307,8 +310,7 @@ class Recording:
             if ref.expired():
                 continue
             n += 1
-            storage = torch.UntypedStorage._new_with_weak_ptr(ref.cdata)
-            _set_error(torch.empty(0, dtype=torch.uint8, device=storage.device).set_(storage))
+            _set_error(torch.UntypedStorage._new_with_weak_ptr(ref.cdata))
         self.handed = []
         return n
 
@@ -348,10 +350,15 @@ class Recording:
         return out
 
 
-def _set_error(t: torch.Tensor) -> None:
-    setter = getattr(torch._C, "_set_storage_access_error_msg", None)  # CUDA builds only
-    if setter is not None:
-        setter(t, OVERWRITTEN)
+# (CUDA builds only) on the StorageImpl, so every tensor and view over it raises. torch's per-tensor
+# _set_storage_access_error_msg would only detach the one tensor it is given (a kept output did not raise on an
+# H100, run 105). The storage was made by hand_out over the pool's memory with no deleter: dropping its data
+# pointer frees nothing.
+_STORAGE_ERROR = "_set_storage_data_ptr_access_error_msg"
+
+
+def _set_error(storage: torch.UntypedStorage) -> None:
+    getattr(torch._C, _STORAGE_ERROR)(storage._cdata, OVERWRITTEN)
 
 
 # ------------------------------------------------------------------------------------------------ runner
