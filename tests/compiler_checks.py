@@ -288,7 +288,7 @@ def _forward_backward(fn, inputs, cotangent_seed: int | None):
     if not outs or not wrt:
         return out, None
     gen = torch.Generator().manual_seed(cotangent_seed)
-    cots = [torch.randn(o.shape, generator=gen, dtype=torch.float64).to(o.dtype) for o in outs]
+    cots = [torch.randn(o.shape, generator=gen, dtype=torch.float64).to(device=o.device, dtype=o.dtype) for o in outs]
     return out, torch.autograd.grad(outs, wrt, cots, allow_unused=True)
 
 
