@@ -134,6 +134,11 @@ class CudaGraphReport:
     replays: int = 0
     invalidated: int = 0  # outputs still referenced when a replay overwrote them (reading one raises)
     held_bytes: int = 0
+    # the last recording's inputs: used at their address (parameters, buffers, a backward's saved tensors that
+    # live in the pool) and copied into buffers it owns (their bytes are part of held_bytes)
+    inputs_in_place: int = 0
+    inputs_copied: int = 0
+    copied_bytes: int = 0
     shapes: list = dataclasses.field(default_factory=list)  # the input shapes of each recording
     uncaptured: dict = dataclasses.field(default_factory=dict)  # reason -> calls
 
@@ -150,7 +155,9 @@ class CudaGraphReport:
     def describe(self) -> str:
         if self.captured:
             head = (f"cuda graph: captured ({self.recordings} recordings, {self.rerecordings} re-recordings, "
-                    f"{self.replays} replays, {self.held_bytes / 2**20:.1f} MiB held)")
+                    f"{self.replays} replays, {self.held_bytes / 2**20:.1f} MiB held)\n"
+                    f"    inputs of the last recording: {self.inputs_in_place} used in place, {self.inputs_copied} "
+                    f"copied ({self.copied_bytes / 2**20:.1f} MiB)")
         elif self.uncaptured:
             head = "cuda graph: not captured"
         else:

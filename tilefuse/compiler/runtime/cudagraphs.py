@@ -492,6 +492,8 @@ class GraphRunner:
         report.rerecordings += int(rerecord)
         report.shapes.append([list(k[0]) for k in key if isinstance(k, tuple)])
         report.held_bytes += rec.held_bytes
+        report.inputs_in_place, report.inputs_copied = len(static), len(rec.copied)
+        report.copied_bytes = sum(span.untyped_storage().nbytes() for _, span in rec.copied)
         records.bump("cudagraph_recordings")
         if rerecord:
             records.bump("cudagraph_rerecordings")
