@@ -350,9 +350,9 @@ class Recording:
         return out
 
 
-# (CUDA builds only) on the StorageImpl, so every tensor and view over it raises. torch's per-tensor
-# _set_storage_access_error_msg would only detach the one tensor it is given (a kept output did not raise on an
-# H100, run 105). The storage was made by hand_out over the pool's memory with no deleter: dropping its data
+# The overwritten-output error goes on the StorageImpl (CUDA builds only), so every tensor and view over it
+# raises; torch's per-tensor _set_storage_access_error_msg would detach only the one tensor it is given
+# (decision 028). The storage was made by hand_out over the pool's memory with no deleter: dropping its data
 # pointer frees nothing.
 _STORAGE_ERROR = "_set_storage_data_ptr_access_error_msg"
 
