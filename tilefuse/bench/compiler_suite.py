@@ -32,7 +32,7 @@ Inductor default. ``--rows`` sets their M too.
 CUDA graph trees (impl ``inductor-reduce-overhead``) and tilefuse's CUDA graphs (``tilefuse-reduce-overhead``),
 each with its ``-kernels`` row and host time; a step starts with ``torch.compiler.cudagraph_mark_step_begin()``
 (what Inductor asks of a loop; tilefuse's runner needs no mark). At the suite's size the steps are kernel-bound;
-small ``--rows`` (e.g. 1024) make them host-bound, which is where CUDA graphs pay.
+small ``--rows`` (e.g. 1024) make them host-bound, where a graph's launch savings can show.
 """
 from __future__ import annotations
 
@@ -363,7 +363,7 @@ def _tilefuse_stats() -> dict | None:
 
 def cuda_graph_summary(s: dict) -> str:
     """What tilefuse's CUDA graphs did over a row (its stats after the timing): recordings, replays, calls
-    that ran uncaptured and the first reason given; a row whose steps were never replayed says so."""
+    that ran uncaptured and the first reason given."""
     text = (f"cuda graphs: {s.get('cudagraph_recordings', 0)} recorded, {s.get('cudagraph_replays', 0)} "
             f"replays, {s.get('cudagraph_uncaptured_calls', 0)} uncaptured calls")
     reasons = [why for g in s.get("cudagraphs", []) for why in g.get("uncaptured", {})]
