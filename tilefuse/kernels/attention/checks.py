@@ -55,12 +55,14 @@ def _name(t: torch.Tensor) -> str:
     return f"{tuple(t.shape)} {str(t.dtype).replace('torch.', '')} on {t.device}"
 
 
-def check_tensors(q, k, v) -> None:
+def check_qkv(q, k, v, rank: int, layout: str) -> None:
+    """q, k, v are tensors of ``rank`` (``layout`` names its dims in the error), of one accepted dtype, on one
+    device where tilefuse runs its kernels: the checks the batched and the packed (varlen) APIs share."""
     for name, t in (("q", q), ("k", k), ("v", v)):
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-        if t.dim() != 4:
-            raise ValueError(f"{name} must have rank 4 (batch, heads, seq, head_dim), got shape {tuple(t.shape)}")
+        if t.dim() != rank:
+            raise ValueError(f"{name} must have rank {rank} {layout}, got shape {tuple(t.shape)}")
         if t.dtype not in DTYPES:
             raise TypeError(f"{name} has dtype {t.dtype}: accepted dtypes are float16, bfloat16, float32")
     if not (q.dtype == k.dtype == v.dtype):
@@ -73,6 +75,10 @@ def check_tensors(q, k, v) -> None:
     if q.device.type != want:
         raise ValueError(f"q is on {q.device}: tilefuse runs Triton kernels on {want} tensors here "
                          f"({device.current().describe()})")
+
+
+def check_tensors(q, k, v) -> None:
+    check_qkv(q, k, v, 4, "(batch, heads, seq, head_dim)")
     B, H, Sq, D = q.shape
     if k.shape[0] != B or v.shape[0] != B:
         raise ValueError(f"batch sizes differ: q {_name(q)}, k {_name(k)}, v {_name(v)}")

@@ -25,7 +25,7 @@ import triton
 
 from ... import device
 from . import tuning
-from .checks import (DTYPES, MAX_DROPOUT_SCORES, MAX_HEAD_DIM, MASK_NONE, Params, check_alibi, check_score_options,
+from .checks import (MAX_DROPOUT_SCORES, MAX_HEAD_DIM, MASK_NONE, Params, check_alibi, check_qkv, check_score_options,
                      normalize_causal, normalize_window)
 from .kernels import attn_bwd_dkdv_kernel, attn_bwd_dq_kernel, attn_bwd_preprocess_kernel, attn_fwd_kernel
 from .launch import _common_constexprs, _score_args, block_d, dropout_mask, kernel_space
@@ -51,22 +51,7 @@ class VarlenParams:
 
 # --------------------------------------------------------------------------------------------- checks
 def check_packed_tensors(q, k, v) -> None:
-    for name, t in (("q", q), ("k", k), ("v", v)):
-        if not isinstance(t, torch.Tensor):
-            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-        if t.dim() != 3:
-            raise ValueError(f"{name} must have rank 3 (total_tokens, heads, head_dim) for packed sequences, got "
-                             f"shape {tuple(t.shape)}")
-        if t.dtype not in DTYPES:
-            raise TypeError(f"{name} has dtype {t.dtype}: accepted dtypes are float16, bfloat16, float32")
-    if not (q.dtype == k.dtype == v.dtype):
-        raise TypeError(f"q, k and v must share one dtype, got q {q.dtype}, k {k.dtype}, v {v.dtype}")
-    if not (q.device == k.device == v.device):
-        raise ValueError(f"q, k and v must be on one device, got q on {q.device}, k on {k.device}, v on {v.device}")
-    want = device.torch_device().type
-    if q.device.type != want:
-        raise ValueError(f"q is on {q.device}: tilefuse runs Triton kernels on {want} tensors here "
-                         f"({device.current().describe()})")
+    check_qkv(q, k, v, 3, "(total_tokens, heads, head_dim) for packed sequences")
     if k.shape != v.shape:
         raise ValueError(f"k and v must have one shape (total_k, kv_heads, head_dim), got k {tuple(k.shape)} and "
                          f"v {tuple(v.shape)}")
