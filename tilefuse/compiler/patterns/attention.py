@@ -129,21 +129,13 @@ _METHODS = {
 def _op(node) -> str | None:
     if not isinstance(node, torch.fx.Node):
         return None
-    if node.op == "call_function":
-        name = _FUNCTIONS.get(node.target)
-        if name == "div" and node.kwargs.get("rounding_mode") is not None:
-            return None
-        if name in ("add", "sub") and node.kwargs.get("alpha", 1) != 1:
-            return None
-        return name
-    if node.op == "call_method":
-        name = _METHODS.get(node.target)
-        if name == "div" and node.kwargs.get("rounding_mode") is not None:
-            return None
-        if name in ("add", "sub") and node.kwargs.get("alpha", 1) != 1:
-            return None
-        return name
-    return None
+    table = {"call_function": _FUNCTIONS, "call_method": _METHODS}.get(node.op)
+    name = table.get(node.target) if table is not None else None
+    if name == "div" and node.kwargs.get("rounding_mode") is not None:
+        return None
+    if name in ("add", "sub") and node.kwargs.get("alpha", 1) != 1:
+        return None
+    return name
 
 
 def _val(x):
