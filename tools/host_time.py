@@ -10,6 +10,15 @@ Sections:
         entries for 2000 calls.
   compiler: wall time a call of small graphs (softmax, layer_norm fwd, layer_norm fwd+bwd at 64 x 256) under
         tilefuse, Inductor and eager, and how many launches went through the direct path.
+  launch: one generated wrapper (two kernels, six allocations) taken apart: its call, each launch site, the
+        kept C launcher alone with prepared arguments, an allocation; cProfile of the wrapper.
+  graphs: a host-bound fwd+bwd step (softmax at 1024 x 4096 bf16) under both backends with and without
+        mode="reduce-overhead": host time with the GPU kept busy (the bench's measure) and with it idle, the
+        replay alone, and cProfile of the captured step.
+  pool: a small training loop (MLP 1024-2048-1024, AdamW) uncaptured and captured: memory allocated after
+        each phase of a step and the peak within it, and whether .grad is the pool's memory.
+
+    python tools/host_time.py launch graphs pool   (some sections only)
 """
 from __future__ import annotations
 
@@ -136,12 +145,217 @@ def compiler_section() -> None:
     print(f"  tilefuse launch sites: {len(sites)}, direct: {sum(s.direct is not None for s in sites)}")
 
 
+def _profile(fn, calls: int, lines: int = 16) -> str:
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(calls):
+        fn()
+    prof.disable()
+    torch.cuda.synchronize()
+    s = io.StringIO()
+    pstats.Stats(prof, stream=s).sort_stats("tottime").print_stats(lines)
+    return "\n".join("    " + line for line in s.getvalue().splitlines() if line.strip())[:5000]
+
+
+def _graphs_made(fn, *args):
+    """The CompiledGraph objects that compiling and calling ``fn(*args)`` makes."""
+    from tilefuse.compiler import runtime
+
+    made = []
+    real = runtime.CompiledGraph.__init__
+
+    def init(self, *a, **k):
+        real(self, *a, **k)
+        made.append(self)
+
+    torch._dynamo.reset()
+    runtime.CompiledGraph.__init__ = init
+    try:
+        torch.compile(fn, backend="tilefuse")(*args)
+    finally:
+        runtime.CompiledGraph.__init__ = real
+    return made
+
+
+def launch_section() -> None:
+    from tilefuse.kernels import launcher
+
+    def graph(x, w):
+        y = torch.softmax(x, -1) * w
+        z = F.layer_norm(y + 1, y.shape[-1:])
+        return (F.gelu(z) + y.sum(-1, keepdim=True)).tanh(), z.amax(0)
+
+    print("== launch: one generated wrapper taken apart (us of host time)")
+    x, w = torch.randn(64, 33, device="cuda"), torch.randn(33, device="cuda")
+    (g,) = _graphs_made(graph, x, w)
+    plan = g.plan
+    glb = plan.call.__globals__
+    sites = {k: v for k, v in glb.items() if k.startswith("launch_")}
+    print(f"  wrapper call: {per_call_us(lambda: plan.call([x, w])):.2f} us, {len(sites)} launch sites")
+    seen = {}
+    for k, site in sites.items():
+        def spy(*args, k=k, site=site):
+            seen[k] = args
+            site(*args)
+        glb[k] = spy
+    plan.call([x, w])
+    glb.update(sites)
+    stream = launcher.current_stream(0)
+    for k, site in sites.items():
+        d = getattr(site, "direct", None)
+        args = seen[k]
+        print(f"  {k}: {type(site).__name__}, direct={d is not None}, via_run={getattr(d, 'via_run', None)}, "
+              f"{len(args)} args, aligned {getattr(site, 'aligned', None)}, ints {getattr(site, 'ints', None)}")
+        print(f"    site call: {per_call_us(lambda: site(*args)):.2f} us")
+        if d is not None:
+            direct = [a.data_ptr() if isinstance(a, torch.Tensor) else a for a in args] + list(site.tail)
+            print(f"    Direct.launch: {per_call_us(lambda: d.launch(stream, direct)):.2f} us")
+            if not d.via_run:
+                full = (d.g0, d.g1, d.g2, stream, d.function, d.coop, d.pdl, None, None, d.packed, None, None,
+                        None, *direct)
+                print(f"    C launcher alone: {per_call_us(lambda: d.fn(*full)):.2f} us")
+    print(f"  hooks_installed: {per_call_us(launcher.hooks_installed):.2f} us")
+    print(f"  empty_strided((64, 1)): "
+          f"{per_call_us(lambda: torch.empty_strided((64, 1), (1, 1), device='cuda')):.2f} us")
+    print(f"  torch.add (one ATen launch): {per_call_us(lambda: torch.add(x, x)):.2f} us")
+    print("  cProfile, 3000 wrapper calls (tottime):")
+    print(_profile(lambda: plan.call([x, w]), 3000))
+
+
+def _busy_host_us(step, steps: int = 20) -> float:
+    torch.cuda.synchronize()
+    torch.cuda._sleep(200_000_000)
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        step()
+    elapsed = time.perf_counter() - t0
+    torch.cuda.synchronize()
+    return elapsed / steps * 1e6
+
+
+def graphs_section() -> None:
+    print("== graphs: softmax fwd+bwd at 1024 x 4096 bf16, host us a step (GPU busy / idle wall) and GPU us")
+    sets = []
+    for _ in range(4):
+        x = torch.randn(1024, 4096, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+        sets.append((x, torch.randn(1024, 4096, device="cuda", dtype=torch.bfloat16)))
+
+    def fn(x):
+        return torch.softmax(x, -1)
+
+    for backend in ("inductor", "tilefuse"):
+        for mode in (None, "reduce-overhead"):
+            torch._dynamo.reset()
+            if backend == "tilefuse":
+                from tilefuse import compiler
+
+                compiler.reset_stats()
+            f = torch.compile(fn, backend=backend, **({"mode": mode} if mode else {}))
+            i = [0]
+
+            def step(f=f, i=i, marked=mode is not None):
+                if marked:
+                    torch.compiler.cudagraph_mark_step_begin()
+                x, g = sets[i[0] % 4]
+                i[0] += 1
+                y = f(x)
+                return torch.autograd.grad(y, (x,), g)
+
+            try:
+                for _ in range(5):
+                    step()
+                busy = min(_busy_host_us(step) for _ in range(3))
+                idle = per_call_us(step, 300)
+                gpu = gpu_us(step)
+                print(f"  {backend} {mode or 'default'}: host (GPU busy) {busy:.1f}  wall (GPU idle) {idle:.1f}  "
+                      f"GPU {gpu:.1f}")
+                if backend == "tilefuse" and mode:
+                    from tilefuse import compiler
+
+                    print(f"    stats: { {k: v for k, v in compiler.stats().items() if 'cudagraph' in k} }")
+                    print("    cProfile, 200 steps, GPU idle (tottime):")
+                    print(_profile(step, 200))
+                    torch.cuda._sleep(2_000_000_000)
+                    print("    cProfile, 200 steps queued behind a ~1 s sleep kernel (tottime):")
+                    print(_profile(step, 200))
+                    from tilefuse.compiler.runtime import cudagraphs
+
+                    recs = [r for p in list(cudagraphs._POOLS) for r in p.recordings]
+                    for r in recs:
+                        print(f"    recording {r.seq}: graph.replay() alone: idle "
+                              f"{per_call_us(r.graph.replay, 300):.1f} us, busy {_busy_host_us(r.graph.replay):.1f} us")
+            except Exception as exc:  # noqa: BLE001 - a report line, the next mode still runs
+                print(f"  {backend} {mode}: failed: {type(exc).__name__}: {str(exc)[:300]}")
+
+
+def pool_section() -> None:
+    import gc
+
+    import torch.nn as nn
+
+    print("== pool: MLP 1024-2048-1024 + AdamW, batch 64: MiB allocated after each phase (peak within it)")
+    for mode in (None, "reduce-overhead"):
+        torch.manual_seed(4)
+        torch._dynamo.reset()
+        gc.collect()
+        torch.cuda.empty_cache()
+        model = nn.Sequential(nn.Linear(1024, 2048), nn.GELU(), nn.LayerNorm(2048), nn.Linear(2048, 1024)).cuda()
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+        compiled = torch.compile(model, backend="tilefuse", **({"mode": mode} if mode else {}))
+        x, target = torch.randn(64, 1024, device="cuda"), torch.randn(64, 1024, device="cuda")
+        p_mib = sum(p.numel() * p.element_size() for p in model.parameters()) / 2**20
+        print(f"  mode {mode or 'default'} (parameters {p_mib:.1f} MiB)")
+        for s in range(4):
+            phases = []
+
+            def mark(name):
+                torch.cuda.synchronize()
+                phases.append(f"{name} {torch.cuda.memory_allocated() / 2**20:.1f} "
+                              f"({torch.cuda.max_memory_allocated() / 2**20:.1f})")
+                torch.cuda.reset_peak_memory_stats()
+
+            mark("start")
+            opt.zero_grad()
+            mark("zero_grad")
+            loss = nn.functional.mse_loss(compiled(x), target)
+            mark("forward")
+            loss.backward()
+            mark("backward")
+            opt.step()
+            mark("opt.step")
+            grads = [p.grad for p in model.parameters()]
+            from tilefuse.compiler.runtime import cudagraphs
+
+            pool_ptrs = set()
+            for pool in list(cudagraphs._POOLS):
+                for r in pool.recordings:
+                    pool_ptrs |= r.owned_ptrs
+            in_pool = sum(cudagraphs._storage_key(g) in pool_ptrs for g in grads if g is not None)
+            print(f"    step {s}: " + ", ".join(phases) + f"; grads in a recording's memory: {in_pool}/{len(grads)}; "
+                  f"pools hold {cudagraphs.pools_held_bytes() / 2**20:.1f} MiB")
+            del loss
+        from tilefuse import compiler
+
+        for r in compiler.stats().get("cudagraphs", []):
+            print(f"    {r}")
+        del model, opt, compiled, x, target
+
+
+SECTIONS = {"gemm": gemm_section, "compiler": compiler_section, "launch": launch_section,
+            "graphs": graphs_section, "pool": pool_section}
+
+
 def main() -> int:
     if not torch.cuda.is_available():
         print("host_time.py needs a GPU")
         return 2
     print(torch.cuda.get_device_name(), "torch", torch.__version__)
-    for section in (gemm_section, compiler_section):
+    wanted = sys.argv[1:] or ["gemm", "compiler"]
+    unknown = [w for w in wanted if w not in SECTIONS]
+    if unknown:
+        print(f"unknown section(s) {unknown}; sections: {sorted(SECTIONS)}")
+        return 2
+    for section in (SECTIONS[w] for w in wanted):
         try:
             section()
         except Exception as exc:  # noqa: BLE001 - report and go on to the next section
