@@ -110,6 +110,44 @@ def test_capture_blockers_is_the_union_and_signature_keys_shapes_strides_dtypes_
     assert cudagraphs.signature([a]) != cudagraphs.signature([torch.randn(5, 6)])
 
 
+@pytest.mark.parametrize("fails", [False, True])
+def test_capture_releases_cublas_workspaces_after_recording(monkeypatch, fails):
+    """The workspaces cuBLAS makes for the capture stream are released once the capture has ended, also when
+    it failed: held, they were most of a captured step's memory beyond an uncaptured step's."""
+    import contextlib
+
+    events = []
+
+    @contextlib.contextmanager
+    def graph(g, pool, capture_error_mode):
+        events.append("begin")
+        try:
+            yield
+        finally:
+            events.append("end")
+
+    def run(inputs):
+        events.append("run")
+        if fails:
+            raise RuntimeError("operation not permitted when stream is capturing")
+        return [x * 2 for x in inputs]
+
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: None)
+    monkeypatch.setattr(torch.cuda, "device", lambda d: contextlib.nullcontext())
+    monkeypatch.setattr(torch.cuda, "CUDAGraph", object)
+    monkeypatch.setattr(torch.cuda, "graph", graph)
+    monkeypatch.setattr(torch._C, "_cuda_clearCublasWorkspaces", lambda: events.append("release"), raising=False)
+    pool = cudagraphs.Pool()
+    pool.get_handle = lambda: None
+    if fails:
+        with pytest.raises(RuntimeError, match="capturing"):
+            cudagraphs.capture_cuda_graph(run, [torch.ones(2)], pool)
+    else:
+        _, outputs = cudagraphs.capture_cuda_graph(run, [torch.ones(2)], pool)
+        assert outputs[0].tolist() == [2.0, 2.0]
+    assert events == ["begin", "run", "end", "release"]
+
+
 def test_input_roles_from_aotautograds_metadata():
     """Forward: parameters and buffers static, the input copied, the outputs past the caller's saved;
     backward: saved parameters static, other saved values static only when they live in the pool, tangents

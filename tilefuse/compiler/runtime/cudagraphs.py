@@ -506,16 +506,33 @@ class GraphRunner:
 
 
 def capture_cuda_graph(run: Callable, inputs: list, pool: Pool):
-    """Record ``run(inputs)`` into a CUDA graph on ``pool``; returns (graph, the outputs it wrote)."""
+    """Record ``run(inputs)`` into a CUDA graph on ``pool``; returns (graph, the outputs it wrote).
+
+    cuBLAS keeps a workspace a (handle, stream), made on first use: a matmul in a capture makes one for the
+    capture stream (and one more for autograd's thread's handle in a backward), 32 MiB each on Hopper, in the
+    pool, and cuBLAS then holds it for good. Releasing cuBLAS's workspaces after the capture hands those blocks
+    back to the pool (the graph still uses them as scratch, like any temporary of the capture, which later
+    recordings of the pool may reuse under the step rule); held, they were most of the memory a captured
+    training step had beyond an uncaptured one (decision 028)."""
     dev = next(a.device for a in inputs if isinstance(a, torch.Tensor))
     with torch.cuda.device(dev):  # the capture stream is the inputs' device's, not the current device's
         torch.cuda.synchronize()
         graph = torch.cuda.CUDAGraph()
-        # thread_local: a backward is recorded on autograd's device thread while the main thread waits for it
-        with torch.cuda.graph(graph, pool=pool.get_handle(), capture_error_mode="thread_local"):
-            outputs = run(list(inputs))
-        torch.cuda.synchronize()
+        try:
+            # thread_local: a backward is recorded on autograd's device thread while the main thread waits
+            with torch.cuda.graph(graph, pool=pool.get_handle(), capture_error_mode="thread_local"):
+                outputs = run(list(inputs))
+            torch.cuda.synchronize()
+        finally:
+            release_cublas_workspaces()
     return graph, outputs
+
+
+def release_cublas_workspaces() -> None:
+    """Drop cuBLAS's per-stream workspaces (an eager matmul makes its stream's again on its next call)."""
+    clear = getattr(torch._C, "_cuda_clearCublasWorkspaces", None)
+    if clear is not None:
+        clear()
 
 
 def _tangent(name: str) -> bool:
