@@ -190,16 +190,20 @@ def launch_section() -> None:
     (g,) = _graphs_made(graph, x, w)
     plan = g.plan
     glb = plan.call.__globals__
-    sites = {k: v for k, v in glb.items() if k.startswith("launch_")}
+    plan.call([x, w])  # (a site that keeps its kernel puts its bound launch function in its place)
+    sites = {k: getattr(v, "site", v) for k, v in glb.items() if k.startswith("launch_")}
+    print(f"  bound launch functions in the wrapper: "
+          f"{sum(hasattr(v, 'site') for k, v in glb.items() if k.startswith('launch_'))} of {len(sites)}")
     print(f"  wrapper call: {per_call_us(lambda: plan.call([x, w])):.2f} us, {len(sites)} launch sites")
     seen = {}
+    bound = {k: glb[k] for k in sites}
     for k, site in sites.items():
         def spy(*args, k=k, site=site):
             seen[k] = args
             site(*args)
         glb[k] = spy
     plan.call([x, w])
-    glb.update(sites)
+    glb.update(bound)
     stream = launcher.current_stream(0)
     for k, site in sites.items():
         d = getattr(site, "direct", None)
@@ -207,6 +211,9 @@ def launch_section() -> None:
         print(f"  {k}: {type(site).__name__}, direct={d is not None}, via_run={getattr(d, 'via_run', None)}, "
               f"{len(args)} args, aligned {getattr(site, 'aligned', None)}, ints {getattr(site, 'ints', None)}")
         print(f"    site call: {per_call_us(lambda: site(*args)):.2f} us")
+        if getattr(site, "fast", None) is not None:
+            print(f"    bound launch function: {per_call_us(lambda: site.fast(*args)):.2f} us")
+        _static_launcher_probe(site, args, stream)
         if d is not None:
             direct = [a.data_ptr() if isinstance(a, torch.Tensor) else a for a in args] + list(site.tail)
             print(f"    Direct.launch: {per_call_us(lambda: d.launch(stream, direct)):.2f} us")
@@ -220,6 +227,34 @@ def launch_section() -> None:
     print(f"  torch.add (one ATen launch): {per_call_us(lambda: torch.add(x, x)):.2f} us")
     print("  cProfile, 3000 wrapper calls (tottime):")
     print(_profile(lambda: plan.call([x, w]), 3000))
+
+
+def _static_launcher_probe(site, args, stream) -> None:
+    """What torch's own C++ launcher (Inductor's static launcher, a private API) costs for the same kernel."""
+    import tempfile
+
+    try:
+        try:
+            from torch._inductor.runtime.static_triton_launcher import StaticallyLaunchedCudaKernel
+        except ImportError:
+            from torch._inductor.runtime.static_cuda_launcher import StaticallyLaunchedCudaKernel
+        compiled = site.jit(*args, **site.options)  # the JIT's cache: the kernel the site keeps
+        if not hasattr(compiled, "_cubin_path"):
+            compiled._cubin_path = None
+        k = StaticallyLaunchedCudaKernel(compiled)
+        path = tempfile.NamedTemporaryFile(suffix=".cubin", delete=False).name
+        k.reload_cubin_from_raw(path)
+        k.load_kernel(site.device_index)
+        runtime = [a.data_ptr() if isinstance(a, torch.Tensor) else a for a in args]
+        g = site.direct
+        k.run(g.g0, g.g1, g.g2, stream, *runtime)
+        print(f"    torch static launcher run(): {per_call_us(lambda: k.run(g.g0, g.g1, g.g2, stream, *runtime)):.2f} us")
+        c, fn, tys, nw, sh = k.C_impl, k.function, k.arg_tys, k.num_warps, k.shared
+        tup = tuple(runtime)
+        print(f"    torch static launcher _launch_kernel alone: "
+              f"{per_call_us(lambda: c._launch_kernel(fn, g.g0, g.g1, g.g2, nw, sh, tys, tup, stream)):.2f} us")
+    except Exception as exc:  # noqa: BLE001 - a probe of a private API: report and go on
+        print(f"    torch static launcher: not measured ({type(exc).__name__}: {str(exc)[:200]})")
 
 
 def _busy_host_us(step, steps: int = 20) -> float:
@@ -267,8 +302,20 @@ def graphs_section() -> None:
                 busy = min(_busy_host_us(step) for _ in range(3))
                 idle = per_call_us(step, 300)
                 gpu = gpu_us(step)
+                import gc
+
+                gc.freeze()  # every object made so far out of the collector's way
+                frozen = per_call_us(step, 300)
+                gc.unfreeze()
+                gc.disable()
+                no_gc = per_call_us(step, 300)
+                gc.enable()
+                fwd = per_call_us(lambda: f(sets[0][0]), 300)
                 print(f"  {backend} {mode or 'default'}: host (GPU busy) {busy:.1f}  wall (GPU idle) {idle:.1f}  "
-                      f"GPU {gpu:.1f}")
+                      f"GPU {gpu:.1f}  wall after gc.freeze {frozen:.1f}  gc off {no_gc:.1f}  forward alone {fwd:.1f}")
+                if backend == "tilefuse" and not mode:
+                    print("    cProfile, 200 steps, GPU idle (tottime):")
+                    print(_profile(step, 200))
                 if backend == "tilefuse" and mode:
                     from tilefuse import compiler
 

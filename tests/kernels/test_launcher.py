@@ -124,3 +124,78 @@ def test_no_launch_hook_is_installed_until_a_profiler_adds_one():
     finally:
         chain.remove(hook)
     assert not launcher.hooks_installed()
+
+
+class _RecordingSite(launcher.SiteLauncher):
+    """A site whose JIT path records what it was given (the kept kernel is _Compiled's fake launcher)."""
+
+    __slots__ = ("jitted",)
+
+    def _jit(self, args) -> None:
+        self.jitted.append(args)
+
+
+def _bound_site(monkeypatch, first, hook_flag):
+    monkeypatch.setattr(triton, "__version__", "3.6.0")
+    monkeypatch.setattr(torch._C, "_cuda_getCurrentRawStream", lambda index: 70 + index, raising=False)
+    monkeypatch.setattr(launcher, "hooks_installed", lambda: bool(hook_flag))
+    site = _RecordingSite(_axpy, (4,), {}, {"BLOCK": 256})
+    site.jitted = []
+    compiled = _Compiled()
+    site.direct = launcher.Direct(compiled, (4,), 3)
+    site.device_index = 3
+    site.aligned = tuple(i for i, a in enumerate(first) if isinstance(a, torch.Tensor))
+    site.ints = tuple((i, launcher._int_class(a)) for i, a in enumerate(first) if type(a) is int)
+    return site, launcher._fast_launch(site, first), compiled.run.calls
+
+
+def test_bound_launch_passes_addresses_values_and_constexprs_in_the_launchers_order(monkeypatch):
+    x, y, out = torch.randn(1024), torch.randn(1024), torch.empty(1024)
+    assert not (x.data_ptr() | y.data_ptr() | out.data_ptr()) & 15
+    site, fast, calls = _bound_site(monkeypatch, (x, y, out, 1024, 2.5), [])
+    fast(x, y, out, 1024, 2.5)
+    fast(y, x, out, 2048, -1.0)  # other tensors, an integer of the same class: still the kept kernel
+    assert [c[:13] for c in calls] == [(4, 1, 1, 73, 1234, 0, 1, None, None, ("meta",), None, None, None)] * 2
+    assert [c[13:] for c in calls] == [(x.data_ptr(), y.data_ptr(), out.data_ptr(), 1024, 2.5, 256),
+                                      (y.data_ptr(), x.data_ptr(), out.data_ptr(), 2048, -1.0, 256)]
+    assert site.jitted == []
+    assert "for " not in fast.source and fast.site is site  # the checks are unrolled, no loop a launch
+
+
+def test_bound_launch_goes_back_to_the_jit_on_anything_the_kernel_was_not_specialised_for(monkeypatch):
+    x, y, out = torch.randn(1024), torch.randn(1024), torch.empty(1024)
+    hook = []
+    site, fast, calls = _bound_site(monkeypatch, (x, y, out, 1024, 2.5), hook)
+    odd = torch.randn(1025)[1:]  # 4 bytes past an aligned address
+    assert odd.data_ptr() & 15
+    fast(odd, y, out, 1024, 2.5)
+    fast(x, y, out, 1000, 2.5)  # 1000 is not a multiple of 16: another specialisation
+    fast(x, y, out, 1, 2.5)  # nor is 1
+    hook.append(1)
+    fast(x, y, out, 1024, 2.5)  # a profiler's hook wants the JIT's launch path
+    assert calls == []
+    assert [a[0] is odd for a in site.jitted] == [True, False, False, False]
+    assert [a[3] for a in site.jitted] == [1024, 1000, 1, 1024]
+
+
+def test_a_kept_kernel_binds_the_launch_the_site_calls_and_tells_its_owner(monkeypatch):
+    monkeypatch.setattr(triton, "__version__", "3.6.0")
+    monkeypatch.setattr(torch._C, "_cuda_getCurrentRawStream", lambda index: 70 + index, raising=False)
+    told = []
+    site = launcher.SiteLauncher(_axpy, (4,), {}, {"BLOCK": 256}, on_bound=told.append)
+    x, y, out = torch.randn(1024), torch.randn(1024), torch.empty(1024)
+    compiled = _Compiled()
+    site._keep(compiled, (x, y, out, 1024, 2.5), 0)
+    assert told == [site.fast] and site.fast.site is site
+    site(y, x, out, 1024, 2.5)
+    assert [c[13:16] for c in compiled.run.calls] == [(y.data_ptr(), x.data_ptr(), out.data_ptr())]
+
+
+def test_a_kernel_needing_global_scratch_keeps_the_generic_direct_path(monkeypatch):
+    monkeypatch.setattr(triton, "__version__", "3.6.0")
+    told = []
+    site = launcher.SiteLauncher(_axpy, (4,), {}, {"BLOCK": 256}, on_bound=told.append)
+    compiled = _Compiled()
+    compiled.run.global_scratch_size = 64
+    site._keep(compiled, (torch.randn(8), torch.randn(8), torch.empty(8), 8, 1.0), 0)
+    assert site.direct is not None and site.fast is None and told == []

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import math
 import threading
+from typing import Callable
 
 import torch
 import triton
@@ -161,11 +162,18 @@ class SiteLauncher:
     kept kernel was specialised for: every tensor 16-byte aligned (a site whose first call had an unaligned
     tensor keeps the JIT path), every integer of the same specialisation class (:func:`_int_class`). Any
     mismatch, a profiler hook, or the interpreter: the JIT path, which is always right.
+
+    Once a kernel is kept (and it needs neither global scratch nor tensor descriptors), the site writes
+    :attr:`fast`: a function of exactly the site's arguments, with the grid, stream lookup, metadata and
+    constexprs bound and the checks unrolled, that calls the C launcher itself (:func:`_fast_launch`). Calls
+    to the site go through it, and ``on_bound(fast)`` lets a caller put it where the site was (the compiled
+    graph's wrapper does: its launches then cost the C launcher and the checks, no Python call layer between).
     """
 
-    __slots__ = ("jit", "grid", "options", "tail", "direct", "aligned", "ints", "device_index", "interpret")
+    __slots__ = ("jit", "grid", "options", "tail", "direct", "aligned", "ints", "device_index", "interpret",
+                 "fast", "on_bound")
 
-    def __init__(self, fn, grid: tuple, options: dict, constexprs: dict):
+    def __init__(self, fn, grid: tuple, options: dict, constexprs: dict, on_bound: Callable | None = None):
         self.grid = tuple(grid)
         self.jit = fn[self.grid]
         self.options = dict(options, **constexprs)
@@ -180,8 +188,13 @@ class SiteLauncher:
         self.ints: tuple = ()
         self.device_index = -1
         self.interpret = device.interpreting()
+        self.fast: Callable | None = None
+        self.on_bound = on_bound
 
     def __call__(self, *args) -> None:
+        if self.fast is not None:
+            self.fast(*args)
+            return
         d = self.direct
         if d is None or hooks_installed():
             self._jit(args)
@@ -210,8 +223,55 @@ class SiteLauncher:
             return  # (an argument of another kind: keep the JIT path rather than guess its launch form)
         if any(args[i].data_ptr() & 15 for i in tensors):
             return  # rare (a view at an odd offset): the JIT path, with its own checks, every call
-        self.device_index = args[tensors[0]].get_device()
+        self._keep(compiled, args, args[tensors[0]].get_device())
+
+    def _keep(self, compiled, args, device_index: int) -> None:
+        """Keep the kernel the JIT compiled for ``args`` (all on one GPU, tensors aligned) and bind its launch."""
+        tensors = [i for i, a in enumerate(args) if isinstance(a, torch.Tensor)]
+        self.device_index = device_index
         self.aligned = tuple(tensors)
         self.ints = tuple((i, _int_class(a)) for i, a in enumerate(args)
                           if isinstance(a, int) and not isinstance(a, bool))
         self.direct = Direct(compiled, self.grid, self.device_index)
+        d = self.direct
+        if d.via_run or d.desc_pos or d.scratch_bytes:
+            return  # (the generic path: Direct.launch handles those)
+        self.fast = _fast_launch(self, args)
+        if self.on_bound is not None:
+            self.on_bound(self.fast)
+
+
+def _fast_launch(site: SiteLauncher, first: tuple) -> Callable:
+    """The launch function of a site whose kernel is kept: ``fast(a0, ..., aN)`` reads each tensor's address,
+    checks it and each integer against the kept specialisation (an integer equal to the first call's value
+    passes at once, another of the same class too), and calls the C launcher; any mismatch or a profiler hook
+    goes to the site's JIT path. Written as source so that each check is one expression and the launcher's
+    argument list is spelled out (a loop and a list per call cost ~2x the checks on a slow host)."""
+    d = site.direct
+    n = len(first)
+    names = [f"a{i}" for i in range(n)]
+    env: dict = {"_launch": d.fn, "_stream": torch._C._cuda_getCurrentRawStream, "_hooks": hooks_installed,
+                 "_int_class": _int_class, "_jit": site._jit, "_function": d.function, "_packed": d.packed}
+    body = [f"    p{i} = a{i}.data_ptr()" for i in site.aligned]
+    checks = []
+    if site.aligned:
+        checks.append(f"({' | '.join(f'p{i}' for i in site.aligned)}) & 15")
+    for i, cls in site.ints:
+        env[f"_v{i}"], env[f"_c{i}"] = first[i], cls
+        checks.append(f"not (a{i} == _v{i} or _int_class(a{i}) == _c{i})")
+    checks.append("_hooks()")
+    body.append(f"    if {' or '.join(checks)}:")
+    body.append(f"        return _jit(({', '.join(names)},))")
+    passed = [f"p{i}" if i in site.aligned else f"a{i}" for i in range(n)]
+    for k, value in enumerate(site.tail):
+        env[f"_t{k}"] = value
+        passed.append(f"_t{k}")
+    head = f"{d.g0!r}, {d.g1!r}, {d.g2!r}, _stream({site.device_index}), _function, {d.coop}, {d.pdl}, None, " \
+           f"None, _packed, None, None, None"
+    body.append(f"    _launch({head}, {', '.join(passed)})")
+    source = f"def fast({', '.join(names)}):\n" + "\n".join(body) + "\n"
+    exec(compile(source, "<tilefuse launch site>", "exec"), env)
+    fast = env["fast"]
+    fast.site = site
+    fast.source = source
+    return fast

@@ -207,7 +207,8 @@ class WrapperWriter:
             return lines, used
         launcher = f"launch_{step.name}"
         constexprs = dict(ks.constexprs)
-        self.globals[launcher] = _bind_launch(fn, ks.grid, constexprs, ks.num_warps, ks.num_stages, ks.options)
+        self.globals[launcher] = _bind_launch(fn, ks.grid, constexprs, ks.num_warps, ks.num_stages, ks.options,
+                                              on_bound=_rebinder(self.globals, launcher))
         self.globals.setdefault("_kernel_names", {})[launcher] = ks.name
         lines.append(f"    {launcher}({', '.join(args)})  # {ks.name}")
         return lines, used
@@ -235,13 +236,23 @@ def extern_layout(t: torch.Tensor, shape: tuple, stride: tuple, name: str) -> to
     return fixed
 
 
-def _bind_launch(fn, grid, constexprs, num_warps, num_stages, extra=()):
+def _bind_launch(fn, grid, constexprs, num_warps, num_stages, extra=(), on_bound=None):
     """The launch closure of one kernel call site: the JIT's dispatch on the first call, then the compiled
     kernel's own launcher (:class:`tilefuse.kernels.launcher.SiteLauncher`: ~20-40 us less host time a launch
     on Triton 3.6; it returns to the JIT whenever an argument would need another specialisation). ``extra``:
-    the kernel's own compile options (KernelSource.options: debug for a kernel with device asserts)."""
+    the kernel's own compile options (KernelSource.options: debug for a kernel with device asserts).
+    ``on_bound(fast)``: called once the site has written its bound launch function."""
     options = {} if tf_device.interpreting() else {"num_warps": num_warps, "num_stages": num_stages, **dict(extra)}
-    return SiteLauncher(fn, tuple(grid), options, constexprs)
+    return SiteLauncher(fn, tuple(grid), options, constexprs, on_bound=on_bound)
+
+
+def _rebinder(glb: dict, name: str):
+    """Puts a site's bound launch function in the wrapper's globals under the site's name, so the wrapper's
+    launch statement calls it with no site object between (one Python call a launch, not two)."""
+    def rebind(fast) -> None:
+        glb[name] = fast
+
+    return rebind
 
 
 def _flatten(value):
