@@ -148,6 +148,33 @@ def test_capture_releases_cublas_workspaces_after_recording(monkeypatch, fails):
     assert events == ["begin", "run", "end", "release"]
 
 
+def test_hand_out_builds_each_cuda_output_in_one_call_with_its_metadata(monkeypatch):
+    """On a CUDA build a handed-out output is made by torch's storage-and-metadata constructor (one call, not
+    an empty tensor and a set_): the metadata it is given places the output where the recording wrote it."""
+    recorded = torch.arange(24.0)
+    made, seen = [], []
+
+    def storage_at(ptr, dev, nbytes):
+        assert (ptr, dev.type, nbytes) == (recorded.data_ptr(), "cuda", 96)
+        made.append(recorded.untyped_storage())
+        return made[-1]
+
+    def construct(meta, storage):
+        seen.append(meta)
+        return torch.empty(0).set_(storage, meta["storage_offset"], meta["size"], meta["stride"])
+
+    monkeypatch.setattr(torch._C, "_construct_storage_from_data_pointer", storage_at)
+    monkeypatch.setattr(cudagraphs, "_TENSOR_ON_STORAGE", construct)
+    rec = cudagraphs.Recording.__new__(cudagraphs.Recording)
+    rec.storages = [(recorded.data_ptr(), torch.device("cuda"), 96)]
+    rec.plan_out = [("owned", 0, False, (2, 3), (1, 2), 4, torch.float32), ("const", 7, False, (), (), 0, None)]
+    out, seven = rec.hand_out([])
+    assert seven == 7 and out.tolist() == [[4.0, 6.0, 8.0], [5.0, 7.0, 9.0]]
+    assert seen == [{"nbytes": 96, "data_ptr": recorded.data_ptr(), "size": (2, 3), "stride": (1, 2),
+                     "dtype": torch.float32, "device": torch.device("cuda"), "storage_offset": 4}]
+    assert len(rec.handed) == 1
+
+
 def test_input_roles_from_aotautograds_metadata():
     """Forward: parameters and buffers static, the input copied, the outputs past the caller's saved;
     backward: saved parameters static, other saved values static only when they live in the pool, tangents
