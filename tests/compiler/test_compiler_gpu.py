@@ -126,6 +126,7 @@ def test_launches_take_the_direct_path_and_stay_right():
             torch.testing.assert_close(out, fn(x, w))
         sites = [o for o in gc.get_objects() if type(o) is SiteLauncher and o.direct is not None]
         assert sites, "no launch site kept its compiled kernel"
+        assert all(s.fast is not None for s in sites), "a kept kernel without its bound launch function"
         storage = torch.randn(37 * 1000 + 1, device="cuda")
         x_odd = storage[1:].view(37, 1000)  # 4 bytes past a 16-byte boundary
         assert x_odd.data_ptr() % 16 != 0
