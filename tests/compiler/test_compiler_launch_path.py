@@ -23,7 +23,7 @@ from tests import compiler_checks as cc
 OVERHEAD_FACTOR = 3.0
 GPU_US_PER_LAUNCH = 5.0  # the bar; Triton's generic launch path is ~9 us, a pre-bound launcher ~4.5
 
-ALLOWED_CALLS = {"empty_strided", "extern_layout", "_errstate"}
+ALLOWED_CALLS = {"alloc", "extern_layout", "_errstate", "_on_device"}
 
 
 def _graph(x, w):
@@ -54,7 +54,7 @@ def _compiled_graphs(fn, *args, backward=False):
 def _statements(source: str):
     fn = ast.parse(source).body[0]
     body = fn.body
-    if len(body) == 1 and isinstance(body[0], ast.With):  # the interpreter's numpy errstate
+    if len(body) == 1 and isinstance(body[0], ast.With):  # numpy's errstate (interpreter), the device guard (CUDA)
         body = body[0].body
     return body
 
@@ -83,7 +83,7 @@ def _kind(stmt) -> str:
         if isinstance(value, ast.Call):
             name = ast.unparse(value.func)
             if name in ALLOWED_CALLS:
-                return "allocate" if name == "empty_strided" else "extern"
+                return "allocate" if name == "alloc" else "extern"
             if name.startswith("op_"):
                 return "extern"
             if name == "torch.randint":
@@ -139,12 +139,13 @@ def test_wrapper_overhead_beyond_launches_is_bounded():
         per_call = (time.perf_counter() - t0) / n
     finally:
         glb.update(saved)
-    # what the same allocations and stub calls cost alone on this machine
+    # what the same allocations (through the wrapper's own allocation function) and stub calls cost alone
+    alloc = glb["alloc"]
     shapes = [((64, 1), (1, 1))] * allocs
     t0 = time.perf_counter()
     for _ in range(n):
         for shape, stride in shapes:
-            torch.empty_strided(shape, stride, dtype=torch.float32)
+            alloc(shape, stride, torch.float32)
         for _ in launches:
             stub(x, w, x, w, x, w, x, 64, 33, 33, 33.0)
     floor = (time.perf_counter() - t0) / n
@@ -152,6 +153,29 @@ def test_wrapper_overhead_beyond_launches_is_bounded():
           f"those alone {floor * 1e6:.1f} us")
     assert per_call <= OVERHEAD_FACTOR * floor + 5e-6, \
         f"the wrapper costs {per_call * 1e6:.1f} us a call where its allocations and launches cost {floor * 1e6:.1f}"
+
+
+def test_the_wrappers_allocation_is_atens_own_for_the_device():
+    from tilefuse.compiler.runtime import wrapper
+
+    cpu = wrapper._allocator(torch.device("cpu"))
+    assert cpu is torch._C._dynamo.guards._empty_strided_cpu
+    t = cpu((3, 4), (1, 3), torch.bfloat16)
+    assert (t.shape, t.stride(), t.dtype, t.device.type) == ((3, 4), (1, 3), torch.bfloat16, "cpu")
+    meta = wrapper._allocator(torch.device("meta"))((2, 5), (5, 1), torch.float16)  # no direct one: empty_strided
+    assert (meta.shape, meta.stride(), meta.dtype, meta.device.type) == ((2, 5), (5, 1), torch.float16, "meta")
+
+
+def test_a_cuda_wrapper_body_runs_under_its_devices_guard():
+    from tilefuse.compiler.runtime import wrapper
+
+    src = "def call(args):\n    a, = args\n    v = alloc((2,), (1,), torch.float32)\n    return (v,)\n"
+    wrapped = wrapper._wrap_device(src, 1)
+    fn = ast.parse(wrapped).body[0]
+    (guard,) = fn.body
+    assert ast.unparse(guard.items[0].context_expr) == "_on_device(1)"
+    assert [ast.unparse(st) for st in guard.body] == ["a, = args", "v = alloc((2,), (1,), torch.float32)",
+                                                     "return (v,)"]
 
 
 @pytest.mark.gpu
@@ -172,9 +196,10 @@ def test_gpu_launch_path_host_time_a_kernel():
     per_call = (time.perf_counter() - t0) / n
     torch.cuda.synchronize()
     t0 = time.perf_counter()
+    alloc = plan.call.__globals__["alloc"]
     for _ in range(n):
         for _ in allocs:
-            torch.empty_strided((64, 1), (1, 1), dtype=torch.float32, device="cuda")
+            alloc((64, 1), (1, 1), torch.float32)
     alloc_cost = (time.perf_counter() - t0) / n
     us = (per_call - alloc_cost) * 1e6 / launches
     floor = _c_launcher_alone_us(plan, x, w, n)

@@ -356,7 +356,7 @@ class Recording:
 
 
 # A tensor over a storage with its metadata in one call (CUDA builds): what torch.empty(0).set_(...) does in two,
-# which cost ~20 us of host time an output on an H100's host (decision 028).
+# which cost ~20 us of host time an output on an H100's host (decision 036).
 _TENSOR_ON_STORAGE = getattr(torch._C, "_construct_CUDA_Tensor_From_Storage_And_Metadata", None)
 
 
@@ -523,7 +523,7 @@ def capture_cuda_graph(run: Callable, inputs: list, pool: Pool):
     pool, and cuBLAS then holds it for good. Releasing cuBLAS's workspaces after the capture hands those blocks
     back to the pool (the graph still uses them as scratch, like any temporary of the capture, which later
     recordings of the pool may reuse under the step rule); held, they were most of the memory a captured
-    training step had beyond an uncaptured one (decision 028)."""
+    training step had beyond an uncaptured one (decision 036)."""
     dev = next(a.device for a in inputs if isinstance(a, torch.Tensor))
     with torch.cuda.device(dev):  # the capture stream is the inputs' device's, not the current device's
         torch.cuda.synchronize()

@@ -2,8 +2,8 @@
 
 A fused step becomes one call of the library's GEMM with the generated hook::
 
-    v_gelu = empty_strided((7, 65), (65, 1), dtype=torch.float32, device=device)
-    v_add = empty_strided((7, 65), (65, 1), dtype=torch.float32, device=device)
+    v_gelu = alloc((7, 65), (65, 1), torch.float32)
+    v_add = alloc((7, 65), (65, 1), torch.float32)
     launch_gemm_addmm_mm(v_x, v_w.as_strided(...), (v_b.as_strided((7, 65), (0, 1), ...), v_add), v_gelu)
 
 ``launch_gemm_<step>`` is :func:`gemm_run` with the step's hook bound: the library's
@@ -79,8 +79,7 @@ def step_lines(writer, step: scheduler.GemmStep, hooks: dict) -> tuple[list[str]
         meta = ir.node_meta(table[name], name)
         # a discarded product: one element seen with zero strides (the library writes nothing there)
         stride = (0,) * len(meta.shape) if step.discard and name == step.out_buffer else tuple(meta.stride)
-        lines.append(f"    {writer.var(name)} = empty_strided({tuple(meta.shape)!r}, {stride!r}, "
-                     f"dtype={meta.dtype}, device=device)")
+        lines.append(f"    {writer.var(name)} = alloc({tuple(meta.shape)!r}, {stride!r}, {meta.dtype})")
         used.add(writer.var(name))
     a, b = writer.view_expr(gemm.a), writer.view_expr(gemm.b)
     used.update((writer._base_var(gemm.a), writer._base_var(gemm.b)))
