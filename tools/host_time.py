@@ -257,18 +257,9 @@ def _static_launcher_probe(site, args, stream) -> None:
         print(f"    torch static launcher: not measured ({type(exc).__name__}: {str(exc)[:200]})")
 
 
-def _busy_host_us(step, steps: int = 20) -> float:
-    torch.cuda.synchronize()
-    torch.cuda._sleep(200_000_000)
-    t0 = time.perf_counter()
-    for _ in range(steps):
-        step()
-    elapsed = time.perf_counter() - t0
-    torch.cuda.synchronize()
-    return elapsed / steps * 1e6
-
-
 def graphs_section() -> None:
+    from tilefuse.bench.compiler_suite import host_us  # (the bench's own measure: calls queued behind a sleep kernel)
+
     print("== graphs: softmax fwd+bwd at 1024 x 4096 bf16, host us a step (GPU busy / idle wall) and GPU us")
     sets = []
     for _ in range(4):
@@ -299,7 +290,7 @@ def graphs_section() -> None:
             try:
                 for _ in range(5):
                     step()
-                busy = min(_busy_host_us(step) for _ in range(3))
+                busy = min(host_us(step) for _ in range(3))
                 idle = per_call_us(step, 300)
                 gpu = gpu_us(step)
                 import gc
@@ -330,7 +321,7 @@ def graphs_section() -> None:
                     recs = [r for p in list(cudagraphs._POOLS) for r in p.recordings]
                     for r in recs:
                         print(f"    recording {r.seq}: graph.replay() alone: idle "
-                              f"{per_call_us(r.graph.replay, 300):.1f} us, busy {_busy_host_us(r.graph.replay):.1f} us")
+                              f"{per_call_us(r.graph.replay, 300):.1f} us, busy {host_us(r.graph.replay):.1f} us")
             except Exception as exc:  # noqa: BLE001 - a report line, the next mode still runs
                 print(f"  {backend} {mode}: failed: {type(exc).__name__}: {str(exc)[:300]}")
 
