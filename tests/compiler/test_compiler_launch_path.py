@@ -166,11 +166,11 @@ def test_the_wrappers_allocation_is_atens_own_for_the_device():
     assert (meta.shape, meta.stride(), meta.dtype, meta.device.type) == ((2, 5), (5, 1), torch.float16, "meta")
 
 
-def test_a_cuda_wrapper_body_runs_under_its_devices_guard():
+def test_the_wrapper_body_goes_under_one_context_its_device_guard_on_cuda():
     from tilefuse.compiler.runtime import wrapper
 
     src = "def call(args):\n    a, = args\n    v = alloc((2,), (1,), torch.float32)\n    return (v,)\n"
-    wrapped = wrapper._wrap_device(src, 1)
+    wrapped = wrapper._wrap_body(src, "_on_device(1)")
     fn = ast.parse(wrapped).body[0]
     (guard,) = fn.body
     assert ast.unparse(guard.items[0].context_expr) == "_on_device(1)"

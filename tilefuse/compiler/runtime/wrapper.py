@@ -220,7 +220,7 @@ def _allocator(dev: torch.device) -> Callable:
     allocation called directly (what Inductor's wrappers call too), without ``torch.empty_strided``'s argument
     parsing and dispatch: 4.8 us an allocation of host time on an H100's host through the dispatcher
     (decision 035), 0.54 against 1.33 us on the CPU. The CUDA one allocates on the current device, so a CUDA
-    graph's body runs under :func:`_wrap_device`'s guard."""
+    graph's body runs under its device's guard (:func:`_wrap_body`)."""
     guards = getattr(getattr(torch._C, "_dynamo", None), "guards", None)
     direct = getattr(guards, {"cuda": "_empty_strided_cuda", "cpu": "_empty_strided_cpu"}.get(dev.type, ""), None)
     if direct is not None:
@@ -360,11 +360,11 @@ def _build_plan(gm: torch.fx.GraphModule, meta: Callable, kind: str, graph_id: i
     source, glb = writer.write()
     if tf_device.interpreting():
         glb["_errstate"] = _np_quiet
-        source = _wrap_quiet(source)
+        source = _wrap_body(source, "_errstate()")
     elif graph.device.type == "cuda":
         glb["_on_device"] = torch.cuda._DeviceGuard
-        source = _wrap_device(source, graph.device.index if graph.device.index is not None else
-                              torch.cuda.current_device())
+        index = graph.device.index if graph.device.index is not None else torch.cuda.current_device()
+        source = _wrap_body(source, f"_on_device({index})")
     code = compile(source, f"<tilefuse graph {graph_id} {kind}>", "exec")
     exec(code, glb)
     call = glb["call"]
@@ -412,19 +412,12 @@ def _np_quiet():
         yield
 
 
-def _wrap_quiet(source: str) -> str:
-    """On the interpreter, numpy warns about inf/nan arithmetic that the GPU does silently."""
+def _wrap_body(source: str, context: str) -> str:
+    """The wrapper's body under ``with <context>:``. On the interpreter, numpy's errstate (it warns about inf/nan
+    arithmetic that the GPU does silently); on CUDA, a guard that makes the graph's device current (its
+    allocations use the current device, and Triton launches on it)."""
     lines = source.splitlines()
-    out = [lines[0], "    with _errstate():"]
-    out += ["    " + ln for ln in lines[1:]]
-    return "\n".join(out) + "\n"
-
-
-def _wrap_device(source: str, index: int) -> str:
-    """A CUDA graph's body under a guard that makes its device current: its allocations use the current device,
-    and Triton launches on it."""
-    lines = source.splitlines()
-    out = [lines[0], f"    with _on_device({index}):"]
+    out = [lines[0], f"    with {context}:"]
     out += ["    " + ln for ln in lines[1:]]
     return "\n".join(out) + "\n"
 
