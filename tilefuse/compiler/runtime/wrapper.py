@@ -11,7 +11,7 @@
 
 so the per-call cost is the launches themselves (launch closures with grid, block sizes and warps bound once)
 and the allocations (``alloc``: ATen's allocation for the device without the dispatcher, see :func:`_allocator`;
-a CUDA graph's body runs under a guard that makes its device the current one, which that allocation uses).
+a CUDA graph's body runs with its device made the current one, which that allocation uses).
 Outputs that are views (eager returns a view) are real ``as_strided`` views of the buffer they alias;
 an input mutation (``copy_`` into an input) is a kernel writing into the input's storage; intermediates are
 freed after their last use.
@@ -220,7 +220,7 @@ def _allocator(dev: torch.device) -> Callable:
     allocation called directly (what Inductor's wrappers call too), without ``torch.empty_strided``'s argument
     parsing and dispatch: 4.8 us an allocation of host time on an H100's host through the dispatcher
     (decision 035), 0.54 against 1.33 us on the CPU. The CUDA one allocates on the current device, so a CUDA
-    graph's body runs under its device's guard (:func:`_wrap_body`)."""
+    graph's body runs with its device made current (:func:`_wrap_body`)."""
     guards = getattr(getattr(torch._C, "_dynamo", None), "guards", None)
     direct = getattr(guards, {"cuda": "_empty_strided_cuda", "cpu": "_empty_strided_cpu"}.get(dev.type, ""), None)
     if direct is not None:
@@ -360,11 +360,14 @@ def _build_plan(gm: torch.fx.GraphModule, meta: Callable, kind: str, graph_id: i
     source, glb = writer.write()
     if tf_device.interpreting():
         glb["_errstate"] = _np_quiet
-        source = _wrap_body(source, "_errstate()")
+        source = _wrap_body(source, ["with _errstate():"], [])
     elif graph.device.type == "cuda":
-        glb["_on_device"] = torch.cuda._DeviceGuard
+        # what torch.cuda._DeviceGuard's enter and exit call, without the context manager's own Python
+        # (its __init__, __enter__ and __exit__: 3.7 us a wrapper call under cProfile on an H100's host,
+        # decision 035)
+        glb["_to_device"], glb["_back_to_device"] = torch.cuda._exchange_device, torch.cuda._maybe_exchange_device
         index = graph.device.index if graph.device.index is not None else torch.cuda.current_device()
-        source = _wrap_body(source, f"_on_device({index})")
+        source = _wrap_body(source, *_on_device(index))
     code = compile(source, f"<tilefuse graph {graph_id} {kind}>", "exec")
     exec(code, glb)
     call = glb["call"]
@@ -412,13 +415,20 @@ def _np_quiet():
         yield
 
 
-def _wrap_body(source: str, context: str) -> str:
-    """The wrapper's body under ``with <context>:``. On the interpreter, numpy's errstate (it warns about inf/nan
-    arithmetic that the GPU does silently); on CUDA, a guard that makes the graph's device current (its
-    allocations use the current device, and Triton launches on it)."""
+def _on_device(index: int) -> tuple[list[str], list[str]]:
+    """The lines around a CUDA wrapper's body: device ``index`` made current, the caller's restored after, also
+    when the body raises."""
+    return [f"_previous_device = _to_device({index})", "try:"], ["finally:", "    _back_to_device(_previous_device)"]
+
+
+def _wrap_body(source: str, opening: list[str], closing: list[str]) -> str:
+    """The wrapper's body one level deeper, between ``opening`` and ``closing`` lines. On the interpreter, under
+    numpy's errstate (it warns about inf/nan arithmetic that the GPU does silently); on CUDA, with the graph's
+    device made current and the caller's restored after (its allocations use the current device, and Triton
+    launches on it)."""
     lines = source.splitlines()
-    out = [lines[0], f"    with {context}:"]
-    out += ["    " + ln for ln in lines[1:]]
+    out = [lines[0]] + ["    " + ln for ln in opening] + ["    " + ln for ln in lines[1:]]
+    out += ["    " + ln for ln in closing]
     return "\n".join(out) + "\n"
 
 
