@@ -10,11 +10,13 @@ A step that is host-bound pays every statement of the generated ``call`` each ti
 from __future__ import annotations
 
 import ast
+import re
 import time
 
 import pytest
 import torch
 import torch.nn.functional as F
+import triton
 
 from tilefuse.compiler import runtime
 
@@ -62,6 +64,14 @@ def _statements(source: str):
 
 
 def _kind(stmt) -> str:
+    if isinstance(stmt, ast.If):  # (the bound wrapper's checks: hooks, alignment) each branch a launch or fallback
+        test = ast.unparse(stmt.test)
+        branches = {_kind(s) for s in stmt.body + stmt.orelse}
+        if (test == "_hooks()" or test.endswith(" & 15")) and branches <= {"launch", "fallback"}:
+            return "check"
+        return f"statement if {test[:60]}"
+    if isinstance(stmt, ast.Return) and ast.unparse(stmt) == "return _generic(args)":
+        return "fallback"
     if isinstance(stmt, ast.Return):
         return "return"
     if isinstance(stmt, ast.Delete):
@@ -71,8 +81,10 @@ def _kind(stmt) -> str:
         name = ast.unparse(call.func)
         if name == "args.clear":
             return "unpack"
-        if name.startswith("launch_"):
+        if name.startswith(("launch_", "_launch_")):
             return "launch"
+        if name.startswith("_jit_"):
+            return "fallback"
         return f"call {name}"
     if isinstance(stmt, ast.Assign):
         value = stmt.value
@@ -84,6 +96,10 @@ def _kind(stmt) -> str:
             return "extern output"
         if isinstance(value, ast.Call):
             name = ast.unparse(value.func)
+            if isinstance(value.func, ast.Attribute) and value.func.attr == "data_ptr" and not value.args:
+                return "address"
+            if name == "_stream":
+                return "stream"
             if name in ALLOWED_CALLS:
                 return "allocate" if name == "alloc" else "extern"
             if name.startswith("op_"):
@@ -95,6 +111,7 @@ def _kind(stmt) -> str:
 
 
 ALLOWED = {"unpack", "allocate", "launch", "extern", "extern output", "free", "return", "constant", "seeds"}
+ALLOWED_BOUND = ALLOWED | {"check", "address", "stream"}  # the wrapper with its launches bound (launch_inline)
 
 
 def test_the_wrapper_does_only_launches_allocations_externs_and_frees():
@@ -187,6 +204,114 @@ def test_a_cuda_wrapper_makes_its_device_current_and_restores_the_callers_even_o
     assert [type(st).__name__ for st in _statements(wrapped)] == ["Assign", "If", "Return"]
 
 
+class CudaLauncher:
+    """Triton's C launcher of one kept kernel, faked (Direct takes the direct form by this class name): each
+    launch goes into a log the graph's sites share."""
+
+    def __init__(self, log: list, site: str):
+        self.log, self.site = log, site
+        self.launch_cooperative_grid, self.launch_pdl = False, False
+        self.global_scratch_size, self.global_scratch_align = 0, 1
+        self.profile_scratch_size, self.num_ctas = 0, 1
+
+    def launch(self, *args):
+        self.log.append((self.site, args))
+
+
+class _Kernel:
+    def __init__(self, log: list, site: str):
+        self.run, self.function, self.packed_metadata = CudaLauncher(log, site), 1000 + len(site), ("meta", site)
+
+
+def _bind_fake_kernels(g, inputs, monkeypatch):
+    """What a GPU's first call does to each launch site of ``g``: keep its kernel and bind its launch; here the
+    kernels are fakes whose launches are logged. Returns the sites, each one's first arguments, and the log."""
+    from tilefuse.kernels.launcher import SiteLauncher
+
+    monkeypatch.setattr(triton, "__version__", "3.6.0")
+    monkeypatch.setattr(torch._C, "_cuda_getCurrentRawStream", lambda index: 70 + index, raising=False)
+    glb = g.plan.generic.__globals__
+    sites = {k: v for k, v in glb.items() if k.startswith("launch_") and isinstance(v, SiteLauncher)}
+    seen = {}
+    for k, site in sites.items():
+        glb[k] = lambda *a, k=k, site=site: (seen.setdefault(k, a), site(*a))
+    try:
+        g.plan.generic(list(inputs))
+    finally:
+        glb.update(sites)
+    log: list = []
+    for k, site in sites.items():
+        site._keep(_Kernel(log, k), seen[k], 0)
+    return sites, seen, log
+
+
+def _launched(log, inputs, sites) -> list:
+    """The log with each address named: an input by its position, any other tensor by first appearance."""
+    names = {t.data_ptr(): f"input {i}" for i, t in enumerate(inputs)}
+    out = []
+    for k, args in log:
+        tensor_at = {13 + i for i in sites[k].aligned}
+        out.append((k, args[:13], tuple(names.setdefault(a, f"buffer {len(names)}") if j in tensor_at else a
+                                        for j, a in enumerate(args) if j >= 13)))
+    return out
+
+
+def _conv_graph(a, b):
+    return torch.nn.functional.conv1d(a.tanh(), b).relu() * 2  # an ATen extern between two kernels
+
+
+@pytest.mark.parametrize("fn,shapes", [(_graph, [(64, 33), (33,)]), (_conv_graph, [(2, 3, 9), (4, 3, 3)])],
+                         ids=["kernels", "extern-between-kernels"])
+def test_bound_launches_written_into_the_wrapper_launch_what_the_bound_functions_launch(fn, shapes, monkeypatch):
+    """After a call in which its sites kept their kernels, a plan's wrapper calls their C launchers itself
+    (launch_inline). Here, with fake kernels that log their launches: the same launches in the same order with the
+    same arguments (inputs at the same addresses, one buffer where the bound functions passed one), statements
+    only of the allowed kinds, no launch left going through a function. An unaligned input, or a profiler's hook,
+    sends the whole call to the first wrapper, whose sites take the JIT where they must."""
+    inputs = [torch.randn(s) for s in shapes]
+    (g,) = _compiled_graphs(fn, *inputs)
+    plan = g.plan
+    sites, seen, log = _bind_fake_kernels(g, inputs, monkeypatch)
+    assert sites and sorted(plan.bound) == sorted(sites)
+    g.run(list(inputs))  # the first wrapper, its statements calling the bound functions; then the plan rebinds
+    assert not plan.bound and plan.call is not plan.generic and plan.inlined_source
+    through_functions = _launched(log, inputs, sites)
+    assert [entry[0] for entry in through_functions] == list(sites)
+    log.clear()
+    plan.call(list(inputs))
+    assert _launched(log, inputs, sites) == through_functions
+    src = plan.inlined_source
+    kinds = [_kind(st) for st in _statements(src)]
+    assert set(kinds) <= ALLOWED_BOUND, src
+    assert len(re.findall(r"\b_launch_\w+\(", src)) == len(sites) and re.search(r"(?<!_)launch_", src) is None, src
+    if fn is _conv_graph:  # the conv's output comes from ATen: its alignment is checked at the launch reading it
+        assert "_jit_" in src, src
+
+    odd = torch.randn(inputs[0].numel() + 1)[1:].view(inputs[0].shape)
+    assert odd.data_ptr() & 15
+    log.clear()
+    plan.call([odd] + inputs[1:])
+    reading_input = {k for k, a in seen.items() if any(t is inputs[0] for t in a)}
+    assert reading_input and {k for k, _ in log} == set(sites) - reading_input
+
+    from tilefuse.kernels import launcher
+
+    def hook(metadata):
+        pass
+
+    chain = launcher.RUNTIME.launch_enter_hook
+    chain.add(hook)
+    try:
+        log.clear()
+        out = plan.call(list(inputs))  # every site on the JIT path: Triton's interpreter computes the graph
+    finally:
+        chain.remove(hook)
+    assert log == []
+    expected = fn(*inputs)
+    torch.testing.assert_close(out[0] if isinstance(out, (tuple, list)) and not isinstance(expected, tuple) else out,
+                               expected)
+
+
 @pytest.mark.gpu
 def test_gpu_launch_path_host_time_a_kernel():
     x, w = torch.randn(64, 33, device="cuda"), torch.randn(33, device="cuda")
@@ -197,12 +322,18 @@ def test_gpu_launch_path_host_time_a_kernel():
     allocs = [s for s in stmts if _kind(s) == "allocate"]
     n = 2000
     for _ in range(50):
-        plan.call([x, w])
+        g.run([x, w])  # (the first call keeps the kernels; after it the plan writes their launches in)
+    assert plan.inlined_source is not None, plan.source
     torch.cuda.synchronize()
     t0 = time.perf_counter()
     for _ in range(n):
         plan.call([x, w])
     per_call = (time.perf_counter() - t0) / n
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(n):
+        plan.generic([x, w])
+    generic_call = (time.perf_counter() - t0) / n
     torch.cuda.synchronize()
     t0 = time.perf_counter()
     alloc = plan.call.__globals__["alloc"]
@@ -212,8 +343,9 @@ def test_gpu_launch_path_host_time_a_kernel():
     alloc_cost = (time.perf_counter() - t0) / n
     us = (per_call - alloc_cost) * 1e6 / launches
     floor = _c_launcher_alone_us(plan, x, w, n)
-    print(f"host time {per_call * 1e6:.1f} us a call, {launches} launches: {us:.2f} us a launch; Triton's C "
-          f"launcher alone, arguments prepared: {floor:.2f} us")
+    print(f"host time {per_call * 1e6:.1f} us a call, {launches} launches: {us:.2f} us a launch; through the "
+          f"bound functions {generic_call * 1e6:.1f} us a call; Triton's C launcher alone, arguments prepared: "
+          f"{floor:.2f} us")
     assert us <= GPU_US_PER_LAUNCH, (f"{us:.2f} us of host time a launch (bar {GPU_US_PER_LAUNCH}); Triton's C "
                                      f"launcher alone costs {floor:.2f} us on this host")
 
@@ -222,7 +354,7 @@ def _c_launcher_alone_us(plan, x, w, n: int) -> float:
     """Host us a call of the kept kernels' C launchers alone with their arguments prepared (the floor of a
     launch through Triton's launcher on this host), averaged over the wrapper's sites; nan when no site kept
     its kernel."""
-    glb = plan.call.__globals__
+    glb = plan.generic.__globals__
     names = [k for k in glb if k.startswith("launch_")]
     seen = {}
     bound = {k: glb[k] for k in names}
@@ -232,7 +364,7 @@ def _c_launcher_alone_us(plan, x, w, n: int) -> float:
             bound[k](*args)
         glb[k] = spy
     try:
-        plan.call([x, w])
+        plan.generic([x, w])  # (the wrapper as written: its launch statements call the sites' bound functions)
     finally:
         glb.update(bound)
     costs = []

@@ -250,8 +250,8 @@ def _fast_launch(site: SiteLauncher, first: tuple) -> Callable:
     d = site.direct
     n = len(first)
     names = [f"a{i}" for i in range(n)]
-    env: dict = {"_launch": d.fn, "_stream": torch._C._cuda_getCurrentRawStream, "_hooks": hooks_installed,
-                 "_int_class": _int_class, "_jit": site._jit, "_function": d.function, "_packed": d.packed}
+    env: dict = {"_stream": torch._C._cuda_getCurrentRawStream, "_hooks": hooks_installed,
+                 "_int_class": _int_class, "_jit": site._jit}
     body = [f"    p{i} = a{i}.data_ptr()" for i in site.aligned]
     checks = []
     if site.aligned:
@@ -263,15 +263,25 @@ def _fast_launch(site: SiteLauncher, first: tuple) -> Callable:
     body.append(f"    if {' or '.join(checks)}:")
     body.append(f"        return _jit(({', '.join(names)},))")
     passed = [f"p{i}" if i in site.aligned else f"a{i}" for i in range(n)]
-    for k, value in enumerate(site.tail):
-        env[f"_t{k}"] = value
-        passed.append(f"_t{k}")
-    head = f"{d.g0!r}, {d.g1!r}, {d.g2!r}, _stream({site.device_index}), _function, {d.coop}, {d.pdl}, None, " \
-           f"None, _packed, None, None, None"
-    body.append(f"    _launch({head}, {', '.join(passed)})")
+    body.append(f"    {launch_call(site, passed, f'_stream({site.device_index})', env, '')}")
     source = f"def fast({', '.join(names)}):\n" + "\n".join(body) + "\n"
     exec(compile(source, "<tilefuse launch site>", "exec"), env)
     fast = env["fast"]
     fast.site = site
     fast.source = source
     return fast
+
+
+def launch_call(site: SiteLauncher, passed: list[str], stream: str, env: dict, tag: str) -> str:
+    """The call of a bound site's C launcher as source text, the one place its argument order is written:
+    ``passed`` the expressions of the site's arguments in order (tensors as addresses), ``stream`` the
+    stream's. The launcher, metadata and constexprs it names go into ``env`` under names ending in ``tag``
+    (distinct tags let one function launch several sites)."""
+    d = site.direct
+    env[f"_launch{tag}"], env[f"_function{tag}"], env[f"_packed{tag}"] = d.fn, d.function, d.packed
+    tails = []
+    for k, value in enumerate(site.tail):
+        env[f"_t{tag}_{k}"] = value
+        tails.append(f"_t{tag}_{k}")
+    return (f"_launch{tag}({d.g0!r}, {d.g1!r}, {d.g2!r}, {stream}, _function{tag}, {d.coop}, {d.pdl}, None, None, "
+            f"_packed{tag}, None, None, None, {', '.join(list(passed) + tails)})")

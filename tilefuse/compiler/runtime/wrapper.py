@@ -34,6 +34,7 @@ from ... import config, device as tf_device
 from ...kernels.launcher import SiteLauncher
 from .. import cache, codegen, ir, lowering, records, scheduler
 from . import gemm as runtime_gemm
+from . import launch_inline
 
 _ids = itertools.count()
 
@@ -69,6 +70,7 @@ class WrapperWriter:
         self.vars: dict[str, str] = {}
         self.lines: list[str] = []
         self.hooks: dict = {}  # GEMM step -> its epilogue hook (runtime/gemm.py prepare)
+        self.bound: list[str] = []  # launch sites bound since the plan last wrote its launches in (Plan.rebind)
 
     def var(self, name: str) -> str:
         v = self.vars.get(name)
@@ -209,7 +211,7 @@ class WrapperWriter:
         launcher = f"launch_{step.name}"
         constexprs = dict(ks.constexprs)
         self.globals[launcher] = _bind_launch(fn, ks.grid, constexprs, ks.num_warps, ks.num_stages, ks.options,
-                                              on_bound=_rebinder(self.globals, launcher))
+                                              on_bound=_rebinder(self.globals, launcher, self.bound))
         self.globals.setdefault("_kernel_names", {})[launcher] = ks.name
         lines.append(f"    {launcher}({', '.join(args)})  # {ks.name}")
         return lines, used
@@ -264,11 +266,13 @@ def _bind_launch(fn, grid, constexprs, num_warps, num_stages, extra=(), on_bound
     return SiteLauncher(fn, tuple(grid), options, constexprs, on_bound=on_bound)
 
 
-def _rebinder(glb: dict, name: str):
+def _rebinder(glb: dict, name: str, bound: list):
     """Puts a site's bound launch function in the wrapper's globals under the site's name, so the wrapper's
-    launch statement calls it with no site object between (one Python call a launch, not two)."""
+    launch statement calls it with no site object between (one Python call a launch, not two), and notes the
+    site in ``bound``: after the call, the plan writes that launch into its wrapper (:meth:`Plan.rebind`)."""
     def rebind(fast) -> None:
         glb[name] = fast
+        bound.append(name)
 
     return rebind
 
@@ -307,11 +311,34 @@ def view_params(table, name):
 
 # ------------------------------------------------------------------------------------------------ plans
 class Plan:
-    def __init__(self, call, source, kernels, report):
-        self.call = call
+    """One planned graph: ``call`` its wrapper, ``source`` the wrapper as written (what ``explain`` and the logs
+    show). Once launch sites have bound their kernels (``bound`` names them), :meth:`rebind` replaces ``call``
+    by the wrapper with those launches written in (:mod:`.launch_inline`; ``inlined_source``); the first wrapper
+    stays as ``generic``, the path for a profiler's hooks and unaligned inputs."""
+
+    def __init__(self, call, source, kernels, report, raw: str = "", finish: Callable | None = None,
+                 bound: list | None = None):
+        self.call = self.generic = call
         self.source = source
         self.kernels = kernels
         self.report = report
+        self.inlined_source: str | None = None
+        self.bound = bound if bound is not None else []
+        self._raw, self._finish = raw, finish
+
+    def rebind(self) -> None:
+        """Write the bound sites' launches into the wrapper (after a call: sites bind during their first one)."""
+        self.bound.clear()
+        glb = self.generic.__globals__
+        source = launch_inline.inline_source(self._raw, glb) if self._finish is not None else None
+        if source is None:
+            return
+        source = self._finish(source)
+        glb["_generic"] = self.generic
+        space: dict = {}
+        exec(compile(source, f"<tilefuse graph {self.report.graph_id} {self.report.kind} bound>", "exec"), glb, space)
+        self.call, self.inlined_source = space["call"], source
+        config.log(3, f"graph {self.report.graph_id} ({self.report.kind}) wrapper with its launches bound:\n{source}")
 
 
 def build_plan(gm: torch.fx.GraphModule, meta: Callable, kind: str, graph_id: int, strict: bool) -> Plan:
@@ -357,17 +384,19 @@ def _build_plan(gm: torch.fx.GraphModule, meta: Callable, kind: str, graph_id: i
     hooks, hook_sources = runtime_gemm.prepare(sched, target)
     writer = WrapperWriter(sched, kernels, fns, constants, graph.device)
     writer.hooks = hooks
-    source, glb = writer.write()
+    raw, glb = writer.write()
+    finish = None
     if tf_device.interpreting():
         glb["_errstate"] = _np_quiet
-        source = _wrap_body(source, ["with _errstate():"], [])
+        finish = lambda src: _wrap_body(src, ["with _errstate():"], [])  # noqa: E731
     elif graph.device.type == "cuda":
         # what torch.cuda._DeviceGuard's enter and exit call, without the context manager's own Python
         # (its __init__, __enter__ and __exit__: 3.7 us a wrapper call under cProfile on an H100's host,
         # decision 035)
         glb["_to_device"], glb["_back_to_device"] = torch.cuda._exchange_device, torch.cuda._maybe_exchange_device
         index = graph.device.index if graph.device.index is not None else torch.cuda.current_device()
-        source = _wrap_body(source, *_on_device(index))
+        finish = lambda src: _wrap_body(src, *_on_device(index))  # noqa: E731
+    source = finish(raw) if finish is not None else raw
     code = compile(source, f"<tilefuse graph {graph_id} {kind}>", "exec")
     exec(code, glb)
     call = glb["call"]
@@ -385,7 +414,7 @@ def _build_plan(gm: torch.fx.GraphModule, meta: Callable, kind: str, graph_id: i
             report.externs.append((n.name, lowering.op_name(n.op), n.reason, n.note))
     report.fallbacks = list(fallbacks)
     report.seconds = times
-    return Plan(call, source, kernels, report)
+    return Plan(call, source, kernels, report, raw, finish, writer.bound)
 
 
 def precompile(kernels, fns, graph) -> None:
@@ -557,7 +586,10 @@ class CompiledGraph:
                 self.plans[key] = plan
             if plan is _ATEN:
                 return self.gm(*args)
-        return plan.call(args)
+        out = plan.call(args)
+        if plan.bound:  # sites kept their kernels in this call: their launches go into the wrapper
+            plan.rebind()
+        return out
 
     def plan_for(self, args, known: dict, key):
         """The plan for one concrete shape (and data-read values); where none can be built, the ATen graph
