@@ -17,6 +17,9 @@ Sections:
         replay alone, and cProfile of the captured step.
   pool: a small training loop (MLP 1024-2048-1024, AdamW) uncaptured and captured: memory allocated after
         each phase of a step and the peak within it, and whether .grad is the pool's memory.
+  decode: one GPT-2 124M decode step (batch 1, static KV cache) as the models suite times it, under eager,
+        Inductor and tilefuse with and without mode="reduce-overhead": wall, host and GPU time a step, and for
+        tilefuse its CUDA-graph report and cProfile of the step.
 
     python tools/host_time.py launch graphs pool   (some sections only)
 """
@@ -145,7 +148,7 @@ def compiler_section() -> None:
     print(f"  tilefuse launch sites: {len(sites)}, direct: {sum(s.direct is not None for s in sites)}")
 
 
-def _profile(fn, calls: int, lines: int = 16) -> str:
+def _profile(fn, calls: int, lines: int = 16, order: str = "tottime") -> str:
     prof = cProfile.Profile()
     prof.enable()
     for _ in range(calls):
@@ -153,7 +156,7 @@ def _profile(fn, calls: int, lines: int = 16) -> str:
     prof.disable()
     torch.cuda.synchronize()
     s = io.StringIO()
-    pstats.Stats(prof, stream=s).sort_stats("tottime").print_stats(lines)
+    pstats.Stats(prof, stream=s).sort_stats(order).print_stats(lines)
     return "\n".join("    " + line for line in s.getvalue().splitlines() if line.strip())[:5000]
 
 
@@ -381,8 +384,61 @@ def pool_section() -> None:
         del model, opt, compiled, x, target
 
 
+def decode_section(device: str = "cuda", tiny: bool = False) -> None:
+    """One decode step of GPT-2 124M as the models suite times it (batch 1 after a 512-token prompt, static KV
+    cache, bf16) under each backend: wall a step with the GPU idle, host time with it busy, GPU time; for
+    tilefuse, its CUDA-graph report and cProfile of the step. (``device="cpu", tiny=True``: the same on the
+    interpreter with a tiny model, to check this function without a GPU.)"""
+    import copy
+
+    from tilefuse import compiler
+    from tilefuse.bench import models_suite as ms
+    from tilefuse.bench.compiler_suite import host_us, kernel_ms
+
+    cuda = device == "cuda"
+    dtype = torch.bfloat16 if cuda else torch.float32
+    print(f"== decode: GPT-2{' (tiny)' if tiny else ' 124M'}, batch 1, one token after a prompt, static KV cache")
+    torch.manual_seed(0)
+    base = ms._gpt2(tiny).to(device, dtype).eval()
+    vocab = base.config.vocab_size
+    prompt = torch.randint(0, vocab, (1, 16 if tiny else 512), device=device)
+    ids = {"input_ids": torch.randint(0, vocab, (1, 1), device=device)}
+    for backend in ("eager", "inductor", "inductor-reduce-overhead", "tilefuse", "tilefuse-reduce-overhead"):
+        if backend.startswith("inductor") and not cuda:
+            continue
+        torch._dynamo.reset()
+        compiler.reset_stats()
+        try:
+            r = ms.Runner(copy.deepcopy(base), backend, "decode", dtype, torch.device(device), prompt=prompt)
+
+            def step(r=r):
+                r.step(ids)
+
+            for _ in range(3):
+                step()
+            line = f"  {backend}: wall (GPU idle) {per_call_us(step, 20) if cuda else float('nan'):.0f} us"
+            if cuda:
+                line += f", host (GPU busy) {host_us(step, steps=3):.0f} us, GPU {kernel_ms(step, 3, 1)[0] * 1e3:.0f} us"
+            print(line)
+            if backend.startswith("tilefuse"):
+                s = compiler.stats()
+                print(f"    kernels {s.get('kernels')}, externs {s.get('externs')}, fallbacks "
+                      f"{len(s.get('fallbacks', []))}")
+                for g in s.get("cudagraphs", []):
+                    print(f"    cuda graph {g}")
+                print("    cProfile, 20 steps (tottime):")
+                print(_profile(step, 20, 22))
+                print("    cProfile, 20 steps (cumtime):")
+                print(_profile(step, 20, 30, "cumtime"))
+        except Exception as exc:  # noqa: BLE001 - a report line, the next backend still runs
+            import traceback
+
+            print(f"  {backend}: failed: {type(exc).__name__}: {str(exc)[:300]}")
+            traceback.print_exc(limit=8)
+
+
 SECTIONS = {"gemm": gemm_section, "compiler": compiler_section, "launch": launch_section,
-            "graphs": graphs_section, "pool": pool_section}
+            "graphs": graphs_section, "pool": pool_section, "decode": decode_section}
 
 
 def main() -> int:
