@@ -287,6 +287,19 @@ def test_reduce_overhead_option_times_the_backward_graphs_under_cuda_graphs(monk
         "cuda graphs: 2 recorded, 40 replays, 3 uncaptured calls (a CPU tensor input)"
 
 
+def test_a_models_row_of_a_reduce_overhead_backend_says_whether_its_graphs_were_captured(monkeypatch):
+    import tilefuse.compiler as compiler
+    from tilefuse.bench import models_suite as ms
+
+    stats = dict(kernels=5, externs=1, fallbacks=[], cudagraph_recordings=0, cudagraph_replays=0,
+                 cudagraph_uncaptured_calls=7, cudagraphs=[{"uncaptured": {"x; y makes a CPU tensor": 7}}])
+    monkeypatch.setattr(compiler, "stats", lambda: stats)
+    note = ms._stats_note("tilefuse-reduce-overhead")
+    assert note["cudagraphs"] == "0 recorded, 0 replays, 7 uncaptured calls (x, y makes a CPU tensor)"
+    assert "cudagraphs" not in ms._stats_note("tilefuse")  # (the default mode captures nothing to report)
+    assert "; " not in ms._fmt_note(note).split("cudagraphs=")[1]  # one field of the row's note
+
+
 @pytest.mark.gpu
 def test_flushed_call_ms_times_the_call_after_the_flush():
     """harness.flushed_call_ms: the flush runs first, then one call is timed by CUDA events; a ten times longer

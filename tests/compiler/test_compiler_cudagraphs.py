@@ -85,6 +85,36 @@ def test_graph_blockers_an_op_that_makes_a_cpu_tensor_in_a_cuda_graph():
     assert cudagraphs.graph_blockers(gm_cpu, static=()) == []
 
 
+def _attention_graph(dropout_p: float, use_seed: bool):
+    import tilefuse.kernels.attention.ops  # noqa: F401  (registers tilefuse::attention_fwd)
+
+    def fn(q, k, v):
+        out, lse2, seed = torch.ops.tilefuse.attention_fwd(q, k, v, None, None, 0.125, 0.0, 1, -1, -1, dropout_p)
+        return (out * 2, seed) if use_seed else (out * 2,)
+
+    with FakeTensorMode():
+        q, k, v = (torch.empty(1, 2, 5, 8, device="cuda") for _ in range(3))
+    return make_fx(fn, tracing_mode="fake")(q, k, v)
+
+
+@pytest.mark.parametrize("dropout_p,use_seed,captured", [(0.0, False, True), (0.0, True, False),
+                                                         (0.1, False, False)],
+                         ids=["no-dropout-seed-unread", "seed-returned", "dropout"])
+def test_graph_blockers_let_the_attention_forwards_seed_through_only_where_a_replay_keeps_it_right(
+        dropout_p, use_seed, captured):
+    """The attention forward returns its dropout seed as a CPU tensor. Without dropout the seed is the constant
+    0, and where nothing reads it (an inference graph: a decode step) a replay that leaves it as recorded is
+    right, so the graph is captured; a seed the graph returns (a training forward, for its backward) or drawn
+    for dropout (a replay would reuse it: the same mask every step) keeps the graph uncaptured, with the reason."""
+    gm = _attention_graph(dropout_p, use_seed)
+    assert any(n.target is torch.ops.tilefuse.attention_fwd.default for n in gm.graph.nodes), gm.graph
+    reasons = cudagraphs.graph_blockers(gm, static=())
+    if captured:
+        assert reasons == [], reasons
+    else:
+        assert len(reasons) == 1 and re.search(r"attention_fwd.*CPU tensor", reasons[0]), reasons
+
+
 @pytest.mark.parametrize("through_view", [False, True])
 def test_graph_blockers_an_input_mutated_in_place_unless_it_is_a_parameter_or_buffer(through_view):
     if through_view:
@@ -312,8 +342,14 @@ def stand_in(monkeypatch):
     made = []
 
     def capture(run, inputs, pool):
+        # a real capture records the graph's work without doing it: the run that makes the recording's outputs
+        # here leaves what it wrote into its inputs (a KV cache written in place, say) as it found it
+        before = [(t, t.detach().clone()) for t in inputs if isinstance(t, torch.Tensor)]
         graph = _StandIn(run, inputs)
         graph.outputs = run(list(inputs))
+        for t, old in before:
+            if not torch.equal(t.detach(), old):  # (through .data: autograd's version counter is not the graph's)
+                t.data.copy_(old)
         made.append(graph)
         return graph, graph.outputs
 
@@ -749,3 +785,40 @@ def test_gpu_generate_gives_eagers_tokens():
     rows = _generate_check(torch.device("cuda"))
     print({r["graph_id"]: (r["recordings"], r["replays"], r["uncaptured"]) for r in rows})
     assert rows and not any(why.startswith("capture failed") for r in rows for why in r["uncaptured"]), rows
+
+
+def _static_cache_decode_check(device):
+    """Decode steps against a static KV cache (transformers' StaticCache, as the models suite's decode rows run
+    them): the cache tensors are inputs the graph writes in place at their own addresses, each step's position
+    a copied input. Eager's logits at every step."""
+    from tests import real_models as rm
+    from tilefuse.bench.models_suite import DecodeCache
+
+    cc.reset()
+    torch.manual_seed(7)
+    eager = rm._gpt2("sdpa")().to(device).eval()
+    model = copy.deepcopy(eager)
+    compiled = torch.compile(model, backend="tilefuse", mode="reduce-overhead")
+    prompt = torch.randint(3, rm.VOCAB, (1, 12), device=device)
+    caches = DecodeCache(eager, prompt, 8), DecodeCache(model, prompt, 8)
+    with torch.no_grad():
+        for step in range(6):
+            ids = torch.randint(3, rm.VOCAB, (1, 1), device=device)
+            want = eager(input_ids=ids, **caches[0].next_step()).logits
+            got = compiled(input_ids=ids, **caches[1].next_step()).logits.clone()
+            assert rel_error(got, want) <= TOL, f"step {step}: {rel_error(got, want):.2e}"
+    return _runner_stats("inference")
+
+
+def test_static_cache_decode_under_the_stand_in_gives_eagers_logits(stand_in):
+    rows = _static_cache_decode_check(torch.device("cpu"))
+    assert sum(r["replays"] for r in rows) >= 4, rows
+
+
+@pytest.mark.gpu
+def test_gpu_static_cache_decode_is_captured_and_gives_eagers_logits():
+    """On a GPU the decode graph holds the attention forward: its seed output (a CPU tensor, 0 without dropout,
+    unread) does not keep the step uncaptured."""
+    rows = _static_cache_decode_check(torch.device("cuda"))
+    print({r["graph_id"]: (r["recordings"], r["replays"], r["uncaptured"]) for r in rows})
+    assert any(r["captured"] and r["replays"] >= 4 for r in rows), rows

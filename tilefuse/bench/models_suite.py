@@ -386,6 +386,10 @@ def _stats_note(backend: str) -> dict:
 
         s = compiler.stats()
         note.update(kernels=s["kernels"], externs=s["externs"], fallbacks=len(s["fallbacks"]))
+        if backend.endswith("reduce-overhead"):  # captured or not, and why not: a row's time means little without it
+            from .compiler_suite import cuda_graph_summary
+
+            note["cudagraphs"] = cuda_graph_summary(s).removeprefix("cuda graphs: ").replace(";", ",")[:300]
     return note
 
 

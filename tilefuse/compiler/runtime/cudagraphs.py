@@ -7,8 +7,9 @@ What a :class:`GraphRunner` (one per compiled forward, backward or inference gra
 
 1. **Can it be captured at all?** :func:`capture_blockers` (a pure function of the FX graph, the static input
    set and, per call, the arguments) names what stops it: the interpreter, CPU tensors, a value read from
-   tensor data (``item()``: a sync and data-dependent sizes), an op that syncs or returns a CPU tensor, an
-   input that is neither a parameter nor a buffer and is mutated in place. Such a graph (or such a call)
+   tensor data (``item()``: a sync and data-dependent sizes), an op that syncs or returns a CPU tensor (but
+   the attention forward's seed without dropout, unread: :func:`_replayable_cpu_output`), an input that is
+   neither a parameter nor a buffer and is mutated in place. Such a graph (or such a call)
    runs uncaptured; the reason is counted in ``stats()["cudagraphs"]``, shown by ``explain`` and logged at
    ``TILEFUSE_DEBUG=1``.
 2. **Warm-up**: the first call of each input signature (shapes, strides, dtypes, non-tensor values) runs
@@ -36,6 +37,7 @@ freed while it was recorded: a second forward before the first one's backward, s
 from __future__ import annotations
 
 import dataclasses
+import operator
 import weakref
 from typing import Any, Callable, Sequence
 
@@ -95,6 +97,31 @@ def _mutated_placeholder(node: torch.fx.Node) -> list:
     return out
 
 
+def _replayable_cpu_output(n: torch.fx.Node) -> bool:
+    """Whether the CPU tensor ``n`` makes is one a replay may leave as the recording made it: the attention
+    forward's seed (``tilefuse::attention_fwd`` returns the dropout seed it drew on the host as a 0-d CPU tensor)
+    when there is no dropout, so the seed is the constant 0, and nothing in the graph reads or returns it (an
+    inference graph; a training forward returns it for its backward). With dropout a replay would reuse the
+    recording's seed, the same dropout mask every step."""
+    if _ATTENTION_FWD is None or n.target is not _ATTENTION_FWD:
+        return False
+    dropout_p = n.args[10] if len(n.args) > 10 else n.kwargs.get("dropout_p", 0.0)
+    if dropout_p != 0 or not all(u.target is operator.getitem for u in n.users):
+        return False
+    return not any(u.args[1] == 2 and u.users for u in n.users)
+
+
+def _attention_fwd():
+    try:
+        from ...kernels.attention import ops  # noqa: F401  (registers tilefuse::attention_fwd)
+    except Exception:  # noqa: BLE001 - the attention family unavailable: no such node in any graph
+        return None
+    return torch.ops.tilefuse.attention_fwd.default
+
+
+_ATTENTION_FWD = _attention_fwd()
+
+
 def _has_unbacked(val) -> bool:
     from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
 
@@ -122,9 +149,10 @@ def graph_blockers(gm: torch.fx.GraphModule, static: Sequence[int]) -> list[str]
         if _has_unbacked(val):
             reasons.append(f"{n.name} ({_op_name(n.target)}) has data-dependent sizes")
         vals = val if isinstance(val, (list, tuple)) else [val]
-        if any(isinstance(v, torch.Tensor) and v.device.type == "cpu" for v in vals) and \
+        if n.target is not operator.getitem and \
+                any(isinstance(v, torch.Tensor) and v.device.type == "cpu" for v in vals) and \
                 any(isinstance(p.meta.get("val"), torch.Tensor) and p.meta["val"].device.type == "cuda"
-                    for p in placeholders):
+                    for p in placeholders) and not _replayable_cpu_output(n):
             reasons.append(f"{n.name} ({_op_name(n.target)}) makes a CPU tensor in a CUDA graph (a copy to the "
                            f"host synchronises)")
         for p in _mutated_placeholder(n):
