@@ -403,6 +403,7 @@ def decode_section(device: str = "cuda", tiny: bool = False) -> None:
     vocab = base.config.vocab_size
     prompt = torch.randint(0, vocab, (1, 16 if tiny else 512), device=device)
     ids = {"input_ids": torch.randint(0, vocab, (1, 1), device=device)}
+    _attention_call_probe(device)
     for backend in ("eager", "inductor", "inductor-reduce-overhead", "tilefuse", "tilefuse-reduce-overhead"):
         if backend.startswith("inductor") and not cuda:
             continue
@@ -435,6 +436,41 @@ def decode_section(device: str = "cuda", tiny: bool = False) -> None:
 
             print(f"  {backend}: failed: {type(exc).__name__}: {str(exc)[:300]}")
             traceback.print_exc(limit=8)
+
+
+def _attention_call_probe(device: str) -> None:
+    """Host us of one attention forward at GPT-2's decode shape (one query row against a 520-slot cache, bf16)
+    and of its parts: through the custom op (what the compiled graph calls), the op's Python function without
+    the dispatcher, the argument checks, the plan, and the launch with both prepared."""
+    from tilefuse.kernels.attention import launch as attn_launch
+    from tilefuse.kernels.attention import ops as attn_ops
+
+    dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    q = torch.randn(1, 12, 1, 64, device=device, dtype=dtype)
+    k, v = (torch.randn(1, 12, 520, 64, device=device, dtype=dtype) for _ in range(2))
+    mask = torch.ones(1, 1, 1, 520, device=device, dtype=torch.bool)
+    args = (q, k, v, mask, None, 0.125, 0.0, 0, -1, -1, 0.0)
+    params, mask_view, _ = attn_ops._params(q, k, v, mask, None, 0.125, 0.0, 0, -1, -1, 0.0, 0)
+    plan = attn_launch.plan_forward(params, dtype)
+    timer = per_call_us if device == "cuda" else (lambda fn, calls=200: _cpu_us(fn, calls))
+    print("  attention forward at the decode shape (us a call):")
+    print(f"    torch.ops.tilefuse.attention_fwd: {timer(lambda: torch.ops.tilefuse.attention_fwd(*args), 300):.1f}")
+    impl = getattr(attn_ops.attention_fwd, "_init_fn", None)
+    if impl is not None:
+        print(f"    its Python function, no dispatcher: {timer(lambda: impl(*args), 300):.1f}")
+    print(f"    argument checks (_params): "
+          f"{timer(lambda: attn_ops._params(q, k, v, mask, None, 0.125, 0.0, 0, -1, -1, 0.0, 0), 300):.1f}")
+    print(f"    plan_forward: {timer(lambda: attn_launch.plan_forward(params, dtype), 300):.1f}")
+    print(f"    forward(plan given), {plan}: "
+          f"{timer(lambda: attn_launch.forward(q, k, v, params, mask_view, None, plan), 300):.1f}")
+
+
+def _cpu_us(fn, calls: int) -> float:
+    fn()
+    t0 = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    return (time.perf_counter() - t0) / calls * 1e6
 
 
 SECTIONS = {"gemm": gemm_section, "compiler": compiler_section, "launch": launch_section,
