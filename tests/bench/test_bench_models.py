@@ -3,6 +3,7 @@ and the command's argument checks. CPU, tiny configs, Triton's interpreter."""
 from __future__ import annotations
 
 import argparse
+import re
 
 import pytest
 import torch
@@ -195,6 +196,10 @@ def test_reduce_overhead_rows_never_crash_the_suite():
     row = next(r for r in rows if r.impl == "tilefuse-reduce-overhead")
     assert row.ok or row.status.startswith("not run: tilefuse backend: mode='reduce-overhead'"), row.status
     assert next(r for r in rows if r.impl == "eager").ok
+    if row.ok:  # its note says what its CUDA graphs did over the timed steps (here: the interpreter, uncaptured)
+        graphs = models_suite._note_fields(row.note)["cudagraphs"]
+        calls = int(re.search(r"(\d+) uncaptured calls", graphs).group(1))
+        assert calls >= 1 + models_suite.SMOKE_ROUNDS * models_suite.SMOKE_STEPS and "interpreter" in graphs, graphs
 
 
 def test_summary_geomeans_over_eager_and_each_inductor_mode():

@@ -612,6 +612,8 @@ def run_case(rec: harness.Recorder, case: ModelCase, mode: str, dtype: torch.dty
                 f[f"x_{other}"] = medians[other] / medians[backend]
         if backend in peak:
             f["peak_gib"] = peak[backend] / 2**30
+        if backend == "tilefuse-reduce-overhead":  # what its CUDA graphs did over the timing, not the first step
+            f.update({k: v for k, v in _stats_note(backend).items() if k == "cudagraphs"})
         rows[backend] = rec._timed_row(name, backend, dtype, shape, medians[backend],
                                        min(_quantile(times, 0.2), medians[backend]),
                                        max(_quantile(times, 0.8), medians[backend]),
