@@ -775,11 +775,6 @@ def _generate_check(device):
     return _runner_stats("inference")
 
 
-def test_generate_under_the_stand_in_gives_eagers_tokens(stand_in):
-    rows = _generate_check(torch.device("cpu"))
-    assert sum(r["replays"] for r in rows) >= 4, rows
-
-
 @pytest.mark.gpu
 def test_gpu_generate_gives_eagers_tokens():
     rows = _generate_check(torch.device("cuda"))
@@ -810,8 +805,9 @@ def _static_cache_decode_check(device):
     return _runner_stats("inference")
 
 
-def test_static_cache_decode_under_the_stand_in_gives_eagers_logits(stand_in):
-    rows = _static_cache_decode_check(torch.device("cpu"))
+@pytest.mark.parametrize("check", [_generate_check, _static_cache_decode_check], ids=["generate", "static-cache"])
+def test_decoding_under_the_stand_in_gives_eagers_results(check, stand_in):
+    rows = check(torch.device("cpu"))
     assert sum(r["replays"] for r in rows) >= 4, rows
 
 
