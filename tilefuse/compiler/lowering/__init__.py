@@ -12,11 +12,11 @@ from typing import Any, Callable
 import torch.fx
 
 from .. import ir
-from .core import (EXTERN_OPS, SUPPORTED_DTYPES, ByDesign, FallbackError, GraphFallback, Lowerer, LoweringError,
-                   op_name, register)
+from .core import (DIRECT_CALLS, EXTERN_OPS, SUPPORTED_DTYPES, ByDesign, FallbackError, GraphFallback, Lowerer,
+                   LoweringError, op_name, register)
 
 __all__ = ["lower", "register", "op_name", "GraphFallback", "ByDesign", "FallbackError", "LoweringError",
-           "EXTERN_OPS", "SUPPORTED_DTYPES"]
+           "EXTERN_OPS", "SUPPORTED_DTYPES", "DIRECT_CALLS"]
 
 
 def lower(gm: torch.fx.GraphModule, meta: Callable[[torch.fx.Node], Any],

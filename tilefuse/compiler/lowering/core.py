@@ -46,6 +46,10 @@ class GraphFallback(Exception):
 SUPPORTED_DTYPES = frozenset({torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.int8,
                               torch.int16, torch.int32, torch.int64, torch.uint8, torch.bool})
 
+# A library op's plain implementation, by op (filled by the lowering modules of tilefuse's own custom ops): the
+# wrapper calls it for such an extern instead of the op, without the dispatcher's Python around the call.
+DIRECT_CALLS: dict = {}
+
 # Calls into ATen by design (not counted as fallbacks): convolutions, attention, and the matmul forms that
 # nothing decomposes to the library GEMM's (mm, bmm, addmm, baddbmm lower to ir.Gemm: lowering/gemm.py).
 EXTERN_OPS = frozenset(filter(None, [

@@ -160,7 +160,7 @@ class WrapperWriter:
         if isinstance(step, scheduler.ExternStep):
             ext = self.table[step.name]
             op_name = f"op_{len(self.globals)}"
-            self.globals[op_name] = ext.op
+            self.globals[op_name] = lowering.DIRECT_CALLS.get(ext.op, ext.op)
             args = ", ".join(self.arg_text(a) for a in ext.args)
             kwargs = ", ".join(f"{k}={self.arg_text(v)}" for k, v in ext.kwargs)
             call = f"{op_name}({args}{', ' if args and kwargs else ''}{kwargs})"

@@ -33,15 +33,17 @@ def _params(q, k, v, mask, alibi, scale, softcap, causal, window_left, window_ri
                            dropout_seed=seed, scale=scale, deterministic=False, needs_grad=False)
 
 
-@torch.library.custom_op("tilefuse::attention_fwd", mutates_args=())
-def attention_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Optional[torch.Tensor],
-                  alibi: Optional[torch.Tensor], scale: float, softcap: float, causal: int, window_left: int,
-                  window_right: int, dropout_p: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def _attention_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Optional[torch.Tensor],
+                   alibi: Optional[torch.Tensor], scale: float, softcap: float, causal: int, window_left: int,
+                   window_right: int, dropout_p: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     seed = int(torch.randint(0, 2 ** 31 - 1, (1,)).item()) if dropout_p > 0 else 0
     params, mask_view, alibi_view = _params(q, k, v, mask, alibi, scale, softcap, causal, window_left, window_right,
                                             dropout_p, seed)
     out, lse2 = forward(q, k, v, params, mask_view, alibi_view)
     return out, lse2, torch.tensor(seed, dtype=torch.int64)
+
+
+attention_fwd = torch.library.custom_op("tilefuse::attention_fwd", mutates_args=())(_attention_fwd)
 
 
 @attention_fwd.register_fake
@@ -52,17 +54,19 @@ def _(q, k, v, mask, alibi, scale, softcap, causal, window_left, window_right, d
     return out, lse2, torch.empty((), dtype=torch.int64, device="cpu")
 
 
-@torch.library.custom_op("tilefuse::attention_bwd", mutates_args=())
-def attention_bwd(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
-                  lse2: torch.Tensor, seed: torch.Tensor, mask: Optional[torch.Tensor], alibi: Optional[torch.Tensor],
-                  scale: float, softcap: float,
-                  causal: int, window_left: int, window_right: int, dropout_p: float,
-                  mask_grad: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+def _attention_bwd(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
+                   lse2: torch.Tensor, seed: torch.Tensor, mask: Optional[torch.Tensor], alibi: Optional[torch.Tensor],
+                   scale: float, softcap: float,
+                   causal: int, window_left: int, window_right: int, dropout_p: float,
+                   mask_grad: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     params, mask_view, alibi_view = _params(q, k, v, mask, alibi, scale, softcap, causal, window_left, window_right,
                                             dropout_p, int(seed.item()))
     dq, dk, dv = backward(dout, q, k, v, out, lse2, params, mask_view, alibi_view)
     dmask = _mask_gradient(dout, q, k, v, out, lse2, mask, alibi_view, params) if mask_grad else q.new_empty(0)
     return dq, dk, dv, dmask
+
+
+attention_bwd = torch.library.custom_op("tilefuse::attention_bwd", mutates_args=())(_attention_bwd)
 
 
 @attention_bwd.register_fake
@@ -125,3 +129,8 @@ def _backward(ctx, dout, _dlse, _dseed):
 
 
 attention_fwd.register_autograd(_backward, setup_context=_setup_context)
+
+
+# Each op's computation as a plain function: the compiled graph's wrapper calls it without the op dispatcher
+# (57 us a call less for attention_fwd on an H100's host, decision 038). The custom op stays what graphs hold.
+IMPLEMENTATIONS = {"tilefuse::attention_fwd": _attention_fwd, "tilefuse::attention_bwd": _attention_bwd}

@@ -109,15 +109,18 @@ def _params(q, k, v, mask, operands, scale, causal, window_left, window_right, d
     return params, mask_view, aux
 
 
-@torch.library.custom_op("tilefuse::attention_mod_fwd", mutates_args=())
-def attention_mod_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Optional[torch.Tensor],
-                      operands: Optional[torch.Tensor], scale: float, causal: int, window_left: int,
-                      window_right: int, dropout_p: float, mod: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def _attention_mod_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Optional[torch.Tensor],
+                       operands: Optional[torch.Tensor], scale: float, causal: int, window_left: int,
+                       window_right: int, dropout_p: float,
+                       mod: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     seed = int(torch.randint(0, 2 ** 31 - 1, (1,)).item()) if dropout_p > 0 else 0
     params, mask_view, aux = _params(q, k, v, mask, operands, scale, causal, window_left, window_right, dropout_p,
                                      seed, lookup(mod))
     out, lse2 = forward(q, k, v, params, mask_view, aux)
     return out, lse2, torch.tensor(seed, dtype=torch.int64)
+
+
+attention_mod_fwd = torch.library.custom_op("tilefuse::attention_mod_fwd", mutates_args=())(_attention_mod_fwd)
 
 
 @attention_mod_fwd.register_fake
@@ -127,12 +130,11 @@ def _(q, k, v, mask, operands, scale, causal, window_left, window_right, dropout
         torch.empty((), dtype=torch.int64, device="cpu")
 
 
-@torch.library.custom_op("tilefuse::attention_mod_bwd", mutates_args=())
-def attention_mod_bwd(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
-                      lse2: torch.Tensor, seed: torch.Tensor, mask: Optional[torch.Tensor],
-                      operands: Optional[torch.Tensor], scale: float, causal: int, window_left: int,
-                      window_right: int, dropout_p: float, mod: str,
-                      operands_grad: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+def _attention_mod_bwd(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
+                       lse2: torch.Tensor, seed: torch.Tensor, mask: Optional[torch.Tensor],
+                       operands: Optional[torch.Tensor], scale: float, causal: int, window_left: int,
+                       window_right: int, dropout_p: float, mod: str,
+                       operands_grad: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     entry = lookup(mod)
     params, mask_view, aux = _params(q, k, v, mask, operands, scale, causal, window_left, window_right, dropout_p,
                                      int(seed.item()), entry)
@@ -142,6 +144,9 @@ def attention_mod_bwd(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: t
     else:
         doperands = q.new_empty(0, dtype=torch.float32)
     return dq, dk, dv, doperands
+
+
+attention_mod_bwd = torch.library.custom_op("tilefuse::attention_mod_bwd", mutates_args=())(_attention_mod_bwd)
 
 
 @attention_mod_bwd.register_fake
@@ -200,3 +205,8 @@ def _backward(ctx, dout, _dlse, _dseed):
 
 
 attention_mod_fwd.register_autograd(_backward, setup_context=_setup_context)
+
+
+# Each op's computation as a plain function: the compiled graph's wrapper calls it without the op dispatcher
+# (57 us a call less for attention_fwd on an H100's host, decision 038). The custom op stays what graphs hold.
+IMPLEMENTATIONS = {"tilefuse::attention_mod_fwd": _attention_mod_fwd, "tilefuse::attention_mod_bwd": _attention_mod_bwd}
