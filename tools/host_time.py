@@ -419,7 +419,8 @@ def decode_section(device: str = "cuda", tiny: bool = False) -> None:
                 step()
             line = f"  {backend}: wall (GPU idle) {per_call_us(step, 20) if cuda else float('nan'):.0f} us"
             if cuda:
-                line += f", host (GPU busy) {host_us(step, steps=3):.0f} us, GPU {kernel_ms(step, 3, 1)[0] * 1e3:.0f} us"
+                gpu = kernel_ms(step, 3, 1)[0] * 1e3
+                line += f", host (GPU busy) {host_us(step, steps=3):.0f} us, GPU {gpu:.0f} us"
             print(line)
             if backend.startswith("tilefuse"):
                 s = compiler.stats()
