@@ -37,7 +37,7 @@ import torch
 
 from ...kernels import launcher
 
-_LAUNCH = re.compile(r"^    (launch_\w+)\((.*)\)(  # .*)?$")
+_LAUNCH = re.compile(r"^    (launch_\w+)\((.*?)\)(  # .*)?$")
 _UNPACK = re.compile(r"^    (.+) = args$")
 _ALLOC = re.compile(r"^    (\w+) = alloc\(")
 
