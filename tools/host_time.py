@@ -20,6 +20,8 @@ Sections:
   decode: one GPT-2 124M decode step (batch 1, static KV cache) as the models suite times it, under eager,
         Inductor and tilefuse with and without mode="reduce-overhead": wall, host and GPU time a step, and for
         tilefuse its CUDA-graph report and cProfile of the step.
+  direct_calls: that decode step uncaptured under tilefuse with the attention ops' functions called directly and
+        through the ops (decision 038), alternated in one process.
 
     python tools/host_time.py launch graphs pool   (some sections only)
 """
@@ -439,6 +441,39 @@ def decode_section(device: str = "cuda", tiny: bool = False) -> None:
             traceback.print_exc(limit=8)
 
 
+def direct_calls_section() -> None:
+    """Decision 038 measured: GPT-2 124M's uncaptured decode step (batch 1, static KV cache, bf16) compiled with
+    the wrapper calling the attention ops' functions, and again with it calling the ops, wall us a step with the
+    GPU idle, alternated in one process (the best of each)."""
+    import copy
+
+    from tilefuse.bench import models_suite as ms
+    from tilefuse.compiler import lowering
+
+    print("== direct_calls: GPT-2 124M decode step, tilefuse default mode, attention ops called directly or not")
+    torch.manual_seed(0)
+    base = ms._gpt2(False).to("cuda", torch.bfloat16).eval()
+    prompt = torch.randint(0, base.config.vocab_size, (1, 512), device="cuda")
+    ids = {"input_ids": torch.randint(0, base.config.vocab_size, (1, 1), device="cuda")}
+    saved = dict(lowering.DIRECT_CALLS)
+    steps = {}
+    torch._dynamo.reset()
+    for label, table in (("direct", saved), ("through the op", {})):  # (the wrapper binds its calls when planned)
+        lowering.DIRECT_CALLS.clear()
+        lowering.DIRECT_CALLS.update(table)
+        r = ms.Runner(copy.deepcopy(base), "tilefuse", "decode", torch.bfloat16, torch.device("cuda"), prompt=prompt)
+        for _ in range(3):
+            r.step(ids)
+        steps[label] = r
+    lowering.DIRECT_CALLS.clear()
+    lowering.DIRECT_CALLS.update(saved)
+    best = {label: float("inf") for label in steps}
+    for _ in range(3):
+        for label, r in steps.items():
+            best[label] = min(best[label], per_call_us(lambda r=r: r.step(ids), 20))
+    print("  " + ", ".join(f"{label}: {us:.0f} us a step" for label, us in best.items()))
+
+
 def _attention_call_probe(device: str) -> None:
     """Host us of one attention forward at GPT-2's decode shape (one query row against a 520-slot cache, bf16)
     and of its parts: through the custom op (what the compiled graph calls), the op's Python function without
@@ -475,7 +510,8 @@ def _cpu_us(fn, calls: int) -> float:
 
 
 SECTIONS = {"gemm": gemm_section, "compiler": compiler_section, "launch": launch_section,
-            "graphs": graphs_section, "pool": pool_section, "decode": decode_section}
+            "graphs": graphs_section, "pool": pool_section, "decode": decode_section,
+            "direct_calls": direct_calls_section}
 
 
 def main() -> int:
