@@ -386,6 +386,17 @@ def pool_section() -> None:
         del model, opt, compiled, x, target
 
 
+def _gpt2_decode(device: str, dtype: torch.dtype, tiny: bool):
+    """GPT-2 (124M, or tiny) with random weights, a prompt (512 tokens, 16 tiny) and one decode step's token."""
+    from tilefuse.bench import models_suite as ms
+
+    torch.manual_seed(0)
+    base = ms._gpt2(tiny).to(device, dtype).eval()
+    vocab = base.config.vocab_size
+    prompt = torch.randint(0, vocab, (1, 16 if tiny else 512), device=device)
+    return base, prompt, {"input_ids": torch.randint(0, vocab, (1, 1), device=device)}
+
+
 def decode_section(device: str = "cuda", tiny: bool = False) -> None:
     """One decode step of GPT-2 124M as the models suite times it (batch 1 after a 512-token prompt, static KV
     cache, bf16) under each backend: wall a step with the GPU idle, host time with it busy, GPU time; for
@@ -400,11 +411,7 @@ def decode_section(device: str = "cuda", tiny: bool = False) -> None:
     cuda = device == "cuda"
     dtype = torch.bfloat16 if cuda else torch.float32
     print(f"== decode: GPT-2{' (tiny)' if tiny else ' 124M'}, batch 1, one token after a prompt, static KV cache")
-    torch.manual_seed(0)
-    base = ms._gpt2(tiny).to(device, dtype).eval()
-    vocab = base.config.vocab_size
-    prompt = torch.randint(0, vocab, (1, 16 if tiny else 512), device=device)
-    ids = {"input_ids": torch.randint(0, vocab, (1, 1), device=device)}
+    base, prompt, ids = _gpt2_decode(device, dtype, tiny)
     _attention_call_probe(device)
     for backend in ("eager", "inductor", "inductor-reduce-overhead", "tilefuse", "tilefuse-reduce-overhead"):
         if backend.startswith("inductor") and not cuda:
@@ -451,10 +458,7 @@ def direct_calls_section() -> None:
     from tilefuse.compiler import lowering
 
     print("== direct_calls: GPT-2 124M decode step, tilefuse default mode, attention ops called directly or not")
-    torch.manual_seed(0)
-    base = ms._gpt2(False).to("cuda", torch.bfloat16).eval()
-    prompt = torch.randint(0, base.config.vocab_size, (1, 512), device="cuda")
-    ids = {"input_ids": torch.randint(0, base.config.vocab_size, (1, 1), device="cuda")}
+    base, prompt, ids = _gpt2_decode("cuda", torch.bfloat16, False)
     saved = dict(lowering.DIRECT_CALLS)
     steps = {}
     torch._dynamo.reset()

@@ -387,10 +387,15 @@ def _stats_note(backend: str) -> dict:
         s = compiler.stats()
         note.update(kernels=s["kernels"], externs=s["externs"], fallbacks=len(s["fallbacks"]))
         if backend.endswith("reduce-overhead"):  # captured or not, and why not: a row's time means little without it
-            from .compiler_suite import cuda_graph_summary
-
-            note["cudagraphs"] = cuda_graph_summary(s).removeprefix("cuda graphs: ").replace(";", ",")[:300]
+            note["cudagraphs"] = _cudagraphs_field(s)
     return note
+
+
+def _cudagraphs_field(stats: dict) -> str:
+    """What tilefuse's CUDA graphs did (from ``tilefuse.compiler.stats()``), as one field of a row's note."""
+    from .compiler_suite import cuda_graph_summary
+
+    return cuda_graph_summary(stats).removeprefix("cuda graphs: ").replace(";", ",")[:300]
 
 
 def _fmt_note(fields: dict) -> str:
@@ -613,7 +618,9 @@ def run_case(rec: harness.Recorder, case: ModelCase, mode: str, dtype: torch.dty
         if backend in peak:
             f["peak_gib"] = peak[backend] / 2**30
         if backend == "tilefuse-reduce-overhead":  # what its CUDA graphs did over the timing, not the first step
-            f.update({k: v for k, v in _stats_note(backend).items() if k == "cudagraphs"})
+            import tilefuse.compiler as compiler
+
+            f["cudagraphs"] = _cudagraphs_field(compiler.stats())
         rows[backend] = rec._timed_row(name, backend, dtype, shape, medians[backend],
                                        min(_quantile(times, 0.2), medians[backend]),
                                        max(_quantile(times, 0.8), medians[backend]),
