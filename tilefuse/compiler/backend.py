@@ -20,7 +20,7 @@ import time
 import torch
 
 from .. import config
-from . import lowering, options, records, runtime
+from . import lowering, options, records, reinplace, runtime
 from .runtime import cudagraphs
 from .decompositions import decomposition_table
 from .lowering import FallbackError
@@ -47,6 +47,9 @@ def _compiler(kind: str, pool=None):
         cfg = config.get()
         t0 = time.perf_counter()
         try:
+            in_place = reinplace.write_mutations_in_place(gm)
+            if in_place:
+                config.log(1, f"{kind} graph: input mutations written in place: {', '.join(in_place)}")
             compiled = runtime.CompiledGraph(gm, kind, cfg.strict)
         except FallbackError:
             raise
