@@ -162,6 +162,25 @@ def _profile(fn, calls: int, lines: int = 16, order: str = "tottime") -> str:
     return "\n".join("    " + line for line in s.getvalue().splitlines() if line.strip())[:5000]
 
 
+def _kernel_table(fn, steps: int = 5, lines: int = 25) -> str:
+    """The GPU's time a step by kernel (torch.profiler's CUDA activity over ``steps`` steps): name, launches a
+    step, µs a step; the biggest first, then the total."""
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(steps):
+            fn()
+        torch.cuda.synchronize()
+    per = {e.key: (e.count, e.device_time_total) for e in prof.key_averages() if e.device_time_total > 0}
+    rows = sorted(per.items(), key=lambda kv: -kv[1][1])
+    total = sum(us for _, us in per.values()) / steps
+    out = [f"    {us / steps:8.1f} us {count / steps:6.1f}x  {name[:110]}" for name, (count, us) in rows[:lines]]
+    out.append(f"    {total:8.1f} us in all, {sum(c for c, _ in per.values()) / steps:.0f} kernels/copies a step, "
+               f"{len(rows)} distinct")
+    return "\n".join(out)
+
+
 def _graphs_made(fn, *args):
     """The CompiledGraph objects that compiling and calling ``fn(*args)`` makes."""
     from tilefuse.compiler import runtime
@@ -431,6 +450,9 @@ def decode_section(device: str = "cuda", tiny: bool = False) -> None:
                 gpu = kernel_ms(step, 3, 1)[0] * 1e3
                 line += f", host (GPU busy) {host_us(step, steps=3):.0f} us, GPU {gpu:.0f} us"
             print(line)
+            if cuda and backend.endswith("reduce-overhead"):
+                print("    GPU time by kernel, a step:")
+                print(_kernel_table(step))
             if backend.startswith("tilefuse"):
                 s = compiler.stats()
                 print(f"    kernels {s.get('kernels')}, externs {s.get('externs')}, fallbacks "
