@@ -267,7 +267,7 @@ def test_no_import_cycles():
 COMPILER_STAGE_RANK = {
     "tilefuse.compiler.options": 0, "tilefuse.compiler.records": 0, "tilefuse.compiler.tuning": 0,
     "tilefuse.compiler.ir": 1,
-    "tilefuse.compiler.decompositions": 2, "tilefuse.compiler.patterns": 2,
+    "tilefuse.compiler.decompositions": 2, "tilefuse.compiler.patterns": 2, "tilefuse.compiler.reinplace": 2,
     "tilefuse.compiler.lowering": 3,
     "tilefuse.compiler.scheduler": 4,
     "tilefuse.compiler.codegen": 5,
