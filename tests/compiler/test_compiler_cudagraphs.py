@@ -27,6 +27,8 @@ from tests import compiler_checks as cc
 from tests.support import TOLERANCE, rel_error
 
 TOL = TOLERANCE[torch.float32]
+ATTENTION_TOL = 2e-5  # the flash kernels in float32 against float64 eager (test_compiler_attention.py's scale)
+_CALL_BLOCKERS = cudagraphs.call_blockers  # (the stand-in replaces it; a test may judge arguments as on a GPU)
 
 
 @pytest.fixture(autouse=True)
@@ -85,34 +87,121 @@ def test_graph_blockers_an_op_that_makes_a_cpu_tensor_in_a_cuda_graph():
     assert cudagraphs.graph_blockers(gm_cpu, static=()) == []
 
 
-def _attention_graph(dropout_p: float, use_seed: bool):
+_FORWARDS = ("attention_fwd", "attention_mod_fwd")  # the attention family's ops that draw a dropout seed
+_BACKWARDS = ("attention_bwd", "attention_mod_bwd")  # and those that take it
+
+
+def _attention_graph(dropout_p: float, use_seed, op: str = "attention_fwd"):
+    """A forward graph around the attention family's forward op (or its generated-score-mod form), on CUDA
+    inputs. ``use_seed``: False (the seed unread: an inference graph), "returned" (a training forward, which
+    returns it for its backward) or "read" (an op of the graph reads it)."""
     import tilefuse.kernels.attention.ops  # noqa: F401  (registers tilefuse::attention_fwd)
+    import tilefuse.kernels.attention.ops_score_mod  # noqa: F401  (registers tilefuse::attention_mod_fwd)
 
     def fn(q, k, v):
-        out, lse2, seed = torch.ops.tilefuse.attention_fwd(q, k, v, None, None, 0.125, 0.0, 1, -1, -1, dropout_p)
-        return (out * 2, seed) if use_seed else (out * 2,)
+        if op == "attention_fwd":
+            out, lse2, seed = torch.ops.tilefuse.attention_fwd(q, k, v, None, None, 0.125, 0.0, 1, -1, -1, dropout_p)
+        else:  # (the fake function does not look the mod up: any key traces)
+            out, lse2, seed = torch.ops.tilefuse.attention_mod_fwd(q, k, v, None, None, 0.125, 1, -1, -1, dropout_p,
+                                                                   "mod")
+        if use_seed == "returned":
+            return out * 2, q, out, lse2, seed
+        if use_seed == "read":
+            return (out * seed,)
+        return (out * 2,)
 
     with FakeTensorMode():
         q, k, v = (torch.empty(1, 2, 5, 8, device="cuda") for _ in range(3))
     return make_fx(fn, tracing_mode="fake")(q, k, v)
 
 
-@pytest.mark.parametrize("dropout_p,use_seed,captured", [(0.0, False, True), (0.0, True, False),
-                                                         (0.1, False, False)],
-                         ids=["no-dropout-seed-unread", "seed-returned", "dropout"])
+@pytest.mark.parametrize("op", _FORWARDS)
+@pytest.mark.parametrize("dropout_p,use_seed,captured", [(0.0, False, True), (0.0, "returned", True),
+                                                         (0.0, "read", False), (0.1, False, False),
+                                                         (0.1, "returned", False)],
+                         ids=["seed-unread", "seed-returned", "seed-read", "dropout", "dropout-seed-returned"])
 def test_graph_blockers_let_the_attention_forwards_seed_through_only_where_a_replay_keeps_it_right(
-        dropout_p, use_seed, captured):
+        dropout_p, use_seed, captured, op):
     """The attention forward returns its dropout seed as a CPU tensor. Without dropout the seed is the constant
-    0, and where nothing reads it (an inference graph: a decode step) a replay that leaves it as recorded is
-    right, so the graph is captured; a seed the graph returns (a training forward, for its backward) or drawn
-    for dropout (a replay would reuse it: the same mask every step) keeps the graph uncaptured, with the reason."""
-    gm = _attention_graph(dropout_p, use_seed)
-    assert any(n.target is torch.ops.tilefuse.attention_fwd.default for n in gm.graph.nodes), gm.graph
+    0: where no op of the graph reads it (an inference graph leaves it unread, a training forward returns it
+    for its backward) a replay that hands out the recording's seed is right, so the graph is captured. A seed
+    an op reads keeps the graph uncaptured for the CPU tensor; one drawn for dropout (a replay would reuse it:
+    the same mask every step) for the dropout."""
+    gm = _attention_graph(dropout_p, use_seed, op)
+    node = next(n for n in gm.graph.nodes if n.target is getattr(torch.ops.tilefuse, op).default)
     reasons = cudagraphs.graph_blockers(gm, static=())
+    seed_outputs = cudagraphs.seed_outputs(gm)
     if captured:
         assert reasons == [], reasons
+        # a training forward's seed is handed out as the recording made it (the 5th output)
+        assert seed_outputs == ({4} if use_seed == "returned" else set()), seed_outputs
+        return
+    assert seed_outputs == set(), seed_outputs
+    if dropout_p:
+        assert reasons == [f"{node.name} ({op}.default) has dropout (dropout_p={dropout_p}): its seed is "
+                           f"drawn on the host at each call, and a replay would reuse the recording's, the same "
+                           f"dropout mask every step"], reasons
     else:
-        assert len(reasons) == 1 and re.search(r"attention_fwd.*CPU tensor", reasons[0]), reasons
+        assert len(reasons) == 1 and re.search(rf"{op}.*makes a CPU tensor", reasons[0]), reasons
+
+
+def _attention_backward_graph(dropout_p: float, other_cpu_use: str | None = None, op: str = "attention_bwd"):
+    """A training backward graph around the attention family's backward op, on CUDA inputs and the forward's
+    seed, a 0-d CPU tensor (input 6). ``other_cpu_use``: None, "seed" (an op other than the attention backward
+    reads the seed too) or "input" (input 7, another CPU tensor, scales the gradient)."""
+    import tilefuse.kernels.attention.ops  # noqa: F401  (registers tilefuse::attention_bwd)
+    import tilefuse.kernels.attention.ops_score_mod  # noqa: F401  (registers tilefuse::attention_mod_bwd)
+
+    def fn(dout, q, k, v, out, lse2, seed, factor):
+        if op == "attention_bwd":
+            dq, dk, dv, _ = torch.ops.tilefuse.attention_bwd(dout, q, k, v, out, lse2, seed, None, None, 0.125, 0.0,
+                                                             1, -1, -1, dropout_p, False)
+        else:
+            dq, dk, dv, _ = torch.ops.tilefuse.attention_mod_bwd(dout, q, k, v, out, lse2, seed, None, None, 0.125,
+                                                                 1, -1, -1, dropout_p, "mod", False)
+        if other_cpu_use == "seed":
+            dq = dq + seed
+        elif other_cpu_use == "input":
+            dq = dq * factor
+        return dq, dk, dv
+
+    with FakeTensorMode():
+        q, k, v, out, dout = (torch.empty(1, 2, 5, 8, device="cuda") for _ in range(5))
+        lse2 = torch.empty(2, 5, device="cuda")
+        seed, factor = torch.empty((), dtype=torch.int64), torch.empty(())
+    return make_fx(fn, tracing_mode="fake")(dout, q, k, v, out, lse2, seed, factor)
+
+
+@pytest.mark.parametrize("op", _BACKWARDS)
+@pytest.mark.parametrize("dropout_p,other_cpu_use,captured", [(0.0, None, True), (0.0, "seed", False),
+                                                              (0.0, "input", False), (0.1, None, False)],
+                         ids=["seed-only-as-seed", "seed-read-elsewhere", "other-cpu-input", "dropout"])
+def test_capture_blockers_let_a_backwards_cpu_seed_input_through_only_as_the_attention_seed_without_dropout(
+        monkeypatch, dropout_p, other_cpu_use, captured, op):
+    """A training backward takes the forward's seed as a CPU input. Read only as the seed of an attention
+    backward without dropout (whose kernels do not read it) it does not stop a capture; any other CPU input, or
+    the seed read by another op, stops it per call, as any CPU tensor does; with dropout the graph says so."""
+    monkeypatch.setattr(torch._C, cudagraphs._STORAGE_ERROR, lambda *a: None, raising=False)
+    gm = _attention_backward_graph(dropout_p, other_cpu_use, op)
+    cuda = _fake_cuda(1)
+    args = [cuda] * 6 + [torch.tensor(0), torch.tensor(2.0) if other_cpu_use == "input" else cuda]
+    seeds = cudagraphs.seed_inputs(gm)
+    reasons = cudagraphs.capture_blockers(gm, args, interpreting=False)
+    cpu_input = "input {} is a CPU tensor (a CUDA graph captures CUDA work only)".format
+    if captured:
+        assert seeds == {6} and reasons == [], (seeds, reasons)
+        # the positions are what lets it through: without them the seed is a CPU tensor as any other
+        assert cudagraphs.call_blockers(args, interpreting=False) == [cpu_input(6)]
+    elif other_cpu_use == "input":
+        assert seeds == {6} and reasons == [cpu_input(7)], (seeds, reasons)
+    elif other_cpu_use == "seed":
+        assert seeds == set() and reasons == [cpu_input(6)], (seeds, reasons)
+    else:
+        node = next(n for n in gm.graph.nodes if n.target is getattr(torch.ops.tilefuse, op).default)
+        assert seeds == set() and reasons == [
+            cpu_input(6), f"{node.name} ({op}.default) has dropout (dropout_p=0.1): its seed is drawn on "
+                          f"the host at each call, and a replay would reuse the recording's, the same dropout mask "
+                          f"every step"], (seeds, reasons)
 
 
 @pytest.mark.parametrize("through_view", [False, True])
@@ -203,6 +292,26 @@ def test_hand_out_builds_each_cuda_output_in_one_call_with_its_metadata(monkeypa
     assert seen == [{"nbytes": 96, "data_ptr": recorded.data_ptr(), "size": (2, 3), "stride": (1, 2),
                      "dtype": torch.float32, "device": torch.device("cuda"), "storage_offset": 4}]
     assert len(rec.handed) == 1
+
+
+def test_a_forwards_attention_seed_is_handed_out_as_the_recordings_own_tensor(monkeypatch):
+    """A training forward's seed output (a 0-d CPU tensor, 0 without dropout, saved for the backward) is handed
+    out at every replay as the tensor the recording made: no pool bytes are counted for it, the next step does
+    not invalidate it, and alone it is no backward still to run."""
+    marked = []
+    monkeypatch.setattr(cudagraphs, "_set_error", lambda s: marked.append(s.data_ptr()))
+    pool = cudagraphs.Pool()
+    act, seed = torch.randn(7, 3), torch.tensor(0)
+    rec = cudagraphs.Recording(None, [], [], set(), [act, act[1:], seed], pool, saved={1, 2}, seeds={2})
+    assert [spec.kind for spec in rec.layout] == ["owned", "owned", "const"], rec.layout
+    assert rec.held_bytes == 7 * 3 * 4 and rec.owned_ptrs == {act.untyped_storage().data_ptr()}
+    out, saved, handed_seed = rec.hand_out([])
+    assert handed_seed is seed and handed_seed.item() == 0
+    assert torch.equal(saved, act[1:]) and saved.data_ptr() == act[1:].data_ptr()
+    assert pool.pending_backward()
+    del out, saved
+    assert not pool.pending_backward(), "the seed alone kept a backward pending"
+    assert pool.start_step() == 0 and marked == [] and handed_seed.item() == 0
 
 
 def test_input_roles_from_aotautograds_metadata():
@@ -354,7 +463,7 @@ def stand_in(monkeypatch):
         return graph, graph.outputs
 
     monkeypatch.setattr(cudagraphs, "_interpreting", lambda: False)
-    monkeypatch.setattr(cudagraphs, "call_blockers", lambda args, interpreting: [])
+    monkeypatch.setattr(cudagraphs, "call_blockers", lambda args, interpreting, seeds=(): [])
     monkeypatch.setattr(cudagraphs, "capture_cuda_graph", capture)
     # the CPU build cannot make a storage raise on access: an invalidation is a no-op here (the tests of which
     # storages are invalidated put their own recorder in; the GPU tests read an invalidated output)
@@ -519,6 +628,116 @@ def test_a_forward_is_not_replayed_while_its_backward_is_pending(stand_in):
     assert any("outputs of this step's earlier replays are still in use" in r for r in bw["uncaptured"]), bw
 
 
+class _CausalSelfAttention(nn.Module):
+    """A pre-norm causal self-attention block through F.scaled_dot_product_attention (which the attention pass
+    makes tilefuse::attention_fwd, and its backward attention_bwd) with a residual and a head."""
+
+    def __init__(self, d=12, heads=2, d_out=5, dropout_p=0.0):
+        super().__init__()
+        self.heads, self.dropout_p = heads, dropout_p
+        self.norm = nn.LayerNorm(d)
+        self.qkv = nn.Linear(d, 3 * d)
+        self.head = nn.Linear(d, d_out)
+
+    def forward(self, x):
+        b, t, d = x.shape
+        q, k, v = self.qkv(self.norm(x)).view(b, t, 3, self.heads, d // self.heads).permute(2, 0, 3, 1, 4)
+        y = nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True,
+                                                       dropout_p=self.dropout_p if self.training else 0.0)
+        return self.head(x + y.transpose(1, 2).reshape(b, t, d))
+
+
+def _spy_runners(monkeypatch) -> dict:
+    """kind -> the runner made for that kind of graph."""
+    made = {}
+    real = cudagraphs.runner_for
+
+    def spy(compiled, gm, kind, pool):
+        made[kind] = real(compiled, gm, kind, pool)
+        return made[kind]
+
+    monkeypatch.setattr(cudagraphs, "runner_for", spy)
+    return made
+
+
+def _poison_what_the_graphs_write():
+    """NaN into every floating output a recording owns (what a replay must write), so that an output handed out
+    over memory the replay did not write shows. Nothing else: not the parameters, not the seeds (outputs no
+    replay writes)."""
+    with torch.no_grad():
+        for pool in list(cudagraphs._POOLS):
+            for rec in pool.recordings:
+                for spec, out in zip(rec.layout, rec.outputs):
+                    if spec.kind == "owned" and out.is_floating_point():
+                        out.detach().fill_(float("nan"))
+
+
+def test_training_with_attention_records_forward_and_backward_and_matches_float64(stand_in, monkeypatch):
+    """A training step with attention: the forward returns the attention's seed (a CPU tensor, saved for the
+    backward) and the backward takes it as an input. With no dropout both graphs are recorded once and replayed,
+    and each step's loss and gradients are a float64 eager copy's at the same parameters. The arguments are
+    judged as on a GPU: every tensor a CUDA tensor but the seeds, which stay CPU tensors."""
+    monkeypatch.setattr(torch._C, cudagraphs._STORAGE_ERROR, lambda *a: None, raising=False)
+    cuda = _fake_cuda(1)
+
+    def as_on_a_gpu(args, interpreting, seeds=()):
+        def seed_like(a):
+            return a.device.type == "cpu" and a.dim() == 0 and a.dtype == torch.int64
+        args = [a if not isinstance(a, torch.Tensor) or seed_like(a) else cuda for a in args]
+        return _CALL_BLOCKERS(args, interpreting=interpreting, seeds=seeds)
+
+    monkeypatch.setattr(cudagraphs, "call_blockers", as_on_a_gpu)
+    runners = _spy_runners(monkeypatch)
+    model = _CausalSelfAttention()
+    compiled = torch.compile(model, backend="tilefuse", mode="reduce-overhead")
+    opt = torch.optim.SGD(model.parameters(), lr=0.2)
+    steps = 4
+    for step in range(steps):
+        x, target = torch.randn(3, 11, 12), torch.randn(3, 11, 5)
+        opt.zero_grad()
+        ref = copy.deepcopy(model).double()
+        ref_loss = nn.functional.mse_loss(ref(x.double()), target.double())
+        ref_loss.backward()
+        _poison_what_the_graphs_write()
+        loss = nn.functional.mse_loss(compiled(x), target)
+        loss.backward()
+        assert rel_error(loss.detach(), ref_loss.detach()) <= ATTENTION_TOL, f"step {step}: {loss} vs {ref_loss}"
+        for (name, p), q in zip(model.named_parameters(), ref.parameters()):
+            assert rel_error(p.grad, q.grad) <= ATTENTION_TOL, f"step {step}: gradient of {name}"
+        opt.step()
+    fw, = _runner_stats("forward")
+    bw, = _runner_stats("backward")
+    # step 0 is the warm-up; step 1 records (and replays once); the others replay
+    for r in (fw, bw):
+        assert r["captured"] and (r["recordings"], r["rerecordings"], r["replays"]) == (1, 0, steps - 1), r
+        assert not r["uncaptured"], r
+    # the forward hands out its recording's seed; the backward reads that tensor where it is, not copied
+    fw_runner, bw_runner = runners["forward"], runners["backward"]
+    (j,), (k,) = fw_runner.seed_outputs, bw_runner.seed_inputs
+    fw_rec, = [rec for recs in fw_runner.recordings.values() for rec in recs]
+    bw_rec, = [rec for recs in bw_runner.recordings.values() for rec in recs]
+    seed = fw_rec.outputs[j]
+    assert fw_rec.layout[j].kind == "const" and fw_rec.layout[j].value is seed and seed.device.type == "cpu"
+    assert bw_rec.inputs[k] is seed and k not in bw_rec.static and k not in dict(bw_rec.copied)
+
+
+def test_training_with_attention_dropout_runs_uncaptured_and_says_why(stand_in):
+    """With dropout a replay would reuse the recording's seed (the same mask every step): forward and backward
+    run uncaptured at every call, with that reason."""
+    model = _CausalSelfAttention(dropout_p=0.3)
+    compiled = torch.compile(model, backend="tilefuse", mode="reduce-overhead")
+    for _ in range(3):
+        loss = compiled(torch.randn(2, 9, 12)).square().mean()
+        loss.backward()
+        assert torch.isfinite(loss)
+    for kind in ("forward", "backward"):
+        r, = _runner_stats(kind)
+        assert not r["captured"] and r["replays"] == 0, r
+        (reason, calls), = r["uncaptured"].items()
+        assert re.search(r"attention_(fwd|bwd)\.default\) has dropout \(dropout_p=0\.3\).*same dropout mask",
+                         reason) and calls == 3, r
+
+
 def test_new_shapes_record_new_graphs_up_to_the_limit(stand_in, monkeypatch):
     monkeypatch.setattr(cudagraphs, "MAX_RECORDINGS", 2)
     model = _mlp()
@@ -581,6 +800,46 @@ def test_gpu_training_loop_captured_equals_uncaptured():
         r, = _runner_stats(kind)
         assert r["captured"] and r["recordings"] == 1 and r["replays"] == 2 and not r["uncaptured"], r
     assert cc.compiler_module().stats()["cudagraph_pool_bytes"] > 0
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dropout_p", [0.0, 0.2], ids=["no-dropout", "dropout"])
+def test_gpu_training_with_attention_captured_equals_uncaptured(dropout_p):
+    """A training loop with attention: without dropout the forward (which returns the attention's seed, a CPU
+    tensor) and the backward (which takes it) are recorded and replayed, and give the uncaptured run's losses
+    and parameters; with dropout both run uncaptured, saying why."""
+    torch.manual_seed(9)
+    base = _CausalSelfAttention(d=64, heads=4, d_out=33, dropout_p=dropout_p).cuda()
+    batches = [(torch.randn(5, 129, 64, device="cuda"), torch.randn(5, 129, 33, device="cuda")) for _ in range(4)]
+
+    def train(model, compiled):
+        opt = torch.optim.SGD(model.parameters(), lr=0.2)  # (not Adam: it turns rounding noise into steps)
+        losses = []
+        for x, target in batches:
+            opt.zero_grad()
+            loss = nn.functional.mse_loss(compiled(x), target)
+            loss.backward()
+            opt.step()
+            losses.append(loss.detach().clone())
+        return losses
+
+    plain, graphed = copy.deepcopy(base), copy.deepcopy(base)
+    ref = train(plain, torch.compile(plain, backend="tilefuse"))
+    torch._dynamo.reset()
+    got = train(graphed, torch.compile(graphed, backend="tilefuse", mode="reduce-overhead"))
+    rows = {kind: _runner_stats(kind) for kind in ("forward", "backward")}
+    if dropout_p:
+        assert all(torch.isfinite(loss) for loss in got), got
+        for kind, (r,) in rows.items():
+            assert not r["captured"] and r["replays"] == 0, r
+            assert list(r["uncaptured"]) and all("has dropout (dropout_p=0.2)" in why for why in r["uncaptured"]), r
+        return
+    for step, (a, b) in enumerate(zip(got, ref)):
+        assert rel_error(a, b) <= ATTENTION_TOL, f"step {step}: {a.item()} vs {b.item()}"
+    for p, q in zip(graphed.parameters(), plain.parameters()):
+        assert rel_error(p.detach(), q.detach()) <= ATTENTION_TOL
+    for kind, (r,) in rows.items():
+        assert r["captured"] and (r["recordings"], r["replays"]) == (1, 3) and not r["uncaptured"], r
 
 
 @pytest.mark.gpu

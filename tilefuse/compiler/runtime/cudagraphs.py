@@ -7,11 +7,19 @@ What a :class:`GraphRunner` (one per compiled forward, backward or inference gra
 
 1. **Can it be captured at all?** :func:`capture_blockers` (a pure function of the FX graph, the static input
    set and, per call, the arguments) names what stops it: the interpreter, CPU tensors, a value read from
-   tensor data (``item()``: a sync and data-dependent sizes), an op that syncs or returns a CPU tensor (but
-   the attention forward's seed without dropout, unread: :func:`_replayable_cpu_output`), an input that is
-   neither a parameter nor a buffer and is mutated in place. Such a graph (or such a call)
-   runs uncaptured; the reason is counted in ``stats()["cudagraphs"]``, shown by ``explain`` and logged at
-   ``TILEFUSE_DEBUG=1``.
+   tensor data (``item()``: a sync and data-dependent sizes), an op that syncs or returns a CPU tensor, an
+   attention with dropout, an input that is neither a parameter nor a buffer and is mutated in place. Such a
+   graph (or such a call) runs uncaptured; the reason is counted in ``stats()["cudagraphs"]``, shown by
+   ``explain`` and logged at ``TILEFUSE_DEBUG=1``.
+
+   One CPU tensor is let through, forward and backward, so that a training step with attention is captured:
+   the attention forward's dropout seed (drawn on the host, a 0-d CPU tensor) without dropout. It is then the
+   constant 0 and the backward's kernels never read it. A forward may return it (saved for the backward) but
+   not read it (:func:`_replayable_cpu_output`); a replay hands out the recording's seed tensor itself
+   (:func:`seed_outputs`). A backward may take it as an input read only as the seed of an attention backward
+   (:func:`seed_inputs`); the recording passes it as it is, neither copied into a buffer nor static. With
+   dropout a replay would reuse the recording's seed, the same mask every step: the graph runs uncaptured
+   (decision 037).
 2. **Warm-up**: the first call of each input signature (shapes, strides, dtypes, non-tensor values) runs
    uncaptured: Triton compiles, ATen initialises cuBLAS, launchers bind, none of which may happen while
    capturing.
@@ -19,8 +27,8 @@ What a :class:`GraphRunner` (one per compiled forward, backward or inference gra
    forward, backward and inference graphs, so the backward reuses the blocks the forward freed), then replay.
    Static inputs (parameters and buffers, AOTAutograd's ``static_input_indices``; in a backward, parameters
    and the forward's saved tensors that live in this pool) are used in place: a replay needs them at the
-   address they were recorded at, and a parameter that moved records again. Every other input is copied
-   into a buffer the recording owns.
+   address they were recorded at, and a parameter that moved records again. Every other input (but an
+   attention seed, item 1) is copied into a buffer the recording owns.
 4. **Replay**: copy the non-static inputs, ``replay()``, hand out fresh tensors over the recorded outputs.
 
 A new signature (a new shape) records a new graph, up to :data:`MAX_RECORDINGS` a compiled graph; past it,
@@ -39,7 +47,7 @@ from __future__ import annotations
 import dataclasses
 import operator
 import weakref
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Collection, Sequence
 
 import torch
 
@@ -97,29 +105,74 @@ def _mutated_placeholder(node: torch.fx.Node) -> list:
     return out
 
 
-def _replayable_cpu_output(n: torch.fx.Node) -> bool:
-    """Whether the CPU tensor ``n`` makes is one a replay may leave as the recording made it: the attention
-    forward's seed (``tilefuse::attention_fwd`` returns the dropout seed it drew on the host as a 0-d CPU tensor)
-    when there is no dropout, so the seed is the constant 0, and nothing in the graph reads or returns it (an
-    inference graph; a training forward returns it for its backward). With dropout a replay would reuse the
-    recording's seed, the same dropout mask every step."""
-    if _ATTENTION_FWD is None or n.target is not _ATTENTION_FWD:
-        return False
-    dropout_p = n.args[10] if len(n.args) > 10 else n.kwargs.get("dropout_p", 0.0)
-    if dropout_p != 0 or not all(u.target is operator.getitem for u in n.users):
-        return False
-    return not any(u.args[1] == 2 and u.users for u in n.users)
-
-
-def _attention_fwd():
+def _seed_ops() -> tuple[frozenset, frozenset]:
     try:
-        from ...kernels.attention import ops  # noqa: F401  (registers tilefuse::attention_fwd)
+        from ...kernels.attention import ops, ops_score_mod  # noqa: F401  (register the tilefuse:: attention ops)
     except Exception:  # noqa: BLE001 - the attention family unavailable: no such node in any graph
+        return frozenset(), frozenset()
+    t = torch.ops.tilefuse
+    return (frozenset({t.attention_fwd.default, t.attention_mod_fwd.default}),
+            frozenset({t.attention_bwd.default, t.attention_mod_bwd.default}))
+
+
+# The attention family's ops that draw a dropout seed on the host and return it as their third output, a 0-d
+# CPU tensor (0 without dropout), and the backwards that take it as their ``seed`` argument.
+_SEED_FORWARDS, _SEED_BACKWARDS = _seed_ops()
+_SEED_OUTPUT = 2
+
+
+def _arg(n: torch.fx.Node, name: str):
+    names = [a.name for a in n.target._schema.arguments]
+    k = names.index(name)
+    return n.args[k] if k < len(n.args) else n.kwargs.get(name)
+
+
+def _no_dropout(n: torch.fx.Node) -> bool:
+    p = _arg(n, "dropout_p")
+    return isinstance(p, (int, float)) and p == 0
+
+
+def _dropout_reason(n: torch.fx.Node) -> str | None:
+    """Why an attention op with dropout keeps its graph uncaptured (None: not such an op)."""
+    if (n.target not in _SEED_FORWARDS and n.target not in _SEED_BACKWARDS) or _no_dropout(n):
         return None
-    return torch.ops.tilefuse.attention_fwd.default
+    return (f"{n.name} ({_op_name(n.target)}) has dropout (dropout_p={_arg(n, 'dropout_p')}): its seed is drawn on "
+            f"the host at each call, and a replay would reuse the recording's, the same dropout mask every step")
 
 
-_ATTENTION_FWD = _attention_fwd()
+def _replayable_cpu_output(n: torch.fx.Node) -> bool:
+    """Whether the CPU tensor ``n`` makes is one a replay may hand out as the recording made it: the attention
+    forward's seed when there is no dropout, so that it is the constant 0, and no op of the graph reads it (an
+    inference graph leaves it unread; a training forward returns it, saved for its backward, whose kernels do
+    not read it without dropout)."""
+    if n.target not in _SEED_FORWARDS or not _no_dropout(n):
+        return False
+    if not all(u.target is operator.getitem for u in n.users):
+        return False
+    return all(u.args[1] != _SEED_OUTPUT or all(w.op == "output" for w in u.users) for u in n.users)
+
+
+def seed_outputs(gm: torch.fx.GraphModule) -> frozenset:
+    """The output positions of ``gm`` that are an attention forward's seed a replay may hand out as recorded
+    (:func:`_replayable_cpu_output`): a training forward's seeds, saved for the backward."""
+    returned = next(n for n in gm.graph.nodes if n.op == "output").args[0]
+    returned = returned if isinstance(returned, (list, tuple)) else [returned]
+    return frozenset(j for j, v in enumerate(returned)
+                     if isinstance(v, torch.fx.Node) and v.target is operator.getitem and v.args[1] == _SEED_OUTPUT
+                     and isinstance(v.args[0], torch.fx.Node) and _replayable_cpu_output(v.args[0]))
+
+
+def seed_inputs(gm: torch.fx.GraphModule) -> frozenset:
+    """The input positions of ``gm`` read only as the ``seed`` of an attention backward without dropout (a
+    training backward's seeds, which the forward drew and saved): a CPU tensor there does not stop a capture,
+    since those kernels do not read the seed, and a replay leaves it as recorded."""
+    def only_as_seed(n: torch.fx.Node, p: torch.fx.Node) -> bool:
+        if n.target not in _SEED_BACKWARDS or not _no_dropout(n) or _arg(n, "seed") is not p:
+            return False
+        return sum(a is p for a in (*n.args, *n.kwargs.values())) == 1
+
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    return frozenset(k for k, p in enumerate(placeholders) if p.users and all(only_as_seed(u, p) for u in p.users))
 
 
 def _has_unbacked(val) -> bool:
@@ -145,6 +198,10 @@ def graph_blockers(gm: torch.fx.GraphModule, static: Sequence[int]) -> list[str]
             reasons.append(f"{n.name} ({_op_name(n.target)}) synchronises with the host or has a data-dependent "
                            f"size")
             continue
+        dropout = _dropout_reason(n)
+        if dropout is not None:
+            reasons.append(dropout)
+            continue
         val = n.meta.get("val")
         if _has_unbacked(val):
             reasons.append(f"{n.name} ({_op_name(n.target)}) has data-dependent sizes")
@@ -163,12 +220,13 @@ def graph_blockers(gm: torch.fx.GraphModule, static: Sequence[int]) -> list[str]
     return list(dict.fromkeys(reasons))
 
 
-def call_blockers(args: Sequence[Any], *, interpreting: bool) -> list[str]:
-    """Why a call with these arguments cannot be captured (empty: it can)."""
+def call_blockers(args: Sequence[Any], *, interpreting: bool, seeds: Collection[int] = ()) -> list[str]:
+    """Why a call with these arguments cannot be captured (empty: it can). ``seeds``: the positions of attention
+    seeds a replay may leave as recorded (:func:`seed_inputs`), which may be CPU tensors."""
     if interpreting:
         return ["Triton's interpreter runs the kernels (no CUDA device): there is nothing to capture"]
     reasons = []
-    tensors = [(k, a) for k, a in enumerate(args) if isinstance(a, torch.Tensor)]
+    tensors = [(k, a) for k, a in enumerate(args) if isinstance(a, torch.Tensor) and k not in seeds]
     for k, a in tensors:
         if a.device.type != "cuda":
             reasons.append(f"input {k} is a {a.device.type.upper()} tensor (a CUDA graph captures CUDA work only)")
@@ -184,7 +242,7 @@ def call_blockers(args: Sequence[Any], *, interpreting: bool) -> list[str]:
 def capture_blockers(gm: torch.fx.GraphModule, args: Sequence[Any], static: Sequence[int] = (), *,
                      interpreting: bool) -> list[str]:
     """Every reason the graph ``gm`` called with ``args`` runs uncaptured (empty: it is recorded)."""
-    return call_blockers(args, interpreting=interpreting) + graph_blockers(gm, static)
+    return call_blockers(args, interpreting=interpreting, seeds=seed_inputs(gm)) + graph_blockers(gm, static)
 
 
 def signature(args: Sequence[Any], positions: Sequence[int] | None = None) -> tuple:
@@ -265,8 +323,8 @@ def pools_held_bytes() -> int:
 
 @dataclasses.dataclass
 class _Out:
-    kind: str  # "const" | "input" (input ``index`` itself) | "input view" (a view of it) | "owned" (a view of
-    # owned storage ``index``)
+    kind: str  # "const" (``value`` itself: not a tensor, or an attention seed) | "input" (input ``index`` itself) |
+    # "input view" (a view of it) | "owned" (a view of owned storage ``index``)
     index: int = 0
     value: Any = None
     size: tuple = ()
@@ -279,7 +337,8 @@ class _Out:
 class Recording:
     """One recorded CUDA graph: its static inputs, input buffers and outputs."""
 
-    def __init__(self, graph, inputs: list, spans: list, static: set, outputs, pool: Pool, saved: set):
+    def __init__(self, graph, inputs: list, spans: list, static: set, outputs, pool: Pool, saved: set,
+                 seeds: Collection[int] = ()):
         self.graph = graph
         self.inputs = inputs  # per position: the tensor the graph reads (the caller's, or a buffer of ours)
         self.static = static
@@ -294,7 +353,10 @@ class Recording:
             storages.setdefault(_storage_key(inputs[k]), inputs[k])
         self.layout: list[_Out] = []
         for j, out in enumerate(outputs):
-            if not isinstance(out, torch.Tensor):
+            # an attention seed (``seeds``, :func:`seed_outputs`): a 0-d CPU tensor holding 0, which a replay
+            # neither writes nor frees; the recording's own tensor is handed out, so it is not pool memory, nor
+            # invalidated at the next step, nor a backward still to run
+            if not isinstance(out, torch.Tensor) or j in seeds:
                 self.layout.append(_Out("const", value=out))
                 continue
             ptr = _storage_key(out)
@@ -419,6 +481,8 @@ class GraphRunner:
         self.static = set(static)  # parameters and buffers
         self.maybe_static = set(maybe_static)  # a backward's saved inputs: static when they live in the pool
         self.saved = set(saved)  # a forward's outputs saved for the backward
+        self.seed_inputs = seed_inputs(gm)  # attention seeds (CPU tensors): read where they are, not copied
+        self.seed_outputs = seed_outputs(gm)  # attention seeds: the recording's tensor handed out
         self.capture = capture or capture_cuda_graph
         self.interpreting = _interpreting() if interpreting is None else interpreting
         reasons = call_blockers((), interpreting=True)[:1] if self.interpreting else []
@@ -465,7 +529,7 @@ class GraphRunner:
         elif self.calls.get(key, 0) < WARMUP_CALLS:
             self.calls[key] = self.calls.get(key, 0) + 1
             return self.run(args)
-        reasons = call_blockers(args, interpreting=False)
+        reasons = call_blockers(args, interpreting=False, seeds=self.seed_inputs)
         if reasons:
             self.refused[key] = "; ".join(reasons)
             self._uncaptured(self.refused[key])
@@ -507,7 +571,9 @@ class GraphRunner:
         inputs, spans = [], []
         with torch.no_grad():
             for k, a in enumerate(args):
-                if isinstance(a, torch.Tensor) and k not in static:
+                # an attention seed is passed as it is: a CPU tensor, which no CUDA buffer may hold and a replay
+                # does not read (a forward's seed is no storage of the pool, so it is not static either)
+                if isinstance(a, torch.Tensor) and k not in static and k not in self.seed_inputs:
                     span = torch.empty(_extent(a), dtype=a.dtype, device=a.device)
                     _copy_span(span, a)
                     spans.append((k, span))
@@ -522,7 +588,7 @@ class GraphRunner:
             self.refused[key] = reason
             self._uncaptured(reason)
             return self.run(args)
-        rec = Recording(graph, inputs, spans, static, list(outputs), self.pool, self.saved)
+        rec = Recording(graph, inputs, spans, static, list(outputs), self.pool, self.saved, self.seed_outputs)
         self.recordings.setdefault(key, []).append(rec)
         report = self.report
         report.recordings += 1
