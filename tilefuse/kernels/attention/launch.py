@@ -3,15 +3,18 @@
 Everything here takes already-checked arguments (:mod:`.checks`). Outputs are allocated in the memory
 layout of their input (``empty_like``): a ``q`` that is a (B, S, H, D) buffer viewed as (B, H, S, D) gets an
 output laid out the same way, so a model's ``out.transpose(1, 2).reshape(B, S, H * D)`` is free.
+
+Each launch goes through a kept launch site (:func:`site`): the first call of a site compiles through Triton's
+JIT, later calls go to the kept kernel's C launcher (:class:`tilefuse.kernels.launcher.SiteLauncher`).
 """
 from __future__ import annotations
 
 import dataclasses
 
 import torch
-import triton
 
 from ... import device
+from ..launcher import SiteLauncher
 from . import configs, tuning
 from .checks import Params
 from .kernels import (LN2, attn_bwd_dkdv_kernel, attn_bwd_dq_kernel, attn_bwd_preprocess_kernel,
@@ -24,6 +27,19 @@ DECODE_MAX_ROWS = 64
 DECODE_PROGRAMS_PER_SM = 2
 MIN_TILES_PER_SPLIT = 4
 COMBINE_ROWS = 16
+# Plans kept for calls without overrides (plan_forward): one a distinct call shape, then start again. A model
+# has a handful (a decode loop over a growing cache one a key length); the bound only caps a long-running
+# process that sees ever new shapes.
+PLAN_CACHE_MAX = 256
+# Launch sites kept (site): a site holds one compiled kernel for one grid and its constexprs. GPT-2's decode
+# on an H100 uses one forward site a split count (1 to 22: 2 programs a SM over 12 heads) and one combine
+# site, a prefill one a row-block count: 256 is ~10x a decode loop's sites, and bounds a process that sees ever
+# new grids. A clear costs each site one JIT launch again (~40 us), not a compile (Triton keeps its kernels).
+SITE_CACHE_MAX = 256
+# The forward's and backward's trailing varlen parameters, switched off (``varlen`` passes its own): given with
+# the constexprs, so that the constexprs are a kernel's trailing parameters, as a SiteLauncher binds them. None
+# is a constexpr to Triton, so the C launcher skips these as it skips the constexprs.
+NO_VARLEN = {"cu_q_ptr": None, "cu_k_ptr": None, "VARLEN": 0}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -34,13 +50,24 @@ class Plan:
     num_splits: int
 
 
+_part_of: list = [None, None]  # [device, its facts]: Device.capability parses the arch name (~0.5 us)
+
+
 def _part():
     dev = device.current()
-    return dev.interpreter, dev.vendor, dev.capability, dev.multiprocessors
+    if _part_of[0] is not dev:
+        _part_of[:] = dev, (dev.interpreter, dev.vendor, dev.capability, dev.multiprocessors)
+    return _part_of[1]
+
+
+def _cdiv(a: int, b: int) -> int:
+    # triton.cdiv and triton.next_power_of_2 are ConstexprFunctions in Triton 3.6: ~2 us a call on the host,
+    # ~10 of them a forward call
+    return -(a // -b)
 
 
 def block_d(D: int) -> int:
-    return max(16, triton.next_power_of_2(D))
+    return max(16, 1 << (D - 1).bit_length())
 
 
 def kernel_space(kernel: str, D: int, dtype: torch.dtype) -> tuple[configs.AttentionConfig, ...]:
@@ -53,10 +80,30 @@ def kernel_config(kernel: str, D: int, dtype: torch.dtype) -> configs.AttentionC
     return kernel_space(kernel, D, dtype)[0]
 
 
+_plans: dict[tuple, Plan] = {}
+
+
 def plan_forward(p: Params, dtype: torch.dtype, *, num_splits: int | None = None, pack_gqa: bool | None = None,
                  config: configs.AttentionConfig | None = None) -> Plan:
     """Prefill: one program a (row block, batch, head). Decode (few rows, no dropout): the GQA group's rows
-    packed into one program per KV head, the KV length split over enough programs to fill the part."""
+    packed into one program per KV head, the KV length split over enough programs to fill the part.
+
+    Without overrides the plan is kept under (Params, dtype, the part's facts): a decode step's 12 calls of one
+    shape compute it once (~15 us of host time each otherwise). Not with dropout: its seed, drawn every call, is
+    a field of Params, so no key would come again."""
+    if num_splits is not None or pack_gqa is not None or config is not None or p.dropout_p > 0:
+        return _plan(p, dtype, num_splits, pack_gqa, config)
+    key = (p, dtype, _part())
+    plan = _plans.get(key)
+    if plan is None:
+        plan = _plan(p, dtype, None, None, None)
+        if len(_plans) >= PLAN_CACHE_MAX:
+            _plans.clear()
+        _plans[key] = plan
+    return plan
+
+
+def _plan(p: Params, dtype: torch.dtype, num_splits, pack_gqa, config) -> Plan:
     rows_packed = p.Sq * p.group
     decode = p.dropout_p == 0.0 and rows_packed <= DECODE_MAX_ROWS
     if pack_gqa is None:
@@ -66,13 +113,13 @@ def plan_forward(p: Params, dtype: torch.dtype, *, num_splits: int | None = None
     if config is None:
         config = kernel_config("decode" if decode else "fwd", p.D, dtype)
     rows = rows_packed if pack_gqa else p.Sq
-    tiles = triton.cdiv(p.Sk, config.block_n)
+    tiles = _cdiv(p.Sk, config.block_n)
     if num_splits is None:
         num_splits = 1
         if decode:
             _, _, _, sms = _part()
-            programs = triton.cdiv(rows, config.block_m) * p.B * (p.H_kv if pack_gqa else p.H)
-            want = triton.cdiv(DECODE_PROGRAMS_PER_SM * sms, programs)
+            programs = _cdiv(rows, config.block_m) * p.B * (p.H_kv if pack_gqa else p.H)
+            want = _cdiv(DECODE_PROGRAMS_PER_SM * sms, programs)
             num_splits = max(1, min(want, tiles // MIN_TILES_PER_SPLIT))
     if num_splits < 1:
         raise ValueError(f"num_splits={num_splits}: accepted values are ints >= 1")
@@ -110,15 +157,65 @@ def _aux(q, mask, alibi):
     return m, ms, a, as_
 
 
+# ------------------------------------------------------------------------------------------ launch sites
+_sites: dict[tuple, SiteLauncher] = {}
+
+
+def site_key(kernel, grid: tuple, tensors: tuple, constexprs: dict, options: dict, real: tuple = ()) -> tuple:
+    """What the kernel a site keeps was compiled for, beyond what the site checks at each call itself (each
+    tensor's 16-byte alignment, each integer's specialisation class): the kernel, the grid, every constexpr and
+    launch option (names and values), the dtype of every tensor argument, which optional tensors are real
+    (``real``: the mask and the ALiBi slopes, where ``q`` stands in for an absent one) and the device index."""
+    return (kernel, grid, tuple(constexprs.items()), tuple(options.items()), tuple(t.dtype for t in tensors),
+            real, tensors[0].get_device())
+
+
+def site(kernel, grid: tuple, tensors: tuple, constexprs: dict, options: dict, real: tuple = ()) -> SiteLauncher:
+    """The kept launch site of a launch (:func:`site_key`); call it with the kernel's runtime arguments, in
+    order, ``tensors`` first. A site takes the JIT path itself where it must (interpreter, profiler hooks, an
+    argument of another specialisation)."""
+    key = site_key(kernel, grid, tensors, constexprs, options, real)
+    found = _sites.get(key)
+    if found is None:
+        if len(_sites) >= SITE_CACHE_MAX:
+            _sites.clear()
+        found = _sites[key] = SiteLauncher(kernel, grid, options, constexprs)
+    return found
+
+
+def _options(cfg: configs.AttentionConfig, p: Params, vendor: str) -> dict:
+    return dict(**cfg.launch_options(vendor), **dict(p.launch_options))
+
+
+# ------------------------------------------------------------------------------------------------ forward
+_tuning_inputs: dict[tuple, tuple] = {}
+
+
+def _call_plan(q, k, v, p: Params, mask, alibi) -> Plan:
+    """The plan of a call that gives none: :func:`plan_forward`'s, with a prefill's config tuned on a GPU
+    (:func:`tuning.choose`, which remembers its decisions). The tuning key and space are kept a (Params, dtype,
+    device): building them cost ~15 us of host time a call, and a decode of one split (GPT-2's 520-key cache on
+    an H100) takes this path too."""
+    plan = plan_forward(p, q.dtype)
+    if plan.num_splits == 1 and not plan.pack_gqa and tuning.tuning_enabled():
+        memo = (p, q.dtype, device.current())
+        found = _tuning_inputs.get(memo)
+        if found is None:
+            found = (tuning.key_of("fwd", p, q.dtype, block_d(p.D)), kernel_space("fwd", p.D, q.dtype))
+            if p.dropout_p == 0:  # (a dropout seed, drawn every call, is a field of Params: no key comes again)
+                if len(_tuning_inputs) >= PLAN_CACHE_MAX:
+                    _tuning_inputs.clear()
+                _tuning_inputs[memo] = found
+        cfg = tuning.choose(found[0], found[1], lambda c: forward(q, k, v, p, mask, alibi, Plan(c, False, 1)))
+        plan = Plan(cfg, False, 1)
+    return plan
+
+
 def forward(q, k, v, p: Params, mask=None, alibi=None, plan: Plan | None = None):
     """(out, lse2): ``out`` like ``q``; ``lse2`` (B*H, Sq) fp32 in log2 units (-inf for rows with nothing
     visible). Without a ``plan``, the config of a prefill is tuned on a GPU (:mod:`.tuning`)."""
     if plan is None:
-        plan = plan_forward(p, q.dtype)
-        if plan.num_splits == 1 and not plan.pack_gqa and tuning.tuning_enabled():
-            cfg = tuning.choose(tuning.key_of("fwd", p, q.dtype, block_d(p.D)), kernel_space("fwd", p.D, q.dtype),
-                                lambda c: forward(q, k, v, p, mask, alibi, Plan(c, False, 1)))
-            plan = Plan(cfg, False, 1)
+        plan = _call_plan(q, k, v, p, mask, alibi)
     cfg = plan.config
     out = torch.empty_like(q)
     lse2 = torch.empty((p.B * p.H, p.Sq), dtype=torch.float32, device=q.device)
@@ -127,9 +224,9 @@ def forward(q, k, v, p: Params, mask=None, alibi=None, plan: Plan | None = None)
     m, ms, a, as_ = _aux(q, mask, alibi)
     rows = p.Sq * p.group if plan.pack_gqa else p.Sq
     grid_bh = p.B * (p.H_kv if plan.pack_gqa else p.H)
-    visible_tiles = max(1, triton.cdiv(p.Sk, cfg.block_n))
-    tiles_per_split = triton.cdiv(visible_tiles, plan.num_splits)
-    splits = triton.cdiv(visible_tiles, tiles_per_split)
+    visible_tiles = max(1, _cdiv(p.Sk, cfg.block_n))
+    tiles_per_split = _cdiv(visible_tiles, plan.num_splits)
+    splits = _cdiv(visible_tiles, tiles_per_split)
     if splits > 1:
         o_buf = torch.empty((splits, p.B, p.H, p.Sq, p.D), dtype=torch.float32, device=q.device)
         l_buf = torch.empty((splits, p.B * p.H, p.Sq), dtype=torch.float32, device=q.device)
@@ -139,17 +236,18 @@ def forward(q, k, v, p: Params, mask=None, alibi=None, plan: Plan | None = None)
         o_buf, l_buf = out, lse2
         o_strides = out.stride() + (0,)
         l_stride = 0
-    grid = (triton.cdiv(rows, cfg.block_m), grid_bh, splits)
-    attn_fwd_kernel[grid](
-        q, k, v, o_buf, l_buf, m, a,
-        *q.stride(), *k.stride(), *v.stride(), *o_strides, l_stride, *ms, *as_,
-        p.H, p.Sq, p.Sk, tiles_per_split, *_score_args(p),
-        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, PACK_GQA=plan.pack_gqa, **_common_constexprs(p, q.dtype),
-        **cfg.launch_options(device.current().vendor), **dict(p.launch_options))
+    tensors = (q, k, v, o_buf, l_buf, m, a)
+    constexprs = dict(BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, PACK_GQA=plan.pack_gqa,
+                      **_common_constexprs(p, q.dtype), **NO_VARLEN)
+    fwd = site(attn_fwd_kernel, (_cdiv(rows, cfg.block_m), grid_bh, splits), tensors, constexprs,
+               _options(cfg, p, device.current().vendor), (mask is not None, alibi is not None))
+    fwd(*tensors, *q.stride(), *k.stride(), *v.stride(), *o_strides, l_stride, *ms, *as_,
+        p.H, p.Sq, p.Sk, tiles_per_split, *_score_args(p))
     if splits > 1:
-        attn_combine_kernel[(triton.cdiv(p.B * p.H * p.Sq, COMBINE_ROWS),)](
-            o_buf, l_buf, out, lse2, p.B * p.H, p.H, p.Sq, splits, *out.stride(),
-            HEAD_DIM=p.D, BLOCK_D=block_d(p.D), BLOCK_R=COMBINE_ROWS, num_warps=4)
+        parts = (o_buf, l_buf, out, lse2)
+        combine = site(attn_combine_kernel, (_cdiv(p.B * p.H * p.Sq, COMBINE_ROWS),), parts,
+                       dict(HEAD_DIM=p.D, BLOCK_D=block_d(p.D), BLOCK_R=COMBINE_ROWS), {"num_warps": 4})
+        combine(*parts, p.B * p.H, p.H, p.Sq, splits, *out.stride())
     return out, lse2
 
 
@@ -172,11 +270,13 @@ def backward(do, q, k, v, out, lse2, p: Params, mask=None, alibi=None, *, dkdv_c
     m, ms, a, as_ = _aux(q, mask, alibi)
     bd = block_d(p.D)
     vendor = device.current().vendor
+    real = (mask is not None, alibi is not None)
     delta = torch.empty((p.B * p.H, p.Sq), dtype=torch.float32, device=q.device)
     pre_rows = 64
-    attn_bwd_preprocess_kernel[(triton.cdiv(p.Sq, pre_rows), p.B * p.H)](
-        out, do, delta, p.H, p.Sq, *out.stride(), *do.stride(), HEAD_DIM=p.D, BLOCK_D=bd, BLOCK_M=pre_rows,
-        num_warps=4)
+    pre = (out, do, delta)
+    site(attn_bwd_preprocess_kernel, (_cdiv(p.Sq, pre_rows), p.B * p.H), pre,
+         dict(HEAD_DIM=p.D, BLOCK_D=bd, BLOCK_M=pre_rows), {"num_warps": 4})(
+        *pre, p.H, p.Sq, *out.stride(), *do.stride())
     atomic = atomic_dq
     if dkdv_config is None or (not atomic and dq_config is None):
         dkdv_config, dq_config = _tuned_backward_configs(do, q, k, v, out, lse2, p, mask, alibi, dkdv_config,
@@ -184,22 +284,24 @@ def backward(do, q, k, v, out, lse2, p: Params, mask=None, alibi=None, *, dkdv_c
     common = _common_constexprs(p, q.dtype)
     kv_cfg = dkdv_config
     dq_acc = torch.zeros((p.B, p.H, p.Sq, p.D), dtype=torch.float32, device=q.device) if atomic else dq
-    attn_bwd_dkdv_kernel[(triton.cdiv(p.Sk, kv_cfg.block_n), p.B * p.H_kv)](
-        q, k, v, do, dk, dv, dq_acc, lse2, delta, m, a,
-        *q.stride(), *k.stride(), *v.stride(), *do.stride(), *dk.stride(), *dv.stride(), *dq_acc.stride(),
-        *ms, *as_, p.H, p.Sq, p.Sk, *_score_args(p),
-        BLOCK_M=kv_cfg.block_m, BLOCK_N=kv_cfg.block_n, SCORE_MOD_GRAD=p.score_mod_grad, ATOMIC_DQ=atomic,
-        **common, **kv_cfg.launch_options(vendor), **dict(p.launch_options))
+    tensors = (q, k, v, do, dk, dv, dq_acc, lse2, delta, m, a)
+    constexprs = dict(BLOCK_M=kv_cfg.block_m, BLOCK_N=kv_cfg.block_n, SCORE_MOD_GRAD=p.score_mod_grad,
+                      ATOMIC_DQ=atomic, **common, **NO_VARLEN)
+    site(attn_bwd_dkdv_kernel, (_cdiv(p.Sk, kv_cfg.block_n), p.B * p.H_kv), tensors, constexprs,
+         _options(kv_cfg, p, vendor), real)(
+        *tensors, *q.stride(), *k.stride(), *v.stride(), *do.stride(), *dk.stride(), *dv.stride(),
+        *dq_acc.stride(), *ms, *as_, p.H, p.Sq, p.Sk, *_score_args(p))
     if atomic:
         dq.copy_(dq_acc)
     else:
         q_cfg = dq_config or kernel_config("bwd_dq", p.D, q.dtype)
-        attn_bwd_dq_kernel[(triton.cdiv(p.Sq, q_cfg.block_m), p.B * p.H)](
-            q, k, v, do, dq, lse2, delta, m, a,
-            *q.stride(), *k.stride(), *v.stride(), *do.stride(), *dq.stride(), *ms, *as_,
-            p.H, p.Sq, p.Sk, *_score_args(p),
-            BLOCK_M=q_cfg.block_m, BLOCK_N=q_cfg.block_n, SCORE_MOD_GRAD=p.score_mod_grad,
-            **common, **q_cfg.launch_options(vendor), **dict(p.launch_options))
+        tensors = (q, k, v, do, dq, lse2, delta, m, a)
+        constexprs = dict(BLOCK_M=q_cfg.block_m, BLOCK_N=q_cfg.block_n, SCORE_MOD_GRAD=p.score_mod_grad,
+                          **common, **NO_VARLEN)
+        site(attn_bwd_dq_kernel, (_cdiv(p.Sq, q_cfg.block_m), p.B * p.H), tensors, constexprs,
+             _options(q_cfg, p, vendor), real)(
+            *tensors, *q.stride(), *k.stride(), *v.stride(), *do.stride(), *dq.stride(), *ms, *as_,
+            p.H, p.Sq, p.Sk, *_score_args(p))
     return dq, dk, dv
 
 
@@ -238,6 +340,5 @@ def dropout_mask(seed: int, B: int, H: int, Sq: int, Sk: int, dropout_p: float, 
     dev = dev or device.torch_device()
     out = torch.empty((B, H, Sq, Sk), dtype=torch.uint8, device=dev)
     block = 1024
-    dropout_keep_kernel[(triton.cdiv(Sq * Sk, block), B * H)](out, H, Sq, Sk, float(dropout_p), int(seed),
-                                                             BLOCK=block)
+    dropout_keep_kernel[(_cdiv(Sq * Sk, block), B * H)](out, H, Sq, Sk, float(dropout_p), int(seed), BLOCK=block)
     return out.bool()
