@@ -350,7 +350,7 @@ def test_gpu_launch_path_host_time_a_kernel():
     print(f"host time {per_call * 1e6:.1f} us a call, {launches} launches: {us:.2f} us a launch; through the "
           f"bound functions {generic_call * 1e6:.1f} us a call; the C launcher alone, arguments prepared: "
           f"{floor:.2f} us ({own} of {launches} sites on our own launcher, kernels/fast_launch.py)")
-    assert us <= GPU_US_PER_LAUNCH, (f"{us:.2f} us of host time a launch (bar {GPU_US_PER_LAUNCH}); Triton's C "
+    assert us <= GPU_US_PER_LAUNCH, (f"{us:.2f} us of host time a launch (bar {GPU_US_PER_LAUNCH}); the C "
                                      f"launcher alone costs {floor:.2f} us on this host")
 
 

@@ -110,19 +110,19 @@ def _forward_sites(used, q, k, mask=None, causal=False, plan=None):
 def test_forward_sites_differ_where_the_kernel_does_and_are_kept_otherwise(used):
     """Through the forward on the interpreter: each pair has the same grid and differs in one thing the
     compiled kernel depends on; the same call again uses the same site."""
-    q, k = torch.randn(1, 2, 9, 16), torch.randn(1, 2, 40, 16)
+    q, k = torch.randn(1, 2, 9, 16), torch.randn(1, 2, 30, 16)  # one key tile: one split
     (plain,) = _forward_sites(used, q, k)
     assert _kernel_of(plain) == "attn_fwd_kernel"
     assert _forward_sites(used, torch.randn_like(q), torch.randn_like(k)) == [plain]
     assert len(launch._sites) == 1
-    mask = torch.rand(1, 1, 9, 40) > 0.3
+    mask = torch.rand(1, 1, 9, 30) > 0.3
     mask[..., 0] = True
     variants = {
         "fp16": _forward_sites(used, q.half(), k.half()),
         "bf16": _forward_sites(used, q.to(BF16), k.to(BF16)),
         "causal (BAND_HI)": _forward_sites(used, q, k, causal=True),
         "bool mask": _forward_sites(used, q, k, mask=mask),
-        "additive mask": _forward_sites(used, q, k, mask=torch.randn(1, 1, 9, 40)),
+        "additive mask": _forward_sites(used, q, k, mask=torch.randn(1, 1, 9, 30)),
         "8 warps": _forward_sites(used, q, k, plan=launch.Plan(configs.AttentionConfig(32, 32, 8, 1), False, 1)),
     }
     for name, (s,) in variants.items():
@@ -369,3 +369,14 @@ def test_every_kernel_keeps_its_constexprs_as_trailing_parameters():
         assert kernel.arg_names[-3:] == list(launch.NO_VARLEN)
     for kernel in (attn_combine_kernel, attn_bwd_preprocess_kernel):
         assert kernel.arg_names[-1] != "VARLEN"
+
+
+def test_a_short_decode_splits_its_keys_to_fill_the_part(monkeypatch):
+    """GPT-2's decode shape (12 heads, one row, 520 keys: five 128-key tiles) on a 132-SM part: one split would
+    leave 12 programs for 132 SMs, so the keys are split down to a tile each (decision 041)."""
+    monkeypatch.setattr(launch, "_part", lambda: (False, "nvidia", (9, 0), 132))
+    q = torch.empty(1, 12, 1, 64)
+    plan = launch._plan(_params(q, torch.empty(1, 12, 520, 64))[0], torch.bfloat16, None, None, None)
+    assert plan.config.block_n == 128 and plan.num_splits == 5, plan
+    long = launch._plan(_params(q, torch.empty(1, 12, 8192, 64))[0], torch.bfloat16, None, None, None)
+    assert long.num_splits == 22, long  # (2 programs an SM over 12 heads: the part is full before the tiles end)
