@@ -103,3 +103,25 @@ def noncontiguous(t: torch.Tensor) -> torch.Tensor:
 def transposed_copy(t: torch.Tensor) -> torch.Tensor:
     """The same values as ``t`` (2-D or batched) stored column-major: a transposed view of a contiguous tensor."""
     return t.transpose(-1, -2).contiguous().transpose(-1, -2)
+
+
+class CudaLauncher:
+    """Triton's C launcher of one kept kernel, faked (kernels/launcher.Direct takes the direct form by this class
+    name): each launch goes into a log, with the name of the site or kernel it launched."""
+
+    def __init__(self, log: list, name: str):
+        self.log, self.name = log, name
+        self.launch_cooperative_grid, self.launch_pdl = False, False
+        self.global_scratch_size, self.global_scratch_align = 0, 1
+        self.profile_scratch_size, self.num_ctas = 0, 1
+
+    def launch(self, *args):
+        self.log.append((self.name, args))
+
+
+class FakeKernel:
+    """What a kept launch site reads of a compiled kernel: its C launcher (faked, logging), function and metadata.
+    Our own launcher (kernels/fast_launch.py) refuses it (no signature, no metadata), so Triton's form is used."""
+
+    def __init__(self, log: list, name: str, function: int):
+        self.run, self.function, self.packed_metadata = CudaLauncher(log, name), function, ("meta", name)

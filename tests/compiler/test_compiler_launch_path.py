@@ -21,6 +21,7 @@ import triton
 from tilefuse.compiler import runtime
 
 from tests import compiler_checks as cc
+from tests.support import FakeKernel
 
 OVERHEAD_FACTOR = 3.0
 GPU_US_PER_LAUNCH = 5.0  # the issue's bar; Triton's generic launch path is ~9 us, a pre-bound launcher ~4.5
@@ -204,25 +205,6 @@ def test_a_cuda_wrapper_makes_its_device_current_and_restores_the_callers_even_o
     assert [type(st).__name__ for st in _statements(wrapped)] == ["Assign", "If", "Return"]
 
 
-class CudaLauncher:
-    """Triton's C launcher of one kept kernel, faked (Direct takes the direct form by this class name): each
-    launch goes into a log the graph's sites share."""
-
-    def __init__(self, log: list, site: str):
-        self.log, self.site = log, site
-        self.launch_cooperative_grid, self.launch_pdl = False, False
-        self.global_scratch_size, self.global_scratch_align = 0, 1
-        self.profile_scratch_size, self.num_ctas = 0, 1
-
-    def launch(self, *args):
-        self.log.append((self.site, args))
-
-
-class _Kernel:
-    def __init__(self, log: list, site: str):
-        self.run, self.function, self.packed_metadata = CudaLauncher(log, site), 1000 + len(site), ("meta", site)
-
-
 def _bind_fake_kernels(g, inputs, monkeypatch):
     """What a GPU's first call does to each launch site of ``g``: keep its kernel and bind its launch; here the
     kernels are fakes whose launches are logged. Returns the sites, each one's first arguments, and the log."""
@@ -241,7 +223,7 @@ def _bind_fake_kernels(g, inputs, monkeypatch):
         glb.update(sites)
     log: list = []
     for k, site in sites.items():
-        site._keep(_Kernel(log, k), seen[k], 0)
+        site._keep(FakeKernel(log, k, 1000 + len(k)), seen[k], 0)
     return sites, seen, log
 
 

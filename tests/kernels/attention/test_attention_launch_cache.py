@@ -23,7 +23,7 @@ from tilefuse.kernels.attention.kernels import (attn_bwd_dkdv_kernel, attn_bwd_d
 
 from tests.kernels.attention.test_attention import (  # noqa: F401  (the fixture: outputs come NaN-filled)
     BF16, F16, F32, poisoned_outputs_on_the_device, reference, run_case)
-from tests.support import assert_close
+from tests.support import FakeKernel, assert_close
 
 CFG = configs.INTERPRETER
 
@@ -221,25 +221,6 @@ def test_the_plan_is_kept_a_params_dtype_and_part(monkeypatch):
 
 
 # --------------------------------------------------------------------- the kept kernels, faked on the CPU
-class CudaLauncher:
-    """Triton's C launcher of one kept kernel, faked (Direct takes the direct form by this class name): each
-    launch goes into a log."""
-
-    def __init__(self, log: list, name: str):
-        self.log, self.name = log, name
-        self.launch_cooperative_grid, self.launch_pdl = False, False
-        self.global_scratch_size, self.global_scratch_align = 0, 1
-        self.profile_scratch_size, self.num_ctas = 0, 1
-
-    def launch(self, *args):
-        self.log.append((self.name, args))
-
-
-class _Kernel:
-    def __init__(self, log: list, name: str):
-        self.run, self.function, self.packed_metadata = CudaLauncher(log, name), hash(name) % 997, ("meta", name)
-
-
 def _signature_order(site, args) -> tuple:
     """Every argument of the kernel in signature order, as Triton's JIT hands them to the C launcher: the
     runtime arguments, then the constexprs (and the varlen parameters) given to it by name."""
@@ -279,7 +260,7 @@ def _keep_fakes(monkeypatch, call, inputs):
     first = [(_kernel_of(s), _signature_order(s, args)) for s, args in jitted]
     log: list = []
     for s, args in jitted:
-        s._keep(_Kernel(log, _kernel_of(s)), args, 0)
+        s._keep(FakeKernel(log, _kernel_of(s), hash(_kernel_of(s)) % 997), args, 0)
         assert s.fast is not None
     sites = [s for s, _ in jitted]
     jitted.clear()
