@@ -788,8 +788,8 @@ def test_a_failed_capture_runs_uncaptured_with_the_reason(stand_in, monkeypatch)
 
 
 # ------------------------------------------------------------------------------- on a GPU
-def _train(model, compiled, steps, batches):
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+def _train(model, compiled, steps, batches, optimizer=torch.optim.AdamW, lr=1e-2):
+    opt = optimizer(model.parameters(), lr=lr)
     losses = []
     for x, target in batches[:steps]:
         opt.zero_grad()
@@ -830,16 +830,8 @@ def test_gpu_training_with_attention_captured_equals_uncaptured(dropout_p):
     base = _CausalSelfAttention(d=64, heads=4, d_out=33, dropout_p=dropout_p).cuda()
     batches = [(torch.randn(5, 129, 64, device="cuda"), torch.randn(5, 129, 33, device="cuda")) for _ in range(4)]
 
-    def train(model, compiled):
-        opt = torch.optim.SGD(model.parameters(), lr=0.2)  # (not Adam: it turns rounding noise into steps)
-        losses = []
-        for x, target in batches:
-            opt.zero_grad()
-            loss = nn.functional.mse_loss(compiled(x), target)
-            loss.backward()
-            opt.step()
-            losses.append(loss.detach().clone())
-        return losses
+    def train(model, compiled):  # (SGD, not Adam: Adam turns rounding noise into steps)
+        return _train(model, compiled, len(batches), batches, torch.optim.SGD, lr=0.2)
 
     plain, graphed = copy.deepcopy(base), copy.deepcopy(base)
     ref = train(plain, torch.compile(plain, backend="tilefuse"))
