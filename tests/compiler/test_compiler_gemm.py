@@ -340,3 +340,47 @@ def test_opinfo_matmul_samples(op, sample):
     def fn(*args):
         return op(*args, **kwargs)
     cc.check_function(fn, sample.input, *sample.args, what=op.name)
+
+
+# ------------------------------------------------------------------------------ the GEMM sites' replays
+def test_a_gemm_site_replays_its_plan_and_takes_the_library_call_where_the_plan_may_not_hold(monkeypatch):
+    """A compiled graph's GEMM step keeps the plan of its first call and replays it (no signature built, no
+    overlap check); an input at another alignment, or a change of the settings, goes through the library's call
+    again. Every call gives eager's result, with the output poisoned before."""
+    from tilefuse import config as tf_config
+    from tilefuse.compiler.runtime import gemm as runtime_gemm
+    from tilefuse.kernels.gemm import plan as gemm_plan
+
+    calls = []
+    real = gemm_plan.gemm_with_epilogue
+    monkeypatch.setattr(gemm_plan, "gemm_with_epilogue", lambda *a, **k: (calls.append(1), real(*a, **k))[1])
+    sites = []
+    real_init = runtime_gemm.GemmSite.__init__
+
+    def init(self, *a, **k):
+        real_init(self, *a, **k)
+        sites.append(self)
+    monkeypatch.setattr(runtime_gemm.GemmSite, "__init__", init)
+    fn = lambda x, w, b: F.gelu(F.linear(x, w, b)) * 0.5  # noqa: E731
+    compiled = torch.compile(fn, backend="tilefuse")
+    w, b = t(33, 19), t(33)
+
+    def check(x):
+        want = fn(x.double(), w.double(), b.double())
+        got = compiled(x, w, b)
+        assert (got - want).abs().max().item() <= 1e-4 * want.abs().max().item() + 1e-5
+
+    base = torch.randn(7 * 19 + 1)
+    check(base[:133].view(7, 19))
+    (site,) = sites
+    assert site.plan is not None and len(calls) == 1, (site.plan, calls)
+    for _ in range(3):
+        check(torch.randn(7, 19))
+    assert len(calls) == 1, "a repeat call went through the library's call"
+    check(base[1:].view(7, 19))  # 4 bytes off 16: the kept plan's signature does not hold
+    assert len(calls) == 2
+    check(torch.randn(7, 19))
+    assert len(calls) == 3  # (the site kept the odd call's plan; an aligned input is another signature)
+    with tf_config.override(debug=tf_config.get().debug):  # new settings: the plans are dropped
+        check(torch.randn(7, 19))
+    assert len(calls) == 4

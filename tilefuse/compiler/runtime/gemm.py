@@ -6,15 +6,12 @@ A fused step becomes one call of the library's GEMM with the generated hook::
     v_add = alloc((7, 65), (65, 1), torch.float32)
     launch_gemm_addmm_mm(v_x, v_w.as_strided(...), (v_b.as_strided((7, 65), (0, 1), ...), v_add), v_gelu)
 
-``launch_gemm_<step>`` is :func:`gemm_run` with the step's hook bound: the library's
-:func:`tilefuse.kernels.gemm.plan.gemm_with_epilogue` (its plan cache makes a repeat call a dictionary lookup
-and the launches). A GEMM with no epilogue runs the library GEMM on Triton's interpreter
+``launch_gemm_<step>`` is the step's :class:`GemmSite`: the library's
+:func:`tilefuse.kernels.gemm.plan.gemm_with_epilogue` on its first call, then the plan that call made, replayed. A GEMM with no epilogue runs the library GEMM on Triton's interpreter
 (the tests exercise it) and cuBLAS (``torch.matmul``) on a GPU, where the tuner's fused-or-split choice
 (:func:`tilefuse.kernels.gemm.fusion_choice.epilogue_choice`) left the tail to its own kernel.
 """
 from __future__ import annotations
-
-import functools
 
 import torch
 
@@ -55,13 +52,41 @@ def report(sched: scheduler.Schedule, sources: list) -> list:
     return out
 
 
-def gemm_run(a, b, extras, out, hook=None, store_out=True):
-    """One GEMM step: the library GEMM (with the epilogue hook, if any) into ``out`` (not written when
-    ``store_out`` is False: the hook stores every output, and ``out`` is a one-element stand-in)."""
-    if hook is None and not tf_device.interpreting():
-        torch.matmul(a, b, out=out) if out.is_contiguous() else out.copy_(torch.matmul(a, b))
-        return
-    gemm_plan.gemm_with_epilogue(a, b, hook, extras, out.dtype, out=out, store_out=store_out)
+def _alignment(a, b, extras, out) -> tuple:
+    return (a.data_ptr() & 15, b.data_ptr() & 15, out.data_ptr() & 15, *(e.data_ptr() & 15 for e in extras))
+
+
+class GemmSite:
+    """One GEMM step of a compiled graph: the library GEMM (with the epilogue hook, if any) into ``out`` (not
+    written when ``store_out`` is False: the hook stores every output, and ``out`` is a one-element stand-in).
+
+    The library's repeat call builds the call's signature (each tensor's dtype, shape, strides, alignment, the
+    options) to find its plan, and checks that ``out`` shares no memory with an input. A graph's step sees the
+    same shapes, strides and dtypes at every call (its wrapper is one shape's), and ``out`` is a buffer the
+    wrapper allocated for it. So after the first call the site keeps the plan that call made and replays it,
+    checking only the alignment of each tensor and that the settings, the tuner's decisions and tf32 are still
+    the plan's; anything else, or no plan kept, takes the library's call."""
+
+    __slots__ = ("hook", "store_out", "plan", "made_under", "aligned", "__name__")
+
+    def __init__(self, hook, store_out: bool):
+        self.hook, self.store_out = hook, store_out
+        self.plan = self.made_under = self.aligned = None
+        self.__name__ = "gemm_site"
+
+    def __call__(self, a, b, extras, out):
+        hook = self.hook
+        if hook is None and not tf_device.interpreting():
+            torch.matmul(a, b, out=out) if out.is_contiguous() else out.copy_(torch.matmul(a, b))
+            return
+        plan = self.plan
+        if plan is not None and gemm_plan.plan_current(self.made_under) and \
+                _alignment(a, b, extras, out) == self.aligned:
+            plan.run(a, b, None, None, None, None, extras, out, 1.0, 1.0)
+            return
+        gemm_plan.gemm_with_epilogue(a, b, hook, extras, out.dtype, out=out, store_out=self.store_out)
+        self.plan, self.made_under = gemm_plan.epilogue_plan(a, b, hook, extras, out, self.store_out)
+        self.aligned = _alignment(a, b, extras, out)
 
 
 def _strided(writer, buffer: str, shape, stride, offset) -> str:
@@ -92,7 +117,7 @@ def step_lines(writer, step: scheduler.GemmStep, hooks: dict) -> tuple[list[str]
     launcher = "launch_gemm_" + "".join(ch if ch.isalnum() else "_" for ch in step.name)
     while launcher in writer.globals:
         launcher += "_"
-    writer.globals[launcher] = functools.partial(gemm_run, hook=hooks.get(step.name), store_out=not step.discard)
+    writer.globals[launcher] = GemmSite(hooks.get(step.name), store_out=not step.discard)
     hook = hooks.get(step.name)
     writer.globals.setdefault("_kernel_names", {})[launcher] = f"gemm {step.name}" + (
         f" + {getattr(hook, '__name__', 'epilogue')}" if hook is not None else "")

@@ -125,6 +125,47 @@ def plan_count() -> int:
     return len(_plans)
 
 
+def _check_owner() -> None:
+    """Drop the plans when the settings or the tuner's decisions changed since they were made."""
+    if _owner[0] is not tf_config.get() or _owner[1] != gemm_tuning.generation:
+        with _plans_lock:
+            _plans.clear()
+            _owner[0], _owner[1] = tf_config.get(), gemm_tuning.generation
+
+
+def _key(a, b, out_dtype, bias, activation, residual, alpha, beta, scale_a, scale_b, quantize, epilogue_fn,
+         extra_operands, out, store_pre, config, store_out) -> tuple:
+    return (_sig(a), _sig(b), out_dtype, None if bias is None else _sig(bias), activation,
+            None if residual is None else _sig(residual), alpha == 1.0, type(alpha) in _NUMBERS, type(beta) in _NUMBERS,
+            None if scale_a is None else _sig(scale_a), None if scale_b is None else _sig(scale_b), quantize,
+            id(epilogue_fn), tuple(map(_sig, extra_operands)) if extra_operands else (),
+            None if out is None else _sig(out), store_pre, config, store_out,
+            torch.backends.cuda.matmul.allow_tf32 if a.dtype is torch.float32 else None,
+            K_MAJOR_MIN)  # (the plan keeps the copy decision it implies; a probe may change it)
+
+
+def epilogue_plan(a: Tensor, b: Tensor, epilogue_fn, extra_operands: Sequence[Tensor], out: Tensor,
+                  store_out: bool = True) -> tuple[Plan | None, tuple]:
+    """The plan :func:`gemm_with_epilogue` replays for these arguments (no other options, ``out`` given, its
+    dtype the output's), if one is kept, and what it was made under (:func:`plan_current` compares): a caller
+    whose later calls have the same signature but for the addresses (a compiled graph's GEMM step) replays it
+    itself."""
+    _check_owner()
+    try:
+        plan = _plans.get(_key(a, b, out.dtype, None, "none", None, 1.0, 1.0, None, None, None, epilogue_fn,
+                               extra_operands, out, False, None, store_out))
+    except Exception:
+        plan = None
+    return plan, (_owner[0], _owner[1], torch.backends.cuda.matmul.allow_tf32, K_MAJOR_MIN)
+
+
+def plan_current(made_under: tuple) -> bool:
+    """Whether a plan :func:`epilogue_plan` returned still holds: the settings, the tuner's decisions, tf32 and
+    the K-major threshold are those it was made under."""
+    return (made_under[0] is tf_config.get() and made_under[1] == gemm_tuning.generation
+            and made_under[2] == torch.backends.cuda.matmul.allow_tf32 and made_under[3] == K_MAJOR_MIN)
+
+
 def gemm_call(a: Tensor, b: Tensor, *, out_dtype=None, bias=None, activation="none", residual=None,
               alpha: float = 1.0, beta: float = 1.0, scale_a=None, scale_b=None, quantize=None, epilogue_fn=None,
               extra_operands: Sequence[Tensor] = (), out=None, store_pre: bool = False,
@@ -132,18 +173,10 @@ def gemm_call(a: Tensor, b: Tensor, *, out_dtype=None, bias=None, activation="no
     """C = epilogue(A @ B); returns ``(value, scale, pre)``: the result (2-D for 2-D operands, else 3-D;
     ``out`` itself when given), the per-row scales ((M, 1) or (Z, M, 1)) when quantising, the pre-activation
     values (Z, M, N) when ``store_pre``. Arguments as :func:`tilefuse.linalg.gemm`."""
-    if _owner[0] is not tf_config.get() or _owner[1] != gemm_tuning.generation:
-        with _plans_lock:
-            _plans.clear()
-            _owner[0], _owner[1] = tf_config.get(), gemm_tuning.generation
+    _check_owner()
     try:
-        key = (_sig(a), _sig(b), out_dtype, None if bias is None else _sig(bias), activation,
-               None if residual is None else _sig(residual), alpha == 1.0, type(alpha) in _NUMBERS, type(beta) in _NUMBERS,
-               None if scale_a is None else _sig(scale_a), None if scale_b is None else _sig(scale_b), quantize,
-               id(epilogue_fn), tuple(map(_sig, extra_operands)) if extra_operands else (),
-               None if out is None else _sig(out), store_pre, config, store_out,
-               torch.backends.cuda.matmul.allow_tf32 if a.dtype is torch.float32 else None,
-               K_MAJOR_MIN)  # (the plan keeps the copy decision it implies; a probe may change it)
+        key = _key(a, b, out_dtype, bias, activation, residual, alpha, beta, scale_a, scale_b, quantize, epilogue_fn,
+                   extra_operands, out, store_pre, config, store_out)
         plan = _plans.get(key)
     except Exception:  # not tensors, an unhashable argument, a tensor without storage: the full path says
         key, plan = None, None
