@@ -384,3 +384,17 @@ def test_a_gemm_site_replays_its_plan_and_takes_the_library_call_where_the_plan_
     with tf_config.override(debug=tf_config.get().debug):  # new settings: the plans are dropped
         check(torch.randn(7, 19))
     assert len(calls) == 4
+
+
+def test_the_same_tail_of_two_gemm_steps_is_one_hook():
+    """Two GEMM steps with the same epilogue (bias + tanh), at other widths: one hook, whose source names no node
+    of the graph (so one Triton compile and one tuning decision a shape; decision 043); both outputs right."""
+    fn = lambda x, w1, b1, w2, b2: (torch.tanh(F.linear(x, w1, b1)), torch.tanh(F.linear(x, w2, b2)))  # noqa: E731
+    cc.check_function(fn, t(7, 33), t(19, 33), t(19), t(65, 33), t(65), what="two tails", backward=False)
+    fused = [k for k in gemm_kernels() if k.form == "gemm+epilogue"]
+    assert len(fused) == 2, [k.name for k in fused]
+    hooks = {k.name.split(" + epilogue ")[1].split(" ")[0] for k in fused}
+    assert len(hooks) == 1, hooks
+    source = open(fused[0].path).read()
+    steps = [k.name.split(" ")[1] for k in fused]
+    assert not any(step in source for step in steps), source

@@ -134,12 +134,15 @@ class EpilogueWriter(KernelWriter):
         if not on_interpreter and any(h in P.GPU_HELPERS for h in helpers):
             imports += "from triton.language.extra import libdevice\n"
         targets = [o.split(":", 1)[1] if ":" in o else o for o in g.origins]
-        header = [f"# GEMM epilogue hook (tilefuse.kernels.gemm.epilogue contract) of {self.step.name}",
+        # The source names no node of the graph (the step's nodes are in the graph's report and the debug log):
+        # the same tail of another step (each layer of a model) is then the same hook, one Triton compile and one
+        # tuning decision. GPT-2's training forward had a hook a layer and GEMM, 24 tunings of ~2 s each in its
+        # first compile (decision 043).
+        header = ["# GEMM epilogue hook (tilefuse.kernels.gemm.epilogue contract)",
                   f"# fuses {len(targets)} ATen nodes:"] + [f"#   {t}" for t in targets]
-        stored = "nothing itself (its product is not needed)" if self.step.discard else self.step.out_buffer
+        stored = "nothing itself (its product is not needed)" if self.step.discard else "its product"
         header.append(f"# the GEMM stores {stored}; slots: "
-                      + (", ".join(f"e{k} {op.kind} {op.buffer}" for k, op in enumerate(self.step.operands))
-                         or "none"))
+                      + (", ".join(f"e{k} {op.kind}" for k, op in enumerate(self.step.operands)) or "none"))
         body = "\n".join(top.lines)
         draft = "\n".join(header) + "\n" + helper_text + f"\n@triton.jit\ndef HOOK({sig}):\n{body}\n"
         name = f"tfe_{summary}_{hashlib.sha256(draft.encode()).hexdigest()[:10]}"[:80]

@@ -27,7 +27,9 @@ def prepare(sched: scheduler.Schedule, target: codegen.LaunchTarget) -> tuple[di
         if isinstance(st, scheduler.GemmStep) and st.epilogue is not None:
             ks = codegen.generate_epilogue(st, sched, target)
             fn, origin = cache.load(ks)
-            config.log(2, f"gemm epilogue {ks.name} ({origin}) -> {cache.kernel_path(ks)}\n{ks.source}")
+            slots = ", ".join(f"e{k} {op.kind} {op.buffer}" for k, op in enumerate(st.operands)) or "none"
+            config.log(2, f"gemm epilogue of {st.name} ({st.out_buffer}; slots {slots}): {ks.name} ({origin}) -> "
+                          f"{cache.kernel_path(ks)}\n{ks.source}")
             hooks[st.name] = fn
             sources.append((ks, st))
     return hooks, sources
