@@ -2,7 +2,8 @@
 
 One registered rule per ATen op (``@register(aten.add)``) builds the IR node(s) for one FX node from the
 values of its arguments. :mod:`.core` is the framework (registry, walk, views, promotion, extern fallback);
-the rules live in :mod:`.pointwise`, :mod:`.views`, :mod:`.reductions`, :mod:`.gemm` and :mod:`.attention`,
+the rules live in :mod:`.pointwise`, :mod:`.views`, :mod:`.reductions`, :mod:`.gemm`, :mod:`.attention` and
+:mod:`.index_put`,
 which import the registry from the core and register themselves on the first :func:`lower`.
 """
 from __future__ import annotations
@@ -24,7 +25,7 @@ def lower(gm: torch.fx.GraphModule, meta: Callable[[torch.fx.Node], Any],
     """Lower ``gm``: returns (graph, fallbacks [(node, reason)], constants)."""
     # The rule modules register on first use, not at import: some rules name ops that torch defines only once
     # torch.compile has loaded Inductor's prims (prims.fma), and importing those eagerly costs ~1.5 s a process.
-    from . import attention, gemm, pointwise, reductions, views  # noqa: F401  (each registers its rules)
+    from . import attention, gemm, index_put, pointwise, reductions, views  # noqa: F401  (each registers its rules)
 
     low = Lowerer(gm, meta, strict)
     graph = low.run()

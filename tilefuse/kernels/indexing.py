@@ -1,0 +1,160 @@
+"""``index_put_`` along one dimension: ``dst[..., idx, ...] = values`` as one Triton kernel.
+
+The form a KV cache's update takes in a compiled graph (``cache[:, :, pos] = kv``, written in place by
+``compiler/reinplace.py``): one 1-D integer index tensor at one dimension, ``None`` (a full slice) at the others,
+no accumulation. ATen's ``index_put_`` does it with its generic indexing kernel and ~10-20 µs of host time a call
+through the dispatcher; here it is one launch through a kept launch site (:class:`..launcher.SiteLauncher`) and
+one read of ``values`` and one write of the rows it names, nothing else of ``dst``.
+
+:func:`supported` says whether a call has that form (from shapes and dtypes alone: the compiler decides at
+lowering time); :func:`index_put_` runs it, or ATen's ``index_put_`` for any other form. An index out of range
+(after Python's negative wrap) is an error, as in eager, never a write elsewhere: on a GPU a device assert (the
+kernel is launched with Triton's debug option), on the CPU (Triton's interpreter, whose asserts abort the process
+or are dropped) an ``IndexError`` checked on the host before the launch, which costs no synchronisation there.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from .. import targets
+from .launcher import SiteLauncher
+
+MAX_RANK = 4  # the kernel's index space; a higher rank takes ATen's kernel
+BLOCK = 1024
+SITE_CACHE_MAX = 256  # kept launch sites (one a grid, dtypes and index dimension); then start again
+INDEX_DTYPES = (torch.int64, torch.int32)
+_ASSERTS = {"debug": True, "sanitize_overflow": False}  # device_assert on (GPU), as the compiler's bounds checks
+
+
+@triton.jit
+def _index_put_dim_kernel(dst, idx, val, n, size_k, s1, s2, s3, d0, d1, d2, d3, v0, v1, v2, v3, i_stride,
+                          K: tl.constexpr, BLOCK: tl.constexpr):
+    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    m = offs < n
+    c3 = offs % s3
+    r = offs // s3
+    c2 = r % s2
+    r = r // s2
+    c1 = r % s1
+    c0 = r // s1
+    if K == 0:
+        ck = c0
+        dk = d0
+    elif K == 1:
+        ck = c1
+        dk = d1
+    elif K == 2:
+        ck = c2
+        dk = d2
+    else:
+        ck = c3
+        dk = d3
+    j = tl.load(idx + ck * i_stride, mask=m, other=0).to(tl.int64)
+    j = tl.where(j < 0, j + size_k, j)
+    tl.device_assert(((j >= 0) & (j < size_k)) | (offs >= n), "tilefuse: index_put_: index out of range")
+    at = c0 * d0 + c1 * d1 + c2 * d2 + c3 * d3 + (j - ck) * dk
+    v = tl.load(val + c0 * v0 + c1 * v1 + c2 * v2 + c3 * v3, mask=m)
+    tl.store(dst + at, v.to(dst.dtype.element_ty), mask=m)
+
+
+def _form(dst_shape, dst_stride, dst_dtype, indices, values_shape, values_dtype, accumulate) -> str | None:
+    """Why this call is not the kernel's form (None: it is). Shapes, strides and dtypes only."""
+    if accumulate:
+        return "accumulate=True"
+    rank = len(dst_shape)
+    if not 1 <= rank <= MAX_RANK:
+        return f"a rank-{rank} destination (the kernel takes 1 to {MAX_RANK})"
+    if not isinstance(indices, (list, tuple)) or len(indices) > rank:
+        return "indices other than one per leading dimension"
+    given = [(k, i) for k, i in enumerate(indices) if i is not None]
+    if len(given) != 1:
+        return f"{len(given)} index tensors (the kernel takes one)"
+    k, index = given[0]
+    if index[2] not in INDEX_DTYPES or len(index[0]) != 1:
+        return f"an index of dtype {index[2]} and {len(index[0])} dimensions (the kernel takes a 1-D int64/int32)"
+    if values_dtype != dst_dtype:
+        return f"values of dtype {values_dtype} into {dst_dtype}"
+    target = list(dst_shape)
+    target[k] = index[0][0]
+    try:
+        torch.broadcast_shapes(tuple(values_shape), tuple(target))
+    except RuntimeError:
+        return f"values of shape {tuple(values_shape)} for an indexed shape {tuple(target)}"
+    if torch.broadcast_shapes(tuple(values_shape), tuple(target)) != tuple(target):
+        return f"values of shape {tuple(values_shape)} larger than the indexed shape {tuple(target)}"
+    ordered = sorted((st, sz) for st, sz in zip(dst_stride, dst_shape) if sz > 1)
+    reach = 1
+    for st, sz in ordered:  # non-overlapping: each dimension's stride at least the span of the smaller ones
+        if st < reach:
+            return "a destination whose elements overlap in memory"
+        reach = st * sz
+    return None
+
+
+def _meta(t: torch.Tensor) -> tuple:
+    return tuple(t.shape), tuple(t.stride()), t.dtype
+
+
+def supported(dst: torch.Tensor, indices, values: torch.Tensor, accumulate: bool = False) -> str | None:
+    """Why ``index_put_(dst, indices, values, accumulate)`` does not run on this module's kernel (None: it does).
+    Tensors may be fake (shapes, strides and dtypes are read, never data)."""
+    if not isinstance(dst, torch.Tensor) or not isinstance(values, torch.Tensor):
+        return "non-tensor arguments"
+    metas = [None if i is None else (_meta(i) if isinstance(i, torch.Tensor) else ((), (), None)) for i in indices] \
+        if isinstance(indices, (list, tuple)) else indices
+    return _form(tuple(dst.shape), tuple(dst.stride()), dst.dtype, metas, tuple(values.shape), values.dtype,
+                 accumulate)
+
+
+_sites: dict[tuple, SiteLauncher] = {}
+
+
+def index_put_(dst: torch.Tensor, indices, values: torch.Tensor, accumulate: bool = False) -> torch.Tensor:
+    """``dst.index_put_(indices, values, accumulate)``: this module's kernel where the call has its form
+    (:func:`supported`) and its tensors are on one device, else ATen's. Returns ``dst``."""
+    if supported(dst, indices, values, accumulate) is not None or \
+            any(isinstance(i, torch.Tensor) and i.device != dst.device for i in indices) or values.device != dst.device:
+        return torch.ops.aten.index_put_.default(dst, indices, values, accumulate)
+    k = next(p for p, i in enumerate(indices) if i is not None)
+    index = indices[k]
+    on_gpu = dst.device.type != "cpu"
+    if not on_gpu and index.numel():
+        lo, hi = int(index.min()), int(index.max())
+        if lo < -dst.shape[k] or hi >= dst.shape[k]:
+            bad = lo if lo < -dst.shape[k] else hi
+            raise IndexError(f"index_put_: index {bad} is out of bounds for dimension {k} with size {dst.shape[k]}")
+    pad = MAX_RANK - dst.dim()
+    shape = [1] * pad + list(dst.shape)
+    shape[pad + k] = index.shape[0]
+    n = 1
+    for s in shape:
+        n *= s
+    if n == 0:
+        return dst
+    d = [0] * pad + list(dst.stride())
+    v = list(values.expand(shape[pad:]).stride())
+    v = [0] * pad + v
+    grid = (triton.cdiv(n, BLOCK),)
+    key = (grid, dst.dtype, index.dtype, pad + k, dst.get_device())
+    site = _sites.get(key)
+    if site is None:
+        if len(_sites) >= SITE_CACHE_MAX:
+            _sites.clear()
+        site = _sites[key] = SiteLauncher(_index_put_dim_kernel, grid, dict(_ASSERTS if on_gpu else {}, num_warps=4),
+                                          {"K": pad + k, "BLOCK": BLOCK})
+    site(dst, index, values, n, dst.shape[k], shape[1], shape[2], shape[3], *d, *v, index.stride(0))
+    return dst
+
+
+def _examples(target: str):
+    ints = ("n", "size_k", "s1", "s2", "s3", "d0", "d1", "d2", "d3", "v0", "v1", "v2", "v3", "i_stride")
+    sig = {"dst": "*bf16", "idx": "*i64", "val": "*bf16", **{name: "i32" for name in ints},
+           "K": "constexpr", "BLOCK": "constexpr"}
+    return [targets.Example("a KV cache row, bf16, index dim 2", sig, {"K": 2, "BLOCK": BLOCK}, {"num_warps": 4})]
+
+
+targets.register(targets.KernelSpec(
+    "index_put_dim", family="indexing", fn=_index_put_dim_kernel, examples=_examples,
+    description="index_put_ along one dimension (a KV cache's row written in place)"))
