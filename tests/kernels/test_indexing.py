@@ -12,8 +12,9 @@ from tilefuse.kernels import indexing
 
 def _check(dst, indices, values):
     want = torch.ops.aten.index_put_.default(dst.clone(), indices, values)
+    indexing._sites.clear()
     got = indexing.index_put_(dst, indices, values)
-    assert got is dst
+    assert got is dst and indexing._sites, "the call did not run on the module's kernel"
     torch.testing.assert_close(dst, want, rtol=0, atol=0)
 
 
@@ -78,8 +79,10 @@ def test_other_forms_are_left_to_aten_and_still_right(case):
             indexing.index_put_(dst, *args, **kwargs)
         return
     want = torch.ops.aten.index_put_.default(dst.clone(), *args, **kwargs)
+    indexing._sites.clear()
     indexing.index_put_(dst, *args, **kwargs)
     torch.testing.assert_close(dst, want, rtol=0, atol=0)
+    assert not indexing._sites  # (ATen's kernel ran)
 
 
 @pytest.mark.parametrize("bad", [6, -7])

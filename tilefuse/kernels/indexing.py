@@ -18,7 +18,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .. import targets
+from .. import device, targets
 from .launcher import SiteLauncher
 
 MAX_RANK = 4  # the kernel's index space; a higher rank takes ATen's kernel
@@ -115,7 +115,9 @@ def index_put_(dst: torch.Tensor, indices, values: torch.Tensor, accumulate: boo
     """``dst.index_put_(indices, values, accumulate)``: this module's kernel where the call has its form
     (:func:`supported`) and its tensors are on one device, else ATen's. Returns ``dst``."""
     if supported(dst, indices, values, accumulate) is not None or \
-            any(isinstance(i, torch.Tensor) and i.device != dst.device for i in indices) or values.device != dst.device:
+            any(isinstance(i, torch.Tensor) and i.device != dst.device for i in indices) or \
+            values.device != dst.device or (dst.device.type == "cpu") != device.interpreting():
+        # (CPU tensors run Triton kernels only on its interpreter; a GPU tensor only on a GPU build)
         return torch.ops.aten.index_put_.default(dst, indices, values, accumulate)
     k = next(p for p, i in enumerate(indices) if i is not None)
     index = indices[k]
