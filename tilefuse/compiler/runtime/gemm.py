@@ -69,26 +69,29 @@ class GemmSite:
     checking only the alignment of each tensor and that the settings, the tuner's decisions and tf32 are still
     the plan's; anything else, or no plan kept, takes the library's call."""
 
-    __slots__ = ("hook", "store_out", "plan", "made_under", "aligned", "__name__")
+    __slots__ = ("hook", "store_out", "kept", "__name__")
 
     def __init__(self, hook, store_out: bool):
         self.hook, self.store_out = hook, store_out
-        self.plan = self.made_under = self.aligned = None
+        self.kept = None  # (plan, what it was made under, the alignments it holds for): one tuple, set at once
         self.__name__ = "gemm_site"
+
+    @property
+    def plan(self):
+        return self.kept[0] if self.kept is not None else None
 
     def __call__(self, a, b, extras, out):
         hook = self.hook
         if hook is None and not tf_device.interpreting():
             torch.matmul(a, b, out=out) if out.is_contiguous() else out.copy_(torch.matmul(a, b))
             return
-        plan = self.plan
-        if plan is not None and gemm_plan.plan_current(self.made_under) and \
-                _alignment(a, b, extras, out) == self.aligned:
-            plan.run(a, b, None, None, None, None, extras, out, 1.0, 1.0)
+        kept = self.kept
+        if kept is not None and kept[0] is not None and gemm_plan.plan_current(kept[1]) and \
+                _alignment(a, b, extras, out) == kept[2]:
+            kept[0].run(a, b, None, None, None, None, extras, out, 1.0, 1.0)
             return
         gemm_plan.gemm_with_epilogue(a, b, hook, extras, out.dtype, out=out, store_out=self.store_out)
-        self.plan, self.made_under = gemm_plan.epilogue_plan(a, b, hook, extras, out, self.store_out)
-        self.aligned = _alignment(a, b, extras, out)
+        self.kept = (*gemm_plan.epilogue_plan(a, b, hook, extras, out, self.store_out), _alignment(a, b, extras, out))
 
 
 def _strided(writer, buffer: str, shape, stride, offset) -> str:
