@@ -19,7 +19,7 @@ import triton
 import triton.language as tl
 
 from .. import device, targets
-from .launcher import SiteLauncher
+from .launcher import SiteLauncher, kept_site
 
 MAX_RANK = 4  # the kernel's index space; a higher rank takes ATen's kernel
 BLOCK = 1024
@@ -139,13 +139,9 @@ def index_put_(dst: torch.Tensor, indices, values: torch.Tensor, accumulate: boo
     v = list(values.expand(shape[pad:]).stride())
     v = [0] * pad + v
     grid = (triton.cdiv(n, BLOCK),)
-    key = (grid, dst.dtype, index.dtype, pad + k, dst.get_device())
-    site = _sites.get(key)
-    if site is None:
-        if len(_sites) >= SITE_CACHE_MAX:
-            _sites.clear()
-        site = _sites[key] = SiteLauncher(_index_put_dim_kernel, grid, dict(_ASSERTS if on_gpu else {}, num_warps=4),
-                                          {"K": pad + k, "BLOCK": BLOCK})
+    site = kept_site(_sites, SITE_CACHE_MAX, (grid, dst.dtype, index.dtype, pad + k, dst.get_device()),
+                     _index_put_dim_kernel, grid, dict(_ASSERTS if on_gpu else {}, num_warps=4),
+                     {"K": pad + k, "BLOCK": BLOCK})
     site(dst, index, values, n, dst.shape[k], shape[1], shape[2], shape[3], *d, *v, index.stride(0))
     return dst
 

@@ -256,6 +256,17 @@ class SiteLauncher:
             self.on_bound(self.fast)
 
 
+def kept_site(sites: dict, limit: int, key, fn, grid: tuple, options: dict, constexprs: dict) -> SiteLauncher:
+    """The launch site kept in ``sites`` under ``key`` (a family's cache: the key holds what the compiled kernel
+    depends on beyond what a site checks itself), made on first use; the cache starts again past ``limit``."""
+    site = sites.get(key)
+    if site is None:
+        if len(sites) >= limit:
+            sites.clear()
+        site = sites[key] = SiteLauncher(fn, grid, options, constexprs)
+    return site
+
+
 def _fast_launch(site: SiteLauncher, first: tuple) -> Callable:
     """The launch function of a site whose kernel is kept: ``fast(a0, ..., aN)`` reads each tensor's address,
     checks it and each integer against the kept specialisation (an integer equal to the first call's value

@@ -14,7 +14,7 @@ import dataclasses
 import torch
 
 from ... import device
-from ..launcher import SiteLauncher
+from ..launcher import SiteLauncher, kept_site
 from . import configs, tuning
 from .checks import Params
 from .kernels import (LN2, attn_bwd_dkdv_kernel, attn_bwd_dq_kernel, attn_bwd_preprocess_kernel,
@@ -176,13 +176,8 @@ def site(kernel, grid: tuple, tensors: tuple, constexprs: dict, options: dict, r
     """The kept launch site of a launch (:func:`site_key`); call it with the kernel's runtime arguments, in
     order, ``tensors`` first. A site takes the JIT path itself where it must (interpreter, profiler hooks, an
     argument of another specialisation)."""
-    key = site_key(kernel, grid, tensors, constexprs, options, real)
-    found = _sites.get(key)
-    if found is None:
-        if len(_sites) >= SITE_CACHE_MAX:
-            _sites.clear()
-        found = _sites[key] = SiteLauncher(kernel, grid, options, constexprs)
-    return found
+    return kept_site(_sites, SITE_CACHE_MAX, site_key(kernel, grid, tensors, constexprs, options, real), kernel, grid,
+                     options, constexprs)
 
 
 def _options(cfg: configs.AttentionConfig, p: Params, vendor: str) -> dict:
