@@ -125,3 +125,16 @@ class FakeKernel:
 
     def __init__(self, log: list, name: str, function: int):
         self.run, self.function, self.packed_metadata = CudaLauncher(log, name), function, ("meta", name)
+
+
+def record_instances(monkeypatch, cls) -> list:
+    """Every instance of ``cls`` made from now on (``__init__`` patched through ``monkeypatch``), in order."""
+    made = []
+    real = cls.__init__
+
+    def init(self, *a, **k):
+        real(self, *a, **k)
+        made.append(self)
+
+    monkeypatch.setattr(cls, "__init__", init)
+    return made

@@ -21,7 +21,7 @@ import tilefuse
 from tilefuse.compiler.patterns import attention as patterns_attention
 from tilefuse.compiler.explain import collecting
 
-from tests.support import assert_close
+from tests.support import assert_close, record_instances
 
 B, S, C = 2, 33, 32
 TOL = 2e-5  # float32 against float64: norm-wise, the family's own fp32 tolerance scale
@@ -312,14 +312,7 @@ def test_the_wrapper_calls_the_ops_functions_without_the_dispatcher(monkeypatch)
     from tilefuse.compiler import runtime
     from tilefuse.kernels.attention import ops as attention_ops
 
-    made = []
-    real = runtime.CompiledGraph.__init__
-
-    def init(self, *a, **k):
-        real(self, *a, **k)
-        made.append(self)
-
-    monkeypatch.setattr(runtime.CompiledGraph, "__init__", init)
+    made = record_instances(monkeypatch, runtime.CompiledGraph)
     assert_matched(compile_and_compare(Sdpa(4, is_causal=True), torch.randn(B, S, C)))
     called = [v for g in made if g.plan is not None for k, v in g.plan.generic.__globals__.items()
               if k.startswith("op_")]

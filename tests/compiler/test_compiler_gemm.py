@@ -16,7 +16,7 @@ from tilefuse.compiler import records
 from tilefuse.compiler.lowering import gemm as lowering_gemm
 
 from tests import compiler_checks as cc
-from tests.support import noncontiguous, transposed_copy
+from tests.support import noncontiguous, record_instances, transposed_copy
 
 MATMUL_OPS = ("aten.mm", "aten.addmm", "aten.bmm", "aten.baddbmm")
 
@@ -354,13 +354,7 @@ def test_a_gemm_site_replays_its_plan_and_takes_the_library_call_where_the_plan_
     calls = []
     real = gemm_plan.gemm_with_epilogue
     monkeypatch.setattr(gemm_plan, "gemm_with_epilogue", lambda *a, **k: (calls.append(1), real(*a, **k))[1])
-    sites = []
-    real_init = runtime_gemm.GemmSite.__init__
-
-    def init(self, *a, **k):
-        real_init(self, *a, **k)
-        sites.append(self)
-    monkeypatch.setattr(runtime_gemm.GemmSite, "__init__", init)
+    sites = record_instances(monkeypatch, runtime_gemm.GemmSite)
     fn = lambda x, w, b: F.gelu(F.linear(x, w, b)) * 0.5  # noqa: E731
     compiled = torch.compile(fn, backend="tilefuse")
     w, b = t(33, 19), t(33)

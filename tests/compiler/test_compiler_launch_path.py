@@ -21,7 +21,7 @@ import triton
 from tilefuse.compiler import runtime
 
 from tests import compiler_checks as cc
-from tests.support import FakeKernel
+from tests.support import FakeKernel, record_instances
 
 OVERHEAD_FACTOR = 3.0
 GPU_US_PER_LAUNCH = 5.0  # the bar; Triton's generic launch path is ~9 us, a pre-bound launcher ~4.5
@@ -36,21 +36,12 @@ def _graph(x, w):
 
 
 def _compiled_graphs(fn, *args, backward=False):
-    made = []
-    real = runtime.CompiledGraph.__init__
-
-    def init(self, *a, **k):
-        real(self, *a, **k)
-        made.append(self)
-
     cc.reset()
-    runtime.CompiledGraph.__init__ = init
-    try:
+    with pytest.MonkeyPatch.context() as mp:
+        made = record_instances(mp, runtime.CompiledGraph)
         out = cc.compiled(fn)(*args)
         if backward:
             sum(o.sum() for o in out).backward()
-    finally:
-        runtime.CompiledGraph.__init__ = real
     return made
 
 
