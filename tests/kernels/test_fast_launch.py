@@ -428,3 +428,21 @@ def test_a_bound_site_launches_through_our_launcher_with_its_runtime_arguments(d
                       bytes(8), bytes(8))
     assert (config["grid"], config["stream"], config["block"]) == ((3, 1, 1), 70, (128, 1, 1))
     assert "_prepared" in site.fast.source and "_function" not in site.fast.source, site.fast.source
+
+
+def test_a_failed_build_leaves_triton_s_launcher_and_says_why(monkeypatch, tmp_path, capsys):
+    """A source that does not compile (a machine without a working C toolchain, say): module() is None, the
+    reason is kept and logged at TILEFUSE_DEBUG=1, prepare() refuses with it, and nothing raises."""
+    from tilefuse import config
+
+    broken = tmp_path / "fast_launch.c"
+    broken.write_text("#include <Python.h>\nthis is not C;\n")
+    monkeypatch.setattr(fast_launch, "_SOURCE", broken)
+    monkeypatch.setattr(fast_launch, "_built", {})
+    with config.override(debug=1):
+        assert fast_launch.module() is None
+    reason = fast_launch.unavailable_reason()
+    assert reason.startswith("fast_launch could not be built"), reason
+    assert "through Triton's launcher" in capsys.readouterr().err
+    compiled = _compiled({"x": "*fp32"})
+    assert fast_launch.prepare(compiled, (1,), 0) is None and fast_launch.refusal(compiled) == reason

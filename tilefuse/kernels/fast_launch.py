@@ -39,6 +39,8 @@ from pathlib import Path
 
 import triton
 
+from .. import config
+
 ABI_TRITON = ("3.6.",)  # the parameter layout (two trailing scratch pointers) read from this version's driver.py
 _SOURCE = Path(__file__).with_name("fast_launch.c")
 _NAME = "tilefuse_fast_launch"  # the module name the C source's PyInit_ function is named for
@@ -75,6 +77,7 @@ def module():
                 mod = compile_module_from_src(src=_SOURCE.read_text(), name=_NAME, include_dirs=[include])
             except Exception as e:  # a failed build must leave callers on Triton's launcher, never raise
                 reason = f"fast_launch could not be built: {type(e).__name__}: {e}"
+                config.log(1, f"{reason}; compiled kernels launch through Triton's launcher")
             _built["module"], _built["reason"] = mod, reason
     return _built["module"]
 
