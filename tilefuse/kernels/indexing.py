@@ -79,10 +79,10 @@ def _form(dst_shape, dst_stride, dst_dtype, indices, values_shape, values_dtype,
     target = list(dst_shape)
     target[k] = index[0][0]
     try:
-        torch.broadcast_shapes(tuple(values_shape), tuple(target))
+        shape = torch.broadcast_shapes(tuple(values_shape), tuple(target))
     except RuntimeError:
         return f"values of shape {tuple(values_shape)} for an indexed shape {tuple(target)}"
-    if torch.broadcast_shapes(tuple(values_shape), tuple(target)) != tuple(target):
+    if shape != tuple(target):
         return f"values of shape {tuple(values_shape)} larger than the indexed shape {tuple(target)}"
     ordered = sorted((st, sz) for st, sz in zip(dst_stride, dst_shape) if sz > 1)
     reach = 1
