@@ -1,18 +1,37 @@
 """tilefuse.kernels.indexing: index_put_ along one dimension, against ATen's index_put_ on a copy (the whole
-destination compared, so a stray write anywhere shows), on Triton's interpreter: each index dimension of ranks 1-4,
-int64 and int32 and negative indices, broadcast and strided values, a strided destination; the forms it leaves to
-ATen; an index out of range is an error."""
+destination compared, so a stray write anywhere shows), on the device the kernels run on (Triton's interpreter on
+the CPU; a GPU where there is one): each index dimension of ranks 1-4, int64 and int32 and negative indices,
+broadcast and strided values, a strided destination; the forms it leaves to ATen; an index out of range is an
+error; a repeat call takes the kept plan."""
 from __future__ import annotations
+
+import subprocess
+import sys
 
 import pytest
 import torch
 
+from tilefuse import device
 from tilefuse.kernels import indexing
+
+
+@pytest.fixture(autouse=True)
+def _on_the_kernels_device():
+    """Every tensor these tests make is on the device the kernels run on."""
+    before = torch.get_default_device()
+    torch.set_default_device(device.torch_device())
+    yield
+    torch.set_default_device(before)
+
+
+def _forget():
+    indexing._sites.clear()
+    indexing._plans.clear()
 
 
 def _check(dst, indices, values):
     want = torch.ops.aten.index_put_.default(dst.clone(), indices, values)
-    indexing._sites.clear()
+    _forget()
     got = indexing.index_put_(dst, indices, values)
     assert got is dst and indexing._sites, "the call did not run on the module's kernel"
     torch.testing.assert_close(dst, want, rtol=0, atol=0)
@@ -79,7 +98,7 @@ def test_other_forms_are_left_to_aten_and_still_right(case):
             indexing.index_put_(dst, *args, **kwargs)
         return
     want = torch.ops.aten.index_put_.default(dst.clone(), *args, **kwargs)
-    indexing._sites.clear()
+    _forget()
     indexing.index_put_(dst, *args, **kwargs)
     torch.testing.assert_close(dst, want, rtol=0, atol=0)
     assert not indexing._sites  # (ATen's kernel ran)
@@ -87,8 +106,52 @@ def test_other_forms_are_left_to_aten_and_still_right(case):
 
 @pytest.mark.parametrize("bad", [6, -7])
 def test_an_index_out_of_range_is_an_error(bad):
+    if not device.interpreting():  # a device assert ends the process's GPU context: the call runs in a child
+        code = ("import torch; from tilefuse.kernels import indexing; "
+                "torch.set_default_device(torch.device('cuda'));"
+                "dst = torch.randn(4, 6, 3); "
+                f"indexing.index_put_(dst, [None, torch.tensor([2, {bad}])], torch.randn(4, 2, 3)); "
+                "torch.cuda.synchronize(); print('no error')")
+        r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
+        said = r.stdout + r.stderr
+        assert r.returncode != 0 and "no error" not in said, said[-2000:]
+        assert "index out of range" in said or "device-side assert" in said, said[-2000:]
+        return
     dst = torch.randn(4, 6, 3)
     before = dst.clone()
     with pytest.raises(IndexError, match=f"index {bad} is out of bounds for dimension 1 with size 6"):
         indexing.index_put_(dst, [None, torch.tensor([2, bad])], torch.randn(4, 2, 3))
     assert torch.equal(dst, before)  # checked before the launch: nothing written
+
+
+def test_a_repeat_call_takes_the_kept_plan_and_a_new_form_makes_its_own():
+    """The plan is kept by the call's metadata: a repeat call with new data builds nothing and writes the new
+    rows; a call whose strides differ (the same shapes) gets a plan of its own, not the first one's."""
+    _forget()
+    dst, idx = torch.randn(3, 8, 5), torch.tensor([6, 1])
+    indexing.index_put_(dst, [None, idx], torch.randn(3, 2, 5))
+    assert len(indexing._plans) == 1
+    calls = []
+    real = indexing._plan
+    indexing._plan = lambda *a: calls.append(a) or real(*a)
+    try:
+        vals = torch.randn(3, 2, 5)
+        want = dst.clone()
+        want[:, [2, 7]] = vals
+        indexing.index_put_(dst, [None, torch.tensor([2, 7])], vals)
+        torch.testing.assert_close(dst, want, rtol=0, atol=0)
+        assert not calls, "a repeat call built its plan again"
+        wide = torch.randn(3, 8, 10)[:, :, ::2]  # same shape, other strides
+        want = wide.clone()
+        want[:, [0, 5]] = vals
+        indexing.index_put_(wide, [None, torch.tensor([0, 5])], vals)
+        torch.testing.assert_close(wide, want, rtol=0, atol=0)
+        assert len(calls) == 1 and len(indexing._plans) == 2
+        bcast = vals[:, :1].expand(3, 2, 5)  # broadcast values: their own plan (zero strides)
+        want = dst.clone()
+        want[:, [3, 4]] = bcast
+        indexing.index_put_(dst, [None, torch.tensor([3, 4])], bcast)
+        torch.testing.assert_close(dst, want, rtol=0, atol=0)
+        assert len(calls) == 2
+    finally:
+        indexing._plan = real
