@@ -30,17 +30,31 @@ CFG = configs.INTERPRETER
 
 @pytest.fixture
 def used(monkeypatch):
-    """An empty site cache for the test; the list of the sites its launches used, in order."""
+    """Empty site and forward-launch caches for the test; the list of the sites its launches used, in order (a
+    forward's from its kept launch, :func:`launch._forward_launch`, made or found; the backward's as it asks)."""
     monkeypatch.setattr(launch, "_sites", {})
+    monkeypatch.setattr(launch, "_forward_launches", {})
     sites = []
-    real = launch.site
+    real_site, real_forward = launch.site, launch._forward_launch
+    inside = []
 
     def recording(*args, **kwargs):
-        found = real(*args, **kwargs)
-        sites.append(found)
+        found = real_site(*args, **kwargs)
+        if not inside:
+            sites.append(found)
+        return found
+
+    def forward_launch(*args):
+        inside.append(True)
+        try:
+            found = real_forward(*args)
+        finally:
+            inside.pop()
+        sites.extend(s for s in found[:2] if s is not None)
         return found
 
     monkeypatch.setattr(launch, "site", recording)
+    monkeypatch.setattr(launch, "_forward_launch", forward_launch)
     return sites
 
 
@@ -141,6 +155,24 @@ def test_split_forward_uses_a_forward_and_a_combine_site(used):
     assert _forward_sites(used, q, k, plan=launch.Plan(CFG, True, 2)) == sites
     one = _forward_sites(used, q, k, plan=launch.Plan(CFG, True, 1))  # no split: no combine, another grid
     assert len(one) == 1 and one[0] is not sites[0]
+
+
+def test_a_forward_launch_is_kept_and_a_dropout_forward_is_not(used, monkeypatch):
+    """A repeat forward takes its kept launch without building a site key; a call with dropout (a new seed in its
+    Params each call) builds its sites' keys every time and keeps nothing, so the cache does not grow with it."""
+    keys = []
+    real_key = launch.site_key
+    monkeypatch.setattr(launch, "site_key", lambda *a, **kw: keys.append(a[0]) or real_key(*a, **kw))
+    q, k = torch.randn(1, 2, 1, 16), torch.randn(1, 2, 97, 16)
+    plan = launch.Plan(CFG, False, 2)
+    sites = _forward_sites(used, q, k, plan=plan)
+    assert len(keys) == 2 and len(launch._forward_launches) == 1  # a forward and a combine site
+    assert _forward_sites(used, torch.randn_like(q), torch.randn_like(k), plan=plan) == sites
+    assert len(keys) == 2, "a repeat call built its sites' keys again"
+    for _ in range(2):
+        p, _ = _params(q, k, dropout_p=0.25)
+        launch.forward(q, k, k, p, None, None, plan)
+    assert len(keys) == 6 and len(launch._forward_launches) == 1
 
 
 # ---------------------------------------------------------------------------- results through kept sites

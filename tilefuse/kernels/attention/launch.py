@@ -208,22 +208,56 @@ def _call_plan(q, k, v, p: Params, mask, alibi) -> Plan:
     return plan
 
 
-def forward(q, k, v, p: Params, mask=None, alibi=None, plan: Plan | None = None):
-    """(out, lse2): ``out`` like ``q``; ``lse2`` (B*H, Sq) fp32 in log2 units (-inf for rows with nothing
-    visible). Without a ``plan``, the config of a prefill is tuned on a GPU (:mod:`.tuning`)."""
-    if plan is None:
-        plan = _call_plan(q, k, v, p, mask, alibi)
+_forward_launches: dict[tuple, tuple] = {}
+
+
+def _forward_launch(q, k, v, p: Params, mask, alibi, plan: Plan) -> tuple:
+    """(forward site, combine site or None, splits, tiles a split) of a forward call: kept by what they depend on
+    (the call's Params and plan, every tensor's dtype, the device), as building the sites' keys cost ~20 us of
+    host time a call (their constexpr and option dicts). A call with dropout draws a new seed, a field of Params,
+    so its launch is built each time and not kept."""
+    memo = (p, plan, q.dtype, k.dtype, v.dtype, None if mask is None else mask.dtype,
+            None if alibi is None else alibi.dtype, q.get_device(), device.current())
+    found = _forward_launches.get(memo)
+    if found is not None:
+        return found
     cfg = plan.config
-    out = torch.empty_like(q)
-    lse2 = torch.empty((p.B * p.H, p.Sq), dtype=torch.float32, device=q.device)
-    if p.Sq == 0:
-        return out, lse2
-    m, ms, a, as_ = _aux(q, mask, alibi)
     rows = p.Sq * p.group if plan.pack_gqa else p.Sq
     grid_bh = p.B * (p.H_kv if plan.pack_gqa else p.H)
     visible_tiles = max(1, _cdiv(p.Sk, cfg.block_n))
     tiles_per_split = _cdiv(visible_tiles, plan.num_splits)
     splits = _cdiv(visible_tiles, tiles_per_split)
+    m, _, a, _ = _aux(q, mask, alibi)
+    f32 = torch.empty((), dtype=torch.float32, device="meta")  # (the fp32 buffers' dtype, for the sites' keys)
+    part, lse = (f32 if splits > 1 else q), f32
+    tensors = (q, k, v, part, lse, m, a)
+    constexprs = dict(BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, PACK_GQA=plan.pack_gqa,
+                      **_common_constexprs(p, q.dtype), **NO_VARLEN)
+    fwd = site(attn_fwd_kernel, (_cdiv(rows, cfg.block_m), grid_bh, splits), tensors, constexprs,
+               _options(cfg, p, device.current().vendor), (mask is not None, alibi is not None))
+    combine = None
+    if splits > 1:
+        combine = site(attn_combine_kernel, (_cdiv(p.B * p.H * p.Sq, COMBINE_ROWS),), (part, part, q, lse),
+                       dict(HEAD_DIM=p.D, BLOCK_D=block_d(p.D), BLOCK_R=COMBINE_ROWS), {"num_warps": 4})
+    found = (fwd, combine, splits, tiles_per_split)
+    if p.dropout_p == 0:
+        if len(_forward_launches) >= PLAN_CACHE_MAX:
+            _forward_launches.clear()
+        _forward_launches[memo] = found
+    return found
+
+
+def forward(q, k, v, p: Params, mask=None, alibi=None, plan: Plan | None = None):
+    """(out, lse2): ``out`` like ``q``; ``lse2`` (B*H, Sq) fp32 in log2 units (-inf for rows with nothing
+    visible). Without a ``plan``, the config of a prefill is tuned on a GPU (:mod:`.tuning`)."""
+    if plan is None:
+        plan = _call_plan(q, k, v, p, mask, alibi)
+    out = torch.empty_like(q)
+    lse2 = torch.empty((p.B * p.H, p.Sq), dtype=torch.float32, device=q.device)
+    if p.Sq == 0:
+        return out, lse2
+    fwd, combine, splits, tiles_per_split = _forward_launch(q, k, v, p, mask, alibi, plan)
+    m, ms, a, as_ = _aux(q, mask, alibi)
     if splits > 1:
         o_buf = torch.empty((splits, p.B, p.H, p.Sq, p.D), dtype=torch.float32, device=q.device)
         l_buf = torch.empty((splits, p.B * p.H, p.Sq), dtype=torch.float32, device=q.device)
@@ -233,18 +267,10 @@ def forward(q, k, v, p: Params, mask=None, alibi=None, plan: Plan | None = None)
         o_buf, l_buf = out, lse2
         o_strides = out.stride() + (0,)
         l_stride = 0
-    tensors = (q, k, v, o_buf, l_buf, m, a)
-    constexprs = dict(BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, PACK_GQA=plan.pack_gqa,
-                      **_common_constexprs(p, q.dtype), **NO_VARLEN)
-    fwd = site(attn_fwd_kernel, (_cdiv(rows, cfg.block_m), grid_bh, splits), tensors, constexprs,
-               _options(cfg, p, device.current().vendor), (mask is not None, alibi is not None))
-    fwd(*tensors, *q.stride(), *k.stride(), *v.stride(), *o_strides, l_stride, *ms, *as_,
+    fwd(q, k, v, o_buf, l_buf, m, a, *q.stride(), *k.stride(), *v.stride(), *o_strides, l_stride, *ms, *as_,
         p.H, p.Sq, p.Sk, tiles_per_split, *_score_args(p))
     if splits > 1:
-        parts = (o_buf, l_buf, out, lse2)
-        combine = site(attn_combine_kernel, (_cdiv(p.B * p.H * p.Sq, COMBINE_ROWS),), parts,
-                       dict(HEAD_DIM=p.D, BLOCK_D=block_d(p.D), BLOCK_R=COMBINE_ROWS), {"num_warps": 4})
-        combine(*parts, p.B * p.H, p.H, p.Sq, splits, *out.stride())
+        combine(o_buf, l_buf, out, lse2, p.B * p.H, p.H, p.Sq, splits, *out.stride())
     return out, lse2
 
 
