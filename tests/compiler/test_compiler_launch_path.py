@@ -10,6 +10,7 @@ A step that is host-bound pays every statement of the generated ``call`` each ti
 from __future__ import annotations
 
 import ast
+import gc
 import re
 import time
 
@@ -18,6 +19,7 @@ import torch
 import torch.nn.functional as F
 import triton
 
+from tilefuse import device
 from tilefuse.compiler import runtime
 
 from tests import compiler_checks as cc
@@ -27,6 +29,30 @@ OVERHEAD_FACTOR = 3.0
 GPU_US_PER_LAUNCH = 5.0  # the issue's bar; Triton's generic launch path is ~9 us, a pre-bound launcher ~4.5
 
 ALLOWED_CALLS = {"alloc", "extern_layout", "_errstate"}
+
+
+@pytest.fixture(autouse=True)
+def _on_the_kernels_device():
+    """Every tensor these tests make is on the device the compiler runs its kernels on (a CPU tensor on a GPU
+    machine is not compiled there)."""
+    before = torch.get_default_device()
+    torch.set_default_device(device.torch_device())
+    yield
+    torch.set_default_device(before)
+
+
+def _timed(fn, n: int) -> float:
+    """Seconds a call of ``fn`` over ``n`` calls, with the garbage collector off (as timeit does): a long test
+    process's heap makes its collections, not the code timed, a share of each call."""
+    gc.collect()
+    gc.disable()
+    try:
+        t0 = time.perf_counter()
+        for _ in range(n):
+            fn()
+        return (time.perf_counter() - t0) / n
+    finally:
+        gc.enable()
 
 
 def _graph(x, w):
@@ -144,22 +170,19 @@ def test_wrapper_overhead_beyond_launches_is_bounded():
         n = 3000
         for _ in range(50):
             plan.call([x, w])
-        t0 = time.perf_counter()
-        for _ in range(n):
-            plan.call([x, w])
-        per_call = (time.perf_counter() - t0) / n
+        per_call = _timed(lambda: plan.call([x, w]), n)
     finally:
         glb.update(saved)
     # what the same allocations (through the wrapper's own allocation function) and stub calls cost alone
     alloc = glb["alloc"]
     shapes = [((64, 1), (1, 1))] * allocs
-    t0 = time.perf_counter()
-    for _ in range(n):
+
+    def alone():
         for shape, stride in shapes:
             alloc(shape, stride, torch.float32)
         for _ in launches:
             stub(x, w, x, w, x, w, x, 64, 33, 33, 33.0)
-    floor = (time.perf_counter() - t0) / n
+    floor = _timed(alone, n)
     print(f"wrapper {per_call * 1e6:.1f} us a call, {len(launches)} launches, {allocs} allocations; "
           f"those alone {floor * 1e6:.1f} us")
     assert per_call <= OVERHEAD_FACTOR * floor + 5e-6, \
@@ -299,22 +322,16 @@ def test_gpu_launch_path_host_time_a_kernel():
         g.run([x, w])  # (the first call keeps the kernels; after it the plan writes their launches in)
     assert plan.inlined_source is not None, plan.source
     torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    for _ in range(n):
-        plan.call([x, w])
-    per_call = (time.perf_counter() - t0) / n
+    per_call = _timed(lambda: plan.call([x, w]), n)
     torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    for _ in range(n):
-        plan.generic([x, w])
-    generic_call = (time.perf_counter() - t0) / n
+    generic_call = _timed(lambda: plan.generic([x, w]), n)
     torch.cuda.synchronize()
-    t0 = time.perf_counter()
     alloc = plan.call.__globals__["alloc"]
-    for _ in range(n):
+
+    def allocations():
         for _ in allocs:
             alloc((64, 1), (1, 1), torch.float32)
-    alloc_cost = (time.perf_counter() - t0) / n
+    alloc_cost = _timed(allocations, n)
     us = (per_call - alloc_cost) * 1e6 / launches
     floor = _c_launcher_alone_us(plan, x, w, n)
     own = sum(getattr(getattr(plan.generic.__globals__[k], "site", None), "direct", None) is not None and
