@@ -17,11 +17,10 @@ from tilefuse.kernels import indexing
 
 @pytest.fixture(autouse=True)
 def _on_the_kernels_device():
-    """Every tensor these tests make is on the device the kernels run on."""
-    before = torch.get_default_device()
-    torch.set_default_device(device.torch_device())
-    yield
-    torch.set_default_device(before)
+    """Every tensor these tests make is on the device the kernels run on. (A context, not set_default_device
+    and back: setting it back to the CPU leaves a device mode on every later torch call of the process.)"""
+    with torch.device(device.torch_device()):
+        yield
 
 
 def _forget():
