@@ -175,6 +175,44 @@ def test_a_forward_launch_is_kept_and_a_dropout_forward_is_not(used, monkeypatch
     assert len(keys) == 6 and len(launch._forward_launches) == 1
 
 
+def test_the_ops_checked_arguments_are_kept_by_what_the_checks_read(monkeypatch):
+    """The custom ops' argument checks (ops._params): a repeat call without dropout takes the kept Params and makes
+    the mask's and slopes' views again from the call's own tensors; anything the checks read that differs (a
+    shape, a mask that requires grad under grad mode, the numbers) is checked again; dropout keeps nothing."""
+    from tilefuse.kernels.attention import ops
+
+    monkeypatch.setattr(ops, "_checked", {})
+    calls = []
+    real = ops.check_arguments
+    monkeypatch.setattr(ops, "check_arguments", lambda *a, **kw: calls.append(kw) or real(*a, **kw))
+    q, k = torch.randn(2, 4, 3, 16), torch.randn(2, 2, 11, 16)
+    mask, slopes = torch.rand(1, 1, 3, 11) > 0.5, torch.rand(4, dtype=torch.float16)
+    args = (1.0 / 4, 0.0, 1, -1, -1, 0.0, 0)
+    first = ops._params(q, k, k, mask, slopes, *args)
+    mask2, slopes2 = torch.rand(1, 1, 3, 11) > 0.5, torch.rand(4, dtype=torch.float16)
+    again = ops._params(torch.randn_like(q), torch.randn_like(k), torch.randn_like(k), mask2, slopes2, *args)
+    assert len(calls) == 1, "a repeat call ran the checks again"
+    assert again[0] == first[0]
+    assert again[1].dtype == torch.uint8 and again[1].shape == (2, 4, 3, 11) and again[1].stride()[:2] == (0, 0)
+    assert torch.equal(again[1], mask2.expand(2, 4, 3, 11).to(torch.uint8))  # the new call's mask, not the first's
+    assert again[2].dtype == torch.float32 and torch.equal(again[2], slopes2.float().expand(2, 4))
+    ops._params(q, k, k, torch.zeros(1, 1, 3, 11), slopes, *args)  # an additive mask: kept
+    with pytest.raises(ValueError, match="mask requires grad"):  # the same metadata, but it requires grad
+        ops._params(q, k, k, torch.zeros(1, 1, 3, 11, requires_grad=True), slopes, *args)
+    with torch.no_grad():  # (that mask under no_grad: allowed, a key of its own)
+        ops._params(q, k, k, torch.zeros(1, 1, 3, 11, requires_grad=True), slopes, *args)
+    with pytest.raises(ValueError, match="mask requires grad"):  # and with grad mode back on, refused again
+        ops._params(q, k, k, torch.zeros(1, 1, 3, 11, requires_grad=True), slopes, *args)
+    longer = ops._params(q, torch.randn(2, 2, 12, 16), torch.randn(2, 2, 12, 16), None, None, *args)
+    assert longer[0].Sk == 12 and longer[1] is None and longer[2] is None
+    causal_off = ops._params(q, k, k, None, None, 1.0 / 4, 0.0, 0, -1, -1, 0.0, 0)
+    assert causal_off[0].band_hi is False and first[0].band_hi is True
+    n = len(calls)
+    ops._params(q, k, k, None, None, 1.0 / 4, 0.0, 1, -1, -1, 0.25, 7)
+    ops._params(q, k, k, None, None, 1.0 / 4, 0.0, 1, -1, -1, 0.25, 7)
+    assert len(calls) == n + 2 and len(ops._checked) == 5  # (dropout: checked each time, never kept)
+
+
 # ---------------------------------------------------------------------------- results through kept sites
 RESULT_CASES = [
     # (B, H, H_kv, Sq, Sk, D), dtype, attention kwargs
@@ -280,6 +318,7 @@ def _keep_fakes(monkeypatch, call, inputs):
     monkeypatch.setattr(triton, "__version__", "3.6.0")
     monkeypatch.setattr(torch._C, "_cuda_getCurrentRawStream", lambda index: 70 + index, raising=False)
     monkeypatch.setattr(launch, "_sites", {})
+    monkeypatch.setattr(launch, "_forward_launches", {})
     jitted = []
     real_jit = launcher.SiteLauncher._jit
 

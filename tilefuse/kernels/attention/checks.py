@@ -159,10 +159,13 @@ def check_mask(mask, B, H, Sq, Sk, device) -> tuple[torch.Tensor | None, int]:
     if mask.requires_grad and torch.is_grad_enabled():
         raise ValueError("mask requires grad: gradients w.r.t. the mask are not computed; pass mask.detach() "
                          "(or use score_mod for a learned bias)")
+    return mask_view(mask, B, H, Sq, Sk), MASK_BOOL if mask.dtype == torch.bool else MASK_ADDITIVE
+
+
+def mask_view(mask: torch.Tensor, B: int, H: int, Sq: int, Sk: int) -> torch.Tensor:
+    """A checked mask as the kernels read it: (B, H, Sq, Sk), broadcast dims stride 0, bool viewed as uint8."""
     view = mask.expand(B, H, Sq, Sk)
-    if mask.dtype == torch.bool:
-        return view.view(torch.uint8), MASK_BOOL
-    return view, MASK_ADDITIVE
+    return view.view(torch.uint8) if mask.dtype == torch.bool else view
 
 
 def check_alibi(alibi, B, H, device) -> torch.Tensor | None:
@@ -178,6 +181,11 @@ def check_alibi(alibi, B, H, device) -> torch.Tensor | None:
         raise ValueError(f"alibi is on {alibi.device}, q on {device}: they must be on one device")
     if alibi.requires_grad and torch.is_grad_enabled():
         raise ValueError("alibi requires grad: gradients w.r.t. the slopes are not computed; pass alibi.detach()")
+    return alibi_view(alibi, B, H)
+
+
+def alibi_view(alibi: torch.Tensor, B: int, H: int) -> torch.Tensor:
+    """Checked ALiBi slopes as the kernels read them: (B, H) float32, stride 0 over the batch for per-head ones."""
     return alibi.detach().to(torch.float32).expand(B, H)
 
 
