@@ -154,3 +154,79 @@ def test_a_repeat_call_takes_the_kept_plan_and_a_new_form_makes_its_own():
         assert len(calls) == 2
     finally:
         indexing._plan = real
+
+
+# ------------------------------------------------------------------------ index_put with accumulate=True
+def _accumulated(base, index, values):
+    """``index_put(base, [index], values, accumulate=True)`` in float64 (the reference)."""
+    return torch.index_put(base.double(), [index], values.double(), accumulate=True)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=str)
+@pytest.mark.parametrize("index_dtype", [torch.int64, torch.int32], ids=str)
+def test_accumulate_sums_repeated_rows_like_a_float64_reference(dtype, index_dtype):
+    """An embedding's backward: a (2, 7) index into 13 rows, one row used 5 times, negative indices, a
+    non-contiguous destination of 3-D rows; every row compared, the unused ones too (they must be the base's)."""
+    base = torch.randn(13, 4, 10, dtype=dtype)[:, :, ::2]  # (13, 4, 5), not contiguous
+    index = torch.tensor([[2, 12, 2, -1, 5, 2, 0], [2, -11, 7, 3, 2, 12, 6]], dtype=index_dtype)
+    values = torch.randn(2, 7, 4, 5, dtype=dtype)
+    indexing._sites.clear()
+    got = indexing.index_put(base, [index], values, accumulate=True)
+    assert any(k[0] == "add_rows" for k in indexing._sites), "the call did not run on the module's kernel"
+    assert got.shape == base.shape and got.dtype == dtype and got.data_ptr() != base.data_ptr()
+    want = _accumulated(base, index, values)
+    tol = {torch.float32: 1e-5, torch.bfloat16: 2e-2, torch.float16: 2e-3}[dtype]
+    torch.testing.assert_close(got.double(), want, rtol=tol, atol=tol * 4)
+
+
+def test_accumulate_is_deterministic_and_sums_in_the_order_values_come():
+    """No atomics: the same call gives the same bits every time, and a row's sum is in the values' order (fp32
+    sums of numbers of very different size show the order)."""
+    base = torch.zeros(3, 1)
+    index = torch.tensor([1, 1, 1, 0])
+    values = torch.tensor([[1.0], [1e8], [-1e8], [5.0]])
+    got = indexing.index_put(base, [index], values, accumulate=True)
+    # (1 + 1e8) - 1e8 in fp32 is 0 (the 1 is lost, as in eager's sequential adds); the other order would give 1
+    assert got[1, 0].item() == 0.0 and got[0, 0].item() == 5.0
+    index = torch.randint(0, 7, (200,))
+    values = torch.randn(200, 33)
+    runs = [indexing.index_put(torch.randn(7, 33).zero_(), [index], values, accumulate=True) for _ in range(3)]
+    assert all(torch.equal(r, runs[0]) for r in runs)
+
+
+def test_accumulate_broadcast_values_an_empty_index_and_forms_left_to_aten():
+    base = torch.randn(6, 9)
+    index = torch.tensor([4, 1, 4])
+    row = torch.randn(9)  # one row for every index
+    torch.testing.assert_close(indexing.index_put(base, [index], row, accumulate=True).double(),
+                               _accumulated(base, index, row.expand(3, 9)), rtol=1e-6, atol=1e-6)
+    empty = indexing.index_put(base, [torch.tensor([], dtype=torch.int64)], torch.randn(0, 9), accumulate=True)
+    assert torch.equal(empty, base) and empty.data_ptr() != base.data_ptr()
+    for name, args in {"no accumulate": ([index], torch.randn(3, 9), False),
+                       "float64": ([index], torch.randn(3, 9, dtype=torch.float64), True),
+                       "two indices": ([index, torch.tensor([0, 8, 2])], torch.randn(3), True),
+                       "an index at dim 1": ([None, torch.tensor([0, 8])], torch.randn(6, 2), True)}.items():
+        dst = base.double() if name == "float64" else base
+        assert indexing.accumulate_form(dst.shape, dst.dtype, [None if i is None else indexing._meta(i)
+                                                              for i in args[0]], args[1].shape, args[1].dtype) \
+            is not None or name == "no accumulate", name
+        indexing._sites.clear()
+        got = indexing.index_put(dst, *args)
+        torch.testing.assert_close(got, torch.ops.aten.index_put.default(dst, *args), rtol=0, atol=0)
+        assert not indexing._sites, f"{name}: not ATen's"
+
+
+@pytest.mark.parametrize("bad", [13, -14])
+def test_accumulate_an_index_out_of_range_is_an_error(bad):
+    if not device.interpreting():  # a device assert ends the process's GPU context: the call runs in a child
+        code = ("import torch; from tilefuse.kernels import indexing; "
+                "torch.set_default_device(torch.device('cuda'));"
+                f"out = indexing.index_put(torch.zeros(13, 4), [torch.tensor([2, {bad}])], torch.randn(2, 4), True); "
+                "torch.cuda.synchronize(); print('no error')")
+        r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
+        said = r.stdout + r.stderr
+        assert r.returncode != 0 and "no error" not in said, said[-2000:]
+        assert "index out of range" in said or "device-side assert" in said, said[-2000:]
+        return
+    with pytest.raises(IndexError, match=f"index {bad} is out of bounds for dimension 0 with size 13"):
+        indexing.index_put(torch.zeros(13, 4), [torch.tensor([2, bad])], torch.randn(2, 4), accumulate=True)

@@ -189,6 +189,96 @@ def index_put_(dst: torch.Tensor, indices, values: torch.Tensor, accumulate: boo
     return dst
 
 
+# ------------------------------------------------------------------------ index_put with accumulate=True
+ACCUMULATE_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+ADD_BLOCK = 1024  # columns a program (GPT-2's 768-wide embedding rows: one block)
+
+
+@triton.jit
+def _index_add_rows_kernel(out, keys, order, val, n, rows, inner, v_row, v_col, BLOCK: tl.constexpr):
+    """One program a position of the sorted row indices and a block of columns. The first position of each run of
+    equal rows sums the run's value rows in their original order (the sort is stable) in fp32 and adds the sum to
+    its row of ``out``; every other position has nothing to do. No atomics: the same inputs give the same bits."""
+    i = tl.program_id(0)
+    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    cm = cols < inner
+    row = tl.load(keys + i)
+    prev = tl.load(keys + i - 1, mask=i > 0, other=-1)
+    if (i == 0) | (prev != row):
+        tl.device_assert((row >= 0) & (row < rows), "tilefuse: index_put: index out of range")
+        acc = tl.zeros([BLOCK], dtype=tl.float32)
+        j = i
+        r = row
+        while (r == row) & (j < n):
+            src = tl.load(order + j)
+            acc += tl.load(val + src * v_row + cols * v_col, mask=cm, other=0.0).to(tl.float32)
+            j += 1
+            r = tl.load(keys + j, mask=j < n, other=0)
+        at = out + row * inner + cols
+        tl.store(at, (tl.load(at, mask=cm, other=0.0).to(tl.float32) + acc).to(out.dtype.element_ty), mask=cm)
+
+
+def accumulate_form(base_shape, base_dtype, indices, values_shape, values_dtype) -> str | None:
+    """Why ``index_put(base, indices, values, accumulate=True)`` is not the form of :func:`index_put`'s kernel
+    (None: it is): one integer index tensor of any shape for dimension 0, values of the destination's float dtype
+    broadcasting to ``index.shape + base.shape[1:]`` (an embedding's backward). ``indices`` as ``_form`` takes
+    them: (shape, strides, dtype) or None each."""
+    if not base_shape:
+        return "a 0-d destination"
+    if base_dtype not in ACCUMULATE_DTYPES:
+        return f"a {base_dtype} destination (the kernel sums float16, bfloat16 and float32)"
+    if not isinstance(indices, (list, tuple)) or len(indices) != 1 or indices[0] is None:
+        return "indices other than one index tensor for dimension 0"
+    if indices[0][2] not in INDEX_DTYPES:
+        return f"an index of dtype {indices[0][2]} (the kernel takes int64/int32)"
+    if values_dtype != base_dtype:
+        return f"values of dtype {values_dtype} into {base_dtype}"
+    target = tuple(indices[0][0]) + tuple(base_shape[1:])
+    if len(values_shape) > len(target) or any(v not in (1, t) for v, t in zip(tuple(values_shape)[::-1],
+                                                                                 target[::-1])):
+        return f"values of shape {tuple(values_shape)} for an indexed shape {target}"
+    return None
+
+
+def index_put(base: torch.Tensor, indices, values: torch.Tensor, accumulate: bool = False) -> torch.Tensor:
+    """``torch.index_put(base, indices, values, accumulate)``, a new tensor. With ``accumulate=True`` and the form
+    :func:`accumulate_form` takes, on one device this module's kernels run on: ``base`` copied, then each row
+    named by the index gets the sum of its value rows, summed in fp32 in the order they come, without atomics
+    (deterministic, unlike a scatter with atomic adds). Anything else is ATen's ``index_put``. An index out of
+    range is an error: a device assert on a GPU, an ``IndexError`` checked on the host on the CPU."""
+    if not (accumulate and isinstance(base, torch.Tensor) and isinstance(values, torch.Tensor)
+            and isinstance(indices, (list, tuple)) and len(indices) == 1 and isinstance(indices[0], torch.Tensor)):
+        return torch.ops.aten.index_put.default(base, indices, values, accumulate)
+    index = indices[0]
+    why = accumulate_form(base.shape, base.dtype, [_meta(index)], values.shape, values.dtype)
+    if why is not None or index.device != base.device or values.device != base.device or \
+            (base.device.type == "cpu") != device.interpreting():
+        return torch.ops.aten.index_put.default(base, indices, values, accumulate)
+    rows = base.shape[0]
+    inner = base.numel() // rows if rows else 0
+    out = base.clone(memory_format=torch.contiguous_format)
+    n = index.numel()
+    if n == 0 or inner == 0:
+        return out
+    flat = index.reshape(n)
+    if base.device.type == "cpu":  # (a GPU checks in the kernel: a device assert)
+        lo, hi = int(flat.min()), int(flat.max())
+        if lo < -rows or hi >= rows:
+            raise IndexError(f"index_put: index {lo if lo < -rows else hi} is out of bounds for dimension 0 "
+                             f"with size {rows}")
+    keys = flat.to(torch.int64)
+    keys = torch.where(keys < 0, keys + rows, keys)
+    keys, order = torch.sort(keys, stable=True)
+    vals = values.expand(tuple(index.shape) + tuple(base.shape[1:])).reshape(n, inner)
+    grid = (n, triton.cdiv(inner, ADD_BLOCK))
+    on_gpu = base.device.type != "cpu"
+    site = kept_site(_sites, SITE_CACHE_MAX, ("add_rows", grid, base.dtype, base.get_device()),
+                     _index_add_rows_kernel, grid, dict(_ASSERTS if on_gpu else {}, num_warps=4),
+                     {"BLOCK": ADD_BLOCK})
+    site(out, keys, order, vals, n, rows, inner, vals.stride(0), vals.stride(1))
+    return out
+
+
 def _examples(target: str):
     ints = ("n", "size_k", "s1", "s2", "s3", "d0", "d1", "d2", "d3", "v0", "v1", "v2", "v3", "i_stride")
     sig = {"dst": "*bf16", "idx": "*i64", "val": "*bf16", **{name: "i32" for name in ints},
@@ -196,6 +286,15 @@ def _examples(target: str):
     return [targets.Example("a KV cache row, bf16, index dim 2", sig, {"K": 2, "BLOCK": BLOCK}, {"num_warps": 4})]
 
 
+def _add_rows_examples(target: str):
+    sig = {"out": "*fp32", "keys": "*i64", "order": "*i64", "val": "*fp32",
+           **{name: "i32" for name in ("n", "rows", "inner", "v_row", "v_col")}, "BLOCK": "constexpr"}
+    return [targets.Example("an embedding's backward, fp32 rows", sig, {"BLOCK": ADD_BLOCK}, {"num_warps": 4})]
+
+
 targets.register(targets.KernelSpec(
     "index_put_dim", family="indexing", fn=_index_put_dim_kernel, examples=_examples,
     description="index_put_ along one dimension (a KV cache's row written in place)"))
+targets.register(targets.KernelSpec(
+    "index_add_rows", family="indexing", fn=_index_add_rows_kernel, examples=_add_rows_examples,
+    description="index_put with accumulate=True at dimension 0 (an embedding's backward), deterministic"))
