@@ -213,6 +213,39 @@ def test_the_ops_checked_arguments_are_kept_by_what_the_checks_read(monkeypatch)
     assert len(calls) == n + 2 and len(ops._checked) == 5  # (dropout: checked each time, never kept)
 
 
+def test_a_backwards_choices_are_kept_and_a_dropout_backward_keeps_none(used, monkeypatch):
+    """A backward that gives no form or configs: the second call with the same Params takes the kept choices and
+    builds no tuning key, and gives the same gradients; a call with another shape builds its own; dropout (a new
+    seed each call) keeps nothing."""
+    from tilefuse.kernels.attention import tuning
+
+    monkeypatch.setattr(launch, "_backward_choices", {})
+    keys = []
+    real_key = tuning.key_of
+    monkeypatch.setattr(tuning, "key_of", lambda *a, **kw: keys.append(a[0]) or real_key(*a, **kw))
+    q, k, v = torch.randn(1, 2, 9, 16), torch.randn(1, 2, 13, 16), torch.randn(1, 2, 13, 16)
+    p, _ = _params(q, k, causal=True)
+    out, lse2 = launch.forward(q, k, v, p, plan=launch.Plan(CFG, False, 1))
+    do = torch.randn_like(out)
+    first = launch.backward(do, q, k, v, out, lse2, p)
+    n = len(keys)
+    assert n >= 1 and len(launch._backward_choices) == 1
+    again = launch.backward(do, q, k, v, out, lse2, p)
+    assert len(keys) == n, "a repeat backward built its tuning keys again"
+    for a, b in zip(first, again):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+    q2 = torch.randn(1, 2, 10, 16)
+    p2, _ = _params(q2, k, causal=True)
+    out2, lse22 = launch.forward(q2, k, v, p2, plan=launch.Plan(CFG, False, 1))
+    launch.backward(torch.randn_like(out2), q2, k, v, out2, lse22, p2)
+    assert len(keys) == 2 * n and len(launch._backward_choices) == 2
+    pd, _ = _params(q, k, causal=True, dropout_p=0.25)
+    outd, lsed = launch.forward(q, k, v, pd, plan=launch.Plan(CFG, False, 1))
+    for _ in range(2):
+        launch.backward(do, q, k, v, outd, lsed, pd)
+    assert len(keys) == 4 * n and len(launch._backward_choices) == 2
+
+
 # ---------------------------------------------------------------------------- results through kept sites
 RESULT_CASES = [
     # (B, H, H_kv, Sq, Sk, D), dtype, attention kwargs

@@ -274,6 +274,12 @@ def forward(q, k, v, p: Params, mask=None, alibi=None, plan: Plan | None = None)
     return out, lse2
 
 
+# The backward's choices (the dQ form, the dK/dV and dQ configs) of a call that gives none, kept by what they were
+# made from: finding them again builds up to three tuning keys, ~15 us each on a CPU host (tuning.choose remembers
+# its decisions, so the kept choice is the one it would give). Not for a call with dropout (a new seed each call).
+_backward_choices: dict[tuple, tuple] = {}
+
+
 def backward(do, q, k, v, out, lse2, p: Params, mask=None, alibi=None, *, dkdv_config=None, dq_config=None,
              atomic_dq: bool | None = None):
     """(dq, dk, dv), each like its input. dQ is computed either by its own pass (no atomics: bitwise
@@ -281,6 +287,13 @@ def backward(do, q, k, v, out, lse2, p: Params, mask=None, alibi=None, *, dkdv_c
     first; otherwise ``atomic_dq`` picks, and None lets :func:`tuning.choose_form` time both on a GPU
     (decision 030: on an H100 the separate pass was 1.2-1.35x faster at 4k-16k tokens, so it is the
     untuned default too)."""
+    memo = kept = None
+    if atomic_dq is None and dkdv_config is None and dq_config is None and p.dropout_p == 0:
+        memo = (p, q.dtype, k.dtype, v.dtype, do.dtype, None if mask is None else mask.dtype,
+                None if alibi is None else alibi.dtype, q.get_device(), device.current(), tuning.tuning_enabled())
+        kept = _backward_choices.get(memo)
+        if kept is not None:
+            atomic_dq, dkdv_config, dq_config = kept
     if atomic_dq is None:
         atomic_dq = False if p.deterministic else _tuned_form(do, q, k, v, out, lse2, p, mask, alibi)
     elif atomic_dq and p.deterministic:
@@ -304,6 +317,10 @@ def backward(do, q, k, v, out, lse2, p: Params, mask=None, alibi=None, *, dkdv_c
     if dkdv_config is None or (not atomic and dq_config is None):
         dkdv_config, dq_config = _tuned_backward_configs(do, q, k, v, out, lse2, p, mask, alibi, dkdv_config,
                                                          dq_config, atomic)
+    if memo is not None and kept is None:
+        if len(_backward_choices) >= PLAN_CACHE_MAX:
+            _backward_choices.clear()
+        _backward_choices[memo] = (atomic, dkdv_config, dq_config)
     common = _common_constexprs(p, q.dtype)
     kv_cfg = dkdv_config
     dq_acc = torch.zeros((p.B, p.H, p.Sq, p.D), dtype=torch.float32, device=q.device) if atomic else dq
