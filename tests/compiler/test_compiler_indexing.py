@@ -1,14 +1,15 @@
 """Every indirect-indexing rule, forward and backward, against eager and a float64 reference.
 
 The lowering builds data-dependent loads (``ir.Indirect``) for ``embedding``, ``index_select``, ``gather``,
-advanced indexing with one index tensor (``x[idx]``, ``x[:, idx]``; ``take`` reaches it through a flatten) and
-the one-hot ``scatter``. ``index_put`` with accumulate at dimension 0 (the embedding's backward) is the library's
-deterministic kernel (an extern by design); the rest (``scatter_add``, several index tensors, boolean masks,
-``scatter_reduce``, ``index_add``, ``index_put`` without accumulate) run as ATen externs. So the forward of a
-lowered op is checked in strict mode (a fallback raises), and forward + backward run non-strict with the forward's
-op required not to have fallen back, or strict where the backward has a kernel too (the embedding's). Sizes 1, 7 and 129 (the index count and
-the indexed dimension), non-contiguous NaN-poisoned sources (``support.noncontiguous``: a read of the gap
-shows), negative in-range indices where the op wraps them, repeated indices (the backward accumulates), int32
+advanced indexing with one or several index tensors (``x[idx]``, ``x[:, idx]``, ``x[a, b]``, ``x[a, :, b]``, with
+torch's rule for where the broadcast index shape goes; ``take`` reaches it through a flatten) and the one-hot
+``scatter``. ``index_put`` with accumulate at the leading dimensions (the backward of an embedding and of
+``x[a, b]``) is the library's deterministic kernel, an extern by design. The rest (``scatter_add``, boolean masks,
+``scatter_reduce``, ``index_add``, ``index_put`` without accumulate or at other dimensions) run as ATen externs.
+So the forward of a lowered op is checked in strict mode (a fallback raises), and forward + backward run
+non-strict with the forward's op required not to have fallen back, or strict where the backward has a kernel too.
+Sizes 1, 7 and 129 (the index count and the indexed dimension), non-contiguous NaN-poisoned sources
+(``support.noncontiguous``: a read of the gap shows), negative in-range indices where the op wraps them, repeated indices (the backward accumulates), int32
 and int64 indices. A consumer fused after the gather (``* 2 + 1``) puts the indirect load inside a larger
 kernel, where its index expression is composed with the consumer's.
 """
@@ -163,10 +164,30 @@ def test_advanced_index_sizes(size):
 
 @pytest.mark.parametrize("idx_dtype", INDEX_DTYPES)
 def test_advanced_index_two_index_tensors(idx_dtype):
-    """x[idx1, idx2] (several index tensors: an ATen extern today) must still be right, with its backward."""
-    x = source(7, 129)
+    """x[idx1, idx2]: a gather at two data-dependent positions, and its backward an index_put with accumulate at
+    the two leading dimensions (the library kernel's, flattened): both strict, negative and repeated pairs."""
+    x = source(7, 129, noncontig=True)
     i1, i2 = indices(9, 7, idx_dtype, negative=True), indices(9, 129, idx_dtype)
-    cc.check_function(lambda x, a, b: x[a, b] * 2.0, x, i1, i2, what="x[idx1, idx2]", strict_mode=False)
+    check(fused(lambda x, a, b: x[a, b]), x, i1, i2, what="x[idx1, idx2]", lowered=(INDEX,), strict_backward=True)
+
+
+@pytest.mark.parametrize("form", ["broadcast", "three", "gap", "trailing"])
+def test_advanced_index_several_index_tensors(form):
+    """torch's rule for where the broadcast index shape goes: in place of adjacent indexed dimensions, first
+    when a full slice separates them. The backward of a non-leading form (a gap, trailing dims) is an ATen
+    extern; the forward is lowered in every form."""
+    x = source(5, 6, 7, noncontig=True)
+    if form == "broadcast":  # (3, 1) with (4,): a (3, 4) grid of pairs, then the 7 columns
+        fn, a, b = (lambda x, a, b: x[a, b]), indices(3, 5, negative=True, shape=(3, 1)), indices(4, 6)
+    elif form == "three":
+        c = indices(4, 7, negative=True)
+        fn, a, b = (lambda x, a, b: x[a, b, c]), indices(4, 5), indices(4, 6)
+    elif form == "gap":  # x[a, :, b]: the index shape first, then the sliced dim
+        fn, a, b = (lambda x, a, b: x[a, :, b]), indices(3, 5), indices(3, 7, negative=True)
+    else:  # x[:, a, b]: adjacent, not leading
+        fn, a, b = (lambda x, a, b: x[:, a, b]), indices(2, 6, shape=(2, 1)), indices(3, 7)
+    check(fused(fn), x, a, b, what=f"several index tensors ({form})", lowered=(INDEX,),
+          strict_backward=form in ("broadcast", "three"))
 
 
 def test_boolean_mask():

@@ -202,11 +202,18 @@ def test_accumulate_broadcast_values_an_empty_index_and_forms_left_to_aten():
                                _accumulated(base, index, row.expand(3, 9)), rtol=1e-6, atol=1e-6)
     empty = indexing.index_put(base, [torch.tensor([], dtype=torch.int64)], torch.randn(0, 9), accumulate=True)
     assert torch.equal(empty, base) and empty.data_ptr() != base.data_ptr()
+    cube = torch.randn(6, 9, 4)
     for name, args in {"no accumulate": ([index], torch.randn(3, 9), False),
                        "float64": ([index], torch.randn(3, 9, dtype=torch.float64), True),
-                       "two indices": ([index, torch.tensor([0, 8, 2])], torch.randn(3), True),
-                       "an index at dim 1": ([None, torch.tensor([0, 8])], torch.randn(6, 2), True)}.items():
-        dst = base.double() if name == "float64" else base
+                       "an index at dim 1": ([None, torch.tensor([0, 8])], torch.randn(6, 2), True),
+                       "indices at dims 0 and 2": ([index, None, torch.tensor([0, 3, 1])], torch.randn(3, 9), True),
+                       "indices that do not broadcast": ([index, torch.tensor([0, 3])], torch.randn(3, 4), True),
+                       }.items():
+        dst = base.double() if name == "float64" else cube if name.startswith("indices") else base
+        if name == "indices that do not broadcast":
+            with pytest.raises((IndexError, RuntimeError)):
+                indexing.index_put(dst, *args)
+            continue
         assert indexing.accumulate_form(dst.shape, dst.dtype, [None if i is None else indexing._meta(i)
                                                               for i in args[0]], args[1].shape, args[1].dtype) \
             is not None or name == "no accumulate", name
@@ -230,3 +237,43 @@ def test_accumulate_an_index_out_of_range_is_an_error(bad):
         return
     with pytest.raises(IndexError, match=f"index {bad} is out of bounds for dimension 0 with size 13"):
         indexing.index_put(torch.zeros(13, 4), [torch.tensor([2, bad])], torch.randn(2, 4), accumulate=True)
+
+
+@pytest.mark.parametrize("shapes", [((4,), (4,)), ((3, 1), (5,)), ((), (2, 3))], ids=["pairs", "broadcast", "0-d"])
+def test_accumulate_with_an_index_for_each_leading_dimension(shapes):
+    """``logits[arange(B), lengths]``'s backward: index tensors for dimensions 0 and 1, broadcast together, negative
+    and repeated pairs, into rows of the two leading dimensions flattened; against a float64 reference."""
+    base = torch.randn(5, 6, 7)
+    i0 = torch.randint(-5, 5, shapes[0]) if shapes[0] else torch.tensor(-1)
+    i1 = torch.randint(-6, 6, shapes[1])
+    if i1.numel() > 1:
+        i1.view(-1)[-1] = i1.view(-1)[0]
+    values = torch.randn(torch.broadcast_shapes(i0.shape, i1.shape) + (7,))
+    indexing._sites.clear()
+    got = indexing.index_put(base, [i0, i1], values, accumulate=True)
+    assert any(k[0] == "add_rows" for k in indexing._sites), "the call did not run on the module's kernel"
+    torch.testing.assert_close(got.double(), _accumulated_many(base, [i0, i1], values), rtol=1e-5, atol=1e-5)
+
+
+def _accumulated_many(base, indices, values):
+    return torch.index_put(base.double(), indices, values.double(), accumulate=True)
+
+
+@pytest.mark.parametrize("dim", [0, 1])
+def test_accumulate_an_index_out_of_range_in_either_leading_dimension_is_an_error(dim):
+    """Flattened, (0, 6) into (5, 6) would be the in-range row 6 (1, 0): each index is checked against its own
+    dimension."""
+    pair = [torch.tensor([1, 0]), torch.tensor([2, 6])] if dim == 1 else [torch.tensor([1, 5]), torch.tensor([2, 0])]
+    bad = 6 if dim == 1 else 5
+    if not device.interpreting():
+        code = ("import torch; from tilefuse.kernels import indexing; "
+                "torch.set_default_device(torch.device('cuda'));"
+                f"out = indexing.index_put(torch.zeros(5, 6, 2), [torch.tensor({pair[0].tolist()}), "
+                f"torch.tensor({pair[1].tolist()})], torch.randn(2, 2), True); torch.cuda.synchronize(); "
+                "print('no error')")
+        r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
+        said = r.stdout + r.stderr
+        assert r.returncode != 0 and "no error" not in said, said[-2000:]
+        return
+    with pytest.raises(IndexError, match=f"index {bad} is out of bounds for dimension {dim}"):
+        indexing.index_put(torch.zeros(5, 6, 2), pair, torch.randn(2, 2), accumulate=True)

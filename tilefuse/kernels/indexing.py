@@ -218,22 +218,42 @@ def _index_add_rows_kernel(out, keys, order, val, n, rows, inner, v_row, v_col, 
         tl.store(at, (tl.load(at, mask=cm, other=0.0).to(tl.float32) + acc).to(out.dtype.element_ty), mask=cm)
 
 
+def _broadcast(shapes) -> tuple | None:
+    """The shape ``shapes`` broadcast to (right-aligned, as torch does), or None where they do not."""
+    rank = max((len(sh) for sh in shapes), default=0)
+    out = []
+    for j in range(rank):
+        sizes = {sh[len(sh) - rank + j] for sh in shapes if len(sh) - rank + j >= 0} - {1}
+        if len(sizes) > 1:
+            return None
+        out.append(sizes.pop() if sizes else 1)
+    return tuple(out)
+
+
 def accumulate_form(base_shape, base_dtype, indices, values_shape, values_dtype) -> str | None:
     """Why ``index_put(base, indices, values, accumulate=True)`` is not the form of :func:`index_put`'s kernel
-    (None: it is): one integer index tensor of any shape for dimension 0, values of the destination's float dtype
-    broadcasting to ``index.shape + base.shape[1:]`` (an embedding's backward). ``indices`` as ``_form`` takes
-    them: (shape, strides, dtype) or None each."""
+    (None: it is): integer index tensors for the leading dimensions 0..m-1 (one for an embedding's backward; two
+    for ``logits[arange(B), lengths]``'s), broadcasting together to a shape ``I``, none after them, and values of
+    the destination's float dtype broadcasting to ``I + base.shape[m:]``. ``indices`` as ``_form`` takes them:
+    (shape, strides, dtype) or None each."""
     if not base_shape:
         return "a 0-d destination"
     if base_dtype not in ACCUMULATE_DTYPES:
         return f"a {base_dtype} destination (the kernel sums float16, bfloat16 and float32)"
-    if not isinstance(indices, (list, tuple)) or len(indices) != 1 or indices[0] is None:
-        return "indices other than one index tensor for dimension 0"
-    if indices[0][2] not in INDEX_DTYPES:
-        return f"an index of dtype {indices[0][2]} (the kernel takes int64/int32)"
+    if not isinstance(indices, (list, tuple)) or not indices or len(indices) > len(base_shape):
+        return "no index tensor, or more than the destination has dimensions"
+    m = next((j for j, i in enumerate(indices) if i is None), len(indices))
+    if m == 0 or any(i is not None for i in indices[m:]):
+        return "index tensors other than for the leading dimensions (0, 1, ...)"
+    bad = [i[2] for i in indices[:m] if i[2] not in INDEX_DTYPES]
+    if bad:
+        return f"an index of dtype {bad[0]} (the kernel takes int64/int32)"
     if values_dtype != base_dtype:
         return f"values of dtype {values_dtype} into {base_dtype}"
-    target = tuple(indices[0][0]) + tuple(base_shape[1:])
+    shape = _broadcast([tuple(i[0]) for i in indices[:m]])
+    if shape is None:
+        return f"index tensors of shapes {[tuple(i[0]) for i in indices[:m]]} that do not broadcast together"
+    target = shape + tuple(base_shape[m:])
     if len(values_shape) > len(target) or any(v not in (1, t) for v, t in zip(tuple(values_shape)[::-1],
                                                                                  target[::-1])):
         return f"values of shape {tuple(values_shape)} for an indexed shape {target}"
@@ -243,33 +263,48 @@ def accumulate_form(base_shape, base_dtype, indices, values_shape, values_dtype)
 def index_put(base: torch.Tensor, indices, values: torch.Tensor, accumulate: bool = False) -> torch.Tensor:
     """``torch.index_put(base, indices, values, accumulate)``, a new tensor. With ``accumulate=True`` and the form
     :func:`accumulate_form` takes, on one device this module's kernels run on: ``base`` copied, then each row
-    named by the index gets the sum of its value rows, summed in fp32 in the order they come, without atomics
-    (deterministic, unlike a scatter with atomic adds). Anything else is ATen's ``index_put``. An index out of
-    range is an error: a device assert on a GPU, an ``IndexError`` checked on the host on the CPU."""
+    named by the indices (several index tensors name a row of the leading dimensions flattened) gets the sum of
+    its value rows, summed in fp32 in the order they come, without atomics (deterministic, unlike a scatter with
+    atomic adds). Anything else is ATen's ``index_put``. An index out of range is an error: a device assert on a
+    GPU, an ``IndexError`` checked on the host on the CPU."""
     if not (accumulate and isinstance(base, torch.Tensor) and isinstance(values, torch.Tensor)
-            and isinstance(indices, (list, tuple)) and len(indices) == 1 and isinstance(indices[0], torch.Tensor)):
+            and isinstance(indices, (list, tuple)) and all(i is None or isinstance(i, torch.Tensor) for i in indices)):
         return torch.ops.aten.index_put.default(base, indices, values, accumulate)
-    index = indices[0]
-    why = accumulate_form(base.shape, base.dtype, [_meta(index)], values.shape, values.dtype)
-    if why is not None or index.device != base.device or values.device != base.device or \
-            (base.device.type == "cpu") != device.interpreting():
+    why = accumulate_form(base.shape, base.dtype, [None if i is None else _meta(i) for i in indices], values.shape,
+                          values.dtype)
+    if why is not None or any(i is not None and i.device != base.device for i in indices) or \
+            values.device != base.device or (base.device.type == "cpu") != device.interpreting():
         return torch.ops.aten.index_put.default(base, indices, values, accumulate)
-    rows = base.shape[0]
+    m = next((j for j, i in enumerate(indices) if i is None), len(indices))
+    lead = tuple(base.shape[:m])
+    rows = 1
+    for size in lead:
+        rows *= size
     inner = base.numel() // rows if rows else 0
     out = base.clone(memory_format=torch.contiguous_format)
-    n = index.numel()
+    parts = torch.broadcast_tensors(*indices[:m]) if m > 1 else [indices[0]]
+    n = parts[0].numel()
     if n == 0 or inner == 0:
         return out
-    flat = index.reshape(n)
     if base.device.type == "cpu":  # (a GPU checks in the kernel: a device assert)
-        lo, hi = int(flat.min()), int(flat.max())
-        if lo < -rows or hi >= rows:
-            raise IndexError(f"index_put: index {lo if lo < -rows else hi} is out of bounds for dimension 0 "
-                             f"with size {rows}")
-    keys = flat.to(torch.int64)
-    keys = torch.where(keys < 0, keys + rows, keys)
+        for dim, (t, size) in enumerate(zip(parts, lead)):
+            lo, hi = int(t.min()), int(t.max())
+            if lo < -size or hi >= size:
+                raise IndexError(f"index_put: index {lo if lo < -size else hi} is out of bounds for dimension {dim} "
+                                 f"with size {size}")
+    keys = None
+    out_of_range = None
+    for t, size in zip(parts, lead):
+        t = t.reshape(n).to(torch.int64)
+        if m > 1:  # (each index checked against its own dimension: a flattened row would hide it)
+            bad = (t < -size) | (t >= size)
+            out_of_range = bad if out_of_range is None else out_of_range | bad
+        t = torch.where(t < 0, t + size, t)
+        keys = t if keys is None else keys * size + t
+    if out_of_range is not None:
+        keys = torch.where(out_of_range, rows, keys)  # the row past the end: the kernel's assert
     keys, order = torch.sort(keys, stable=True)
-    vals = values.expand(tuple(index.shape) + tuple(base.shape[1:])).reshape(n, inner)
+    vals = values.expand(tuple(parts[0].shape) + tuple(base.shape[m:])).reshape(n, inner)
     grid = (n, triton.cdiv(inner, ADD_BLOCK))
     on_gpu = base.device.type != "cpu"
     site = kept_site(_sites, SITE_CACHE_MAX, ("add_rows", grid, base.dtype, base.get_device()),

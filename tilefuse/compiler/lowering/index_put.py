@@ -47,7 +47,7 @@ def _index_put(low, base, indices, values, accumulate=False):
                                    [None if i is None else (tuple(i.shape), tuple(i.stride()), i.dtype) for i in index],
                                    tuple(v.shape), v.dtype)
     if why is not None:
-        raise LoweringError(f"index_put with accumulate=True and {why}: tilefuse's kernel takes one index tensor "
-                            f"for dimension 0")
+        raise LoweringError(f"index_put with accumulate=True and {why}: tilefuse's kernel takes index tensors "
+                            f"for the leading dimensions")
     raise ByDesign("the library's deterministic index_put with accumulate=True (rows of dimension 0, "
                    "tilefuse.kernels.indexing)")

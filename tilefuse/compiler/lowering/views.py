@@ -388,12 +388,43 @@ def _embedding(low, weight, indices, padding_idx=-1, scale_grad_by_freq=False, s
     return low.pointwise_from(meta, P.cast(low.load(weight, [row] + list(vars_[nidx:])), meta.dtype))
 
 
+def _index_several(low, a, indices, present):
+    """``x[i0, i1, ...]`` with several index tensors: they broadcast together to a shape ``I``, which takes the
+    place of the indexed dimensions where those are adjacent, and comes first otherwise (torch's rule); each
+    indexed dimension's position is its index tensor's value at the output's ``I`` positions (a size-1 dim of an
+    index tensor read at 0)."""
+    src = low.shape_of(a)
+    shapes = [tuple(low.shape_of(indices[k])) for k in present]
+    for k in present:
+        if low.tensor_meta[indices[k].name].dtype in (torch.bool, torch.uint8):
+            raise LoweringError("boolean-mask indexing (data-dependent shape)")
+    rank = max(len(sh) for sh in shapes)
+    meta = low.out_meta()
+    vars_ = ir.loop_vars(meta.shape)
+    adjacent = present == list(range(present[0], present[-1] + 1))
+    first = present[0] if adjacent else 0
+    ivars = vars_[first:first + rank]  # the output's positions of the broadcast index shape
+    others = iter(list(vars_[:first]) + list(vars_[first + rank:]))  # the other dims, in order
+    zero = ir.Index.make((), 0)
+    idx = []
+    for d in range(len(src)):
+        if d not in present:
+            idx.append(next(others))
+            continue
+        shape = low.shape_of(indices[d])
+        at = [zero if size == 1 else ivars[rank - len(shape) + j] for j, size in enumerate(shape)]
+        idx.append(_indirect(low, indices[d], at, src[d], wrap=True))
+    return low.pointwise_from(meta, P.cast(low.load(a, idx), meta.dtype))
+
+
 @register(aten.index.Tensor)
 def _index(low, a, indices):
     src = low.shape_of(a)
     present = [k for k, t in enumerate(indices) if t is not None]
-    if len(present) != 1:
-        raise LoweringError("advanced indexing with several index tensors")
+    if len(present) > 1:
+        return _index_several(low, a, indices, present)
+    if not present:
+        raise LoweringError("indexing with no index tensor")
     d = present[0]
     it = indices[d]
     if low.tensor_meta[it.name].dtype in (torch.bool, torch.uint8):
