@@ -23,6 +23,17 @@ def _on_the_kernels_device():
         yield
 
 
+def _assert_a_device_assert_stops(call: str):
+    """On a GPU: ``call`` (a statement using ``indexing`` and ``torch``, tensors made on the GPU) run in a child
+    process, as a device assert ends the process's GPU context, must fail there with the kernel's assert."""
+    code = ("import torch; from tilefuse.kernels import indexing; torch.set_default_device(torch.device('cuda')); "
+            f"{call}; torch.cuda.synchronize(); print('no error')")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
+    said = r.stdout + r.stderr
+    assert r.returncode != 0 and "no error" not in said, said[-2000:]
+    assert "index out of range" in said or "device-side assert" in said, said[-2000:]
+
+
 def _forget():
     indexing._sites.clear()
     indexing._plans.clear()
@@ -105,16 +116,9 @@ def test_other_forms_are_left_to_aten_and_still_right(case):
 
 @pytest.mark.parametrize("bad", [6, -7])
 def test_an_index_out_of_range_is_an_error(bad):
-    if not device.interpreting():  # a device assert ends the process's GPU context: the call runs in a child
-        code = ("import torch; from tilefuse.kernels import indexing; "
-                "torch.set_default_device(torch.device('cuda'));"
-                "dst = torch.randn(4, 6, 3); "
-                f"indexing.index_put_(dst, [None, torch.tensor([2, {bad}])], torch.randn(4, 2, 3)); "
-                "torch.cuda.synchronize(); print('no error')")
-        r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
-        said = r.stdout + r.stderr
-        assert r.returncode != 0 and "no error" not in said, said[-2000:]
-        assert "index out of range" in said or "device-side assert" in said, said[-2000:]
+    if not device.interpreting():
+        _assert_a_device_assert_stops(f"indexing.index_put_(torch.randn(4, 6, 3), [None, torch.tensor([2, {bad}])], "
+                                      f"torch.randn(4, 2, 3))")
         return
     dst = torch.randn(4, 6, 3)
     before = dst.clone()
@@ -225,15 +229,9 @@ def test_accumulate_broadcast_values_an_empty_index_and_forms_left_to_aten():
 
 @pytest.mark.parametrize("bad", [13, -14])
 def test_accumulate_an_index_out_of_range_is_an_error(bad):
-    if not device.interpreting():  # a device assert ends the process's GPU context: the call runs in a child
-        code = ("import torch; from tilefuse.kernels import indexing; "
-                "torch.set_default_device(torch.device('cuda'));"
-                f"out = indexing.index_put(torch.zeros(13, 4), [torch.tensor([2, {bad}])], torch.randn(2, 4), True); "
-                "torch.cuda.synchronize(); print('no error')")
-        r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
-        said = r.stdout + r.stderr
-        assert r.returncode != 0 and "no error" not in said, said[-2000:]
-        assert "index out of range" in said or "device-side assert" in said, said[-2000:]
+    if not device.interpreting():
+        _assert_a_device_assert_stops(f"indexing.index_put(torch.zeros(13, 4), [torch.tensor([2, {bad}])], "
+                                      f"torch.randn(2, 4), True)")
         return
     with pytest.raises(IndexError, match=f"index {bad} is out of bounds for dimension 0 with size 13"):
         indexing.index_put(torch.zeros(13, 4), [torch.tensor([2, bad])], torch.randn(2, 4), accumulate=True)
@@ -266,14 +264,8 @@ def test_accumulate_an_index_out_of_range_in_either_leading_dimension_is_an_erro
     pair = [torch.tensor([1, 0]), torch.tensor([2, 6])] if dim == 1 else [torch.tensor([1, 5]), torch.tensor([2, 0])]
     bad = 6 if dim == 1 else 5
     if not device.interpreting():
-        code = ("import torch; from tilefuse.kernels import indexing; "
-                "torch.set_default_device(torch.device('cuda'));"
-                f"out = indexing.index_put(torch.zeros(5, 6, 2), [torch.tensor({pair[0].tolist()}), "
-                f"torch.tensor({pair[1].tolist()})], torch.randn(2, 2), True); torch.cuda.synchronize(); "
-                "print('no error')")
-        r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
-        said = r.stdout + r.stderr
-        assert r.returncode != 0 and "no error" not in said, said[-2000:]
+        _assert_a_device_assert_stops(f"indexing.index_put(torch.zeros(5, 6, 2), [torch.tensor({pair[0].tolist()}), "
+                                      f"torch.tensor({pair[1].tolist()})], torch.randn(2, 2), True)")
         return
     with pytest.raises(IndexError, match=f"index {bad} is out of bounds for dimension {dim}"):
         indexing.index_put(torch.zeros(5, 6, 2), pair, torch.randn(2, 2), accumulate=True)
