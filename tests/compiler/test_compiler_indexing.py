@@ -3,9 +3,10 @@
 The lowering builds data-dependent loads (``ir.Indirect``) for ``embedding``, ``index_select``, ``gather``,
 advanced indexing with one or several index tensors (``x[idx]``, ``x[:, idx]``, ``x[a, b]``, ``x[a, :, b]``, with
 torch's rule for where the broadcast index shape goes; ``take`` reaches it through a flatten) and the one-hot
-``scatter``. ``index_put`` with accumulate at the leading dimensions (the backward of an embedding and of
-``x[a, b]``) is the library's deterministic kernel, an extern by design. The rest (``scatter_add``, boolean masks,
-``scatter_reduce``, ``index_add``, ``index_put`` without accumulate or at other dimensions) run as ATen externs.
+``scatter``. ``index_put`` with accumulate at one run of adjacent dimensions (the backward of an embedding, of
+``x[a, b]``, of ``x[:, a, b]``) is the library's deterministic kernel, an extern by design. The rest
+(``scatter_add``, boolean masks, ``scatter_reduce``, ``index_add``, ``index_put`` without accumulate or at
+dimensions that are not adjacent) run as ATen externs.
 So the forward of a lowered op is checked in strict mode (a fallback raises), and forward + backward run
 non-strict with the forward's op required not to have fallen back, or strict where the backward has a kernel too.
 Sizes 1, 7 and 129 (the index count and the indexed dimension), non-contiguous NaN-poisoned sources
@@ -165,7 +166,7 @@ def test_advanced_index_sizes(size):
 @pytest.mark.parametrize("idx_dtype", INDEX_DTYPES)
 def test_advanced_index_two_index_tensors(idx_dtype):
     """x[idx1, idx2]: a gather at two data-dependent positions, and its backward an index_put with accumulate at
-    the two leading dimensions (the library kernel's, flattened): both strict, negative and repeated pairs."""
+    the two dimensions (the library kernel's, flattened): both strict, negative and repeated pairs."""
     x = source(7, 129, noncontig=True)
     i1, i2 = indices(9, 7, idx_dtype, negative=True), indices(9, 129, idx_dtype)
     check(fused(lambda x, a, b: x[a, b]), x, i1, i2, what="x[idx1, idx2]", lowered=(INDEX,), strict_backward=True)
@@ -174,8 +175,8 @@ def test_advanced_index_two_index_tensors(idx_dtype):
 @pytest.mark.parametrize("form", ["broadcast", "three", "gap", "trailing"])
 def test_advanced_index_several_index_tensors(form):
     """torch's rule for where the broadcast index shape goes: in place of adjacent indexed dimensions, first
-    when a full slice separates them. The backward of a non-leading form (a gap, trailing dims) is an ATen
-    extern; the forward is lowered in every form."""
+    when a full slice separates them. The forward is lowered in every form; the backward of the gap form (index
+    tensors not adjacent) is an ATen extern, the others the library's kernel."""
     x = source(5, 6, 7, noncontig=True)
     if form == "broadcast":  # (3, 1) with (4,): a (3, 4) grid of pairs, then the 7 columns
         fn, a, b = (lambda x, a, b: x[a, b]), indices(3, 5, negative=True, shape=(3, 1)), indices(4, 6)
@@ -187,7 +188,7 @@ def test_advanced_index_several_index_tensors(form):
     else:  # x[:, a, b]: adjacent, not leading
         fn, a, b = (lambda x, a, b: x[:, a, b]), indices(2, 6, shape=(2, 1)), indices(3, 7)
     check(fused(fn), x, a, b, what=f"several index tensors ({form})", lowered=(INDEX,),
-          strict_backward=form in ("broadcast", "three"))
+          strict_backward=form != "gap")
 
 
 def test_boolean_mask():
@@ -357,3 +358,10 @@ def test_out_of_range_index_is_an_error(case):
         fn(x, idx)  # eager refuses it
     with cc.strict(), pytest.raises(Exception):
         cc.compiled(fn, fullgraph=True, dynamic=False)(x, idx)
+
+
+def test_nearest_upsampling_forward_and_backward_on_tilefuses_kernels():
+    """A 2x nearest upsampling of an image (its backward: index_put with accumulate at the last two dimensions,
+    each source pixel summing four gradients), strict: nothing falls back."""
+    x = source(2, 3, 5, 7, noncontig=True)
+    cc.check_function(lambda x: F.interpolate(x, scale_factor=2, mode="nearest") * 2.0, x, what="nearest 2x upsampling")

@@ -230,30 +230,40 @@ def _broadcast(shapes) -> tuple | None:
     return tuple(out)
 
 
+def _run_of(indices) -> tuple[int, int] | None:
+    """(first, count) of the index tensors where they are one run of adjacent dimensions, else None."""
+    present = [j for j, i in enumerate(indices) if i is not None]
+    if not present or present != list(range(present[0], present[-1] + 1)):
+        return None
+    return present[0], len(present)
+
+
 def accumulate_form(base_shape, base_dtype, indices, values_shape, values_dtype) -> str | None:
     """Why ``index_put(base, indices, values, accumulate=True)`` is not the form of :func:`index_put`'s kernel
-    (None: it is): integer index tensors for the leading dimensions 0..m-1 (one for an embedding's backward; two
-    for ``logits[arange(B), lengths]``'s), broadcasting together to a shape ``I``, none after them, and values of
-    the destination's float dtype broadcasting to ``I + base.shape[m:]``. ``indices`` as ``_form`` takes them:
-    (shape, strides, dtype) or None each."""
+    (None: it is): integer index tensors for one run of adjacent dimensions d..d+m-1 (one at dimension 0 for an
+    embedding's backward; two leading ones for ``logits[arange(B), lengths]``'s; the last two of an image for a
+    nearest upsampling's), broadcasting together to a shape ``I``, and values of the destination's float dtype
+    broadcasting to ``base.shape[:d] + I + base.shape[d+m:]``. ``indices`` as ``_form`` takes them: (shape,
+    strides, dtype) or None each."""
     if not base_shape:
         return "a 0-d destination"
     if base_dtype not in ACCUMULATE_DTYPES:
         return f"a {base_dtype} destination (the kernel sums float16, bfloat16 and float32)"
     if not isinstance(indices, (list, tuple)) or not indices or len(indices) > len(base_shape):
         return "no index tensor, or more than the destination has dimensions"
-    m = next((j for j, i in enumerate(indices) if i is None), len(indices))
-    if m == 0 or any(i is not None for i in indices[m:]):
-        return "index tensors other than for the leading dimensions (0, 1, ...)"
-    bad = [i[2] for i in indices[:m] if i[2] not in INDEX_DTYPES]
+    run = _run_of(indices)
+    if run is None:
+        return "index tensors other than for one run of adjacent dimensions"
+    d, m = run
+    bad = [i[2] for i in indices[d:d + m] if i[2] not in INDEX_DTYPES]
     if bad:
         return f"an index of dtype {bad[0]} (the kernel takes int64/int32)"
     if values_dtype != base_dtype:
         return f"values of dtype {values_dtype} into {base_dtype}"
-    shape = _broadcast([tuple(i[0]) for i in indices[:m]])
+    shape = _broadcast([tuple(i[0]) for i in indices[d:d + m]])
     if shape is None:
-        return f"index tensors of shapes {[tuple(i[0]) for i in indices[:m]]} that do not broadcast together"
-    target = shape + tuple(base_shape[m:])
+        return f"index tensors of shapes {[tuple(i[0]) for i in indices[d:d + m]]} that do not broadcast together"
+    target = tuple(base_shape[:d]) + shape + tuple(base_shape[d + m:])
     if len(values_shape) > len(target) or any(v not in (1, t) for v, t in zip(tuple(values_shape)[::-1],
                                                                                  target[::-1])):
         return f"values of shape {tuple(values_shape)} for an indexed shape {target}"
@@ -263,7 +273,8 @@ def accumulate_form(base_shape, base_dtype, indices, values_shape, values_dtype)
 def index_put(base: torch.Tensor, indices, values: torch.Tensor, accumulate: bool = False) -> torch.Tensor:
     """``torch.index_put(base, indices, values, accumulate)``, a new tensor. With ``accumulate=True`` and the form
     :func:`accumulate_form` takes, on one device this module's kernels run on: ``base`` copied, then each row
-    named by the indices (several index tensors name a row of the leading dimensions flattened) gets the sum of
+    named by the indices (several index tensors name a row of their dimensions flattened; dimensions before them
+    are moved after them and back) gets the sum of
     its value rows, summed in fp32 in the order they come, without atomics (deterministic, unlike a scatter with
     atomic adds). Anything else is ATen's ``index_put``. An index out of range is an error: a device assert on a
     GPU, an ``IndexError`` checked on the host on the CPU."""
@@ -275,7 +286,15 @@ def index_put(base: torch.Tensor, indices, values: torch.Tensor, accumulate: boo
     if why is not None or any(i is not None and i.device != base.device for i in indices) or \
             values.device != base.device or (base.device.type == "cpu") != device.interpreting():
         return torch.ops.aten.index_put.default(base, indices, values, accumulate)
-    m = next((j for j, i in enumerate(indices) if i is None), len(indices))
+    d, m = _run_of(indices)
+    if d:  # the indexed dimensions moved first (and the values' index shape with them), then moved back
+        parts = [i for i in indices if i is not None]
+        rank = len(_broadcast([tuple(i.shape) for i in parts]))
+        target = tuple(base.shape[:d]) + tuple(torch.broadcast_shapes(*(i.shape for i in parts))) + \
+            tuple(base.shape[d + m:])
+        moved = values.expand(target).movedim(list(range(d, d + rank)), list(range(rank)))
+        out = index_put(base.movedim(list(range(d, d + m)), list(range(m))), parts, moved, True)
+        return out.movedim(list(range(m)), list(range(d, d + m))).contiguous()
     lead = tuple(base.shape[:m])
     rows = 1
     for size in lead:

@@ -1,6 +1,6 @@
 """Lowering of ``index_put_`` along one dimension (a KV cache's row written in place: ``compiler/reinplace.py``
-makes it from AOTAutograd's ``index_put`` + ``copy_``) and of ``index_put`` with ``accumulate=True`` at dimension 0
-(an embedding's backward): calls of the library's kernels (:mod:`tilefuse.kernels.indexing`), externs by design.
+makes it from AOTAutograd's ``index_put`` + ``copy_``) and of ``index_put`` with ``accumulate=True`` at one run of
+adjacent dimensions (the backward of an embedding, of ``x[a, b]``, of a nearest upsampling): calls of the library's kernels (:mod:`tilefuse.kernels.indexing`), externs by design.
 Any other form stays ATen's, reported as a fallback with the reason."""
 from __future__ import annotations
 
@@ -48,6 +48,5 @@ def _index_put(low, base, indices, values, accumulate=False):
                                    tuple(v.shape), v.dtype)
     if why is not None:
         raise LoweringError(f"index_put with accumulate=True and {why}: tilefuse's kernel takes index tensors "
-                            f"for the leading dimensions")
-    raise ByDesign("the library's deterministic index_put with accumulate=True (rows of dimension 0, "
-                   "tilefuse.kernels.indexing)")
+                            f"for one run of adjacent dimensions")
+    raise ByDesign("the library's deterministic index_put with accumulate=True (tilefuse.kernels.indexing)")
