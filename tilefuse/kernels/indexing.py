@@ -273,11 +273,11 @@ def accumulate_form(base_shape, base_dtype, indices, values_shape, values_dtype)
 def index_put(base: torch.Tensor, indices, values: torch.Tensor, accumulate: bool = False) -> torch.Tensor:
     """``torch.index_put(base, indices, values, accumulate)``, a new tensor. With ``accumulate=True`` and the form
     :func:`accumulate_form` takes, on one device this module's kernels run on: ``base`` copied, then each row
-    named by the indices (several index tensors name a row of their dimensions flattened; dimensions before them
-    are moved after them and back) gets the sum of
-    its value rows, summed in fp32 in the order they come, without atomics (deterministic, unlike a scatter with
-    atomic adds). Anything else is ATen's ``index_put``. An index out of range is an error: a device assert on a
-    GPU, an ``IndexError`` checked on the host on the CPU."""
+    named by the indices gets the sum of its value rows, summed in fp32 in the order they come, without atomics
+    (deterministic, unlike a scatter with atomic adds). Several index tensors name a row of their dimensions
+    flattened; dimensions before the indexed ones are moved after them, and the result moved back. Anything else
+    is ATen's ``index_put``. An index out of range is an error: a device assert on a GPU, an ``IndexError``
+    checked on the host on the CPU."""
     if not (accumulate and isinstance(base, torch.Tensor) and isinstance(values, torch.Tensor)
             and isinstance(indices, (list, tuple)) and all(i is None or isinstance(i, torch.Tensor) for i in indices)):
         return torch.ops.aten.index_put.default(base, indices, values, accumulate)
@@ -289,10 +289,9 @@ def index_put(base: torch.Tensor, indices, values: torch.Tensor, accumulate: boo
     d, m = _run_of(indices)
     if d:  # the indexed dimensions moved first (and the values' index shape with them), then moved back
         parts = [i for i in indices if i is not None]
-        rank = len(_broadcast([tuple(i.shape) for i in parts]))
-        target = tuple(base.shape[:d]) + tuple(torch.broadcast_shapes(*(i.shape for i in parts))) + \
-            tuple(base.shape[d + m:])
-        moved = values.expand(target).movedim(list(range(d, d + rank)), list(range(rank)))
+        shape = _broadcast([tuple(i.shape) for i in parts])
+        target = tuple(base.shape[:d]) + shape + tuple(base.shape[d + m:])
+        moved = values.expand(target).movedim(list(range(d, d + len(shape))), list(range(len(shape))))
         out = index_put(base.movedim(list(range(d, d + m)), list(range(m))), parts, moved, True)
         return out.movedim(list(range(m)), list(range(d, d + m))).contiguous()
     lead = tuple(base.shape[:m])
