@@ -78,12 +78,8 @@ def _form(dst_shape, dst_stride, dst_dtype, indices, values_shape, values_dtype,
         return f"values of dtype {values_dtype} into {dst_dtype}"
     target = list(dst_shape)
     target[k] = index[0][0]
-    try:
-        shape = torch.broadcast_shapes(tuple(values_shape), tuple(target))
-    except RuntimeError:
+    if not _fits(values_shape, target):
         return f"values of shape {tuple(values_shape)} for an indexed shape {tuple(target)}"
-    if shape != tuple(target):
-        return f"values of shape {tuple(values_shape)} larger than the indexed shape {tuple(target)}"
     ordered = sorted((st, sz) for st, sz in zip(dst_stride, dst_shape) if sz > 1)
     reach = 1
     for st, sz in ordered:  # non-overlapping: each dimension's stride at least the span of the smaller ones
@@ -91,6 +87,12 @@ def _form(dst_shape, dst_stride, dst_dtype, indices, values_shape, values_dtype,
             return "a destination whose elements overlap in memory"
         reach = st * sz
     return None
+
+
+def _fits(values_shape, target) -> bool:
+    """Whether values of ``values_shape`` broadcast to ``target`` (and no larger), as torch broadcasts."""
+    values_shape, target = tuple(values_shape), tuple(target)
+    return len(values_shape) <= len(target) and all(v in (1, t) for v, t in zip(values_shape[::-1], target[::-1]))
 
 
 def _meta(t: torch.Tensor) -> tuple:
@@ -264,8 +266,7 @@ def accumulate_form(base_shape, base_dtype, indices, values_shape, values_dtype)
     if shape is None:
         return f"index tensors of shapes {[tuple(i[0]) for i in indices[d:d + m]]} that do not broadcast together"
     target = tuple(base_shape[:d]) + shape + tuple(base_shape[d + m:])
-    if len(values_shape) > len(target) or any(v not in (1, t) for v, t in zip(tuple(values_shape)[::-1],
-                                                                                 target[::-1])):
+    if not _fits(values_shape, target):
         return f"values of shape {tuple(values_shape)} for an indexed shape {target}"
     return None
 
