@@ -92,6 +92,11 @@ def _index(a, i, dim):
     return a[(slice(None),) * dim + (i,)]
 
 
+def _index2(a, i, j, gap):
+    """Two index tensors: x[i, j] (adjacent) or x[i, :, j] (a slice between: the index shape comes first)."""
+    return a[i, :, j] if gap else a[i, j]
+
+
 OPS = {
     "add": lambda a, b, alpha: torch.add(a, b, alpha=alpha),
     "sub": lambda a, b: a - b,
@@ -125,6 +130,7 @@ OPS = {
     "index_select": lambda a, i, dim: a.index_select(dim, i),
     "gather": lambda a, i, dim: torch.gather(a, dim, i),
     "index": _index,
+    "index2": _index2,
     "index_put": lambda a, i, v, accumulate: a.index_put((i,), v, accumulate=accumulate),
     "scatter": lambda a, i, dim, value: a.scatter(dim, i, value),
     "scatter_add": lambda a, i, s, dim: a.scatter_add(dim, i, s),
@@ -364,6 +370,16 @@ def _indexing(b: Builder, a: int, op: str) -> bool:
         n = shape[dim]
         i = b.index_input([b.draw(SMALL) for _ in range(b.draw(st.integers(1, 2)))], -n, n)
         return b.try_step(op, (a, i), dim=dim)
+    if op == "index2":  # two index tensors, broadcast together: (k,) with (k,), or (k1, 1) with (k2,)
+        if rank < 2:
+            return False
+        gap = rank >= 3 and b.draw(st.booleans())
+        n0, n1 = shape[0], shape[2 if gap else 1]
+        k1, k2 = b.draw(SMALL), b.draw(SMALL)
+        grid = b.draw(st.booleans())
+        i = b.index_input([k1, 1] if grid else [k1], -n0, n0)
+        j = b.index_input([k2] if grid else [k1], -n1, n1)
+        return b.try_step(op, (a, i, j), gap=gap)
     if op == "gather":
         ishape = [b.draw(st.integers(1, s)) if d != dim else b.draw(SMALL) for d, s in enumerate(shape)]
         return b.try_step(op, (a, b.index_input(ishape, 0, n)), dim=dim)
@@ -411,7 +427,7 @@ BUILDERS = {
     **{op: _reduction for op in ("sum", "mean", "amax", "softmax", "log_softmax", "var", "layer_norm")},
     **{op: _view for op in ("transpose", "permute", "reshape", "slice", "expand", "unsqueeze", "select", "cat",
                             "pad")},
-    **{op: _indexing for op in ("embedding", "index_select", "gather", "index", "index_put", "scatter",
+    **{op: _indexing for op in ("embedding", "index_select", "gather", "index", "index2", "index_put", "scatter",
                                 "scatter_add")},
     **{op: _extern for op in ("mm", "bmm", "conv1d", "conv2d")},
 }

@@ -4,7 +4,8 @@ reference (float32 for half graphs), forward and backward (DESIGN.md, Tests).
 A program (tests/compiler/compiler_fuzz_programs.py) is a list of steps over numbered values: pointwise ops (add with
 alpha, mul, div, where, exp, tanh, sigmoid, gelu, relu, pow, clamp, casts), reductions (sum, mean, amax,
 softmax, log_softmax, var, layer_norm), views (transpose, permute, reshape, slice, expand, unsqueeze, select,
-cat, pad), indexing (embedding, index_select, gather, ``x[idx]``, index_put, scatter, scatter_add) and extern
+cat, pad), indexing (embedding, index_select, gather, ``x[idx]``, ``x[i, j]`` and ``x[i, :, j]``, index_put, scatter,
+scatter_add) and extern
 ops (mm, bmm, conv1d, conv2d). Hypothesis draws it: shapes with sizes 1 and odd ones (7, 129), input layouts
 (contiguous, transposed, sliced with a storage offset, expanded), float32, float16 or bfloat16, which inputs
 require grad, a seed for the data (index tensors in range, negative where the op counts from the end), and how
@@ -32,6 +33,7 @@ from tilefuse import config
 from tilefuse.compiler import codegen
 
 from tests import compiler_checks as cc
+from tests.support import ELEMENT_FACTOR, elem_error
 
 hypothesis = pytest.importorskip("hypothesis")
 from hypothesis import HealthCheck, given, settings  # noqa: E402
@@ -88,7 +90,9 @@ def check_program(program: Program) -> None:
 # cotangents are standard normal: errors are also judged against a norm of at least this RMS value.
 RMS_FLOOR = 0.1
 # Where eager's own result is this far from the reference (a layer norm of nearly equal bfloat16 values), the
-# value is not resolved at the graph's precision and nothing is compared.
+# value is not resolved at the graph's precision and nothing is compared. (Element-wise, a result whose eager
+# is past the rule's cap is compared with eager's elements: a bfloat16 gradient through sigmoid(sigmoid(x))
+# had eager's largest element 43-52 % off the float64 reference, ours the same, norm-wise 6-7 %.)
 UNRESOLVED = 0.5
 # A drawn chain of up to ten half-precision ops rounds at other places than eager (fused values stay in
 # float32): a float16 gradient through pow, div and an index_put's sums came out 10 ulps from the
@@ -114,6 +118,14 @@ def _problems(what, outs, eagers, refs) -> list[str]:
             limit = max(cc.tol_for(e.dtype), EAGER_ERROR_FACTOR * err(e))
             if err(o) <= limit or err(e) >= UNRESOLVED:
                 continue
+        if p and "element-wise error" in p[0] and isinstance(r, torch.Tensor) and \
+                elem_error(e, r) > ELEMENT_FACTOR * cc.cap_for(e.dtype):
+            # eager's own largest element is off by more than the rule's cap allows anyone: the norm-wise rule
+            # held (it is checked first), and element-wise the result is held to eager's elements instead
+            if elem_error(o, e) <= ELEMENT_FACTOR * cc.tol_for(e.dtype):
+                continue
+            p = [f"{name}: eager's own element-wise error {elem_error(e, r):.3g} is past the cap; against eager's "
+                 f"elements the result is {elem_error(o, e):.3g} off (limit {ELEMENT_FACTOR * cc.tol_for(e.dtype):.3g})"]
         problems += p
     if len(outs) != len(eagers):
         problems.append(f"{what}: {len(outs)} results, eager gave {len(eagers)}")
