@@ -5,7 +5,8 @@ Per model: inference (eval, no_grad, every output) and training (two AdamW steps
 every parameter and buffer after each step). Also: greedy ``generate()`` with its KV cache (same tokens as
 eager, a bound on graphs compiled), and a whole training step (forward, backward, optimizer step) under one
 ``torch.compile``. Each test prints a line of what compiled and what fell back, and why (``pytest -s``).
-Non-strict: a fallback to ATen is allowed and reported, a wrong answer is not.
+Non-strict: a fallback to ATen is allowed and reported, a wrong answer is not; on the CPU each model's count of
+fallbacks is held to CPU_FALLBACKS (most have none), so a new one shows.
 
 TILEFUSE_TEST_MODEL_BACKEND=aot_eager runs the same checks through PyTorch's own backend (all must pass: that
 checks the harness). CPU budget: about 4 minutes on the 2-core machine (Triton's interpreter).
@@ -62,13 +63,24 @@ def _build(case: rm.Case, device: str, train: bool):
     return model, copy.deepcopy(model).double(), copy.deepcopy(model)
 
 
+# The fallbacks each model has on the CPU (Triton's interpreter), by (model, what was compiled); every other model
+# and mode has none. A count that moves either way fails the test: a new fallback is a regression (or a choice to
+# write down here), one fewer is progress to record. (On a GPU the ATen kernels differ, e.g. an RNN's; no count.)
+CPU_FALLBACKS = {
+    ("unet", "inference"): 2,  # max_pool2d_with_indices
+    ("unet", "training"): 4,  # max_pool2d_with_indices, forward and backward
+    ("lstm", "inference"): 2,  # mkldnn_rnn_layer (the CPU's fused RNN kernel, eval only)
+    ("transformer-encoder", "inference"): 2,  # _transformer_encoder_layer_fwd (nn.TransformerEncoder's fast path)
+}
+
+
 @contextlib.contextmanager
-def _compiling(case: rm.Case, what: str):
+def _compiling(case: rm.Case, what: str, device: str):
     """Dynamo set up for the case; tilefuse's counters zeroed; yields a report dict filled on exit; an
     exception gets the report (what compiled, what fell back) attached."""
     counter = rm.CountingBackend()
     rm.reset_stats()
-    report = {"counter": counter}
+    report = {"counter": counter, "case": case.name, "what": what, "device": device}
     t0 = time.perf_counter()
     try:
         with torch._dynamo.config.patch(**case.dynamo):
@@ -95,6 +107,11 @@ def _check(report: dict, problems: dict[str, list[str]]) -> None:
     if rm.BACKEND == "tilefuse":
         assert int(s.get("graphs", 0)) >= 1 and int(s.get("kernels", 0)) + int(s.get("cache_hits", 0)) >= 1, \
             f"tilefuse generated no kernel for the model (it ran in ATen):\n{report['text']}"
+        if report["device"] == "cpu":
+            expected = CPU_FALLBACKS.get((report["case"], report["what"]), 0)
+            got = len(s.get("fallbacks", []))
+            assert got == expected, f"{got} fallbacks where this model has {expected} (CPU_FALLBACKS):\n" \
+                                    f"{report['text']}"
 
 
 # ---------------------------------------------------------------------------------------- inference
@@ -107,7 +124,7 @@ def test_inference(name, device):
     with torch.no_grad():
         expected = eager(**kwargs)
         reference = fp64(**rm.to_double(kwargs))
-        with _compiling(case, "inference") as report:
+        with _compiling(case, "inference", device) as report:
             out = torch.compile(model, backend=report["counter"])(**kwargs)
     _check(report, {"output": rm.tree_problems("output", out, expected, reference)})
 
@@ -134,7 +151,7 @@ def _train(case: rm.Case, device: str, step_fn, what: str):
     opts = {k: torch.optim.AdamW(m.parameters(), lr=LR, weight_decay=WEIGHT_DECAY, eps=ADAM_EPS)
             for k, m in models.items()}
     problems = {}
-    with _compiling(case, what) as report:
+    with _compiling(case, what, device) as report:
         steps = {k: step_fn(m, opts[k], report["counter"] if k == "compiled" else None) for k, m in models.items()}
         for step in range(TRAIN_STEPS):
             batch = case.batch(torch.device(device))
@@ -201,7 +218,7 @@ def test_generate_with_kv_cache(name, device):
               return_dict_in_generate=True, output_logits=True)
     with torch.no_grad():
         expected = [eager.generate(p, **kw) for p in prompts]
-        with _compiling(case, "generate") as report:
+        with _compiling(case, "generate", device) as report:
             counter = report["counter"]
             model.forward = torch.compile(model.forward, backend=counter)
             out = model.generate(prompts[0], **kw)
