@@ -20,6 +20,9 @@ Sections:
   decode: one GPT-2 124M decode step (batch 1, static KV cache) as the models suite times it, under eager,
         Inductor and tilefuse with and without mode="reduce-overhead": wall, host and GPU time a step, and for
         tilefuse its CUDA-graph report and cProfile of the step.
+  train: one GPT-2 124M training step (batch 1, 512 tokens, bf16 autocast, AdamW) as the models suite times it,
+        under Inductor and tilefuse with mode="reduce-overhead": wall and GPU time a step and the GPU's time by
+        kernel, to say where a captured step's time goes.
   direct_calls: that decode step uncaptured under tilefuse with the attention ops' functions called directly and
         through the ops (decision 038), alternated in one process.
 
@@ -470,6 +473,46 @@ def decode_section(device: str = "cuda", tiny: bool = False) -> None:
             traceback.print_exc(limit=8)
 
 
+def train_section(batch: int = 1) -> None:
+    """One training step of GPT-2 124M as the models suite times it, captured, under Inductor and tilefuse: wall
+    a step with the GPU idle, GPU time, and the GPU's time by kernel (the 40 biggest)."""
+    import copy
+
+    from tilefuse import compiler
+    from tilefuse.bench import models_suite as ms
+    from tilefuse.bench.compiler_suite import kernel_ms
+
+    print(f"== train: GPT-2 124M, batch {batch}, 512 tokens, bf16 autocast, AdamW")
+    torch.manual_seed(0)
+    base = ms._gpt2(False).train()
+    kwargs = ms._tokens(base.config.vocab_size, 512)(base, batch, "cuda")
+    for backend in ("inductor-reduce-overhead", "tilefuse-reduce-overhead"):
+        torch._dynamo.reset()
+        compiler.reset_stats()
+        try:
+            t0 = time.perf_counter()
+            r = ms.Runner(copy.deepcopy(base).cuda(), backend, "train", torch.bfloat16, torch.device("cuda"))
+
+            def step(r=r):
+                r.step(kwargs)
+
+            for _ in range(3):
+                step()
+            torch.cuda.synchronize()
+            compile_s = time.perf_counter() - t0
+            gpu = kernel_ms(step, 3, 1)[0] * 1e3
+            print(f"  {backend}: first 3 steps {compile_s:.0f} s, wall (GPU idle) {per_call_us(step, 10):.0f} us, "
+                  f"GPU {gpu:.0f} us")
+            print("    GPU time by kernel, a step:")
+            print(_kernel_table(step, steps=3, lines=40))
+            del r
+        except Exception as exc:  # noqa: BLE001 - a report line, the next backend still runs
+            import traceback
+
+            print(f"  {backend}: failed: {type(exc).__name__}: {str(exc)[:300]}")
+            traceback.print_exc(limit=8)
+
+
 def direct_calls_section() -> None:
     """Decision 038 measured: GPT-2 124M's uncaptured decode step (batch 1, static KV cache, bf16) compiled with
     the wrapper calling the attention ops' functions, and again with it calling the ops, wall us a step with the
@@ -537,7 +580,7 @@ def _cpu_us(fn, calls: int) -> float:
 
 SECTIONS = {"gemm": gemm_section, "compiler": compiler_section, "launch": launch_section,
             "graphs": graphs_section, "pool": pool_section, "decode": decode_section,
-            "direct_calls": direct_calls_section}
+            "train": train_section, "direct_calls": direct_calls_section}
 
 
 def main() -> int:
