@@ -22,7 +22,7 @@ Sections:
         tilefuse its CUDA-graph report and cProfile of the step.
   train: one GPT-2 124M training step (batch 1, 512 tokens, bf16 autocast, AdamW) as the models suite times it,
         under Inductor and tilefuse with mode="reduce-overhead": wall and GPU time a step and the GPU's time by
-        kernel, to say where a captured step's time goes.
+        kernel, to say where a captured step's time goes; cProfile of the step.
   direct_calls: that decode step uncaptured under tilefuse with the attention ops' functions called directly and
         through the ops (decision 038), alternated in one process.
 
@@ -162,7 +162,7 @@ def _profile(fn, calls: int, lines: int = 16, order: str = "tottime") -> str:
     torch.cuda.synchronize()
     s = io.StringIO()
     pstats.Stats(prof, stream=s).sort_stats(order).print_stats(lines)
-    return "\n".join("    " + line for line in s.getvalue().splitlines() if line.strip())[:5000]
+    return "\n".join("    " + line for line in s.getvalue().splitlines() if line.strip())[:9000]
 
 
 def _kernel_table(fn, steps: int = 5, lines: int = 25) -> str:
@@ -182,6 +182,22 @@ def _kernel_table(fn, steps: int = 5, lines: int = 25) -> str:
     out.append(f"    {total:8.1f} us in all, {sum(c for c, _ in per.values()) / steps:.0f} kernels/copies a step, "
                f"{len(rows)} distinct")
     return "\n".join(out)
+
+
+def _host_table(fn, steps: int = 5, lines: int = 30) -> str:
+    """Host µs a step by op and autograd node (torch.profiler's CPU activity, every thread: a backward runs on
+    autograd's device thread, which cProfile does not see): total (with children) and self, the biggest totals
+    first."""
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        for _ in range(steps):
+            fn()
+        torch.cuda.synchronize()
+    rows = sorted((e for e in prof.key_averages() if e.cpu_time_total > 0), key=lambda e: -e.cpu_time_total)
+    return "\n".join(f"    {e.cpu_time_total / steps:9.1f} us total {e.self_cpu_time_total / steps:8.1f} self "
+                     f"{e.count / steps:6.1f}x  {e.key[:100]}" for e in rows[:lines])
 
 
 def _graphs_made(fn, *args):
@@ -475,7 +491,7 @@ def decode_section(device: str = "cuda", tiny: bool = False) -> None:
 
 def train_section(batch: int = 1) -> None:
     """One training step of GPT-2 124M as the models suite times it, captured, under Inductor and tilefuse: wall
-    a step with the GPU idle, GPU time, and the GPU's time by kernel (the 40 biggest)."""
+    a step with the GPU idle, GPU time, the GPU's time by kernel (the 40 biggest) and cProfile of 10 steps."""
     import copy
 
     from tilefuse import compiler
@@ -505,6 +521,15 @@ def train_section(batch: int = 1) -> None:
                   f"GPU {gpu:.0f} us")
             print("    GPU time by kernel, a step:")
             print(_kernel_table(step, steps=3, lines=40))
+            if backend.startswith("tilefuse"):
+                for g in compiler.stats().get("cudagraphs", []):
+                    print(f"    cuda graph {g}")
+            print("    host time by op and autograd node (torch.profiler's CPU activity, both threads), a step:")
+            print(_host_table(step))
+            print("    cProfile, 10 steps (tottime; the main thread: a backward runs on autograd's thread):")
+            print(_profile(step, 10, 30))
+            print("    cProfile, 10 steps (cumtime):")
+            print(_profile(step, 10, 45, "cumtime"))
             del r
         except Exception as exc:  # noqa: BLE001 - a report line, the next backend still runs
             import traceback
