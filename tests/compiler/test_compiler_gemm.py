@@ -392,3 +392,73 @@ def test_the_same_tail_of_two_gemm_steps_is_one_hook():
     source = open(fused[0].path).read()
     steps = [k.name.split(" ")[1] for k in fused]
     assert not any(step in source for step in steps), source
+
+
+# ------------------------------------------------------------------------------ misaligned rows: an aligned copy
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("form", ["rows", "columns", "batched", "batched columns"])
+def test_aligned_copy_keeps_values_shape_and_order_with_rows_on_16_bytes(dtype, form):
+    from tilefuse.compiler.runtime import gemm as runtime_gemm
+
+    src = {"rows": lambda: torch.randn(7, 13), "columns": lambda: torch.randn(13, 7).t(),
+           "batched": lambda: torch.randn(3, 5, 13)[:, :, :11],
+           "batched columns": lambda: torch.randn(3, 11, 5).transpose(1, 2)}[form]().to(dtype)
+    assert runtime_gemm._misaligned(src)
+    got = runtime_gemm.aligned_copy(src)
+    assert got.shape == src.shape and torch.equal(got, src)
+    assert not runtime_gemm._misaligned(got), got.stride()
+    order = lambda x: sorted(range(x.dim()), key=lambda d: -x.stride(d))  # noqa: E731
+    assert order(got) == order(src), (got.stride(), src.stride())
+    assert got.data_ptr() != src.data_ptr()
+
+
+@pytest.mark.parametrize("matmul", ["cublas", "library"])
+def test_a_gemm_site_copies_misaligned_operands_and_output_to_aligned_rows(monkeypatch, matmul):
+    """A GEMM whose rows are not on 16 bytes (a vocabulary of 50257: a language model's head) runs on aligned
+    copies of its misaligned operands, and (cuBLAS) into an aligned buffer copied out; the result is the
+    float64 product, with the output poisoned before; below PAD_MIN_VOLUME nothing is copied. ``cublas``: the
+    GPU's branch (``torch.matmul``), run here on CPU tensors with the interpreter check patched off."""
+    from tilefuse import device as tf_device
+    from tilefuse.compiler.runtime import gemm as runtime_gemm
+
+    copies = []
+    real_copy = runtime_gemm.aligned_copy
+    monkeypatch.setattr(runtime_gemm, "aligned_copy", lambda x: (copies.append(tuple(x.shape)), real_copy(x))[1])
+    if matmul == "cublas":
+        monkeypatch.setattr(tf_device, "interpreting", lambda: False)
+    a = torch.randn(9, 14)[:, :13]  # rows 56 bytes apart
+    b = torch.randn(11, 13).t()  # columns 52 bytes apart
+    want = a.double() @ b.double()
+
+    site = runtime_gemm.GemmSite(None, store_out=True)
+    out = torch.full((9, 11), float("nan"))
+    site(a, b, (), out)
+    assert site.pad is None and copies == []  # 9 x 11 x 13 multiply-adds: too small to copy
+    assert (out.double() - want).abs().max().item() <= 1e-4
+
+    monkeypatch.setattr(runtime_gemm, "PAD_MIN_VOLUME", 1)
+    for _ in range(2):  # the decision is kept; the copies are made each call
+        site = runtime_gemm.GemmSite(None, store_out=True)
+        out = torch.full((9, 11), float("nan"))  # rows 44 bytes apart
+        site(a, b, (), out)
+        assert site.pad == (True, True, True), site.pad
+        assert (out.double() - want).abs().max().item() <= 1e-4
+    assert copies == [(9, 13), (13, 11)] * 2
+
+
+def test_a_compiled_head_with_an_odd_vocabulary_matches_float64_through_aligned_copies(monkeypatch):
+    """A language model's head and loss at a vocabulary of 37 (rows of 148 bytes), forward and backward, with
+    every GEMM's misaligned operands copied to aligned rows (PAD_MIN_VOLUME 1): outputs and every gradient
+    against float64."""
+    from tilefuse.compiler.runtime import gemm as runtime_gemm
+
+    monkeypatch.setattr(runtime_gemm, "PAD_MIN_VOLUME", 1)
+    sites = record_instances(monkeypatch, runtime_gemm.GemmSite)
+
+    def head(h, w, target):
+        return F.cross_entropy(h @ w.t(), target)
+
+    cc.check_function(head, t(24, 16, grad=True), t(37, 16, grad=True), torch.randint(0, 37, (24,)),
+                      what="odd-vocabulary head")
+    padded = [s for s in sites if s.pad]
+    assert padded, [s.pad for s in sites]
