@@ -286,7 +286,10 @@ def test_hand_out_builds_each_cuda_output_in_one_call_with_its_metadata(monkeypa
     monkeypatch.setattr(cudagraphs, "_TENSOR_ON_STORAGE", construct)
     rec = cudagraphs.Recording.__new__(cudagraphs.Recording)
     rec.storages = [(recorded.data_ptr(), torch.device("cuda"), 96)]
-    rec.plan_out = [("owned", 0, False, (2, 3), (1, 2), 4, torch.float32), ("const", 7, False, (), (), 0, None)]
+    spec = cudagraphs._Out("owned", 0, size=(2, 3), stride=(1, 2), offset=4, dtype=torch.float32)
+    rec.plan_out = [("owned", 0, False, (2, 3), (1, 2), 4, torch.float32, cudagraphs._metadata(rec.storages[0], spec)),
+                    ("const", 7, False, (), (), 0, None, None)]
+    rec.handed = {}
     out, seven = rec.hand_out([])
     assert seven == 7 and out.tolist() == [[4.0, 6.0, 8.0], [5.0, 7.0, 9.0]]
     assert seen == [{"nbytes": 96, "data_ptr": recorded.data_ptr(), "size": (2, 3), "stride": (1, 2),
@@ -597,6 +600,41 @@ def test_a_kept_output_is_invalidated_by_the_next_replay_and_a_clone_is_not(stan
     inf, = _runner_stats("inference")
     assert inf["invalidated"] == 1, "the kept output was not counted as overwritten"
     # (on a GPU, reading `kept` now raises: test_gpu_kept_output_raises_and_a_clone_survives)
+
+
+def test_a_replay_reuses_the_storage_objects_nothing_references_and_gradients_are_taken_not_copied(
+        stand_in, monkeypatch):
+    """A captured training step's gradients are the backward recording's own memory (autograd takes a handed-out
+    gradient as ``.grad`` instead of copying it: no reference of the runner's keeps the tensor). From the second
+    replay on, a replay hands its outputs out on the storage objects of the replay before, which nothing
+    references after ``zero_grad``; a gradient the caller keeps gets a storage object of its own at the next
+    replay, and the kept one is invalidated."""
+    marked = []
+    monkeypatch.setattr(cudagraphs, "_set_error", lambda s: marked.append(s._cdata))
+    runners = _spy_runners(monkeypatch)
+    model = _mlp()
+    compiled = torch.compile(model, backend="tilefuse", mode="reduce-overhead")
+    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+
+    def step():
+        opt.zero_grad()
+        nn.functional.mse_loss(compiled(torch.randn(9, 13)), torch.randn(9, 7)).backward()
+        opt.step()
+        return [p.grad.untyped_storage()._cdata for p in model.parameters()]
+
+    for _ in range(2):  # warm-up, recording
+        step()
+    (bw_rec,), = runners["backward"].recordings.values()
+    owned = {o.untyped_storage().data_ptr() for o, sp in zip(bw_rec.outputs, bw_rec.layout) if sp.kind == "owned"}
+    first = step()
+    assert {p.grad.untyped_storage().data_ptr() for p in model.parameters()} <= owned, "a gradient was copied"
+    second = step()
+    assert second == first, "the replay made new storage objects where nothing referenced the old ones"
+    kept = model[0].weight.grad  # kept across the next step
+    third = step()
+    assert marked == [second[0]], marked
+    assert third[0] != second[0] and third[1:] == second[1:], (third, second)
+    del kept
 
 
 def test_an_output_fed_back_as_the_next_input_is_read_before_it_is_invalidated(stand_in, monkeypatch):

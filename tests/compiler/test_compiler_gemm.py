@@ -412,20 +412,15 @@ def test_aligned_copy_keeps_values_shape_and_order_with_rows_on_16_bytes(dtype, 
     assert got.data_ptr() != src.data_ptr()
 
 
-@pytest.mark.parametrize("matmul", ["cublas", "library"])
-def test_a_gemm_site_copies_misaligned_operands_and_output_to_aligned_rows(monkeypatch, matmul):
-    """A GEMM whose rows are not on 16 bytes (a vocabulary of 50257: a language model's head) runs on aligned
-    copies of its misaligned operands, and (cuBLAS) into an aligned buffer copied out; the result is the
-    float64 product, with the output poisoned before; below PAD_MIN_VOLUME nothing is copied. ``cublas``: the
-    GPU's branch (``torch.matmul``), run here on CPU tensors with the interpreter check patched off."""
-    from tilefuse import device as tf_device
+def test_a_gemm_site_runs_a_big_misaligned_gemm_on_the_library_with_aligned_copies(monkeypatch):
+    """A GEMM whose rows are not on 16 bytes (a vocabulary of 50257: a language model's head) runs on the
+    library's GEMM with its misaligned operands copied to aligned rows, and the output written in place: the
+    float64 product, with the output poisoned before. Below PAD_MIN_VOLUME nothing is copied."""
     from tilefuse.compiler.runtime import gemm as runtime_gemm
 
     copies = []
     real_copy = runtime_gemm.aligned_copy
     monkeypatch.setattr(runtime_gemm, "aligned_copy", lambda x: (copies.append(tuple(x.shape)), real_copy(x))[1])
-    if matmul == "cublas":
-        monkeypatch.setattr(tf_device, "interpreting", lambda: False)
     a = torch.randn(9, 14)[:, :13]  # rows 56 bytes apart
     b = torch.randn(11, 13).t()  # columns 52 bytes apart
     want = a.double() @ b.double()
@@ -439,11 +434,43 @@ def test_a_gemm_site_copies_misaligned_operands_and_output_to_aligned_rows(monke
     monkeypatch.setattr(runtime_gemm, "PAD_MIN_VOLUME", 1)
     for _ in range(2):  # the decision is kept; the copies are made each call
         site = runtime_gemm.GemmSite(None, store_out=True)
-        out = torch.full((9, 11), float("nan"))  # rows 44 bytes apart
+        out = torch.full((9, 11), float("nan"))  # rows 44 bytes apart: written in place
         site(a, b, (), out)
-        assert site.pad == (True, True, True), site.pad
+        assert site.pad == (True, True), site.pad
         assert (out.double() - want).abs().max().item() <= 1e-4
     assert copies == [(9, 13), (13, 11)] * 2
+
+
+@pytest.mark.parametrize("case", ["aligned", "misaligned operand", "misaligned output", "small"])
+def test_on_a_gpu_a_gemm_site_without_epilogue_takes_cublas_unless_a_big_gemm_is_misaligned(monkeypatch, case):
+    """On a GPU an epilogue-free GEMM is cuBLAS's (torch.matmul) when aligned or small; a big one with a
+    misaligned operand or output is the library's (cuBLAS would take its align1 kernels), with aligned copies of
+    the misaligned operands only. (The interpreter check patched off, both GEMMs recorded on CPU tensors.)"""
+    from tilefuse import device as tf_device
+    from tilefuse.compiler.runtime import gemm as runtime_gemm
+    from tilefuse.kernels.gemm import plan as gemm_plan
+
+    monkeypatch.setattr(tf_device, "interpreting", lambda: False)
+    taken = []
+    real_matmul = torch.matmul
+    monkeypatch.setattr(torch, "matmul", lambda a, b, out=None: (taken.append("cublas"), real_matmul(a, b, out=out))[1])
+
+    def library(a, b, hook, extras, dtype, out, store_out):
+        taken.append(("library", runtime_gemm._misaligned(a), runtime_gemm._misaligned(b)))
+        out.copy_(real_matmul(a, b))
+
+    monkeypatch.setattr(gemm_plan, "gemm_with_epilogue", library)
+    monkeypatch.setattr(gemm_plan, "epilogue_plan", lambda *a, **k: (None, None))
+    if case != "small":
+        monkeypatch.setattr(runtime_gemm, "PAD_MIN_VOLUME", 1)
+    a = torch.randn(9, 14)[:, :13] if case in ("misaligned operand", "small") else torch.randn(9, 16)
+    b = torch.randn(a.shape[1], 11 if case in ("misaligned output", "small") else 12)
+    out = torch.full((9, b.shape[1]), float("nan"))
+    runtime_gemm.GemmSite(None, store_out=True)(a, b, (), out)
+    assert (out.double() - a.double() @ b.double()).abs().max().item() <= 1e-4
+    want = {"aligned": ["cublas"], "small": ["cublas"], "misaligned operand": [("library", False, False)],
+            "misaligned output": [("library", False, False)]}[case]
+    assert taken == want, taken
 
 
 def test_a_compiled_head_with_an_odd_vocabulary_matches_float64_through_aligned_copies(monkeypatch):

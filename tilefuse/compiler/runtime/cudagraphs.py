@@ -373,13 +373,18 @@ class Recording:
                 continue
             storages.setdefault(ptr, out)
             self.layout.append(_Out("owned", index=list(storages).index(ptr), **geometry))
-        # what hand_out walks each replay, as plain tuples: ~100 outputs a forward of a small transformer
-        self.plan_out = [(spec.kind, spec.value if spec.kind == "const" else spec.index, spec.saved, spec.size,
-                          spec.stride, spec.offset, spec.dtype) for spec in self.layout]
         self.storages = [(ptr, t.device, t.untyped_storage().nbytes()) for ptr, t in storages.items()]
+        # what hand_out walks each replay, as plain tuples (~250 outputs a GPT-2 training forward), each owned
+        # output with the metadata torch's constructor takes, made once
+        self.plan_out = [(spec.kind, spec.value if spec.kind == "const" else spec.index, spec.saved, spec.size,
+                          spec.stride, spec.offset, spec.dtype, _metadata(self.storages[spec.index], spec)
+                          if spec.kind == "owned" else None) for spec in self.layout]
         self.owned_ptrs = set(storages)
         self.held_bytes = sum(nbytes for _, _, nbytes in self.storages)
-        self.handed: list = []  # (storage weakref, saved) of the storages the last replay's outputs are on
+        # (owned storage index, saved) -> the storage object the last replay's outputs there are on (over the
+        # pool's memory, no deleter). Kept: its use count says whether anything else still references it (an
+        # output, a view of one, a tensor autograd saved), and a later replay reuses one nothing does
+        self.handed: dict = {}
         # a static input is read at its address, not through this tensor: holding it would keep a forward's
         # saved tensors alive for good (a backward's static inputs), which reads as a backward still to run
         self.inputs = [None if k in static else a for k, a in enumerate(inputs)]
@@ -395,22 +400,19 @@ class Recording:
         return all(args[k].data_ptr() == ptr for k, ptr in self.static_ptrs.items())
 
     def saved_alive(self) -> bool:
-        return any(saved and not ref.expired() for ref, saved in self.handed)
+        return any(saved and _USE_COUNT(storage._cdata) > 1 for (_, saved), storage in self.handed.items())
 
     def outputs_alive(self) -> bool:
-        return any(not ref.expired() for ref, _ in self.handed)
+        return any(_USE_COUNT(storage._cdata) > 1 for storage in self.handed.values())
 
     def invalidate(self) -> int:
-        """Make the outputs handed out by the last replay raise on access; returns how many storages of them
-        were still referenced. The message goes on the storage, so every view of an output raises too."""
-        n = 0
-        for ref, _ in self.handed:
-            if ref.expired():
-                continue
-            n += 1
-            _set_error(torch.UntypedStorage._new_with_weak_ptr(ref.cdata))
-        self.handed = []
-        return n
+        """Make the outputs handed out by the last replay that are still referenced raise on access, and stop
+        reusing their storages; returns how many storages that was. The message goes on the storage, so every
+        view of an output raises too. The storages nothing references are kept for the next replay."""
+        alive = [key for key, storage in self.handed.items() if _USE_COUNT(storage._cdata) > 1]
+        for key in alive:
+            _set_error(self.handed.pop(key))
+        return len(alive)
 
     def replay(self, args, before_launch: Callable | None = None) -> list:
         """Copy the inputs in, call ``before_launch`` (a step's invalidation: after the copies, since an
@@ -424,23 +426,23 @@ class Recording:
         return self.hand_out(args)
 
     def hand_out(self, args) -> list:
-        """Fresh tensors over the recorded outputs, on storages of their own, so that invalidating them later
-        leaves the recording's own tensors (and the pool's blocks) untouched."""
-        from torch.multiprocessing.reductions import StorageWeakRef
-
-        made: dict = {}  # (owned storage, saved) -> storage: a tensor a backward saved never shares a storage
+        """Tensors over the recorded outputs, on storage objects of their own, so that invalidating them later
+        leaves the recording's own tensors (and the pool's blocks) untouched. A storage object of the last replay
+        that nothing references any more is used again (a replay comes after the step's invalidation, or finds
+        none of its outputs in use); a tensor is made each time (a kept one would hold its storage for
+        autograd, which then copies a gradient instead of taking it)."""
+        handed = self.handed  # (owned storage, saved) -> storage: a tensor a backward saved never shares a storage
         # object with one the caller holds, so that a kept user output does not look like a backward still to run
         out = []
         construct = _TENSOR_ON_STORAGE
-        for kind, index, saved, size, stride, offset, dtype in self.plan_out:
+        for kind, index, saved, size, stride, offset, dtype, meta in self.plan_out:
             if kind == "owned":
-                storage = made.get((index, saved))
+                storage = handed.get((index, saved))
                 ptr, dev, nbytes = self.storages[index]
                 if storage is None:
-                    storage = made[index, saved] = torch._C._construct_storage_from_data_pointer(ptr, dev, nbytes)
+                    storage = handed[index, saved] = torch._C._construct_storage_from_data_pointer(ptr, dev, nbytes)
                 if construct is not None and dev.type == "cuda":
-                    out.append(construct({"nbytes": nbytes, "data_ptr": ptr, "size": size, "stride": stride,
-                                          "dtype": dtype, "device": dev, "storage_offset": offset}, storage))
+                    out.append(construct(meta, storage))
                 else:
                     out.append(torch.empty(0, dtype=dtype, device=dev).set_(storage, offset, size, stride))
             elif kind == "input":
@@ -449,8 +451,18 @@ class Recording:
                 out.append(args[index].as_strided(size, stride, offset))
             else:
                 out.append(index)  # a constant
-        self.handed = [(StorageWeakRef(storage), saved) for (_, saved), storage in made.items()]
         return out
+
+
+def _metadata(storage: tuple, spec: _Out) -> dict:
+    """What torch's tensor-on-storage constructor takes for an owned output."""
+    ptr, dev, nbytes = storage
+    return {"nbytes": nbytes, "data_ptr": ptr, "size": spec.size, "stride": spec.stride, "dtype": spec.dtype,
+            "device": dev, "storage_offset": spec.offset}
+
+
+# The references a storage has beyond the storage object itself: 0 when nothing else holds it
+_USE_COUNT = torch._C._storage_Use_Count
 
 
 # torch._C._tensors_data_ptrs_at_indices_equal(tensors, pointers by position, positions): CUDA builds only

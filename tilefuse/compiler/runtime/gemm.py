@@ -55,10 +55,13 @@ def report(sched: scheduler.Schedule, sources: list) -> list:
 
 
 # A GEMM whose operand or output has a row stride that is not a multiple of 16 bytes (a vocabulary of 50257
-# columns: a language model's head and its gradients) cannot use TMA, nor cuBLAS's aligned kernels: GPT-2's
-# three head GEMMs in a training step took 282, 418 and 275 us that way on an H100, ~72 us each at the rate of
-# its aligned GEMMs. Copying such an operand into a buffer with aligned rows costs one read and one write of it
-# (~33 us for a 512 x 50257 bf16 gradient). Below this many multiply-adds the copy is not worth its launch.
+# columns: a language model's head and its gradients) gets neither TMA nor cuBLAS's aligned kernels: GPT-2's three
+# head GEMMs in a training step took 282, 418 and 275 us on an H100 (cuBLAS's align1 kernels twice, a non-TMA
+# Triton config), where its aligned GEMMs of as many multiply-adds take ~72. cuBLAS kept its align1 kernels on
+# operands copied to aligned rows (the extent, 50257, stays odd); the library's TMA loads take an odd extent
+# once the rows are aligned. So such a GEMM runs on the library, its misaligned operands copied to aligned rows
+# (one read and one write each); the output is written in place, by masked stores. Below this many multiply-adds
+# the copies are not worth their launches.
 PAD_MIN_VOLUME = 1 << 28
 PAD_BYTES = 16
 
@@ -69,35 +72,29 @@ def _misaligned(x: torch.Tensor) -> bool:
                                                   for n, s in zip(x.shape, x.stride()))
 
 
-def aligned_like(x: torch.Tensor) -> torch.Tensor:
-    """A new tensor of ``x``'s shape, dtype and dimension order whose rows (along ``x``'s unit-stride dimension,
-    the last or the one before it) start every ``PAD_BYTES`` bytes: a view of a padded buffer, not filled."""
+def aligned_copy(x: torch.Tensor) -> torch.Tensor:
+    """``x``'s values in a new tensor of its shape, dtype and dimension order whose rows (along ``x``'s
+    unit-stride dimension, the last or the one before it) start every ``PAD_BYTES`` bytes: a view of a padded
+    buffer."""
     flip = x.dim() >= 2 and x.stride(-1) != 1 and x.stride(-2) == 1
-    shape = list(x.shape)
-    if flip:
-        shape[-1], shape[-2] = shape[-2], shape[-1]
-    step = PAD_BYTES // x.element_size()
-    n = shape[-1]
-    view = torch.empty(shape[:-1] + [-(-n // step) * step], dtype=x.dtype, device=x.device)[..., :n]
+    y = x.transpose(-1, -2) if flip else x
+    step = PAD_BYTES // y.element_size()
+    n = y.shape[-1]
+    view = torch.empty(tuple(y.shape[:-1]) + (-(-n // step) * step,), dtype=y.dtype, device=y.device)[..., :n]
+    view.copy_(y)
     return view.transpose(-1, -2) if flip else view
 
 
-def aligned_copy(x: torch.Tensor) -> torch.Tensor:
-    """:func:`aligned_like` with ``x``'s values."""
-    view = aligned_like(x)
-    view.copy_(x)
-    return view
-
-
 def pad_plan(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor) -> tuple | None:
-    """Which of a GEMM's ``a``, ``b`` and ``out`` go through an aligned copy (:data:`PAD_MIN_VOLUME`), or None."""
+    """None for a GEMM cuBLAS may take as it is (aligned, or under :data:`PAD_MIN_VOLUME`); else which of ``a``
+    and ``b`` the library's GEMM takes through an aligned copy (neither, when only ``out`` is misaligned)."""
     m, k = a.shape[-2], a.shape[-1]
     n = b.shape[-1]
     batch = out.numel() // max(1, m * n) if out.numel() else 0
     if batch * m * n * k < PAD_MIN_VOLUME:
         return None
-    plan = (_misaligned(a), _misaligned(b), _misaligned(out))
-    return plan if any(plan) else None
+    plan = (_misaligned(a), _misaligned(b))
+    return plan if any(plan) or _misaligned(out) else None
 
 
 def _alignment(a, b, extras, out) -> tuple:
@@ -132,16 +129,11 @@ class GemmSite:
         pad = self.pad
         if pad is False:  # (a wrapper's step sees one layout: decided once, on the first call)
             pad = self.pad = pad_plan(a, b, out)
-        if pad is not None:
+        if pad is not None:  # (the library's GEMM, even with no epilogue)
             a = aligned_copy(a) if pad[0] else a
             b = aligned_copy(b) if pad[1] else b
-        if hook is None and not tf_device.interpreting():
-            if pad is not None and pad[2]:  # cuBLAS into an aligned buffer, then copied out
-                out.copy_(torch.matmul(a, b, out=aligned_like(out)))
-            elif out.is_contiguous():
-                torch.matmul(a, b, out=out)
-            else:
-                out.copy_(torch.matmul(a, b))
+        elif hook is None and not tf_device.interpreting():
+            torch.matmul(a, b, out=out) if out.is_contiguous() else out.copy_(torch.matmul(a, b))
             return
         kept = self.kept
         if kept is not None and kept[0] is not None and gemm_plan.plan_current(kept[1]) and \
