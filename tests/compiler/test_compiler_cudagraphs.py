@@ -289,7 +289,8 @@ def test_hand_out_builds_each_cuda_output_in_one_call_with_its_metadata(monkeypa
     spec = cudagraphs._Out("owned", 0, size=(2, 3), stride=(1, 2), offset=4, dtype=torch.float32)
     rec.plan_out = [("owned", 0, False, (2, 3), (1, 2), 4, torch.float32, cudagraphs._metadata(rec.storages[0], spec)),
                     ("const", 7, False, (), (), 0, None, None)]
-    rec.handed = {}
+    rec.handed, rec.cached, rec.slots = {}, [None, None], {(0, False): [0]}
+    cudagraphs._enable_cached_tensors()  # (what __init__ does)
     out, seven = rec.hand_out([])
     assert seven == 7 and out.tolist() == [[4.0, 6.0, 8.0], [5.0, 7.0, 9.0]]
     assert seen == [{"nbytes": 96, "data_ptr": recorded.data_ptr(), "size": (2, 3), "stride": (1, 2),
@@ -628,12 +629,15 @@ def test_a_replay_reuses_the_storage_objects_nothing_references_and_gradients_ar
     owned = {o.untyped_storage().data_ptr() for o, sp in zip(bw_rec.outputs, bw_rec.layout) if sp.kind == "owned"}
     first = step()
     assert {p.grad.untyped_storage().data_ptr() for p in model.parameters()} <= owned, "a gradient was copied"
+    tensors = [id(t) for t in bw_rec.cached]
     second = step()
     assert second == first, "the replay made new storage objects where nothing referenced the old ones"
+    assert [id(t) for t in bw_rec.cached] == tensors, "the replay made new tensors where nothing referenced the old"
     kept = model[0].weight.grad  # kept across the next step
     third = step()
     assert marked == [second[0]], marked
     assert third[0] != second[0] and third[1:] == second[1:], (third, second)
+    assert sum(a != b for a, b in zip(tensors, [id(t) for t in bw_rec.cached])) == 1
     del kept
 
 

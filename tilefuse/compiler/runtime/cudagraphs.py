@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import dataclasses
 import operator
+import sys
 import weakref
 from typing import Any, Callable, Collection, Sequence
 
@@ -382,9 +383,17 @@ class Recording:
         self.owned_ptrs = set(storages)
         self.held_bytes = sum(nbytes for _, _, nbytes in self.storages)
         # (owned storage index, saved) -> the storage object the last replay's outputs there are on (over the
-        # pool's memory, no deleter). Kept: its use count says whether anything else still references it (an
-        # output, a view of one, a tensor autograd saved), and a later replay reuses one nothing does
+        # pool's memory, no deleter), and per output the tensor handed out (None for one not owned). Both kept:
+        # a later replay hands the same ones out again where nothing else references them any more (decision
+        # 047), and their use counts say whether something does (an output, a view of one, a tensor autograd
+        # saved, a gradient taken from one)
         self.handed: dict = {}
+        self.cached: list = [None] * len(self.plan_out)
+        self.slots: dict = {}  # (owned storage index, saved) -> the output positions on it
+        for j, (kind, index, saved, *_) in enumerate(self.plan_out):
+            if kind == "owned":
+                self.slots.setdefault((index, saved), []).append(j)
+        _enable_cached_tensors()
         # a static input is read at its address, not through this tensor: holding it would keep a forward's
         # saved tensors alive for good (a backward's static inputs), which reads as a backward still to run
         self.inputs = [None if k in static else a for k, a in enumerate(inputs)]
@@ -399,20 +408,47 @@ class Recording:
             return _PTRS_EQUAL(args, self.static_at, self.static_positions)
         return all(args[k].data_ptr() == ptr for k, ptr in self.static_ptrs.items())
 
+    def _alive(self, key, storage) -> bool:
+        """Something but this recording references the storage of ``key`` or a tensor handed out on it: the
+        storage's users beyond the storage object and the kept tensors, or a kept tensor's beyond the list."""
+        cached = self.cached
+        kept = 0
+        for j in self.slots[key]:
+            t = cached[j]
+            if t is not None:
+                if t._use_count() != 1 or sys.getrefcount(t) > _KEPT_REFS:
+                    return True
+                kept += 1
+        return _USE_COUNT(storage._cdata) != 1 + kept
+
     def saved_alive(self) -> bool:
-        return any(saved and _USE_COUNT(storage._cdata) > 1 for (_, saved), storage in self.handed.items())
+        return any(self._alive(key, storage) for key, storage in self.handed.items() if key[1])
 
     def outputs_alive(self) -> bool:
-        return any(_USE_COUNT(storage._cdata) > 1 for storage in self.handed.values())
+        return any(self._alive(key, storage) for key, storage in self.handed.items())
 
     def invalidate(self) -> int:
         """Make the outputs handed out by the last replay that are still referenced raise on access, and stop
-        reusing their storages; returns how many storages that was. The message goes on the storage, so every
-        view of an output raises too. The storages nothing references are kept for the next replay."""
-        alive = [key for key, storage in self.handed.items() if _USE_COUNT(storage._cdata) > 1]
+        reusing their storages and tensors; returns how many storages that was. The message goes on the
+        storage, so every view of an output raises too. The rest is kept for the next replay."""
+        alive = [key for key, storage in self.handed.items() if self._alive(key, storage)]
         for key in alive:
             _set_error(self.handed.pop(key))
+            self._forget(self.slots[key])
         return len(alive)
+
+    def _forget(self, positions) -> None:
+        cached = self.cached
+        for j in positions:
+            if cached[j] is not None:
+                _remove_cached(cached[j])
+                cached[j] = None
+
+    def __del__(self):
+        try:
+            self._forget(range(len(self.cached)))
+        except Exception:  # noqa: BLE001 - interpreter shutdown
+            pass
 
     def replay(self, args, before_launch: Callable | None = None) -> list:
         """Copy the inputs in, call ``before_launch`` (a step's invalidation: after the copies, since an
@@ -427,24 +463,32 @@ class Recording:
 
     def hand_out(self, args) -> list:
         """Tensors over the recorded outputs, on storage objects of their own, so that invalidating them later
-        leaves the recording's own tensors (and the pool's blocks) untouched. A storage object of the last replay
-        that nothing references any more is used again (a replay comes after the step's invalidation, or finds
-        none of its outputs in use); a tensor is made each time (a kept one would hold its storage for
-        autograd, which then copies a gradient instead of taking it)."""
+        leaves the recording's own tensors (and the pool's blocks) untouched. The storage objects and tensors of
+        the last replay are handed out again: a replay comes after the step's invalidation (which drops those
+        still referenced) or finds none of its outputs in use. A kept tensor is registered with torch as a
+        cached tensor, so that autograd, counting its references, still takes a handed-out gradient as
+        ``.grad`` instead of copying it."""
         handed = self.handed  # (owned storage, saved) -> storage: a tensor a backward saved never shares a storage
         # object with one the caller holds, so that a kept user output does not look like a backward still to run
+        cached = self.cached
         out = []
         construct = _TENSOR_ON_STORAGE
-        for kind, index, saved, size, stride, offset, dtype, meta in self.plan_out:
+        for j, (kind, index, saved, size, stride, offset, dtype, meta) in enumerate(self.plan_out):
             if kind == "owned":
-                storage = handed.get((index, saved))
-                ptr, dev, nbytes = self.storages[index]
-                if storage is None:
-                    storage = handed[index, saved] = torch._C._construct_storage_from_data_pointer(ptr, dev, nbytes)
-                if construct is not None and dev.type == "cuda":
-                    out.append(construct(meta, storage))
-                else:
-                    out.append(torch.empty(0, dtype=dtype, device=dev).set_(storage, offset, size, stride))
+                t = cached[j]
+                if t is None:
+                    storage = handed.get((index, saved))
+                    ptr, dev, nbytes = self.storages[index]
+                    if storage is None:
+                        storage = handed[index, saved] = torch._C._construct_storage_from_data_pointer(
+                            ptr, dev, nbytes)
+                    if construct is not None and dev.type == "cuda":
+                        t = construct(meta, storage)
+                    else:
+                        t = torch.empty(0, dtype=dtype, device=dev).set_(storage, offset, size, stride)
+                    _add_cached(t)
+                    cached[j] = t
+                out.append(t)
             elif kind == "input":
                 out.append(args[index])
             elif kind == "input view":
@@ -461,8 +505,28 @@ def _metadata(storage: tuple, spec: _Out) -> dict:
             "device": dev, "storage_offset": spec.offset}
 
 
-# The references a storage has beyond the storage object itself: 0 when nothing else holds it
+# A storage's users (tensors on it and storage objects): 1 when only the storage object holds it
 _USE_COUNT = torch._C._storage_Use_Count
+_add_cached = torch._C._add_cached_tensor
+_remove_cached = torch._C._remove_cached_tensor
+
+
+def _kept_refs() -> int:
+    """What sys.getrefcount reports in Recording._alive for a tensor referenced only by the kept list."""
+    cached = [torch.empty(0)]
+    for j in range(1):
+        t = cached[j]
+        return sys.getrefcount(t)
+    return 0
+
+
+_KEPT_REFS = _kept_refs()
+
+
+def _enable_cached_tensors() -> None:
+    """torch's registry of cached tensors (what its own CUDA-graph trees turn on): a registered tensor's
+    reference from its cache does not count where autograd decides whether it may take a gradient as it is."""
+    torch._C._set_cached_tensors_enabled(True)
 
 
 # torch._C._tensors_data_ptrs_at_indices_equal(tensors, pointers by position, positions): CUDA builds only
