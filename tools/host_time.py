@@ -23,6 +23,7 @@ Sections:
   train: one GPT-2 124M training step (batch 1, 512 tokens, bf16 autocast, AdamW) as the models suite times it,
         under Inductor and tilefuse with mode="reduce-overhead": wall and GPU time a step and the GPU's time by
         kernel, to say where a captured step's time goes; cProfile of the step.
+  train-tilefuse: the same, tilefuse alone.
   direct_calls: that decode step uncaptured under tilefuse with the attention ops' functions called directly and
         through the ops (decision 038), alternated in one process.
 
@@ -489,7 +490,7 @@ def decode_section(device: str = "cuda", tiny: bool = False) -> None:
             traceback.print_exc(limit=8)
 
 
-def train_section(batch: int = 1) -> None:
+def train_section(batch: int = 1, backends: tuple = ("inductor-reduce-overhead", "tilefuse-reduce-overhead")) -> None:
     """One training step of GPT-2 124M as the models suite times it, captured, under Inductor and tilefuse: wall
     a step with the GPU idle, GPU time, the GPU's time by kernel (the 40 biggest) and cProfile of 10 steps."""
     import copy
@@ -502,7 +503,7 @@ def train_section(batch: int = 1) -> None:
     torch.manual_seed(0)
     base = ms._gpt2(False).train()
     kwargs = ms._tokens(base.config.vocab_size, 512)(base, batch, "cuda")
-    for backend in ("inductor-reduce-overhead", "tilefuse-reduce-overhead"):
+    for backend in backends:
         torch._dynamo.reset()
         compiler.reset_stats()
         try:
@@ -605,7 +606,8 @@ def _cpu_us(fn, calls: int) -> float:
 
 SECTIONS = {"gemm": gemm_section, "compiler": compiler_section, "launch": launch_section,
             "graphs": graphs_section, "pool": pool_section, "decode": decode_section,
-            "train": train_section, "direct_calls": direct_calls_section}
+            "train": train_section,
+            "train-tilefuse": lambda: train_section(backends=("tilefuse-reduce-overhead",)), "direct_calls": direct_calls_section}
 
 
 def main() -> int:
