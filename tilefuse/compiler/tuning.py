@@ -60,10 +60,6 @@ TUNING = {
     "outer_rblock": OUTER_RBLOCK,
     # fewer column programs than SMs: halve the columns a program (down to this) for more programs
     "outer_min_xblock": 32,
-    # ... and with still fewer programs than SMs, more rows a step, up to this many elements a step: GPT-2's
-    # training step at batch 1 spent 338 us in 72 bias-gradient sums over 512 rows (4.3 us each at 8 rows a
-    # step, 64 steps; Inductor's ~1.5 us)
-    "outer_few_elems": 2048,
     # an outer reduction up to this many rows keeps the whole column chunk in registers (persistent form,
     # every load issued at once: a split's second stage over 256 partials); longer ones loop. decision 021: a
     # split's stage 1 over 512 rows ran persistent as 8 columns x 512 rows (16 contiguous bytes a row), 457

@@ -857,11 +857,6 @@ class KernelWriter:
             # a split's second stage (4096 columns of 256 partials) would be 16 programs on 132 SMs
             while xb > TUNING["outer_min_xblock"] and -(-xnumel // xb) < t.multiprocessors:
                 xb //= 2
-            # still fewer programs than SMs (a bias gradient: 768 columns of 512 rows, 24 programs): each
-            # program's loop waits on one step's loads at a time, so more rows a step and fewer steps
-            while -(-xnumel // xb) < t.multiprocessors and rb * 2 <= next_pow2(rnumel) and \
-                    xb * rb * 2 <= TUNING["outer_few_elems"]:
-                rb *= 2
             warps = TUNING["outer_warps"]
         else:
             rb = min(next_pow2(rnumel), INTERP_BLOCK if t.interpreter else int(TUNING["looped_rblock"]))
