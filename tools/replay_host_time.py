@@ -1,9 +1,9 @@
 """Host time of a captured training step's bookkeeping (tilefuse.compiler.runtime.cudagraphs), without a GPU.
 
 A forward recording with ``--saved`` outputs saved for its backward (and one returned), a backward recording with
-``--grads`` outputs, over CPU memory, with a replay that launches nothing: what is timed is the runner's own work
-a step (the step-start checks and invalidation, each recording's hand-out, the in-use check before the backward),
-as autograd would drive it (the saved tensors held until the backward, the gradients until ``zero_grad``).
+``--grads`` outputs, over CPU memory, with a replay that launches nothing, each replayed through its runner's
+replay path: what is timed is the runner's own work a step (the step-start checks and invalidation, each
+recording's hand-out, the in-use check before the backward), as autograd would drive it (the saved tensors held until the backward, the gradients until ``zero_grad``).
 GPT-2 124M's training step has ~250 and ~150.
 
     python tools/replay_host_time.py [--saved 250] [--grads 150] [--steps 2000]
@@ -36,20 +36,26 @@ def _recording(pool, outputs: int, saved: set):
     return cudagraphs.Recording(_NoGraph(), [], [], set(), tensors, pool, saved=saved), tensors
 
 
+def _runner(kind: str, pool) -> cudagraphs.GraphRunner:
+    graph = torch.fx.Graph()
+    graph.output(None)
+    gm = torch.fx.GraphModule(torch.nn.Module(), graph)
+    return cudagraphs.GraphRunner(gm, lambda args: [], kind, 0, pool, interpreting=False)
+
+
 def step_us(saved: int, grads: int, steps: int) -> float:
     pool = cudagraphs.Pool()
     fw, keep_fw = _recording(pool, saved + 1, set(range(1, saved + 1)))
     bw, keep_bw = _recording(pool, grads, set())
+    fw_runner, bw_runner = _runner("forward", pool), _runner("backward", pool)
     best = float("inf")
     for _ in range(5):
         t0 = time.perf_counter()
         for _ in range(steps):
-            starts = not pool.pending_backward()
-            out = fw.replay([], pool.start_step if starts else None)
+            out = fw_runner._replay(fw, [])  # (the runner's replay path, past its signature lookup)
             stash = out[1:]  # autograd holds the saved tensors until the backward
             del out
-            assert not pool.in_use(bw.seq)
-            g = bw.replay([])
+            g = bw_runner._replay(bw, [])
             del stash  # the backward has run
             del g  # zero_grad(set_to_none=True)
         best = min(best, (time.perf_counter() - t0) / steps * 1e6)
