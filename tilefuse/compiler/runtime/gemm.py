@@ -117,7 +117,7 @@ class GemmSite:
     def __init__(self, hook, store_out: bool):
         self.hook, self.store_out = hook, store_out
         self.kept = None  # (plan, what it was made under, the alignments it holds for): one tuple, set at once
-        self.pad = False  # False: not decided yet; None: nothing to pad; else pad_plan's (a, b, out)
+        self.pad = False  # False: not decided yet; None: cuBLAS or the hook as before; else pad_plan's (a, b)
         self.__name__ = "gemm_site"
 
     @property
