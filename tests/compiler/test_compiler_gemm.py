@@ -274,6 +274,27 @@ def test_gemm_graphs_on_the_gpu(dtype):
     assert gemm_kernels("backward") and not matmul_externs(), matmul_externs()
 
 
+@pytest.mark.gpu
+def test_gpu_a_language_model_head_with_an_odd_vocabulary_runs_its_gemms_on_aligned_copies(monkeypatch):
+    """GPT-2's head at batch 1 (512 tokens, 768 wide, a vocabulary of 50257: rows 100514 bytes apart) and its
+    loss, forward and backward in bf16: right against float32, and each of its GEMMs (the logits, their two
+    gradients) a site that decision 048 routes to the library (at least one with an aligned copy)."""
+    from tilefuse.compiler.runtime import gemm as runtime_gemm
+
+    sites = record_instances(monkeypatch, runtime_gemm.GemmSite)
+
+    def g(*shape):
+        return (torch.randn(*shape, device="cuda", dtype=torch.bfloat16) * shape[-1] ** -0.5).requires_grad_()
+
+    def head(h, w, target):
+        return F.cross_entropy((h @ w.t()).float(), target)
+
+    cc.check_function(head, g(512, 768), g(50257, 768), torch.randint(0, 50257, (512,), device="cuda"),
+                      what="odd-vocabulary head gpu")
+    routed = [s.pad for s in sites if s.pad not in (False, None)]
+    assert len(routed) >= 3 and any(any(p) for p in routed), [s.pad for s in sites]
+
+
 def test_explain_says_why_a_consumer_was_not_fused():
     import tilefuse
 
