@@ -654,10 +654,7 @@ class GraphRunner:
         if alive is None:
             self.report.invalidated += self.pool.start_step()
             return
-        by_recording: dict = {}
-        for r, key in alive:
-            by_recording.setdefault(r, []).append(key)
-        self.report.invalidated += sum(r.invalidate_keys(keys) for r, keys in by_recording.items())
+        self.report.invalidated += sum(r.invalidate_keys((key,)) for r, key in alive)
 
     def _replay(self, rec: Recording, args):
         # a forward or inference replay with no backward pending starts a step: what was handed out before and is
