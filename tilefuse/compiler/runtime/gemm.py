@@ -4,7 +4,7 @@ A fused step becomes one call of the library's GEMM with the generated hook::
 
     v_gelu = alloc((7, 65), (65, 1), torch.float32)
     v_add = alloc((7, 65), (65, 1), torch.float32)
-    launch_gemm_addmm_mm(v_x, v_w.as_strided(...), (v_b.as_strided((7, 65), (0, 1), ...), v_add), v_gelu)
+    launch_gemm_addmm_mm(v_x, view(v_w, ...), (view(v_b, (7, 65), (0, 1), 0), v_add), v_gelu)
 
 ``launch_gemm_<step>`` is the step's :class:`GemmSite`: the library's
 :func:`tilefuse.kernels.gemm.plan.gemm_with_epilogue` on its first call, then the plan that call made, replayed. A GEMM with no epilogue runs the library GEMM on Triton's interpreter
@@ -145,8 +145,7 @@ class GemmSite:
 
 
 def _strided(writer, buffer: str, shape, stride, offset) -> str:
-    v = writer.var(buffer)
-    return f"{v}.as_strided({tuple(shape)!r}, {tuple(stride)!r}, {v}.storage_offset() + {offset})"
+    return f"view({writer.var(buffer)}, {tuple(shape)!r}, {tuple(stride)!r}, {offset})"
 
 
 def step_lines(writer, step: scheduler.GemmStep, hooks: dict) -> tuple[list[str], set[str]]:

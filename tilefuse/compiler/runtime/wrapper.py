@@ -12,7 +12,7 @@
 so the per-call cost is the launches themselves (launch closures with grid, block sizes and warps bound once)
 and the allocations (``alloc``: ATen's allocation for the device without the dispatcher, see :func:`_allocator`;
 a CUDA graph's body runs with its device made the current one, which that allocation uses).
-Outputs that are views (eager returns a view) are real ``as_strided`` views of the buffer they alias;
+Outputs that are views (eager returns a view) are strided views of the buffer they alias (``view``);
 an input mutation (``copy_`` into an input) is a kernel writing into the input's storage; intermediates are
 freed after their last use.
 
@@ -66,7 +66,7 @@ class WrapperWriter:
         self.kernels = dict(zip((k.group for k in kernels), zip(kernels, fns)))
         self.constants = constants
         self.device = dev
-        self.globals: dict[str, Any] = {"torch": torch, "alloc": _allocator(dev), "device": dev}
+        self.globals: dict[str, Any] = {"torch": torch, "alloc": _allocator(dev), "device": dev, "view": view_of}
         self.vars: dict[str, str] = {}
         self.lines: list[str] = []
         self.hooks: dict = {}  # GEMM step -> its epilogue hook (runtime/gemm.py prepare)
@@ -85,13 +85,12 @@ class WrapperWriter:
         return v
 
     def view_expr(self, name: str) -> str:
-        """A tensor for node ``name``: a View becomes an as_strided view of the buffer it aliases."""
+        """A tensor for node ``name``: a View becomes a strided view of the buffer it aliases (:func:`view_of`)."""
         node = self.table[name]
         if not isinstance(node, ir.View):
             return self.var(name)
         base, size, stride, offset = view_params(self.table, name)
-        b = self.var(base)
-        return f"{b}.as_strided({tuple(size)!r}, {tuple(stride)!r}, {b}.storage_offset() + {offset})"
+        return f"view({self.var(base)}, {tuple(size)!r}, {tuple(stride)!r}, {offset})"
 
     def arg_text(self, value) -> str:
         if isinstance(value, ir.Ref):
@@ -232,6 +231,27 @@ def _allocator(dev: torch.device) -> Callable:
         return torch.empty_strided(size, stride, dtype=dtype, device=dev)
 
     return alloc
+
+
+def _view_of() -> Callable:
+    """``view(base, size, stride, offset)``: a tensor over ``base``'s storage with that size and stride, starting
+    ``offset`` elements after ``base``'s own start. torch's C helper (what Inductor's wrappers call as
+    ``reinterpret_tensor``) makes it without the dispatcher: 1.09 against 2.29 us for ``as_strided`` on the CPU
+    (timeit, torch 2.13); a decode step of GPT-2 makes ~165 such views. The view is not recorded as a view for
+    autograd, which the wrapper does not need: it runs under AOTAutograd with gradients off, and AOTAutograd
+    rebuilds the outputs that alias an input or each other from their sizes and strides."""
+    guards = getattr(getattr(torch._C, "_dynamo", None), "guards", None)
+    direct = getattr(guards, "_reinterpret_tensor", None)
+    if direct is not None:
+        return direct
+
+    def view(base, size, stride, offset):
+        return base.as_strided(size, stride, base.storage_offset() + offset)
+
+    return view
+
+
+view_of = _view_of()
 
 
 def extern_layout(t: torch.Tensor, shape: tuple, stride: tuple, name: str) -> torch.Tensor:
