@@ -19,7 +19,8 @@ Sections:
         each phase of a step and the peak within it, and whether .grad is the pool's memory.
   decode: one GPT-2 124M decode step (batch 1, static KV cache) as the models suite times it, under eager,
         Inductor and tilefuse with and without mode="reduce-overhead": wall, host and GPU time a step, and for
-        tilefuse its CUDA-graph report and cProfile of the step.
+        tilefuse its CUDA-graph report and cProfile of the step; before it, host us a call of the pieces the
+        uncaptured step makes many of (the attention forward, a GEMM, the KV-cache write, a view, an allocation).
   train: one GPT-2 124M training step (batch 1, 512 tokens, bf16 autocast, AdamW) as the models suite times it,
         under Inductor and tilefuse with mode="reduce-overhead": wall and GPU time a step and the GPU's time by
         kernel, to say where a captured step's time goes; cProfile of the step.
@@ -452,6 +453,8 @@ def decode_section(device: str = "cuda", tiny: bool = False) -> None:
     print(f"== decode: GPT-2{' (tiny)' if tiny else ' 124M'}, batch 1, one token after a prompt, static KV cache")
     base, prompt, ids = _gpt2_decode(device, dtype, tiny)
     _attention_call_probe(device)
+    if cuda:
+        _decode_parts_probe()
     for backend in ("eager", "inductor", "inductor-reduce-overhead", "tilefuse", "tilefuse-reduce-overhead"):
         if backend.startswith("inductor") and not cuda:
             continue
@@ -594,6 +597,41 @@ def _attention_call_probe(device: str) -> None:
     print(f"    plan_forward: {timer(lambda: attn_launch.plan_forward(params, dtype), 300):.1f}")
     print(f"    forward(plan given), {plan}: "
           f"{timer(lambda: attn_launch.forward(q, k, v, params, mask_view, None, plan), 300):.1f}")
+
+
+def _decode_parts_probe() -> None:
+    """Host us a call of the other pieces an uncaptured decode step makes many of, at GPT-2's shapes (bf16):
+    the GEMM without an epilogue (16 a step through torch.matmul with out=) against torch.mm and torch.addmm;
+    the library's repeat call; the KV-cache write (24 a step); a view (~165 a step) and an allocation."""
+    from tilefuse.compiler.runtime import wrapper as W
+    from tilefuse.kernels import indexing
+
+    dt, dev = torch.bfloat16, "cuda"
+    a, b = torch.randn(1, 768, device=dev, dtype=dt), torch.randn(768, 2304, device=dev, dtype=dt)
+    bias, o = torch.randn(2304, device=dev, dtype=dt), torch.empty(1, 2304, device=dev, dtype=dt)
+    a3, o3 = a.view(1, 1, 768), o.view(1, 1, 2304)
+    cache = torch.zeros(1, 12, 520, 64, device=dev, dtype=dt)
+    pos = torch.tensor([511], device=dev)
+    val = torch.randn(1, 12, 1, 64, device=dev, dtype=dt)
+    empty = torch._C._dynamo.guards._empty_strided_cuda
+    print("  the decode step's other pieces (us a call):")
+    for name, fn in (("torch.matmul(a, b, out=) 1x768 @ 768x2304", lambda: torch.matmul(a, b, out=o)),
+                     ("the same, a 3-D (1, 1, 768)", lambda: torch.matmul(a3, b, out=o3)),
+                     ("torch.mm(a, b, out=)", lambda: torch.mm(a, b, out=o)),
+                     ("torch.addmm(bias, a, b, out=)", lambda: torch.addmm(bias, a, b, out=o)),
+                     ("tilefuse.gemm(a, b, out=) (library, repeat call)", lambda: tilefuse.gemm(a, b, out=o)),
+                     ("indexing.index_put_ (the KV-cache write)",
+                      lambda: indexing.index_put_(cache, (None, None, pos), val)),
+                     ("aten index_put_ (the same write)",
+                      lambda: torch.ops.aten.index_put_.default(cache, (None, None, pos), val)),
+                     ("x.as_strided (a view)", lambda: cache.as_strided((12, 520, 64), (33280, 64, 1), 0)),
+                     ("wrapper view (_reinterpret_tensor)", lambda: W.view_of(cache, (12, 520, 64), (33280, 64, 1), 0)),
+                     ("_empty_strided_cuda (1, 2304) bf16", lambda: empty((1, 2304), (2304, 1), dt)),
+                     ("torch.empty (1, 2304) bf16", lambda: torch.empty((1, 2304), device=dev, dtype=dt))):
+        try:
+            print(f"    {name}: {per_call_us(fn, 2000):.2f}")
+        except Exception as exc:  # noqa: BLE001 - a report line
+            print(f"    {name}: failed: {type(exc).__name__}: {str(exc)[:200]}")
 
 
 def _cpu_us(fn, calls: int) -> float:
