@@ -5,4 +5,4 @@ set -e
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
 PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} $PYTHON -m tilefuse.cli report \
-  $(sed -e 's/#.*//' docs/report-sources.txt) --title "tilefuse results (NVIDIA H200; attention and models on an H100)" -o docs/report.html
+  $(sed -e 's/#.*//' docs/report-sources.txt) --title "tilefuse results (NVIDIA H200; attention, models and the 1024-row compiler graphs on an H100)" -o docs/report.html
