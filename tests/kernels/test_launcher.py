@@ -228,3 +228,31 @@ def test_bound_launch_costs_well_under_the_sites_generic_path(monkeypatch):
     assert site.jitted == []
     print(f"generic site path {generic * 1e6:.2f} us a launch, bound function {bound * 1e6:.2f} us")
     assert bound <= 0.75 * generic, f"bound {bound * 1e6:.2f} us vs the generic path's {generic * 1e6:.2f} us"
+
+
+@pytest.mark.parametrize("shape", [(), (7,), (3, 5), (2, 0, 3), (1, 12, 1, 64), (0,), (5, 1, 0, 2), (4, 3, 2, 1, 9)])
+def test_contiguous_strides_are_torchs(shape):
+    assert launcher.contiguous_strides(shape) == torch.empty(shape).stride()
+
+
+def test_empty_and_empty_like_off_the_cuda_path_are_torchs():
+    q = torch.randn(1, 12, 64, 1).transpose(2, 3)  # contiguous, with a size-1 dimension's stride kept by empty_like
+    for t in (q, torch.randn(6, 5).t(), torch.randn(3, 4)[:, ::2]):
+        e = launcher.empty_like(t)
+        assert (e.shape, e.stride(), e.dtype, e.device) == (t.shape, torch.empty_like(t).stride(), t.dtype, t.device)
+    e = launcher.empty((2, 0, 3), torch.float16, q)
+    assert (e.shape, e.stride(), e.dtype) == ((2, 0, 3), (3, 3, 1), torch.float16)
+
+
+@pytest.mark.gpu
+def test_gpu_empty_and_empty_like_match_torchs_layouts_on_the_current_device():
+    dev = torch.device("cuda", torch.cuda.current_device())
+    q = torch.randn(1, 12, 64, 1, device=dev, dtype=torch.bfloat16).transpose(2, 3)
+    for t in (q, torch.randn(6, 5, device=dev).t(), torch.randn(3, 4, device=dev)[:, ::2],
+              torch.randn(2, 3, 5, device=dev, dtype=torch.float16)):
+        e, ref = launcher.empty_like(t), torch.empty_like(t)
+        assert (e.shape, e.stride(), e.dtype, e.device) == (ref.shape, ref.stride(), ref.dtype, ref.device)
+        assert e.untyped_storage().nbytes() >= ref.untyped_storage().nbytes()
+    for shape in ((2, 0, 3), (12, 1), (5, 1, 12, 1, 64)):
+        e = launcher.empty(shape, torch.float32, q)
+        assert (e.shape, e.stride(), e.dtype, e.device) == (shape, torch.empty(shape).stride(), torch.float32, dev)

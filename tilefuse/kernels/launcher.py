@@ -51,6 +51,38 @@ def stream_buffer(kind: str, dev: torch.device, stream: int, numel: int, dtype: 
     return t
 
 
+_guards = getattr(getattr(torch._C, "_dynamo", None), "guards", None)
+_EMPTY_CUDA = getattr(_guards, "_empty_strided_cuda", None)  # ATen's CUDA allocation without the dispatcher
+_CUDA_DEVICE = getattr(torch._C, "_cuda_getDevice", None)
+
+
+def empty(shape: tuple, dtype: torch.dtype, like: torch.Tensor) -> torch.Tensor:
+    """A new contiguous tensor of ``shape`` and ``dtype`` on ``like``'s device. On the current CUDA device, ATen's
+    allocation called directly (what compiled wrappers call): 1.03 against 3.32 us of host time for
+    ``torch.empty`` on an H100's host, where an attention call makes four."""
+    if _EMPTY_CUDA is not None and like.is_cuda and like.get_device() == _CUDA_DEVICE():
+        return _EMPTY_CUDA(tuple(shape), contiguous_strides(shape), dtype)
+    return torch.empty(shape, dtype=dtype, device=like.device)
+
+
+def contiguous_strides(shape) -> tuple:
+    """The strides torch gives a new contiguous tensor of ``shape`` (a size-0 dimension counts as 1)."""
+    stride, n = [], 1
+    for size in reversed(shape):
+        stride.append(n)
+        n *= max(size, 1)
+    return tuple(reversed(stride))
+
+
+def empty_like(t: torch.Tensor) -> torch.Tensor:
+    """``torch.empty_like(t)``: for a contiguous ``t`` on the current CUDA device, ATen's allocation called
+    directly with ``t``'s own strides (which ``empty_like`` keeps for a dense tensor, size-1 dimensions'
+    included)."""
+    if _EMPTY_CUDA is not None and t.is_cuda and t.is_contiguous() and t.get_device() == _CUDA_DEVICE():
+        return _EMPTY_CUDA(tuple(t.shape), t.stride(), t.dtype)
+    return torch.empty_like(t)
+
+
 def scratch_pointer(device_index: int, stream: int, size: int, align: int) -> int:
     """An address of ``size`` bytes of Triton global scratch, aligned to ``align``, kept a (device, stream)."""
     dev = torch.device("cuda", device_index) if device_index >= 0 else device.torch_device()

@@ -14,7 +14,7 @@ import dataclasses
 import torch
 
 from ... import device
-from ..launcher import SiteLauncher, kept_site
+from ..launcher import SiteLauncher, empty, empty_like, kept_site
 from . import configs, tuning
 from .checks import Params
 from .kernels import (LN2, attn_bwd_dkdv_kernel, attn_bwd_dq_kernel, attn_bwd_preprocess_kernel,
@@ -252,15 +252,15 @@ def forward(q, k, v, p: Params, mask=None, alibi=None, plan: Plan | None = None)
     visible). Without a ``plan``, the config of a prefill is tuned on a GPU (:mod:`.tuning`)."""
     if plan is None:
         plan = _call_plan(q, k, v, p, mask, alibi)
-    out = torch.empty_like(q)
-    lse2 = torch.empty((p.B * p.H, p.Sq), dtype=torch.float32, device=q.device)
+    out = empty_like(q)
+    lse2 = empty((p.B * p.H, p.Sq), torch.float32, q)
     if p.Sq == 0:
         return out, lse2
     fwd, combine, splits, tiles_per_split = _forward_launch(q, k, v, p, mask, alibi, plan)
     m, ms, a, as_ = _aux(q, mask, alibi)
     if splits > 1:
-        o_buf = torch.empty((splits, p.B, p.H, p.Sq, p.D), dtype=torch.float32, device=q.device)
-        l_buf = torch.empty((splits, p.B * p.H, p.Sq), dtype=torch.float32, device=q.device)
+        o_buf = empty((splits, p.B, p.H, p.Sq, p.D), torch.float32, q)
+        l_buf = empty((splits, p.B * p.H, p.Sq), torch.float32, q)
         o_strides = o_buf.stride()[1:] + (o_buf.stride(0),)
         l_stride = l_buf.stride(0)
     else:
@@ -298,16 +298,16 @@ def backward(do, q, k, v, out, lse2, p: Params, mask=None, alibi=None, *, dkdv_c
         atomic_dq = False if p.deterministic else _tuned_form(do, q, k, v, out, lse2, p, mask, alibi)
     elif atomic_dq and p.deterministic:
         raise ValueError("atomic_dq=True contradicts deterministic=True (atomics make the sum order vary)")
-    dq = torch.empty_like(q)
-    dk = torch.empty_like(k)
-    dv = torch.empty_like(v)
+    dq = empty_like(q)
+    dk = empty_like(k)
+    dv = empty_like(v)
     if p.Sq == 0 or p.Sk == 0:
         return dq.zero_(), dk.zero_(), dv.zero_()
     m, ms, a, as_ = _aux(q, mask, alibi)
     bd = block_d(p.D)
     vendor = device.current().vendor
     real = (mask is not None, alibi is not None)
-    delta = torch.empty((p.B * p.H, p.Sq), dtype=torch.float32, device=q.device)
+    delta = empty((p.B * p.H, p.Sq), torch.float32, q)
     pre_rows = 64
     pre = (out, do, delta)
     site(attn_bwd_preprocess_kernel, (_cdiv(p.Sq, pre_rows), p.B * p.H), pre,
