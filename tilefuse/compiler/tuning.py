@@ -14,6 +14,12 @@ import contextlib
 # Launch shapes that the settings below start from (codegen's defaults).
 ELEMS_PER_THREAD = 8
 POINTWISE_BLOCK = 1024  # 1024 elements / (4 warps x 32 lanes) = 8 a thread: one 16-byte bf16 vector
+# A flat pointwise kernel with fewer programs than SMs at POINTWISE_BLOCK is latency-bound: the same 4 warps a
+# program over blocks down to this (2 elements a thread), so it spreads over more SMs with a shorter chain a
+# thread. The decode step's tanh GeLU over 3072: 3 programs of 8 a thread (318 sm_90 SASS instructions a
+# thread) 1.53 us on the H100, Inductor's 12 programs of 256 at 4 warps 1.19 us (a one-element kernel: 1.2 us);
+# 256 gives Inductor's launch (97 instructions a thread).
+SMALL_POINTWISE_BLOCK = 256
 TILE_ELEMS = 1024
 PERSISTENT_ELEMS = 4096  # rows per program so that a program holds about this many elements
 LOOPED_RBLOCK = 1024  # elements a step of the looped row form (see TUNING["looped_rblock"]; decision 022)
@@ -111,6 +117,8 @@ TUNING = {
     "tile_elems": 2 * TILE_ELEMS,
     "tile_thread_elems": 2 * ELEMS_PER_THREAD,
     "tile_grid_2d": True,
+    # flat pointwise kernels with fewer programs than SMs: the smallest block (SMALL_POINTWISE_BLOCK; 0: off)
+    "small_pointwise_block": SMALL_POINTWISE_BLOCK,
     "persistent_loads_first": False,
     # row reductions, persistent form (whole rows in registers): elements a program (rows a program =
     # this // the row's padded length, at least 1) and elements a thread (warps = a program's elements //
@@ -120,6 +128,17 @@ TUNING = {
     # 185; fewer cross-warp reductions (shuffles, bar.sync) and up to 16 programs an SM instead of 4
     "persistent_elems": PERSISTENT_ELEMS,
     "persistent_thread_elems": 32,
+    # ... over fewer rows than SMs (a decode step's layer norm: one row of 768, one program): nothing else on
+    # an SM runs while a program waits, so the kernel takes its one dependent chain (loads, two row sums,
+    # stores), not its bytes. On the H100 such a layer norm took ~2.3 us against Inductor's 1.5-1.6 (8 warps,
+    # every load first). Elements a thread (warps = RBLOCK // (warp size x this)): at 32 a 1024-wide row is one
+    # warp of 541 sm_90 SASS instructions a thread; at 8 (one 16-byte bf16 load an operand) 4 warps of 192
+    # (8 warps: 145). 8 keeps rows of at most 256 (cross-entropy's 128 and 1 partial rows of its loss) at one
+    # warp. Loads first: every load that needs no reduction's value before the first row sum; otherwise
+    # the weight's load waits behind the residual's store and the bias's behind the second sum (sm_90 SASS
+    # at one warp: three rounds of loads instead of one)
+    "latency_rows_thread_elems": ELEMS_PER_THREAD,
+    "latency_rows_loads_first": True,
     # row reductions, looped form (rows longer than PERSISTENT_MAX_R): elements a step, elements a thread.
     # Measured (docs/decisions/022-compiler-row-reductions.md, cross-entropy over 32768 x 32000 bf16, kernel ms):
     # 1024 a step at 4 warps 0.788 against 2048 at 8 warps 0.812 (forward), 2.085 against 2.109 (fwd+bwd);

@@ -3,12 +3,14 @@
 Kernel shapes:
 
 * **pointwise, flat**: one program = ``XBLOCK`` consecutive elements of the collapsed space (when every
-  access is affine in the linear index: contiguous or broadcast-by-prefix operands), 16-byte vector loads.
+  access is affine in the linear index: contiguous or broadcast-by-prefix operands), 16-byte vector loads;
+  a kernel with fewer programs than SMs takes smaller blocks (``small_pointwise_block``) at the same warps.
 * **pointwise, tiled**: ``YBLOCK x XBLOCK`` tiles (rows x last dim) when the flat form would divide and take
   the modulo of every element's index (broadcast along the last dim, transposes): index arithmetic per row.
 * **reduction, persistent**: ``XBLOCK`` rows x the whole reduced extent in registers (``RBLOCK >= rnumel``):
   the input is read once; the reduction's prologue, full-row epilogue (softmax's output) and row epilogue
   (layer norm's rstd) are computed from registers. Used up to :data:`PERSISTENT_MAX_R` elements a row.
+  Fewer rows than SMs (a decode step's one row) are latency-bound: every load first, 8 elements a thread.
 * **reduction, looped**: longer rows loop over ``RBLOCK`` chunks, one loop per dependent reduction stage
   (e.g. max, then sum of exp(x - max), then the output), recomputing cheap pointwise values per loop.
   A reduction over a non-contiguous dim (column sums, a split's first stage) steps over
@@ -766,11 +768,16 @@ class KernelWriter:
             self.named_size("xnumel", numel)
             block = min(next_pow2(numel), INTERP_BLOCK if t.interpreter else POINTWISE_BLOCK)
             block = max(block, 1)
+            warps = self.warps(block)
+            small = int(TUNING["small_pointwise_block"])
+            if not t.interpreter and small and small < block and -(-numel // block) < t.multiprocessors:
+                # fewer programs than SMs (tuning.SMALL_POINTWISE_BLOCK): latency-bound; the same warps over
+                # smaller blocks, about one program an SM
+                block = max(small, min(block, next_pow2(-(-numel // t.multiprocessors))))
             top.lines += ["    xoffset = tl.program_id(0)" + cast64 + " * XBLOCK",
                           "    xindex = xoffset + tl.arange(0, XBLOCK)",
                           "    xmask = xindex < xnumel"]
             self.emit_roots(top, stores_level=("xmask",))
-            warps = self.warps(block)
             return top.lines, (("XBLOCK", block),), (-(-numel // block),), warps
         if self.form == "tiled":
             inner = space[-1]
@@ -834,13 +841,19 @@ class KernelWriter:
             if outer:
                 # columns are the contiguous dim: at least outer_run_bytes of each row a program
                 xb = max(1, min(next_pow2(xnumel), max(xb, TUNING["outer_run_bytes"] // self.biggest_itemsize())))
+            # fewer rows than SMs (then one row a program, above): a latency-bound chain a program, see TUNING
+            # latency_rows_thread_elems
+            latency_bound = not outer and not t.interpreter and xnumel < t.multiprocessors
+            if latency_bound:
+                per_thread = int(TUNING["latency_rows_thread_elems"])
             top.lines += ["    xoffset = tl.program_id(0)" + cast64 + " * XBLOCK",
                           "    xindex = xoffset + tl.arange(0, XBLOCK)[:, None]",
                           "    xmask = " + _even_mask("xindex < xnumel", xnumel % xb == 0, "[XBLOCK, 1]"),
                           "    rindex = tl.arange(0, RBLOCK)[None, :]" + (cast64 and ""),
                           "    rmask = " + _even_mask("rindex < rnumel", rnumel == rb, "[1, RBLOCK]"),
                           "    mask = xmask & rmask"]
-            self.emit_reduction_persistent(top)
+            self.emit_reduction_persistent(top, loads_first=TUNING["persistent_loads_first"] or
+                                           (latency_bound and TUNING["latency_rows_loads_first"]))
             warps = self.warps(xb * rb, per_thread)
             return top.lines, (("XBLOCK", xb), ("RBLOCK", rb)), (-(-xnumel // xb),), warps
         if self.form == "rowloop":
@@ -1145,9 +1158,10 @@ class KernelWriter:
         ident = self.identity(node.kind, node.body.dtype)
         return self.emit(scope, f"tl.where(mask, {text}, {ident})", reg, prefix="rv")
 
-    def emit_reduction_persistent(self, top: _Scope, columns: Optional[dict] = None):
-        """Whole rows in registers; ``columns`` (row-loop form): column roots' accumulators, added to here."""
-        if TUNING["rowloop_loads_first" if columns is not None else "persistent_loads_first"]:
+    def emit_reduction_persistent(self, top: _Scope, columns: Optional[dict] = None, loads_first: bool = False):
+        """Whole rows in registers; ``columns`` (row-loop form): column roots' accumulators, added to here;
+        ``loads_first`` (persistent form): every load that needs no reduction's value before the first one."""
+        if (TUNING["rowloop_loads_first"] if columns is not None else loads_first):
             # every load that needs no reduction's value is issued before the first reduction: a load
             # written after a tl.sum waits for it (its barriers), so its memory latency was not overlapped
             # with the first loads' (a residual norm backward's dh, a norm's mean and rstd)
