@@ -84,16 +84,16 @@ def kernel_sources(explanation) -> list[str]:
     return [Path(k.path).read_text() for k in explanation.kernels if k.path]
 
 
-def collect_kernels(monkeypatch) -> list:
+def collect_kernels(monkeypatch, target=None) -> list:
     """Patch (for the calling test) ``codegen.generate`` to keep every KernelSource it makes; the list fills
-    as graphs compile."""
+    as graphs compile. ``target``: plan every kernel for this LaunchTarget instead of the one asked for."""
     from tilefuse.compiler import codegen
 
     kernels: list = []
     planned = codegen.generate
 
-    def generate(group, sched, target=None):
-        ks = planned(group, sched, target)
+    def generate(group, sched, target_asked=None):
+        ks = planned(group, sched, target if target is not None else target_asked)
         kernels.append(ks)
         return ks
 

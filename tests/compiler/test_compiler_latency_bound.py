@@ -21,7 +21,7 @@ from tilefuse.compiler import codegen
 from tilefuse.compiler.codegen import kernel_writer
 from tilefuse.compiler.tuning import TUNING, tuning
 
-from tests.compiler_checks import reset, strict
+from tests.compiler_checks import collect_kernels, reset, strict
 from tests.support import assert_close, noncontiguous
 
 GPU = codegen.LaunchTarget(warp_size=32, interpreter=False, multiprocessors=132)
@@ -30,15 +30,7 @@ GPU = codegen.LaunchTarget(warp_size=32, interpreter=False, multiprocessors=132)
 @pytest.fixture
 def gpu_kernels(monkeypatch):
     """Every kernel planned for the GPU target (and run on the interpreter), in order."""
-    kernels: list = []
-    real = codegen.generate
-
-    def generate(group, sched, target=None):
-        ks = real(group, sched, GPU)
-        kernels.append(ks)
-        return ks
-
-    monkeypatch.setattr(codegen, "generate", generate)
+    kernels = collect_kernels(monkeypatch, GPU)
     reset()
     yield kernels
     torch._dynamo.reset()
