@@ -84,6 +84,37 @@ def kernel_sources(explanation) -> list[str]:
     return [Path(k.path).read_text() for k in explanation.kernels if k.path]
 
 
+def fake_schedules(fn, make_args) -> list:
+    """The schedules of ``fn``'s forward graphs traced from fake tensors, nothing run: ``make_args()`` builds the
+    call's arguments inside the fake mode (a suite-sized shape costs no memory). Fails on a graph with a
+    fallback to ATen."""
+    from torch._functorch.aot_autograd import aot_module_simplified
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from tilefuse.compiler import lowering, scheduler
+    from tilefuse.compiler.decompositions import decomposition_table
+
+    graphs = []
+
+    def keep(gm, example_inputs):
+        graphs.append(gm)
+        return gm
+
+    def backend(gm, example_inputs):
+        return aot_module_simplified(gm, example_inputs, fw_compiler=keep, decompositions=decomposition_table())
+
+    torch._dynamo.reset()
+    with FakeTensorMode(allow_non_fake_inputs=False), torch.no_grad():
+        torch.compile(fn, backend=backend)(*make_args())
+    torch._dynamo.reset()
+    schedules = []
+    for gm in graphs:
+        g, fallbacks, _ = lowering.lower(gm, lambda n: n.meta.get("val"))
+        assert not fallbacks, fallbacks
+        schedules.append(scheduler.schedule(g))
+    return schedules
+
+
 def collect_kernels(monkeypatch, target=None) -> list:
     """Patch (for the calling test) ``codegen.generate`` to keep every KernelSource it makes; the list fills
     as graphs compile. ``target``: plan every kernel for this LaunchTarget instead of the one asked for."""

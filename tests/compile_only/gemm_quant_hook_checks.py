@@ -11,10 +11,12 @@ import pytest
 import torch
 
 from tilefuse import targets
-from tilefuse.compiler import codegen, lowering, scheduler
+from tilefuse.compiler import codegen, scheduler
 from tilefuse.kernels.gemm import gemm_tiled_kernel
 from tilefuse.kernels.gemm import targets as gemm_targets
 from tilefuse.kernels.gemm.configs import GemmConfig
+
+from tests.compiler_checks import fake_schedules
 
 CONFIGS = {"sm_90a": GemmConfig("tiled", 128, 128, 64, 8, num_warps=8, num_stages=3),
            "gfx942": GemmConfig("tiled", 256, 128, 64, 8, num_warps=8, num_stages=2, waves_per_eu=2,
@@ -36,34 +38,14 @@ def int8_row(x, w, b, s):
 
 
 def _hooks(fn, target: codegen.LaunchTarget) -> list:
-    from torch._functorch.aot_autograd import aot_module_simplified
-    from torch._subclasses.fake_tensor import FakeTensorMode
+    M, K, N = 256, 128, 384
 
-    from tilefuse.compiler.decompositions import decomposition_table
-
-    captured = []
-
-    def keep(gm, example_inputs):
-        captured.append(gm)
-        return gm
-
-    def backend(gm, example_inputs):
-        return aot_module_simplified(gm, example_inputs, fw_compiler=keep, decompositions=decomposition_table())
-
-    torch._dynamo.reset()
-    with FakeTensorMode(allow_non_fake_inputs=False):
-        M, K, N = 256, 128, 384
-        args = (torch.randn(M, K, dtype=torch.bfloat16), torch.randn(N, K, dtype=torch.bfloat16),
+    def args():
+        return (torch.randn(M, K, dtype=torch.bfloat16), torch.randn(N, K, dtype=torch.bfloat16),
                 torch.randn(N, dtype=torch.bfloat16), torch.rand(M, 16))
-        torch.compile(fn, backend=backend)(*args)
-    out = []
-    for gm in captured:
-        g, _, _ = lowering.lower(gm, lambda n: n.meta.get("val"))
-        sched = scheduler.schedule(g)
-        for st in sched.steps:
-            if isinstance(st, scheduler.GemmStep) and st.epilogue is not None:
-                out.append(codegen.generate_epilogue(st, sched, target))
-    return out
+
+    return [codegen.generate_epilogue(st, sched, target) for sched in fake_schedules(fn, args)
+            for st in sched.steps if isinstance(st, scheduler.GemmStep) and st.epilogue is not None]
 
 
 def _load(ks):
@@ -103,34 +85,21 @@ def dequant_requant(q, s, t):
 def test_float8_pointwise_kernels_build(arch):
     """The generated pointwise kernels that load and store float8 (decoded and encoded from bits) build for
     sm_90 and gfx942."""
-    from torch._functorch.aot_autograd import aot_module_simplified
-    from torch._subclasses.fake_tensor import FakeTensorMode
     from triton.backends.compiler import GPUTarget
 
     from tilefuse.compiler import ir
-    from tilefuse.compiler.decompositions import decomposition_table
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tools"))
     import sweep_reductions as sr
 
     gpu_target, launch = {"sm_90": (GPUTarget("cuda", 90, 32), LAUNCH["sm_90a"]),
                           "gfx942": (GPUTarget("hip", "gfx942", 64), LAUNCH["gfx942"])}[arch]
-    captured = []
-
-    def backend(gm, example_inputs):
-        return aot_module_simplified(gm, example_inputs, fw_compiler=lambda g, _: captured.append(g) or g,
-                                     decompositions=decomposition_table())
-
-    torch._dynamo.reset()
-    with FakeTensorMode(allow_non_fake_inputs=False):
-        args = (torch.empty(256, 128, dtype=torch.float8_e4m3fn), torch.rand(256, 1),
+    def args():
+        return (torch.empty(256, 128, dtype=torch.float8_e4m3fn), torch.rand(256, 1),
                 torch.empty(256, 128, dtype=torch.float8_e5m2))
-        torch.compile(dequant_requant, backend=backend)(*args)
+
     built = 0
-    for gm in captured:
-        g, fallbacks, _ = lowering.lower(gm, lambda n: n.meta.get("val"))
-        assert not fallbacks, fallbacks
-        sched = scheduler.schedule(g)
+    for sched in fake_schedules(dequant_requant, args):
         table = sched.graph.by_name()
         for st in sched.steps:
             if isinstance(st, scheduler.KernelGroup):

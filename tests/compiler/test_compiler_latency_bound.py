@@ -21,7 +21,7 @@ from tilefuse.compiler import codegen
 from tilefuse.compiler.codegen import kernel_writer
 from tilefuse.compiler.tuning import TUNING, tuning
 
-from tests.compiler_checks import collect_kernels, reset, strict
+from tests.compiler_checks import collect_kernels, fake_schedules, reset, strict
 from tests.support import assert_close, noncontiguous
 
 GPU = codegen.LaunchTarget(warp_size=32, interpreter=False, multiprocessors=132)
@@ -142,31 +142,11 @@ def test_small_pointwise_bf16_and_off_switch(gpu_kernels):
 # ------------------------------------------------------------------ the suite's shapes, planned only
 def _plan(fn, shapes, dtype=torch.bfloat16):
     """KernelSources of fn's forward graph at ``shapes``, planned for GPU from fake tensors (nothing runs)."""
-    from torch._functorch.aot_autograd import aot_module_simplified
-    from torch._subclasses.fake_tensor import FakeTensorMode
+    from tilefuse.compiler import scheduler
 
-    from tilefuse.compiler import lowering, scheduler
-    from tilefuse.compiler.decompositions import decomposition_table
-
-    graphs = []
-
-    def keep(gm, example_inputs):
-        graphs.append(gm)
-        return gm
-
-    def backend(gm, example_inputs):
-        return aot_module_simplified(gm, example_inputs, fw_compiler=keep, decompositions=decomposition_table())
-
-    torch._dynamo.reset()
-    with FakeTensorMode(allow_non_fake_inputs=False), torch.no_grad():
-        torch.compile(fn, backend=backend)(*[torch.randn(*s, dtype=dtype) for s in shapes])
-    torch._dynamo.reset()
-    kernels = []
-    for gm in graphs:
-        g, _, _ = lowering.lower(gm, lambda n: n.meta.get("val"))
-        sched = scheduler.schedule(g)
-        kernels += [codegen.generate(st, sched, GPU) for st in sched.steps if isinstance(st, scheduler.KernelGroup)]
-    return kernels
+    return [codegen.generate(st, sched, GPU) for sched in fake_schedules(fn, lambda: [torch.randn(*s, dtype=dtype)
+                                                                                       for s in shapes])
+            for st in sched.steps if isinstance(st, scheduler.KernelGroup)]
 
 
 def test_suite_rows_keep_their_launch():
