@@ -201,12 +201,14 @@ def test_wrapper_overhead_beyond_launches_is_bounded():
 
 def test_the_wrappers_allocation_is_atens_own_for_the_device():
     from tilefuse.compiler.runtime import wrapper
+    from tilefuse.kernels import launcher
 
-    cpu = wrapper._allocator(torch.device("cpu"))
+    assert wrapper.strided_allocator is launcher.strided_allocator  # (what WrapperWriter binds as ``alloc``)
+    cpu = launcher.strided_allocator(torch.device("cpu"))
     assert cpu is torch._C._dynamo.guards._empty_strided_cpu
     t = cpu((3, 4), (1, 3), torch.bfloat16)
     assert (t.shape, t.stride(), t.dtype, t.device.type) == ((3, 4), (1, 3), torch.bfloat16, "cpu")
-    meta = wrapper._allocator(torch.device("meta"))((2, 5), (5, 1), torch.float16)  # no direct one: empty_strided
+    meta = launcher.strided_allocator(torch.device("meta"))((2, 5), (5, 1), torch.float16)  # no direct one
     assert (meta.shape, meta.stride(), meta.dtype, meta.device.type) == ((2, 5), (5, 1), torch.float16, "meta")
 
 

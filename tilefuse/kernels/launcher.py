@@ -56,6 +56,21 @@ _EMPTY_CUDA = getattr(_guards, "_empty_strided_cuda", None)  # ATen's CUDA alloc
 _CUDA_DEVICE = getattr(torch._C, "_cuda_getDevice", None)
 
 
+def strided_allocator(dev: torch.device) -> Callable:
+    """``alloc(size, stride, dtype)`` on ``dev``. CUDA (and ROCm) and the CPU: ATen's allocation called directly
+    (what Inductor's wrappers call too), without ``torch.empty_strided``'s argument parsing and dispatch: 4.8 us
+    an allocation of host time on an H100's host through the dispatcher (decision 035), 0.54 against 1.33 us on
+    the CPU. The CUDA one allocates on the current device."""
+    direct = getattr(_guards, {"cuda": "_empty_strided_cuda", "cpu": "_empty_strided_cpu"}.get(dev.type, ""), None)
+    if direct is not None:
+        return direct
+
+    def alloc(size, stride, dtype):
+        return torch.empty_strided(size, stride, dtype=dtype, device=dev)
+
+    return alloc
+
+
 def empty(shape: tuple, dtype: torch.dtype, like: torch.Tensor) -> torch.Tensor:
     """A new contiguous tensor of ``shape`` and ``dtype`` on ``like``'s device. On the current CUDA device, ATen's
     allocation called directly (what compiled wrappers call): 1.03 against 3.32 us of host time for

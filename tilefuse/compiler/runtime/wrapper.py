@@ -10,8 +10,9 @@
         return (buf_div,)
 
 so the per-call cost is the launches themselves (launch closures with grid, block sizes and warps bound once)
-and the allocations (``alloc``: ATen's allocation for the device without the dispatcher, see :func:`_allocator`;
-a CUDA graph's body runs with its device made the current one, which that allocation uses).
+and the allocations (``alloc``: ATen's allocation for the device without the dispatcher,
+:func:`tilefuse.kernels.launcher.strided_allocator`; a CUDA graph's body runs with its device made the current
+one, which that allocation uses).
 Outputs that are views (eager returns a view) are strided views of the buffer they alias (``view``);
 an input mutation (``copy_`` into an input) is a kernel writing into the input's storage; intermediates are
 freed after their last use.
@@ -31,7 +32,7 @@ from typing import Any, Callable
 import torch
 
 from ... import config, device as tf_device
-from ...kernels.launcher import SiteLauncher
+from ...kernels.launcher import SiteLauncher, strided_allocator
 from .. import cache, codegen, ir, lowering, records, scheduler
 from . import gemm as runtime_gemm
 from . import launch_inline
@@ -66,7 +67,7 @@ class WrapperWriter:
         self.kernels = dict(zip((k.group for k in kernels), zip(kernels, fns)))
         self.constants = constants
         self.device = dev
-        self.globals: dict[str, Any] = {"torch": torch, "alloc": _allocator(dev), "device": dev, "view": view_of}
+        self.globals: dict[str, Any] = {"torch": torch, "alloc": strided_allocator(dev), "device": dev, "view": view_of}
         self.vars: dict[str, str] = {}
         self.lines: list[str] = []
         self.hooks: dict = {}  # GEMM step -> its epilogue hook (runtime/gemm.py prepare)
@@ -214,23 +215,6 @@ class WrapperWriter:
         self.globals.setdefault("_kernel_names", {})[launcher] = ks.name
         lines.append(f"    {launcher}({', '.join(args)})  # {ks.name}")
         return lines, used
-
-
-def _allocator(dev: torch.device) -> Callable:
-    """``alloc(size, stride, dtype)`` for the wrapper's buffers on ``dev``. CUDA (and ROCm) and the CPU: ATen's
-    allocation called directly (what Inductor's wrappers call too), without ``torch.empty_strided``'s argument
-    parsing and dispatch: 4.8 us an allocation of host time on an H100's host through the dispatcher
-    (decision 035), 0.54 against 1.33 us on the CPU. The CUDA one allocates on the current device, so a CUDA
-    graph's body runs with its device made current (:func:`_wrap_body`)."""
-    guards = getattr(getattr(torch._C, "_dynamo", None), "guards", None)
-    direct = getattr(guards, {"cuda": "_empty_strided_cuda", "cpu": "_empty_strided_cpu"}.get(dev.type, ""), None)
-    if direct is not None:
-        return direct
-
-    def alloc(size, stride, dtype):
-        return torch.empty_strided(size, stride, dtype=dtype, device=dev)
-
-    return alloc
 
 
 def _view_of() -> Callable:
