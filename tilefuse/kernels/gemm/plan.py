@@ -29,7 +29,7 @@ from .checks import GemmOutputs, MNOperand, Operands, check_out_overlap, prepare
 from .checks import scratch_operands  # noqa: F401  (the package and the tests reach it here)
 from .configs import SAFE_CONFIG, GemmConfig
 from .epilogue import QUANT_EPS
-from ..launcher import SiteLauncher
+from ..launcher import SiteLauncher, empty
 
 Tensor = torch.Tensor
 
@@ -77,7 +77,7 @@ class Plan:
     def run(self, a, b, bias, residual, scale_a, scale_b, extras, out, alpha, beta):
         if self.copies is not None:
             a, b = k_major(a, b, self.copies)
-        o = out if out is not None else a.new_empty(self.out_shape, dtype=self.out_dtype)
+        o = out if out is not None else empty(self.out_shape, self.out_dtype, a)
         values = [a, b, bias, residual, scale_a, scale_b, None, None, None, None, o, None, None, None, None, None,
                   None, self.dummy, None]
         if extras:
@@ -95,11 +95,11 @@ class Plan:
     def _more(self, a, values, stream):
         scale = pre = None
         if self.scale_shape is not None:
-            scale = values[11] = a.new_empty(self.scale_shape, dtype=torch.float32)
+            scale = values[11] = empty(self.scale_shape, torch.float32, a)
         if self.pre_shape is not None:
-            pre = values[12] = a.new_empty(self.pre_shape, dtype=self.pre_dtype)
+            pre = values[12] = empty(self.pre_shape, self.pre_dtype, a)
         for role, shape, dtype in self.temps:
-            values[role] = a.new_empty(shape, dtype=dtype)
+            values[role] = empty(shape, dtype, a)
         if self.ws is not None:
             values[15] = L.stream_buffer("ws", self.device, stream, self.ws[1], self.ws[0])
             values[16] = L.stream_buffer("lock", self.device, stream, self.lock, torch.int32)
