@@ -25,6 +25,8 @@ Sections:
         under Inductor and tilefuse with mode="reduce-overhead": wall and GPU time a step and the GPU's time by
         kernel, to say where a captured step's time goes; cProfile of the step.
   train-tilefuse: the same, tilefuse alone.
+  latency_rows: the captured tilefuse decode step with latency_rows_thread_elems 8 and 4 and loads first off,
+        GPU time a step and the layer norms' kernels (decision 049's A/B).
   direct_calls: that decode step uncaptured under tilefuse with the attention ops' functions called directly and
         through the ops (decision 038), alternated in one process.
 
@@ -493,6 +495,44 @@ def decode_section(device: str = "cuda", tiny: bool = False) -> None:
             traceback.print_exc(limit=8)
 
 
+def latency_rows_section(device: str = "cuda", tiny: bool = False) -> None:
+    """Decision 049's setting for row reductions over fewer rows than SMs, A/B: the captured tilefuse decode step
+    of GPT-2 124M compiled with ``latency_rows_thread_elems`` 8 and 4 (and loads first off at 8): GPU time a
+    step (the best of three rounds, the variants alternated) and the generated kernels' rows of the kernel table."""
+    import copy
+
+    from tilefuse.bench import models_suite as ms
+    from tilefuse.bench.compiler_suite import kernel_ms
+    from tilefuse.compiler.tuning import tuning
+
+    cuda = device == "cuda"
+    dtype = torch.bfloat16 if cuda else torch.float32
+    print("== latency_rows: captured tilefuse decode step, latency_rows_thread_elems / latency_rows_loads_first")
+    base, prompt, ids = _gpt2_decode(device, dtype, tiny)
+    variants = {"elems 8, loads first": dict(latency_rows_thread_elems=8, latency_rows_loads_first=True),
+                "elems 4, loads first": dict(latency_rows_thread_elems=4, latency_rows_loads_first=True),
+                "elems 8, in order": dict(latency_rows_thread_elems=8, latency_rows_loads_first=False)}
+    steps = {}
+    for label, settings in variants.items():
+        torch._dynamo.reset()
+        with tuning(**settings):  # the graphs compile (and capture) on the first steps, inside the block
+            r = ms.Runner(copy.deepcopy(base), "tilefuse-reduce-overhead", "decode", dtype, torch.device(device),
+                          prompt=prompt)
+            for _ in range(3):
+                r.step(ids)
+        steps[label] = lambda r=r: r.step(ids)
+    best = {label: float("inf") if cuda else float("nan") for label in steps}
+    for _ in range(3 if cuda else 0):
+        for label, step in steps.items():
+            best[label] = min(best[label], kernel_ms(step, 3, 1)[0] * 1e3)
+    for label, step in steps.items():
+        print(f"  {label}: GPU {best[label]:.1f} us a step")
+        if cuda:
+            rows = [line for line in _kernel_table(step, lines=200).splitlines()
+                    if "tfk_" in line or "in all" in line]  # the generated kernels (layer norms: tfk_red_*varmean*)
+            print("\n".join(rows))
+
+
 def train_section(batch: int = 1, backends: tuple = ("inductor-reduce-overhead", "tilefuse-reduce-overhead")) -> None:
     """One training step of GPT-2 124M as the models suite times it, captured, under Inductor and tilefuse: wall
     a step with the GPU idle, GPU time, the GPU's time by kernel (the 40 biggest) and cProfile of 10 steps."""
@@ -644,7 +684,7 @@ def _cpu_us(fn, calls: int) -> float:
 
 SECTIONS = {"gemm": gemm_section, "compiler": compiler_section, "launch": launch_section,
             "graphs": graphs_section, "pool": pool_section, "decode": decode_section,
-            "train": train_section,
+            "train": train_section, "latency_rows": latency_rows_section,
             "train-tilefuse": lambda: train_section(backends=("tilefuse-reduce-overhead",)), "direct_calls": direct_calls_section}
 
 
