@@ -9,6 +9,7 @@ from torch.fx.experimental.proxy_tensor import make_fx
 from tests.support import rel_error
 from tilefuse import compiler
 from tilefuse.compiler import records, reinplace
+from tilefuse.kernels import indexing  # noqa: F401  (registers tilefuse::index_put_pair_)
 
 aten = torch.ops.aten
 
@@ -154,3 +155,136 @@ def test_compiled_cache_writes_match_eager_over_steps_and_write_no_copy_back(mon
     assert not any("aten.copy_" in op for op in kept_fused), kept_fused
     assert not kept["fallbacks"] and kept["externs"] == 1, kept  # index_put_: the library's kernel, by design
     assert [f for f in copied["fallbacks"] if "index_put" in str(f)], copied["fallbacks"]  # (ATen's, a fallback)
+
+
+# ------------------------------------------------------------------ two row writes with one index, one launch
+PAIR = torch.ops.tilefuse.index_put_pair_.default
+
+
+def _kv_write(k, v, pos, a, b):
+    k[:, pos] = a
+    v[:, pos] = b
+    return k * 2.0 + v
+
+
+def _kv_write_first_read_between(k, v, pos, a, b):
+    k[:, pos] = a
+    seen = k.sum()
+    v[:, pos] = b
+    return v * 2.0, seen
+
+
+def _kv_write_second_from_first(k, v, pos, a, b):
+    k[:, pos] = a
+    v[:, pos] = k[:, pos] * 3.0 + b
+    return k + v
+
+
+def _kv_write_two_indices(k, v, pos, a, b):
+    k[:, pos] = a
+    v[:, pos + 1] = b
+    return k + v
+
+
+def _kv_args(v_dtype=torch.float32, b_strided=False):
+    b = torch.randn(3, 5, 2).transpose(1, 2) if b_strided else torch.randn(3, 2, 5)
+    return (torch.randn(3, 11, 5), torch.randn(3, 11, 5).to(v_dtype), torch.tensor([4, 9]), torch.randn(3, 2, 5),
+            b.to(v_dtype))
+
+
+def _run_kv(gm, fn, args):
+    mine, theirs = tuple(t.clone() for t in args), tuple(t.clone() for t in args)
+    got, want = gm(*mine), fn(*theirs)
+    for x, y in zip(torch.utils._pytree.tree_leaves(got), torch.utils._pytree.tree_leaves(want)):
+        assert torch.equal(x, y)
+    assert torch.equal(mine[0], theirs[0]) and torch.equal(mine[1], theirs[1]), "a cache differs from eager's"
+
+
+def test_two_row_writes_with_one_index_become_one_pair_call():
+    args = _kv_args()
+    gm = _functional_graph(_kv_write, *args)
+    assert len(reinplace.write_mutations_in_place(gm)) == 2
+    done = reinplace.pair_row_writes(gm)
+    assert len(done) == 1, done
+    ops = _ops(gm)
+    assert ops.count(PAIR) == 1 and aten.index_put_.default not in ops and aten.copy_.default not in ops
+    _run_kv(gm, _kv_write, args)
+
+
+@pytest.mark.parametrize("fn, v_dtype, b_strided", [(_kv_write_first_read_between, torch.float32, False),
+                                                    (_kv_write_second_from_first, torch.float32, False),
+                                                    (_kv_write_two_indices, torch.float32, False),
+                                                    (_kv_write, torch.float64, False),
+                                                    (_kv_write, torch.float32, True)],
+                         ids=["first cache read between", "second values from the first cache", "two indices",
+                              "another dtype", "values of other strides"])
+def test_row_writes_stay_two_where_one_launch_could_change_a_result(fn, v_dtype, b_strided):
+    args = _kv_args(v_dtype, b_strided)
+    gm = _functional_graph(fn, *args)
+    assert len(reinplace.write_mutations_in_place(gm)) == 2
+    assert reinplace.pair_row_writes(gm) == []
+    ops = _ops(gm)
+    assert PAIR not in ops and ops.count(aten.index_put_.default) == 2
+    _run_kv(gm, fn, args)
+
+
+class _KVCache(torch.nn.Module):
+    """A layer's key and value caches, each written a row per call at one position, as a static cache does."""
+
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("k", torch.zeros(2, 3, 13, 8))
+        self.register_buffer("v", torch.zeros(2, 3, 13, 8))
+        self.proj = torch.nn.Linear(8, 16)
+
+    def forward(self, x, pos):
+        kv = self.proj(x)
+        self.k[:, :, pos] = kv[..., :8]
+        self.v[:, :, pos] = kv[..., 8:]  # (both values views of one projection's rows, as GPT-2's are)
+        return torch.softmax(self.k.sum(-1), -1) * self.v.mean(-1)
+
+
+def test_compiled_key_and_value_writes_are_one_library_call_and_match_eager_over_steps():
+    torch.manual_seed(4)
+    eager = _KVCache()
+    model = _KVCache()
+    model.load_state_dict(eager.state_dict())
+    compiled = torch.compile(model, backend="tilefuse")
+    with torch.no_grad():
+        for step in range(4):
+            x = torch.randn(2, 3, 1, 8)
+            pos = torch.tensor([step * 3 + 2])
+            want = eager(x, pos)
+            got = compiled(x, pos)
+            assert rel_error(got, want) <= 1e-5
+            assert torch.equal(model.k, eager.k) and torch.equal(model.v, eager.v), f"step {step}: a cache differs"
+    stats = compiler.stats()
+    assert stats["graphs"] == 1 and not stats["fallbacks"] and stats["externs"] == 1, stats  # the pair, by design
+
+
+@pytest.mark.parametrize("family", ["gpt2", "llama"])
+def test_a_decode_step_writes_each_layers_key_and_value_rows_in_one_call(family):
+    """Real models (tiny GPT-2 and Llama, transformers' static cache): one pair call a layer and no single row
+    write left; three decode steps' logits and both caches of every layer against eager's."""
+    from tilefuse.bench import models_suite
+
+    case = next(c for c in models_suite.cases(True) if c.name == family)
+    torch.manual_seed(5)
+    model = case.build(True).eval()
+    prompt = torch.randint(0, 128, (1, 11))
+    runs = {b: models_suite.Runner(type(model)(model.config).eval(), b, "decode", torch.float32,
+                                   torch.device("cpu"), prompt=prompt) for b in ("eager", "tilefuse")}
+    for r in runs.values():  # (both copies from one state, then each prefilled by its own eager model)
+        r.model.load_state_dict(model.state_dict())
+        r.decode = models_suite.DecodeCache(r.model, prompt, models_suite.DECODE_ROOM)
+    for _ in range(3):
+        token = {"input_ids": torch.randint(0, 128, (1, 1))}
+        want = runs["eager"].step(token, keep=True)[0]
+        got = runs["tilefuse"].step(token, keep=True)[0]
+        assert rel_error(got, want) <= 1e-5
+    for mine, theirs in zip(runs["tilefuse"].decode.cache.layers, runs["eager"].decode.cache.layers):
+        assert rel_error(mine.keys, theirs.keys) <= 1e-6 and rel_error(mine.values, theirs.values) <= 1e-6
+    externs = [e[1] for r in records.REPORTS for e in r.externs]
+    layers = model.config.num_hidden_layers
+    assert externs.count("tilefuse.index_put_pair_.default") == layers, externs
+    assert "aten.index_put_.default" not in externs and not compiler.stats()["fallbacks"]

@@ -160,6 +160,92 @@ def test_a_repeat_call_takes_the_kept_plan_and_a_new_form_makes_its_own():
         indexing._plan = real
 
 
+# --------------------------------------------------------------- two writes with one index in one launch
+def _pair_reference(dst_a, dst_b, indices, values_a, values_b):
+    """The two writes one after the other, by ATen, in float64 (what index_put_pair_ must leave)."""
+    a, b = dst_a.double(), dst_b.double()
+    torch.ops.aten.index_put_.default(a, indices, values_a.double())
+    torch.ops.aten.index_put_.default(b, indices, values_b.double())
+    return a, b
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("index_dtype", [torch.int64, torch.int32], ids=str)
+@pytest.mark.parametrize("second", ["a view", "contiguous"])
+def test_a_pair_is_one_launch_and_both_writes_match_aten(dtype, index_dtype, second):
+    """A KV cache's key and value rows: (1, H, 1, D) values viewed out of one projection's row (or, the second,
+    a contiguous tensor, as Llama's rotary embedding makes its key rows: strides that differ only at size-1
+    dimensions), into two transposed caches (1, H, L, D) at one position given as a negative index; every
+    element of both caches compared with the two writes done one after the other."""
+    qkv = torch.randn(1, 3 * 5 * 12, dtype=dtype)
+    values_a = qkv.as_strided((1, 5, 1, 12), (180, 12, 180, 1), 60)
+    values_b = qkv.as_strided((1, 5, 1, 12), (180, 12, 180, 1), 120)
+    if second == "contiguous":
+        values_b = torch.empty(values_b.shape, dtype=dtype).copy_(values_b)
+        assert values_b.stride() != values_a.stride()
+    dst_a = torch.randn(1, 19, 5, 12, dtype=dtype).transpose(1, 2)
+    dst_b = torch.randn(1, 19, 5, 12, dtype=dtype).transpose(1, 2)
+    indices = [None, None, torch.tensor([-3], dtype=index_dtype)]
+    want = _pair_reference(dst_a, dst_b, indices, values_a, values_b)
+    _forget()
+    indexing._pair_plans.clear()
+    got = torch.ops.tilefuse.index_put_pair_.default(dst_a, dst_b, indices, values_a, values_b)
+    assert got[0] is dst_a and got[1] is dst_b
+    assert [k[0] for k in indexing._sites] == [(1, 2)], "not one launch of the paired kernel"
+    torch.testing.assert_close(dst_a.double(), want[0], rtol=0, atol=0)
+    torch.testing.assert_close(dst_b.double(), want[1], rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("case", ["other shapes", "other strides", "other dtypes", "one destination",
+                                  "values from the other destination", "another form"])
+def test_a_pair_that_one_launch_cannot_write_is_two_writes_in_order(case):
+    """Where the two calls differ in layout or dtype, share storage (the second's values read the first's
+    destination, or both write one tensor), or have a form the kernel does not take: the two calls one after the
+    other, with the result of doing so."""
+    dst_a, dst_b, idx = torch.randn(4, 9, 3), torch.randn(4, 9, 3), torch.tensor([7, 2])
+    values_a, values_b = torch.randn(4, 2, 3), torch.randn(4, 2, 3)
+    indices = [None, idx]
+    if case == "other shapes":
+        dst_b, values_b = torch.randn(4, 11, 3), torch.randn(4, 2, 3)
+    elif case == "other strides":
+        values_b = torch.randn(3, 2, 4).permute(2, 1, 0)
+    elif case == "other dtypes":
+        dst_b, values_b = dst_b.half(), values_b.half()
+    elif case == "one destination":
+        dst_b = dst_a
+    elif case == "values from the other destination":
+        values_b = dst_a[:, 6:8]  # rows 6 and 7 of the first cache: row 7 is written by the first call
+    else:  # two index tensors: not the kernel's form
+        dst_a, dst_b = torch.randn(9, 4, 3), torch.randn(9, 4, 3)
+        indices = [idx, torch.tensor([0, 1])]
+        values_a, values_b = torch.randn(2, 3), torch.randn(2, 3)
+    ref_a = dst_a.clone()
+    ref_b = ref_a if dst_b is dst_a else dst_b.clone()
+    ref_values_b = ref_a[:, 6:8] if case == "values from the other destination" else values_b
+    torch.ops.aten.index_put_.default(ref_a, indices, values_a)
+    torch.ops.aten.index_put_.default(ref_b, indices, ref_values_b)
+    _forget()
+    indexing._pair_plans.clear()
+    indexing.index_put_pair_(dst_a, dst_b, indices, values_a, values_b)
+    torch.testing.assert_close(dst_a, ref_a, rtol=0, atol=0)
+    torch.testing.assert_close(dst_b, ref_b, rtol=0, atol=0)
+    # (the interpreter runs the paired launch's two rows in order, so only this tells the two calls apart)
+    assert not [k for k in indexing._sites if len(k[0]) == 2], "written by the paired launch"
+
+
+def test_a_pair_with_an_index_out_of_range_is_an_error():
+    if not device.interpreting():
+        _assert_a_device_assert_stops("indexing.index_put_pair_(torch.randn(4, 6, 3), torch.randn(4, 6, 3), "
+                                      "[None, torch.tensor([2, 6])], torch.randn(4, 2, 3), torch.randn(4, 2, 3))")
+        return
+    dst_a, dst_b = torch.randn(4, 6, 3), torch.randn(4, 6, 3)
+    before = dst_a.clone(), dst_b.clone()
+    with pytest.raises(IndexError, match="index -7 is out of bounds for dimension 1 with size 6"):
+        indexing.index_put_pair_(dst_a, dst_b, [None, torch.tensor([2, -7])], torch.randn(4, 2, 3),
+                                 torch.randn(4, 2, 3))
+    assert torch.equal(dst_a, before[0]) and torch.equal(dst_b, before[1])  # checked before the launch
+
+
 # ------------------------------------------------------------------------ index_put with accumulate=True
 def _accumulated(base, index, values):
     """``index_put(base, [index], values, accumulate=True)`` in float64 (the reference)."""

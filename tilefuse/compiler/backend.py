@@ -50,6 +50,10 @@ def _compiler(kind: str, pool=None):
             in_place = reinplace.write_mutations_in_place(gm)
             if in_place:
                 config.log(1, f"{kind} graph: input mutations written in place: {', '.join(in_place)}")
+                paired = reinplace.pair_row_writes(gm)
+                if paired:
+                    config.log(1, f"{kind} graph: row writes with one index paired into one launch: "
+                                  f"{', '.join(paired)}")
             compiled = runtime.CompiledGraph(gm, kind, cfg.strict)
         except FallbackError:
             raise

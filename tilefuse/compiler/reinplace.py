@@ -19,8 +19,17 @@ what the graph computes:
 - the result has the input's shape, strides and dtype, so every later reader sees the same layout.
 
 The in-place op runs as an ATen extern (it is a fallback like ``index_put`` was, reported as one).
+
+Then :func:`pair_row_writes`: two such ``index_put_`` writes with the same indices (a KV cache's key and value rows
+at one position, one pair a layer) become one ``tilefuse::index_put_pair_`` call, one launch where there were
+two, at the second write's place. Only where that cannot reorder anything: each destination is a graph input
+that the write alone reads, the two destinations differ, every reader of the first write comes after the second
+(so nothing between them sees the first cache, and the second's values do not depend on it), and both writes
+have the library kernel's form with the same shapes, strides and dtypes.
 """
 from __future__ import annotations
+
+import operator
 
 import torch
 
@@ -69,6 +78,74 @@ def write_mutations_in_place(gm: torch.fx.GraphModule) -> list[str]:
         graph.erase_node(copy)
         graph.erase_node(src)
         done.append(f"{written.name} ({dst.name})")
+    if done:
+        graph.lint()
+        gm.recompile()
+    return done
+
+
+def _row_write(node: torch.fx.Node) -> bool:
+    """An ``index_put_`` (no accumulation) into a graph input that nothing else reads."""
+    if node.op != "call_function" or node.target is not aten.index_put_.default or len(node.args) < 3:
+        return False
+    accumulate = node.args[3] if len(node.args) > 3 else node.kwargs.get("accumulate", False)
+    dst = node.args[0]
+    return (accumulate is False and isinstance(dst, torch.fx.Node) and dst.op == "placeholder"
+            and set(dst.users) == {node} and isinstance(node.args[1], (list, tuple)))
+
+
+def _pairable(a: torch.fx.Node, b: torch.fx.Node, order: dict) -> bool:
+    from ..kernels import indexing
+
+    if a.args[0] is b.args[0] or list(a.args[1]) != list(b.args[1]):
+        return False
+    if any(order[u] <= order[b] for u in a.users):
+        return False
+    metas = []
+    for w in (a, b):
+        dst, values = w.args[0].meta.get("val"), w.args[2].meta.get("val") if isinstance(w.args[2], torch.fx.Node) \
+            else None
+        index = [None if i is None else i.meta.get("val") if isinstance(i, torch.fx.Node) else i for i in w.args[1]]
+        if not isinstance(values, torch.Tensor) or indexing.supported(dst, index, values) is not None:
+            return False
+        metas.append((dst, values))
+    return _same_layout(metas[0][0], metas[1][0]) and _same_addressing(metas[0][1], metas[1][1])
+
+
+def _same_addressing(a, b) -> bool:
+    """Same shape, dtype and device, and the same strides at every dimension of size above 1 (a size-1
+    dimension's stride addresses nothing: Llama's key rows, contiguous, and value rows, a view, differ there)."""
+    return (a.shape == b.shape and a.dtype == b.dtype and a.device == b.device and
+            all(sa == sb for size, sa, sb in zip(a.shape, a.stride(), b.stride()) if size != 1))
+
+
+def pair_row_writes(gm: torch.fx.GraphModule) -> list[str]:
+    """Rewrite ``gm`` in place (see the module docs): pairs of row writes with one index become one
+    ``tilefuse::index_put_pair_`` call; returns a description of each pair made."""
+    from ..kernels import indexing  # noqa: F401  (registers tilefuse::index_put_pair_)
+
+    graph = gm.graph
+    order = {n: k for k, n in enumerate(graph.nodes)}
+    waiting: list[torch.fx.Node] = []
+    done = []
+    for b in [n for n in graph.nodes if _row_write(n)]:
+        a = next((w for w in waiting if _pairable(w, b, order)), None)
+        if a is None:
+            waiting.append(b)
+            continue
+        waiting.remove(a)
+        with graph.inserting_before(b):
+            pair = graph.call_function(torch.ops.tilefuse.index_put_pair_.default,
+                                       (a.args[0], b.args[0], a.args[1], a.args[2], b.args[2]))
+            first = graph.call_function(operator.getitem, (pair, 0))
+            second = graph.call_function(operator.getitem, (pair, 1))
+        pair.meta = {**b.meta, "val": (a.meta.get("val"), b.meta.get("val"))}
+        first.meta, second.meta = dict(a.meta), dict(b.meta)
+        a.replace_all_uses_with(first)
+        b.replace_all_uses_with(second)
+        graph.erase_node(a)
+        graph.erase_node(b)
+        done.append(f"{pair.name} ({pair.args[0].name}, {pair.args[1].name})")
     if done:
         graph.lint()
         gm.recompile()

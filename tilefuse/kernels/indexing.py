@@ -29,8 +29,12 @@ _ASSERTS = {"debug": True, "sanitize_overflow": False}  # device_assert on (GPU)
 
 
 @triton.jit
-def _index_put_dim_kernel(dst, idx, val, n, size_k, s1, s2, s3, d0, d1, d2, d3, v0, v1, v2, v3, i_stride,
-                          K: tl.constexpr, BLOCK: tl.constexpr):
+def _index_put_dim_kernel(dst, idx, val, dst_b, val_b, n, size_k, s1, s2, s3, d0, d1, d2, d3, v0, v1, v2, v3,
+                          i_stride, K: tl.constexpr, PAIR: tl.constexpr, BLOCK: tl.constexpr):
+    if PAIR:  # the second write of a pair (same index, layouts and dtypes) on grid row 1
+        if tl.program_id(1) == 1:
+            dst = dst_b
+            val = val_b
     offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     m = offs < n
     c3 = offs % s3
@@ -133,9 +137,10 @@ def _key(dst: torch.Tensor, indices, values: torch.Tensor, accumulate) -> tuple 
             values.device, tuple(metas), bool(accumulate))
 
 
-def _plan(dst: torch.Tensor, indices, values: torch.Tensor, accumulate) -> object:
+def _plan(dst: torch.Tensor, indices, values: torch.Tensor, accumulate, pair: bool = False) -> object:
     """The launch of a call of the kernel's form: (site, k, n, the kernel's integer arguments after ``n``), or
-    None for an empty write; a str (why) for a call that is ATen's."""
+    None for an empty write; a str (why) for a call that is ATen's. ``pair``: the site writes two such calls at
+    once (:func:`index_put_pair_`), the second on the grid's row 1."""
     why = supported(dst, indices, values, accumulate)
     if why is None and (any(isinstance(i, torch.Tensor) and i.device != dst.device for i in indices) or
                         values.device != dst.device):
@@ -158,10 +163,10 @@ def _plan(dst: torch.Tensor, indices, values: torch.Tensor, accumulate) -> objec
     d = [0] * pad + list(dst.stride())
     v = [0] * pad + list(values.expand(shape[pad:]).stride())
     on_gpu = dst.device.type != "cpu"
-    grid = (triton.cdiv(n, BLOCK),)
+    grid = (triton.cdiv(n, BLOCK), 2) if pair else (triton.cdiv(n, BLOCK),)
     site = kept_site(_sites, SITE_CACHE_MAX, (grid, dst.dtype, index.dtype, pad + k, dst.get_device()),
                      _index_put_dim_kernel, grid, dict(_ASSERTS if on_gpu else {}, num_warps=4),
-                     {"K": pad + k, "BLOCK": BLOCK})
+                     {"K": pad + k, "PAIR": pair, "BLOCK": BLOCK})
     return site, k, (n, dst.shape[k], shape[1], shape[2], shape[3], *d, *v, index.stride(0))
 
 
@@ -183,12 +188,69 @@ def index_put_(dst: torch.Tensor, indices, values: torch.Tensor, accumulate: boo
     site, k, ints = plan
     index = indices[k]
     if dst.device.type == "cpu":  # (a GPU checks in the kernel: a device assert)
-        lo, hi, size = int(index.min()), int(index.max()), ints[1]
-        if lo < -size or hi >= size:
-            raise IndexError(f"index_put_: index {lo if lo < -size else hi} is out of bounds for dimension {k} "
-                             f"with size {size}")
-    site(dst, index, values, *ints)
+        _check_range(index, k, ints[1])
+    site(dst, index, values, dst, values, *ints)
     return dst
+
+
+def _check_range(index: torch.Tensor, k: int, size: int) -> None:
+    lo, hi = int(index.min()), int(index.max())
+    if lo < -size or hi >= size:
+        raise IndexError(f"index_put_: index {lo if lo < -size else hi} is out of bounds for dimension {k} "
+                         f"with size {size}")
+
+
+_pair_plans: dict[tuple, object] = {}  # as _plans, for index_put_pair_'s one launch
+
+
+def _addressing(key: tuple) -> tuple:
+    """A call's :func:`_key` with the strides of size-1 dimensions (never multiplied by anything but 0 in the
+    kernel) set to 0: two calls with equal ones address their elements alike. (Llama's decode: the key rows are
+    made contiguous by the rotary embedding, the value rows are a view of the projection; their strides differ
+    only at the one-position dimension.)"""
+    def flat(shape, stride):
+        return tuple(0 if size == 1 else st for size, st in zip(shape, stride))
+
+    dst_shape, dst_stride, *mid, v_shape, v_stride, v_dtype, v_device, metas, acc = key
+    return (dst_shape, flat(dst_shape, dst_stride), *mid, v_shape, flat(v_shape, v_stride), v_dtype, v_device,
+            metas, acc)
+
+
+def _storage(t: torch.Tensor) -> int:
+    return t.untyped_storage().data_ptr()
+
+
+def index_put_pair_(dst_a: torch.Tensor, dst_b: torch.Tensor, indices, values_a: torch.Tensor,
+                    values_b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``dst_a.index_put_(indices, values_a)`` then ``dst_b.index_put_(indices, values_b)``, in one launch where
+    both calls have the kernel's form (:func:`supported`) with the same shapes, strides, dtypes and devices, and
+    no tensor of one shares storage with the other's destination (the two writes run at once, so neither may see
+    the other's); otherwise the two calls one after the other. A KV cache's key and value rows at one position:
+    one launch a layer where there were two. Returns ``(dst_a, dst_b)``."""
+    key = _key(dst_a, indices, values_a, False)
+    other = _key(dst_b, indices, values_b, False)
+    if key is None or (key != other and (other is None or _addressing(key) != _addressing(other))):
+        return index_put_(dst_a, indices, values_a), index_put_(dst_b, indices, values_b)
+    a, b = _storage(dst_a), _storage(dst_b)
+    if a == b or _storage(values_a) == b or _storage(values_b) == a or \
+            any(i is not None and _storage(i) in (a, b) for i in indices):
+        return index_put_(dst_a, indices, values_a), index_put_(dst_b, indices, values_b)
+    plan = _pair_plans.get(key, _pair_plans)
+    if plan is _pair_plans:
+        plan = _plan(dst_a, indices, values_a, False, pair=True)
+        if len(_pair_plans) >= PLAN_CACHE_MAX:
+            _pair_plans.clear()
+        _pair_plans[key] = plan
+    if plan is None:
+        return dst_a, dst_b
+    if plan.__class__ is str:
+        return index_put_(dst_a, indices, values_a), index_put_(dst_b, indices, values_b)
+    site, k, ints = plan
+    index = indices[k]
+    if dst_a.device.type == "cpu":
+        _check_range(index, k, ints[1])
+    site(dst_a, index, values_a, dst_b, values_b, *ints)
+    return dst_a, dst_b
 
 
 # ------------------------------------------------------------------------ index_put with accumulate=True
@@ -335,9 +397,12 @@ def index_put(base: torch.Tensor, indices, values: torch.Tensor, accumulate: boo
 
 def _examples(target: str):
     ints = ("n", "size_k", "s1", "s2", "s3", "d0", "d1", "d2", "d3", "v0", "v1", "v2", "v3", "i_stride")
-    sig = {"dst": "*bf16", "idx": "*i64", "val": "*bf16", **{name: "i32" for name in ints},
-           "K": "constexpr", "BLOCK": "constexpr"}
-    return [targets.Example("a KV cache row, bf16, index dim 2", sig, {"K": 2, "BLOCK": BLOCK}, {"num_warps": 4})]
+    sig = {"dst": "*bf16", "idx": "*i64", "val": "*bf16", "dst_b": "*bf16", "val_b": "*bf16",
+           **{name: "i32" for name in ints}, "K": "constexpr", "PAIR": "constexpr", "BLOCK": "constexpr"}
+    return [targets.Example("a KV cache row, bf16, index dim 2", sig, {"K": 2, "PAIR": False, "BLOCK": BLOCK},
+                            {"num_warps": 4}),
+            targets.Example("a KV cache's key and value rows in one launch, bf16", sig,
+                            {"K": 2, "PAIR": True, "BLOCK": BLOCK}, {"num_warps": 4})]
 
 
 def _add_rows_examples(target: str):
@@ -352,3 +417,13 @@ targets.register(targets.KernelSpec(
 targets.register(targets.KernelSpec(
     "index_add_rows", family="indexing", fn=_index_add_rows_kernel, examples=_add_rows_examples,
     description="index_put with accumulate=True at dimension 0 (an embedding's backward), deterministic"))
+
+
+# ``tilefuse::index_put_pair_``: what the compiler puts in place of two such writes (compiler/reinplace.py); its
+# outputs alias its destinations, as ``index_put_``'s does, so a later reader of either cache depends on the call
+if not hasattr(torch.ops.tilefuse, "index_put_pair_"):
+    _lib = torch.library.Library("tilefuse", "FRAGMENT")
+    _lib.define("index_put_pair_(Tensor(a!) dst_a, Tensor(b!) dst_b, Tensor?[] indices, Tensor values_a, "
+                "Tensor values_b) -> (Tensor(a!), Tensor(b!))")
+    _lib.impl("index_put_pair_", index_put_pair_, "CompositeExplicitAutograd")
+    _lib.impl("index_put_pair_", lambda dst_a, dst_b, indices, values_a, values_b: (dst_a, dst_b), "Meta")

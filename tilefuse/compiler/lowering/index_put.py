@@ -1,5 +1,5 @@
 """Lowering of ``index_put_`` along one dimension (a KV cache's row written in place: ``compiler/reinplace.py``
-makes it from AOTAutograd's ``index_put`` + ``copy_``) and of ``index_put`` with ``accumulate=True`` at one run of
+makes it from AOTAutograd's ``index_put`` + ``copy_``, and pairs two with one index into ``index_put_pair_``) and of ``index_put`` with ``accumulate=True`` at one run of
 adjacent dimensions (the backward of an embedding, of ``x[a, b]``, of a nearest upsampling): calls of the library's kernels (:mod:`tilefuse.kernels.indexing`), externs by design.
 Any other form stays ATen's, reported as a fallback with the reason."""
 from __future__ import annotations
@@ -14,6 +14,7 @@ aten = torch.ops.aten
 # the wrapper calls the library's function (which takes ATen's kernel itself for any other form)
 DIRECT_CALLS[aten.index_put_.default] = indexing.index_put_
 DIRECT_CALLS[aten.index_put.default] = indexing.index_put
+DIRECT_CALLS[torch.ops.tilefuse.index_put_pair_.default] = indexing.index_put_pair_
 
 
 def _meta_of(low):
@@ -50,3 +51,16 @@ def _index_put(low, base, indices, values, accumulate=False):
         raise LoweringError(f"index_put with accumulate=True and {why}: tilefuse's kernel takes index tensors "
                             f"for one run of adjacent dimensions")
     raise ByDesign("the library's deterministic index_put with accumulate=True (tilefuse.kernels.indexing)")
+
+
+@register(torch.ops.tilefuse.index_put_pair_.default)
+def _index_put_pair_(low, dst_a, dst_b, indices, values_a, values_b):
+    node = low.current
+    meta = _meta_of(low)
+    index = [meta(i) for i in node.args[2]]
+    for dst, values in ((node.args[0], node.args[3]), (node.args[1], node.args[4])):
+        why = indexing.supported(meta(dst), index, meta(values))
+        if why is not None:  # (compiler/reinplace.py pairs only writes of the kernel's form)
+            raise LoweringError(f"index_put_pair_ with {why}: tilefuse's kernel takes one 1-D index at one dimension")
+    raise ByDesign("the library's index_put_ kernel, two writes with one index in one launch "
+                   "(tilefuse.kernels.indexing)")
