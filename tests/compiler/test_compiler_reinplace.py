@@ -130,20 +130,28 @@ def _compiled_steps(monkeypatch, in_place: bool) -> dict:
     compiler.reset_stats()
     if not in_place:
         monkeypatch.setattr(reinplace, "write_mutations_in_place", lambda gm: [])
-    torch.manual_seed(3)
-    eager = _Cache()
-    model = _Cache()
+    _steps_against_eager(_Cache, seed=3, first=1, caches=("k",))
+    return compiler.stats(), [op for r in records.REPORTS for k in r.kernels for op in k.fuses]
+
+
+def _steps_against_eager(module, seed: int, first: int, caches: tuple) -> None:
+    """Four steps of ``module`` (x, a cache position) compiled and eager from one state: each step's output, and
+    each cache buffer named in ``caches`` after it, against eager's."""
+    torch.manual_seed(seed)
+    eager = module()
+    model = module()
     model.load_state_dict(eager.state_dict())
     compiled = torch.compile(model, backend="tilefuse")
     with torch.no_grad():
         for step in range(4):
             x = torch.randn(2, 3, 1, 8)
-            pos = torch.tensor([step * 3 + 1])
+            pos = torch.tensor([step * 3 + first])
             want = eager(x, pos)
             got = compiled(x, pos)
             assert rel_error(got, want) <= 1e-5
-            assert rel_error(model.k, eager.k) <= 1e-5, f"step {step}: the cache differs from eager's"
-    return compiler.stats(), [op for r in records.REPORTS for k in r.kernels for op in k.fuses]
+            for name in caches:
+                assert rel_error(getattr(model, name), getattr(eager, name)) <= 1e-5, \
+                    f"step {step}: cache {name} differs from eager's"
 
 
 def test_compiled_cache_writes_match_eager_over_steps_and_write_no_copy_back(monkeypatch):
@@ -245,19 +253,7 @@ class _KVCache(torch.nn.Module):
 
 
 def test_compiled_key_and_value_writes_are_one_library_call_and_match_eager_over_steps():
-    torch.manual_seed(4)
-    eager = _KVCache()
-    model = _KVCache()
-    model.load_state_dict(eager.state_dict())
-    compiled = torch.compile(model, backend="tilefuse")
-    with torch.no_grad():
-        for step in range(4):
-            x = torch.randn(2, 3, 1, 8)
-            pos = torch.tensor([step * 3 + 2])
-            want = eager(x, pos)
-            got = compiled(x, pos)
-            assert rel_error(got, want) <= 1e-5
-            assert torch.equal(model.k, eager.k) and torch.equal(model.v, eager.v), f"step {step}: a cache differs"
+    _steps_against_eager(_KVCache, seed=4, first=2, caches=("k", "v"))
     stats = compiler.stats()
     assert stats["graphs"] == 1 and not stats["fallbacks"] and stats["externs"] == 1, stats  # the pair, by design
 
