@@ -217,6 +217,23 @@ def test_graph_blockers_an_input_mutated_in_place_unless_it_is_a_parameter_or_bu
     assert cudagraphs.graph_blockers(gm, static=[0]) == reasons
 
 
+def test_graph_blockers_see_both_caches_a_paired_row_write_mutates():
+    """``tilefuse::index_put_pair_`` (two KV-cache row writes in one call, compiler/reinplace.py) writes both its
+    destinations: a replay may write them in place only when both are buffers."""
+    from tilefuse.kernels import indexing  # noqa: F401  (registers the op)
+
+    def fn(k, v, pos, a, b):
+        return torch.ops.tilefuse.index_put_pair_.default(k, v, [None, pos], a, b)
+
+    args = (torch.randn(2, 5), torch.randn(2, 5), torch.tensor([3]), torch.randn(2, 1), torch.randn(2, 1))
+    gm = make_fx(fn)(*args)
+    reasons = cudagraphs.graph_blockers(gm, static=())
+    assert [re.search(r"input (\d) \((\w+)\) is mutated in place .*index_put_pair_", r).group(1) for r in reasons] \
+        == ["0", "1"], reasons
+    assert len(cudagraphs.graph_blockers(gm, static=[0])) == 1
+    assert cudagraphs.graph_blockers(gm, static=[0, 1]) == []
+
+
 def test_capture_blockers_is_the_union_and_signature_keys_shapes_strides_dtypes_and_values():
     gm = make_fx(lambda x, b: b.copy_(x * 2))(torch.randn(3), torch.randn(3))
     reasons = cudagraphs.capture_blockers(gm, [torch.randn(3), torch.randn(3)], interpreting=False)
