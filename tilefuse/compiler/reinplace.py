@@ -25,7 +25,7 @@ at one position, one pair a layer) become one ``tilefuse::index_put_pair_`` call
 two, at the second write's place. Only where that cannot reorder anything: each destination is a graph input
 that the write alone reads, the two destinations differ, every reader of the first write comes after the second
 (so nothing between them sees the first cache, and the second's values do not depend on it), and both writes
-have the library kernel's form with the same shapes, strides and dtypes.
+have the library kernel's form with one launch plan (``kernels.indexing.pairable``).
 """
 from __future__ import annotations
 
@@ -101,22 +101,14 @@ def _pairable(a: torch.fx.Node, b: torch.fx.Node, order: dict) -> bool:
         return False
     if any(order[u] <= order[b] for u in a.users):
         return False
-    metas = []
-    for w in (a, b):
-        dst, values = w.args[0].meta.get("val"), w.args[2].meta.get("val") if isinstance(w.args[2], torch.fx.Node) \
-            else None
-        index = [None if i is None else i.meta.get("val") if isinstance(i, torch.fx.Node) else i for i in w.args[1]]
-        if not isinstance(values, torch.Tensor) or indexing.supported(dst, index, values) is not None:
-            return False
-        metas.append((dst, values))
-    return _same_layout(metas[0][0], metas[1][0]) and _same_addressing(metas[0][1], metas[1][1])
 
+    def val(x):
+        return x.meta.get("val") if isinstance(x, torch.fx.Node) else x
 
-def _same_addressing(a, b) -> bool:
-    """Same shape, dtype and device, and the same strides at every dimension of size above 1 (a size-1
-    dimension's stride addresses nothing: Llama's key rows, contiguous, and value rows, a view, differ there)."""
-    return (a.shape == b.shape and a.dtype == b.dtype and a.device == b.device and
-            all(sa == sb for size, sa, sb in zip(a.shape, a.stride(), b.stride()) if size != 1))
+    index = [val(i) for i in a.args[1]]
+    tensors = [val(a.args[0]), val(b.args[0]), val(a.args[2]), val(b.args[2])]
+    return all(isinstance(t, torch.Tensor) for t in tensors) and \
+        indexing.pairable(tensors[0], tensors[1], index, tensors[2], tensors[3])
 
 
 def pair_row_writes(gm: torch.fx.GraphModule) -> list[str]:

@@ -216,6 +216,21 @@ def _addressing(key: tuple) -> tuple:
             metas, acc)
 
 
+def _one_launch(key: tuple | None, other: tuple | None) -> bool:
+    """Whether two calls' keys (:func:`_key`) let one plan write both: equal, or equal but for the strides of
+    size-1 dimensions (:func:`_addressing`)."""
+    return key is not None and other is not None and (key == other or _addressing(key) == _addressing(other))
+
+
+def pairable(dst_a: torch.Tensor, dst_b: torch.Tensor, indices, values_a: torch.Tensor,
+             values_b: torch.Tensor) -> bool:
+    """Whether :func:`index_put_pair_` writes the two calls in one launch, as far as their metadata tells (tensors
+    may be fake): both of the kernel's form, with one plan. (At the call it also checks that no tensor of one
+    shares storage with the other's destination.)"""
+    return supported(dst_a, indices, values_a) is None and \
+        _one_launch(_key(dst_a, indices, values_a, False), _key(dst_b, indices, values_b, False))
+
+
 def _storage(t: torch.Tensor) -> int:
     return t.untyped_storage().data_ptr()
 
@@ -223,13 +238,13 @@ def _storage(t: torch.Tensor) -> int:
 def index_put_pair_(dst_a: torch.Tensor, dst_b: torch.Tensor, indices, values_a: torch.Tensor,
                     values_b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """``dst_a.index_put_(indices, values_a)`` then ``dst_b.index_put_(indices, values_b)``, in one launch where
-    both calls have the kernel's form (:func:`supported`) with the same shapes, strides, dtypes and devices, and
-    no tensor of one shares storage with the other's destination (the two writes run at once, so neither may see
+    both calls have the kernel's form (:func:`supported`) with the same shapes, dtypes and devices and the same
+    strides but at size-1 dimensions (:func:`pairable`), and no tensor of one shares storage with the other's
+    destination (the two writes run at once, so neither may see
     the other's); otherwise the two calls one after the other. A KV cache's key and value rows at one position:
     one launch a layer where there were two. Returns ``(dst_a, dst_b)``."""
     key = _key(dst_a, indices, values_a, False)
-    other = _key(dst_b, indices, values_b, False)
-    if key is None or (key != other and (other is None or _addressing(key) != _addressing(other))):
+    if not _one_launch(key, _key(dst_b, indices, values_b, False)):
         return index_put_(dst_a, indices, values_a), index_put_(dst_b, indices, values_b)
     a, b = _storage(dst_a), _storage(dst_b)
     if a == b or _storage(values_a) == b or _storage(values_b) == a or \

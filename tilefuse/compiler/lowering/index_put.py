@@ -1,7 +1,8 @@
 """Lowering of ``index_put_`` along one dimension (a KV cache's row written in place: ``compiler/reinplace.py``
-makes it from AOTAutograd's ``index_put`` + ``copy_``, and pairs two with one index into ``index_put_pair_``) and of ``index_put`` with ``accumulate=True`` at one run of
-adjacent dimensions (the backward of an embedding, of ``x[a, b]``, of a nearest upsampling): calls of the library's kernels (:mod:`tilefuse.kernels.indexing`), externs by design.
-Any other form stays ATen's, reported as a fallback with the reason."""
+makes it from AOTAutograd's ``index_put`` + ``copy_``, and pairs two with one index into ``index_put_pair_``) and
+of ``index_put`` with ``accumulate=True`` at one run of adjacent dimensions (the backward of an embedding, of
+``x[a, b]``, of a nearest upsampling): calls of the library's kernels (:mod:`tilefuse.kernels.indexing`), externs
+by design. Any other form stays ATen's, reported as a fallback with the reason."""
 from __future__ import annotations
 
 import torch
