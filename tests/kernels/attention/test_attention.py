@@ -235,6 +235,22 @@ def test_decode_split_kv_forms(pack_gqa, Sq, causal):
              score_mod=quadratic_bias, score_mod_grad=quadratic_bias_grad, num_splits=3, pack_gqa=pack_gqa)
 
 
+@pytest.mark.parametrize("unrolled", [True, False], ids=["split count a constant", "split count at run time"])
+def test_decode_combine_unrolled_and_looped(monkeypatch, unrolled):
+    """The split combine in both forms (its loops unrolled over a constant split count, or a loop over a run-time
+    one) against the reference; the kept combine site says which form ran."""
+    from tilefuse.kernels.attention import kernels as attn_kernels
+    from tilefuse.kernels.attention import launch
+
+    if not unrolled:
+        monkeypatch.setattr(launch, "COMBINE_UNROLL_MAX", 1)
+    launch._forward_launches.clear()
+    launch._sites.clear()
+    run_case(1, 4, 2, 2, 97, 32, F32, num_splits=4)
+    splits = [dict(key[2])["SPLITS"] for key in launch._sites if key[0] is attn_kernels.attn_combine_kernel]
+    assert len(splits) == 1 and (splits[0] > 1 if unrolled else splits[0] == 0), splits
+
+
 def test_decode_plan_and_lse():
     p, _, _ = attn.checks.check_arguments(
         torch.empty(1, 8, 1, 64), torch.empty(1, 2, 4096, 64), torch.empty(1, 2, 4096, 64), causal=False,

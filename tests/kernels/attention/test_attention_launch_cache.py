@@ -81,14 +81,15 @@ def test_site_key_separates_what_the_compiled_kernel_depends_on():
     x32, y32 = torch.zeros(64), torch.zeros(64)
     x16 = torch.zeros(64, dtype=torch.float16)
     base = dict(kernel=attn_combine_kernel, grid=(1,), tensors=(x32, x32, x32, x32),
-                constexprs={"HEAD_DIM": 64, "BLOCK_D": 64, "BLOCK_R": 16}, options={"num_warps": 4}, real=())
+                constexprs={"HEAD_DIM": 64, "BLOCK_D": 64, "BLOCK_R": 16, "SPLITS": 0}, options={"num_warps": 4},
+                real=())
     key = launch.site_key(**base)
     # the same in every respect (other tensors of the same dtypes, equal dicts made again): the same key
     assert launch.site_key(**dict(base, tensors=(y32, x32, y32, x32), constexprs=dict(base["constexprs"]),
                                   options={"num_warps": 4})) == key
     others = {
         "another dtype": dict(base, tensors=(x32, x32, x16, x32)),
-        "another constexpr": dict(base, constexprs={"HEAD_DIM": 64, "BLOCK_D": 64, "BLOCK_R": 32}),
+        "another constexpr": dict(base, constexprs={"HEAD_DIM": 64, "BLOCK_D": 64, "BLOCK_R": 32, "SPLITS": 0}),
         "another num_warps": dict(base, options={"num_warps": 8}),
         "another launch option": dict(base, options={"num_warps": 4, "debug": True}),
         "another grid": dict(base, grid=(2,)),
@@ -104,14 +105,14 @@ def test_site_key_separates_what_the_compiled_kernel_depends_on():
 
 def test_site_returns_one_site_a_key(used):
     x = torch.zeros(64)
-    args = dict(grid=(1,), tensors=(x, x, x, x), constexprs={"HEAD_DIM": 64, "BLOCK_D": 64, "BLOCK_R": 16},
+    args = dict(grid=(1,), tensors=(x, x, x, x), constexprs={"HEAD_DIM": 64, "BLOCK_D": 64, "BLOCK_R": 16, "SPLITS": 0},
                 options={"num_warps": 4})
     a = launch.site(attn_combine_kernel, **args)
     assert launch.site(attn_combine_kernel, **dict(args, constexprs=dict(args["constexprs"]))) is a
     b = launch.site(attn_combine_kernel, **dict(args, options={"num_warps": 8}))
     c = launch.site(attn_combine_kernel, **dict(args, tensors=(x, x, x.half(), x)))
     assert len({id(a), id(b), id(c)}) == 3 and len(launch._sites) == 3
-    assert a.options == {"num_warps": 4, "HEAD_DIM": 64, "BLOCK_D": 64, "BLOCK_R": 16}
+    assert a.options == {"num_warps": 4, "HEAD_DIM": 64, "BLOCK_D": 64, "BLOCK_R": 16, "SPLITS": 0}
 
 
 def _forward_sites(used, q, k, mask=None, causal=False, plan=None):
@@ -278,7 +279,7 @@ def test_the_site_cache_is_bounded(used, monkeypatch):
     made = []
     for g in range(1, 8):
         made.append(launch.site(attn_combine_kernel, (g,), (x, x, x, x),
-                                {"HEAD_DIM": 64, "BLOCK_D": 64, "BLOCK_R": 16}, {"num_warps": 4}))
+                                {"HEAD_DIM": 64, "BLOCK_D": 64, "BLOCK_R": 16, "SPLITS": 0}, {"num_warps": 4}))
         assert len(launch._sites) <= 3
         assert made[-1] in launch._sites.values()
     assert launch.SITE_CACHE_MAX == 3 and len({id(s) for s in made}) == 7

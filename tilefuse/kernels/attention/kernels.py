@@ -334,29 +334,53 @@ def attn_fwd_kernel(
 
 
 @triton.jit
+def _combine_lse(part_lse_ptr, s, BH, Sq, rows, row_ok):
+    return tl.load(part_lse_ptr + s * BH * Sq + rows, mask=row_ok, other=float("-inf"))
+
+
+@triton.jit
+def _combine_term(part_ptr, part_lse_ptr, s, BH, Sq, rows, row_ok, offs_d, d_ok, m_use, HEAD_DIM: tl.constexpr):
+    """One split's weight ``2^(lse2_s - max)`` and its weighted partial rows."""
+    w = tl.exp2(_combine_lse(part_lse_ptr, s, BH, Sq, rows, row_ok) - m_use)
+    part = tl.load(part_ptr + (s * BH * Sq + rows.to(tl.int64))[:, None] * HEAD_DIM + offs_d[None, :],
+                   mask=row_ok[:, None] & d_ok[None, :], other=0.0)
+    return w, w[:, None] * part
+
+
+@triton.jit
 def attn_combine_kernel(part_ptr, part_lse_ptr, o_ptr, lse_ptr, BH, H, Sq, splits,
                         stride_ob, stride_oh, stride_om, stride_od,
-                        HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_R: tl.constexpr):
+                        HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_R: tl.constexpr,
+                        SPLITS: tl.constexpr):
     """Merge the KV splits of the decode form: ``o = sum_s w_s o_s / sum_s w_s``, ``w_s = 2^(lse2_s - max)``.
     Partials are ``(splits, B*H, Sq, D)`` fp32 (contiguous), their lse2 ``(splits, B*H, Sq)``; a row with no
-    visible key in any split gets 0 and ``lse2 = -inf``. Grid ``(cdiv(B * H * Sq, BLOCK_R),)``."""
+    visible key in any split gets 0 and ``lse2 = -inf``. Grid ``(cdiv(B * H * Sq, BLOCK_R),)``. ``SPLITS`` > 0:
+    the split count as a constant, the loops unrolled so that every split's loads are issued before the first
+    is used (0: ``splits`` at run time, a loop)."""
     rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
     row_ok = rows < BH * Sq
     offs_d = tl.arange(0, BLOCK_D)
     d_ok = offs_d < HEAD_DIM
     m = tl.full([BLOCK_R], float("-inf"), tl.float32)
-    for s in range(0, splits):
-        m = tl.maximum(m, tl.load(part_lse_ptr + s * BH * Sq + rows, mask=row_ok, other=float("-inf")))
+    if SPLITS > 0:
+        for s in tl.static_range(SPLITS):
+            m = tl.maximum(m, _combine_lse(part_lse_ptr, s, BH, Sq, rows, row_ok))
+    else:
+        for s in range(0, splits):
+            m = tl.maximum(m, _combine_lse(part_lse_ptr, s, BH, Sq, rows, row_ok))
     m_use = tl.where(m == float("-inf"), 0.0, m)
     total = tl.zeros([BLOCK_R], tl.float32)
     acc = tl.zeros([BLOCK_R, BLOCK_D], tl.float32)
-    for s in range(0, splits):
-        lse_s = tl.load(part_lse_ptr + s * BH * Sq + rows, mask=row_ok, other=float("-inf"))
-        w = tl.exp2(lse_s - m_use)
-        part = tl.load(part_ptr + (s * BH * Sq + rows.to(tl.int64))[:, None] * HEAD_DIM + offs_d[None, :],
-                       mask=row_ok[:, None] & d_ok[None, :], other=0.0)
-        acc += w[:, None] * part
-        total += w
+    if SPLITS > 0:
+        for s in tl.static_range(SPLITS):
+            w, term = _combine_term(part_ptr, part_lse_ptr, s, BH, Sq, rows, row_ok, offs_d, d_ok, m_use, HEAD_DIM)
+            acc += term
+            total += w
+    else:
+        for s in range(0, splits):
+            w, term = _combine_term(part_ptr, part_lse_ptr, s, BH, Sq, rows, row_ok, offs_d, d_ok, m_use, HEAD_DIM)
+            acc += term
+            total += w
     empty = total == 0.0
     out = acc / tl.where(empty, 1.0, total)[:, None]
     tl.store(lse_ptr + rows, tl.where(empty, float("-inf"), m_use + tl.log2(tl.where(empty, 1.0, total))), mask=row_ok)

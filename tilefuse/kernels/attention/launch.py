@@ -29,6 +29,15 @@ DECODE_MAX_ROWS = 64
 DECODE_PROGRAMS_PER_SM = 2
 MIN_TILES_PER_SPLIT = 1
 COMBINE_ROWS = 16
+# The combine's split count as a constant (its loops unrolled) up to COMBINE_UNROLL_MAX splits and this many
+# partial elements a row (splits x BLOCK_D), else a loop over a run-time count. In sm_90 SASS the loop converts
+# each split's weights through shared memory (two barriers a split) and issues a split's loads only after the
+# one before is used; unrolled, every load is issued first and the barriers are gone
+# (docs/decisions/051-decode-combine-unrolled.md).
+# Registers, sm_90: 198 at 16 splits of D=128, 168 at 8 of D=256, no spills (16 of D=256 spill); the code grows
+# with the count (768 SASS instructions at 16 of D=64, 336 for the loop).
+COMBINE_UNROLL_ELEMS = 2048
+COMBINE_UNROLL_MAX = 16
 # Plans kept for calls without overrides (plan_forward): one a distinct call shape, then start again. A model
 # has a handful (a decode loop over a growing cache one a key length); the bound only caps a long-running
 # process that sees ever new shapes.
@@ -237,8 +246,10 @@ def _forward_launch(q, k, v, p: Params, mask, alibi, plan: Plan) -> tuple:
                _options(cfg, p, device.current().vendor), (mask is not None, alibi is not None))
     combine = None
     if splits > 1:
+        unrolled = splits <= COMBINE_UNROLL_MAX and splits * block_d(p.D) <= COMBINE_UNROLL_ELEMS
         combine = site(attn_combine_kernel, (_cdiv(p.B * p.H * p.Sq, COMBINE_ROWS),), (part, part, q, lse),
-                       dict(HEAD_DIM=p.D, BLOCK_D=block_d(p.D), BLOCK_R=COMBINE_ROWS), {"num_warps": 4})
+                       dict(HEAD_DIM=p.D, BLOCK_D=block_d(p.D), BLOCK_R=COMBINE_ROWS,
+                            SPLITS=splits if unrolled else 0), {"num_warps": 4})
     found = (fwd, combine, splits, tiles_per_split)
     if p.dropout_p == 0:
         if len(_forward_launches) >= PLAN_CACHE_MAX:

@@ -182,10 +182,12 @@ def _aux_examples(target):
     opts = {"num_warps": 4}
     pre_c = {"HEAD_DIM": 128, "BLOCK_D": 128, "BLOCK_M": 64, **_unit_strides(attn_bwd_preprocess_kernel)}
     pre_sig, pre_div = _signature(attn_bwd_preprocess_kernel, "bf16", 0, pre_c)
-    comb_c = {"HEAD_DIM": 128, "BLOCK_D": 128, "BLOCK_R": 16, **_unit_strides(attn_combine_kernel)}
+    comb_c = {"HEAD_DIM": 128, "BLOCK_D": 128, "BLOCK_R": 16, "SPLITS": 0, **_unit_strides(attn_combine_kernel)}
     comb_sig, comb_div = _signature(attn_combine_kernel, "bf16", 0, comb_c)
     return [targets.Example("bwd preprocess bf16 d128", pre_sig, pre_c, opts, pre_div),
-            targets.Example("decode combine bf16 d128", comb_sig, comb_c, opts, comb_div)]
+            targets.Example("decode combine bf16 d128", comb_sig, comb_c, opts, comb_div),
+            targets.Example("decode combine bf16 d128, 5 splits unrolled", comb_sig, dict(comb_c, SPLITS=5), opts,
+                            comb_div)]
 
 
 def _register() -> None:
