@@ -173,8 +173,8 @@ def test_targets_shows_progress_on_stderr():
                 "--triton-only", "--json", timeout=600)
     assert proc.returncode == 0, proc.stderr[-2000:]
     results = json.loads(proc.stdout)["results"]  # stdout stays pure JSON
-    assert len(results) == 4
+    assert len(results) == 6  # (attention_combine has two examples: its split loop and its unrolled form)
     lines = [l for l in proc.stderr.splitlines() if re.match(r"^\[\d+/\d+\] ", l)]
-    assert [l.split("]")[0] for l in lines] == ["[1/4", "[2/4", "[3/4", "[4/4"]
+    assert [l.split("]")[0] for l in lines] == [f"[{k}/6" for k in range(1, 7)]
     named = {tuple(l.split()[1:3]) for l in lines}
     assert named == {(t, k) for t in ("sm_90a", "gfx942") for k in ("gemm_quantize_rows", "attention_combine")}
