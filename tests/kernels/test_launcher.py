@@ -215,17 +215,18 @@ def test_bound_launch_costs_well_under_the_sites_generic_path(monkeypatch):
     site.direct.fn = lambda *a: None  # the C launcher stubbed: only the Python around it is timed
     fast = launcher._fast_launch(site, first)  # bound to the stub too
 
-    def per_launch(fn, n=20000):
-        best = float("inf")
-        for _ in range(5):
-            t0 = time.perf_counter()
-            for _ in range(n):
-                fn(*first)
-            best = min(best, (time.perf_counter() - t0) / n)
-        return best
+    def one_round(fn, n=20000):
+        t0 = time.perf_counter()
+        for _ in range(n):
+            fn(*first)
+        return (time.perf_counter() - t0) / n
 
-    generic = per_launch(site)  # no bound function set on the site: its generic direct path
-    bound = per_launch(fast)
+    # the two in alternate rounds, the best of each (decision 011): a host whose load changes during the test
+    # slows both alike
+    generic = bound = float("inf")
+    for _ in range(7):
+        generic = min(generic, one_round(site))  # no bound function set on the site: its generic direct path
+        bound = min(bound, one_round(fast))
     assert site.jitted == []
     print(f"generic site path {generic * 1e6:.2f} us a launch, bound function {bound * 1e6:.2f} us")
     assert bound <= 0.75 * generic, f"bound {bound * 1e6:.2f} us vs the generic path's {generic * 1e6:.2f} us"
