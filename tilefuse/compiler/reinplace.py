@@ -78,8 +78,13 @@ def write_mutations_in_place(gm: torch.fx.GraphModule) -> list[str]:
         graph.erase_node(copy)
         graph.erase_node(src)
         done.append(f"{written.name} ({dst.name})")
+    return _rewritten(gm, done)
+
+
+def _rewritten(gm: torch.fx.GraphModule, done: list[str]) -> list[str]:
+    """A pass's end: the graph checked and its code made again when the pass changed it; ``done`` returned."""
     if done:
-        graph.lint()
+        gm.graph.lint()
         gm.recompile()
     return done
 
@@ -138,7 +143,4 @@ def pair_row_writes(gm: torch.fx.GraphModule) -> list[str]:
         graph.erase_node(a)
         graph.erase_node(b)
         done.append(f"{pair.name} ({pair.args[0].name}, {pair.args[1].name})")
-    if done:
-        graph.lint()
-        gm.recompile()
-    return done
+    return _rewritten(gm, done)
