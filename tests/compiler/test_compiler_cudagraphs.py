@@ -235,6 +235,29 @@ def test_graph_blockers_see_both_caches_a_paired_row_write_mutates():
     assert cudagraphs.graph_blockers(gm, static=[0, 1]) == []
 
 
+def test_a_replay_copies_its_inputs_with_grad_mode_off_and_gives_it_back_as_it_was():
+    """The input copies run with grad mode off (an inference graph runs with it on, its inputs may require grad:
+    the buffer must not join the caller's autograd graph), and grad mode is restored after them, after a copy
+    that fails too."""
+    class NoGraph:
+        def replay(self):
+            pass
+
+    span = torch.zeros(6)
+    rec = cudagraphs.Recording(NoGraph(), [span.view(2, 3)], [(0, span)], set(), [], cudagraphs.Pool(), saved=set())
+    x = torch.randn(2, 3, requires_grad=True)
+    assert torch.is_grad_enabled()
+    rec.replay([x])
+    assert torch.equal(span, x.detach().reshape(6)) and not span.requires_grad and span.grad_fn is None
+    assert torch.is_grad_enabled()
+    with pytest.raises(AttributeError):
+        rec.replay([None])  # (a copy that fails)
+    assert torch.is_grad_enabled()
+    with torch.no_grad():
+        rec.replay([x])
+        assert not torch.is_grad_enabled()
+
+
 def test_capture_blockers_is_the_union_and_signature_keys_shapes_strides_dtypes_and_values():
     gm = make_fx(lambda x, b: b.copy_(x * 2))(torch.randn(3), torch.randn(3))
     reasons = cudagraphs.capture_blockers(gm, [torch.randn(3), torch.randn(3)], interpreting=False)
