@@ -8,8 +8,9 @@ GPU (an H100/H200 image: system python, PYTHONPATH=checkout):
 For each shape and each config (BLOCK_M x BLOCK_N, warps, stages; the split count as plan_forward picks it for
 that tile, and a few fixed counts) it first checks the output against a float64 reference (max abs error; a
 config over the dtype's tolerance is reported and not timed), then times a call cold: before each call a
-256 MiB buffer is written (so the K/V cache is out of L2, as in a decode step, where the rest of the model's
-weights pass through L2 between one layer's attention and the next step's), CUDA events around the call
+256 MiB buffer is read (so the K/V cache is out of L2, as in a decode step, where the rest of the model's
+weights pass through L2 between one layer's attention and the next step's; read, not written, so that no
+dirty line's write-back lands in the call's time: tools/l2_flush_probe.py), CUDA events around the call
 alone, the median over ``--calls``. The flush keeps the GPU busy while the call is queued, so the time is the
 GPU's (the forward, the gap, the combine), not the host's. SDPA is timed the same way (whichever backend it
 picks). The default config (configs.select) is marked ``*``.
@@ -77,7 +78,7 @@ def _cold_us(fn, calls, flush):
         fn()
     times = []
     for _ in range(calls):
-        flush.add_(1)
+        flush.sum()
         s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         s.record()
         fn()
