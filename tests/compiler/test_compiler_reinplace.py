@@ -7,7 +7,7 @@ import torch
 from torch.fx.experimental.proxy_tensor import make_fx
 
 from tests.support import rel_error
-from tilefuse import compiler
+from tilefuse import compiler, device
 from tilefuse.compiler import records, reinplace
 from tilefuse.kernels import indexing  # noqa: F401  (registers tilefuse::index_put_pair_)
 
@@ -20,6 +20,14 @@ def _fresh_dynamo():
     compiler.reset_stats()
     yield
     torch._dynamo.reset()
+
+
+@pytest.fixture(autouse=True)
+def _on_the_kernels_device():
+    """Tensors and modules are made where tilefuse runs its kernels: on a GPU machine the compiler runs CPU tensors'
+    graphs in ATen (Triton's interpreter is for CPU-only machines), so a CPU tensor there tests nothing."""
+    with torch.device(device.torch_device()):
+        yield
 
 
 def _functional_graph(fn, *args) -> torch.fx.GraphModule:
@@ -269,7 +277,7 @@ def test_a_decode_step_writes_each_layers_key_and_value_rows_in_one_call(family)
     model = case.build(True).eval()
     prompt = torch.randint(0, 128, (1, 11))
     runs = {b: models_suite.Runner(type(model)(model.config).eval(), b, "decode", torch.float32,
-                                   torch.device("cpu"), prompt=prompt) for b in ("eager", "tilefuse")}
+                                   device.torch_device(), prompt=prompt) for b in ("eager", "tilefuse")}
     for r in runs.values():  # (both copies from one state, then each prefilled by its own eager model)
         r.model.load_state_dict(model.state_dict())
         r.decode = models_suite.DecodeCache(r.model, prompt, models_suite.DECODE_ROOM)
