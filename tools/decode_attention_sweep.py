@@ -28,6 +28,7 @@ import argparse
 import csv
 import math
 import os
+import re
 import statistics
 import sys
 from pathlib import Path
@@ -150,7 +151,6 @@ def sweep(shape_names, calls, csv_path):
 def sass(shape_names):
     """sm_90a SASS counts of each config's forward at each shape's constexprs (no GPU)."""
     os.environ["TILEFUSE_INTERPRET"] = "0"
-    import re
     import subprocess
     import tempfile
 
@@ -195,6 +195,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--shapes", default="gpt2,gpt2-b8,llama", help=f"comma-separated, of {', '.join(SHAPES)}")
     ap.add_argument("--calls", type=int, default=60)
+    ap.add_argument("--configs", default="", help="comma-separated BLOCK_MxBLOCK_N-wWARPS-sSTAGES labels (default: all)")
     ap.add_argument("--csv", default="")
     ap.add_argument("--sass", action="store_true", help="print sm_90a SASS counts instead (no GPU needed)")
     a = ap.parse_args()
@@ -202,6 +203,9 @@ def main() -> int:
     unknown = [s for s in names if s not in SHAPES]
     if unknown:
         ap.error(f"--shapes: unknown {unknown}; accepted: {', '.join(SHAPES)}")
+    if a.configs:
+        CONFIGS[:] = [tuple(int(x) for x in re.fullmatch(r"(\d+)x(\d+)-w(\d+)-s(\d+)", c).groups())
+                      for c in a.configs.split(",")]
     if a.sass:
         sass(names)
         return 0

@@ -458,11 +458,25 @@ def test_every_kernel_keeps_its_constexprs_as_trailing_parameters():
 
 
 def test_a_short_decode_splits_its_keys_to_fill_the_part(monkeypatch):
-    """GPT-2's decode shape (12 heads, one row, 520 keys: five 128-key tiles) on a 132-SM part: one split would
-    leave 12 programs for 132 SMs, so the keys are split down to a tile each (decision 041)."""
+    """GPT-2's decode shape (12 heads, one row, 520 keys: nine 64-key tiles on Hopper) on a 132-SM part: one split
+    would leave 12 programs for 132 SMs, so the keys are split down to a tile each (decisions 041, 052)."""
     monkeypatch.setattr(launch, "_part", lambda: (False, "nvidia", (9, 0), 132))
     q = torch.empty(1, 12, 1, 64)
     plan = launch._plan(_params(q, torch.empty(1, 12, 520, 64))[0], torch.bfloat16, None, None, None)
+    assert plan.config.block_n == 64 and plan.num_splits == 9, plan
+    monkeypatch.setattr(launch, "_part", lambda: (False, "nvidia", (8, 0), 108))  # (Ampere: 128-key tiles)
+    plan = launch._plan(_params(q, torch.empty(1, 12, 520, 64))[0], torch.bfloat16, None, None, None)
     assert plan.config.block_n == 128 and plan.num_splits == 5, plan
-    long = launch._plan(_params(q, torch.empty(1, 12, 8192, 64))[0], torch.bfloat16, None, None, None)
-    assert long.num_splits == 22, long  # (2 programs an SM over 12 heads: the part is full before the tiles end)
+
+
+@pytest.mark.parametrize("D, most", [(64, 16), (128, 16), (256, 8)])
+def test_a_long_decode_splits_no_further_than_an_unrolled_combine_takes(monkeypatch, D, most):
+    """A long cache stops splitting where the combine would turn from unrolled to a loop (16 splits, 2048 partial
+    elements a row): a Llama-3-8B-like step (8 KV heads, 4096 keys) would want 33 splits to fill the part, and
+    33 with the looped combine were slower on an H100 than 16 (decision 052)."""
+    monkeypatch.setattr(launch, "_part", lambda: (False, "nvidia", (9, 0), 132))
+    p = _params(torch.empty(1, 32, 1, D), torch.empty(1, 8, 4096, D))[0]
+    plan = launch._plan(p, torch.bfloat16, None, None, None)
+    assert plan.pack_gqa and plan.num_splits == most, plan
+    assert most <= launch.COMBINE_UNROLL_MAX and most * launch.block_d(D) <= launch.COMBINE_UNROLL_ELEMS
+    assert launch._plan(p, torch.bfloat16, 33, None, None).num_splits == 33  # (a caller's count is kept)
