@@ -16,7 +16,8 @@ Why these shapes (each space's comments give the register/spill figures that cho
   4 waves, one stage (the AMD backend pipelines through registers), ``waves_per_eu=2`` in the forward so two
   workgroups share a CU, 16x16 MFMA.
 - Decode (split-KV, rows = GQA group x a few queries): 16-row tiles (mma.sync on NVIDIA, below wgmma's
-  64), long BLOCK_N, 4 warps: the kernel streams K/V once.
+  64), 4 warps, the kernel streams K/V once; on Hopper 64-key tiles up to d=64 (more splits for a short cache),
+  128 elsewhere.
 
 The interpreter runs a program at a time with numpy on whole blocks: :data:`INTERPRETER` keeps blocks small
 enough (32) that the tests' sequence lengths (33, 65) cross tile borders and exercise every masked path.
