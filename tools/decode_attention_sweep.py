@@ -167,7 +167,8 @@ def sass(shape_names):
         B, H, Hkv, Sq, Sk, D, masked = SHAPES[name]
         print(f"{name}: sm_90a, bf16, D={D}, group {H // Hkv}{', bool mask' if masked else ''}")
         for bm, bn, nw, ns in CONFIGS:
-            consts = {**attn_targets._unit_strides(fn), **attn_targets._score_constexprs({"MASK_KIND": 2 if masked else 0}),
+            consts = {**attn_targets._unit_strides(fn),
+                      **attn_targets._score_constexprs({"MASK_KIND": 2 if masked else 0}),
                       "HEAD_DIM": D, "BLOCK_D": D, "BLOCK_M": bm, "BLOCK_N": bn, "GROUP": H // Hkv,
                       "PACK_GQA": H != Hkv}
             consts = {k: v for k, v in consts.items() if k in fn.arg_names}
@@ -195,7 +196,8 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--shapes", default="gpt2,gpt2-b8,llama", help=f"comma-separated, of {', '.join(SHAPES)}")
     ap.add_argument("--calls", type=int, default=60)
-    ap.add_argument("--configs", default="", help="comma-separated BLOCK_MxBLOCK_N-wWARPS-sSTAGES labels (default: all)")
+    ap.add_argument("--configs", default="",
+                    help="comma-separated BLOCK_MxBLOCK_N-wWARPS-sSTAGES labels (default: all)")
     ap.add_argument("--csv", default="")
     ap.add_argument("--sass", action="store_true", help="print sm_90a SASS counts instead (no GPU needed)")
     a = ap.parse_args()
