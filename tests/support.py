@@ -100,6 +100,18 @@ def noncontiguous(t: torch.Tensor) -> torch.Tensor:
     return view
 
 
+def moved_to(value, device: torch.device):
+    """``value`` on ``device`` when it is a tensor elsewhere (a meta tensor stays: it is a case of its own), other
+    values as they are. An expanded view moves its stored elements only and is expanded again there, so a huge
+    expand costs nothing. For argument cases made at import on the CPU, run where the kernels run."""
+    if not isinstance(value, torch.Tensor) or value.is_meta or value.device == torch.device(device):
+        return value
+    if 0 in value.stride():
+        stored = [1 if st == 0 else n for n, st in zip(value.shape, value.stride())]
+        return value.as_strided(stored, value.stride()).to(device).expand(value.shape)
+    return value.to(device)
+
+
 def transposed_copy(t: torch.Tensor) -> torch.Tensor:
     """The same values as ``t`` (2-D or batched) stored column-major: a transposed view of a contiguous tensor."""
     return t.transpose(-1, -2).contiguous().transpose(-1, -2)

@@ -22,7 +22,7 @@ import tilefuse
 from tilefuse.kernels import attention as attn
 from tilefuse.kernels.attention import configs
 
-from tests.support import assert_close
+from tests.support import assert_close, moved_to
 
 HERE = Path(__file__).resolve().parents[2]  # tests/
 # the backward of half inputs rounds P and dS to the input dtype before its matmuls, as every flash kernel does
@@ -383,7 +383,9 @@ def test_argument_errors_name_the_argument_before_any_launch(bad, exc, match, mo
 
     monkeypatch.setattr(launch, "forward", lambda *a, **k: pytest.fail("launched"))
     args = dict(q=torch.randn(1, 2, 7, 32), k=torch.randn(1, 2, 7, 32), v=torch.randn(1, 2, 7, 32))
-    args.update(bad)
+    # (the cases' tensors, made at import on the CPU, go where the kernels run: on a GPU machine a CPU tensor
+    # beside a cuda one stops the call at the device check, before the check a case is about)
+    args.update({name: moved_to(val, args["q"].device) for name, val in bad.items()})
     q, k, v = args.pop("q"), args.pop("k"), args.pop("v")
     with pytest.raises(exc, match=match):
         attn.attention(q, k, v, **args)

@@ -19,7 +19,7 @@ import torch
 import tilefuse
 from tilefuse.kernels import attention as attn
 
-from tests.support import assert_close
+from tests.support import assert_close, moved_to
 from .test_attention import quadratic_bias, quadratic_bias_grad, quadratic_bias_ref, reference
 
 HERE = Path(__file__).resolve().parents[2]  # tests/
@@ -275,7 +275,9 @@ def test_argument_errors_name_the_argument_before_any_launch(bad, exc, match, mo
     from tilefuse.kernels.attention import api
 
     monkeypatch.setattr(api, "forward_varlen", lambda *a, **k: pytest.fail("launched"))
-    a = _args(**bad)
+    a = _args()
+    # (the cases' tensors were made at import on the CPU: they go where the kernels run, beside the others)
+    a.update({name: moved_to(val, a["q"].device) for name, val in bad.items()})
     with pytest.raises(exc, match=match):
         tilefuse.attention_varlen(a.pop("q"), a.pop("k"), a.pop("v"), a.pop("cu_seqlens_q"), a.pop("cu_seqlens_k"),
                                   a.pop("max_seqlen_q"), a.pop("max_seqlen_k"), **a)
