@@ -20,7 +20,8 @@ CPU:
     python tools/decode_attention_sweep.py --sass [--shapes gpt2]
 
 cross-compiles each config's forward for sm_90a and prints its SASS counts (instructions, barriers, MMAs,
-shared loads/stores, registers): the barriers are what the warps splitting a tile's keys cost.
+shared loads/stores, registers; cuobjdump, tilefuse.cuda.build.sass_opcodes): the barriers are what the warps
+splitting a tile's keys cost.
 """
 from __future__ import annotations
 
@@ -159,10 +160,13 @@ def sass(shape_names):
     from triton.compiler import ASTSource
 
     from tilefuse import targets
+    from tilefuse.cuda import build
     from tilefuse.kernels.attention import targets as attn_targets
     from tilefuse.kernels.attention.kernels import attn_fwd_kernel as fn
 
-    nvdisasm = Path(triton.__file__).parent / "backends/nvidia/bin/nvdisasm"
+    tool = build.cuobjdump()
+    if tool is None:
+        raise SystemExit("--sass needs cuobjdump (the triton wheel's, or one on the PATH)")
     for name in shape_names:
         B, H, Hkv, Sq, Sk, D, masked = SHAPES[name]
         print(f"{name}: sm_90a, bf16, D={D}, group {H // Hkv}{', bool mask' if masked else ''}")
@@ -179,17 +183,14 @@ def sass(shape_names):
             with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
                 f.write(compiled.asm["cubin"])
                 f.flush()
-                text = subprocess.run([str(nvdisasm), "-c", f.name], capture_output=True, text=True, check=True).stdout
-            ins = [ln for ln in text.splitlines() if re.search(r"/\*[0-9a-f]{4,}\*/", ln)]
-
-            def count(pat, ins=ins):
-                return sum(1 for ln in ins if re.search(pat, ln))
-
+                ops = build.sass_opcodes(subprocess.run([tool, "-sass", f.name], capture_output=True, text=True,
+                                                        check=True).stdout)
             res = targets.cubin_resources(compiled.asm["cubin"])
-            print(f"  {bm}x{bn}-w{nw}-s{ns}: {len(ins)} instructions, {count(r'BAR.SYNC')} BAR.SYNC, "
-                  f"{count('HMMA')} HMMA, {count(r'LDS')} LDS, {count(r'STS')} STS, {count('SHFL')} SHFL, "
-                  f"{res.get('REG')} registers, {compiled.metadata.shared} B shared, "
-                  f"spills {res.get('STACK', 0) + res.get('LOCAL', 0)}", flush=True)
+            print(f"  {bm}x{bn}-w{nw}-s{ns}: {sum(ops.values())} instructions, {ops.get('BAR', 0)} BAR, "
+                  f"{ops.get('HMMA', 0)} HMMA, {ops.get('LDS', 0) + ops.get('LDSM', 0)} LDS/LDSM, "
+                  f"{ops.get('STS', 0)} STS, {ops.get('SHFL', 0)} SHFL, {res.get('REG')} registers, "
+                  f"{compiled.metadata.shared} B shared, spills {res.get('STACK', 0) + res.get('LOCAL', 0)}",
+                  flush=True)
 
 
 def main() -> int:
