@@ -207,8 +207,10 @@ def main() -> int:
     if unknown:
         ap.error(f"--shapes: unknown {unknown}; accepted: {', '.join(SHAPES)}")
     if a.configs:
-        CONFIGS[:] = [tuple(int(x) for x in re.fullmatch(r"(\d+)x(\d+)-w(\d+)-s(\d+)", c).groups())
-                      for c in a.configs.split(",")]
+        found = [re.fullmatch(r"(\d+)x(\d+)-w(\d+)-s(\d+)", c) for c in a.configs.split(",")]
+        if not all(found):
+            ap.error(f"--configs {a.configs!r}: accepted labels look like 16x64-w4-s3 (BLOCK_MxBLOCK_N-wWARPS-sSTAGES)")
+        CONFIGS[:] = [tuple(int(x) for x in m.groups()) for m in found]
     if a.sass:
         sass(names)
         return 0
