@@ -151,7 +151,8 @@ def sweep(shape_names, calls, csv_path):
 
 def sass(shape_names):
     """sm_90a SASS counts of each config's forward at each shape's constexprs (no GPU)."""
-    os.environ["TILEFUSE_INTERPRET"] = "0"
+    os.environ["TILEFUSE_INTERPRET"] = "0"  # (code generation, not the interpreter: triton 3.6 cannot do both)
+    os.environ.pop("TRITON_INTERPRET", None)
     import subprocess
     import tempfile
 
