@@ -59,6 +59,18 @@ def device():
 
 
 @pytest.fixture
+def on_the_kernels_device():
+    """Every tensor a test makes is on the device the kernels run on (cuda on a GPU machine, where a CPU tensor is
+    refused or its graph runs in ATen; the CPU on the interpreter). A context, not set_default_device and back:
+    setting it back to the CPU leaves a device mode on every later torch call of the process. A module takes it
+    with ``pytestmark = pytest.mark.usefixtures("on_the_kernels_device")``."""
+    import torch
+
+    with torch.device(tf_device.torch_device()):
+        yield
+
+
+@pytest.fixture
 def tmp_cache(tmp_path):
     """A private, empty TILEFUSE_CACHE_DIR for one test."""
     with config.override(cache_dir=tmp_path / "cache"):

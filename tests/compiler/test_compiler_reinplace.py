@@ -22,12 +22,7 @@ def _fresh_dynamo():
     torch._dynamo.reset()
 
 
-@pytest.fixture(autouse=True)
-def _on_the_kernels_device():
-    """Tensors and modules are made where tilefuse runs its kernels: on a GPU machine the compiler runs CPU tensors'
-    graphs in ATen (Triton's interpreter is for CPU-only machines), so a CPU tensor there tests nothing."""
-    with torch.device(device.torch_device()):
-        yield
+pytestmark = pytest.mark.usefixtures("on_the_kernels_device")  # (a CPU tensor's graph runs in ATen on a GPU machine)
 
 
 def _functional_graph(fn, *args) -> torch.fx.GraphModule:

@@ -15,12 +15,7 @@ from tilefuse import device
 from tilefuse.kernels import indexing
 
 
-@pytest.fixture(autouse=True)
-def _on_the_kernels_device():
-    """Every tensor these tests make is on the device the kernels run on. (A context, not set_default_device
-    and back: setting it back to the CPU leaves a device mode on every later torch call of the process.)"""
-    with torch.device(device.torch_device()):
-        yield
+pytestmark = pytest.mark.usefixtures("on_the_kernels_device")
 
 
 def _assert_a_device_assert_stops(call: str):

@@ -11,7 +11,7 @@ import tilefuse
 from tilefuse import device
 from tilefuse.kernels.attention import attention_varlen, attention_with_lse
 
-from tests.support import assert_close
+from tests.support import assert_close, moved_to
 from tests.kernels.attention.test_attention import reference
 
 B, H, S, D = 2, 2, 17, 16
@@ -24,11 +24,7 @@ def _fresh_dynamo():
     torch._dynamo.reset()
 
 
-@pytest.fixture(autouse=True)
-def _on_the_kernels_device():
-    """Tensors are made where tilefuse runs its kernels (cuda on a GPU machine, where a CPU tensor is refused)."""
-    with torch.device(device.torch_device()):
-        yield
+pytestmark = pytest.mark.usefixtures("on_the_kernels_device")
 
 
 def _inputs():
@@ -39,8 +35,7 @@ def _inputs():
 @pytest.mark.parametrize("options", [dict(causal=True), dict(window=(4, 0), softcap=20.0),
                                      dict(alibi=torch.linspace(0.25, 0.75, H)), dict(mask="bool")], ids=str)
 def test_a_call_the_op_expresses_is_one_library_call_in_the_compiled_graph(options):
-    options = {key: (val.to(device.torch_device()) if isinstance(val, torch.Tensor) else val)
-               for key, val in options.items()}
+    options = {key: moved_to(val, device.torch_device()) for key, val in options.items()}
     if options.get("mask") == "bool":
         options["mask"] = torch.rand(B, 1, S, S) > 0.3
         options["mask"][..., 0] = True
