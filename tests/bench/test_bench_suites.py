@@ -189,7 +189,8 @@ def test_compiler_suite_kernels_row(monkeypatch):
     g = next(g for g in cs.GRAPHS if g.case == "softmax_fwd_bwd")
     calls = []
     monkeypatch.setattr(cs, "kernel_ms", lambda call: [0.30, 0.25, 0.40])
-    monkeypatch.setattr(cs, "host_us", lambda call: (calls.append(call), 512.4)[1])
+    hosts = iter([530.0, 512.4, 498.0, 700.2, 505.0])  # one slow round: the median is the note's figure
+    monkeypatch.setattr(cs, "host_us", lambda call: (calls.append(call), next(hosts))[1])
     rec = harness.Recorder("compiler", ceiling_gbps=4000.0, log=lambda s: None)
     gpu = argparse.Namespace(smoke=False)
     cs.record_kernel_time(rec, g, "tilefuse", lambda: None, [[]], gpu, dtype="bfloat16", shape="8x8",
@@ -198,7 +199,8 @@ def test_compiler_suite_kernels_row(monkeypatch):
     assert (row.impl, row.ms_p50, row.ms_p20, row.ms_p80, row.baseline) == \
         ("tilefuse-kernels", 0.30, 0.25, 0.40, "inductor-kernels")
     assert math.isclose(row.gbps, 1.2e9 / 0.30e-3 / 1e9) and math.isclose(row.pct_ceiling, 100 * row.gbps / 4000)
-    assert "host 512 us a step" in row.note and len(calls) == 1
+    assert "host 512 us a step (median of 5 rounds of 20 steps: 498-700)" in row.note
+    assert len(calls) == cs.HOST_ROUNDS and len(set(map(id, calls))) == 1  # one rotating call, timed 5 times
 
     def broken(call):
         raise RuntimeError("CUPTI not available")
@@ -314,3 +316,17 @@ def test_flushed_call_ms_times_the_call_after_the_flush():
     long = harness.flushed_call_ms(lambda: torch.cuda._sleep(10_000_000), lambda: calls.append("flush"))
     assert calls == ["flush", "flush"]
     assert 0 < 3 * short < long, (short, long)
+
+
+def test_smoke_is_refused_where_triton_runs_on_a_gpu(monkeypatch, tmp_path, capsys):
+    """The smoke forms build CPU tensors for the interpreter; in a process that runs Triton on a GPU every
+    tilefuse row would be an error, so --smoke is refused before anything runs, saying how to get the run."""
+    from tilefuse import cli, device
+
+    monkeypatch.setattr(device, "interpreting", lambda: False)
+    with pytest.raises(ValueError, match=r"--smoke: .*TILEFUSE_INTERPRET=1"):
+        runner.SuiteOptions(smoke=True)
+    assert runner.SuiteOptions(smoke=False).smoke is False
+    assert cli.main(["bench", "attention", "--smoke", "--out", str(tmp_path)]) == 2
+    assert "TILEFUSE_INTERPRET=1" in capsys.readouterr().err
+    assert not list(tmp_path.iterdir())  # nothing ran, nothing written

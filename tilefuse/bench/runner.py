@@ -47,6 +47,16 @@ class SuiteOptions:
     reduce_overhead: bool = False  # compiler suite: also time the forward + backward graphs under CUDA graphs
     log: Callable[[str], None] = print
 
+    def __post_init__(self) -> None:
+        from .. import device
+
+        if self.smoke and not device.interpreting():
+            # the smoke forms build CPU tensors for the interpreter, which a process running Triton on a GPU
+            # refuses (or runs in ATen): every tilefuse row would be an error
+            raise ValueError(f"--smoke: the suites' interpreter run (tiny shapes on CPU tensors); this process runs "
+                             f"Triton on {device.current().describe()}: set TILEFUSE_INTERPRET=1 to run it here, or "
+                             f"leave out --smoke to time the suites on the GPU")
+
     def wants(self, case: str) -> bool:
         return not self.only or any(o in case for o in self.only)
 

@@ -315,13 +315,17 @@ def test_the_plan_is_kept_a_params_dtype_and_part(monkeypatch):
     # dropout: its seed, drawn each call, would make every key new
     launch.plan_forward(_params(q, k, dropout_p=0.1)[0], F16)
     assert len(launch._plans) == 2
-    # the part's facts are in the key: an H100 plans another config and split count than the interpreter
+    # the part's facts are in the key: another part (an H100, or an A100 where this process runs on an H100)
+    # plans another config and split count
     hopper = device.Device("nvidia", "NVIDIA H100", "sm_90", 132, 32, False, "cuda")
-    monkeypatch.setattr(device, "current", lambda: hopper)
-    on_h100 = launch.plan_forward(p, F16)
-    assert on_h100 != plan and on_h100.config == configs.select("decode", 64, interpreter=False,
-                                                                 capability=(9, 0))
-    assert on_h100 == launch._plan(p, F16, None, None, None) and len(launch._plans) == 3
+    ampere = device.Device("nvidia", "NVIDIA A100", "sm_80", 108, 32, False, "cuda")
+    here = device.current()
+    other = ampere if (here.interpreter, here.capability) == (False, (9, 0)) else hopper
+    monkeypatch.setattr(device, "current", lambda: other)
+    elsewhere = launch.plan_forward(p, F16)
+    assert elsewhere != plan and elsewhere.config == configs.select("decode", 64, interpreter=False,
+                                                                    capability=other.capability)
+    assert elsewhere == launch._plan(p, F16, None, None, None) and len(launch._plans) == 3
 
 
 # --------------------------------------------------------------------- the kept kernels, faked on the CPU

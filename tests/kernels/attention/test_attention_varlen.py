@@ -204,7 +204,10 @@ def test_varlen_equals_padded_batch_attention_with_strided_head_dim():
     cu = cumulative([S] * B)
     out = tilefuse.attention_varlen(q, k, v, cu, cu, S, S, window=(5, 5))
     batched = attn.attention(*(t.view(B, S, H, D).transpose(1, 2) for t in (q, k, v)), window=(5, 5))
-    assert torch.equal(out.view(B, S, H, D), batched.transpose(1, 2))
+    if tilefuse.device.interpreting():
+        assert torch.equal(out.view(B, S, H, D), batched.transpose(1, 2))
+    else:  # two kernels compiled for other strides: the same sums, not always in one order of instructions
+        assert_close(out.view(B, S, H, D), batched.transpose(1, 2), torch.float32, what="varlen vs batched")
 
 
 def test_cu_seqlens_read_through_a_strided_view():
