@@ -15,6 +15,8 @@ Sections:
   graphs: a host-bound fwd+bwd step (softmax at 1024 x 4096 bf16) under both backends with and without
         mode="reduce-overhead": host time with the GPU kept busy (the bench's measure) and with it idle, the
         replay alone, and cProfile of the captured step.
+  captured: the compiler suite's layer_norm, attention_projections and swiglu_ffn fwd+bwd at 1024 rows under both
+        backends' mode="reduce-overhead": host time a step in alternated rounds, then host time by op.
   pool: a small training loop (MLP 1024-2048-1024, AdamW) uncaptured and captured: memory allocated after
         each phase of a step and the peak within it, and whether .grad is the pool's memory.
   decode: one GPT-2 124M decode step (batch 1, static KV cache) as the models suite times it, under eager,
@@ -375,6 +377,61 @@ def graphs_section() -> None:
                 print(f"  {backend} {mode}: failed: {type(exc).__name__}: {str(exc)[:300]}")
 
 
+CAPTURED_CASES = ("layer_norm_fwd_bwd", "attention_projections_fwd_bwd", "swiglu_ffn_fwd_bwd")
+
+
+def captured_section(cases=CAPTURED_CASES, rows: int = 1024, rounds: int = 7) -> None:
+    """The compiler suite's fwd+bwd graphs at ``rows`` rows under both backends' mode="reduce-overhead", as the
+    suite times them (its inputs rotated over 4 sets, a step begun before each call): host µs a step with the
+    GPU busy, the two backends' rounds alternated so that drift of the host falls on both; then each step's
+    host time by op (torch.profiler's CPU table) and, for tilefuse, its recordings' inputs copied a replay and
+    outputs handed out."""
+    from tilefuse import compiler
+    from tilefuse.bench import compiler_suite as cs
+    from tilefuse.bench import runner
+    from tilefuse.bench.compiler_suite import host_us
+    from tilefuse.compiler.runtime import cudagraphs
+
+    import statistics
+
+    opts = runner.SuiteOptions(rows=rows, log=lambda s: None)
+    by_case = {g.case: g for g in cs.GRAPHS}
+    for case in cases:
+        graph = by_case[case]
+        dims = cs._sizes(opts, graph)
+        sets = [cs.prepare(graph, graph.inputs(*dims[:3], dims[3], "cuda")) for _ in range(4)]
+        steps = {}
+        for backend in ("inductor", "tilefuse"):
+            if backend == "tilefuse":
+                compiler.reset_stats()
+            step = cs._marking_steps(cs.make_step(graph, cs._compile(f"{backend}-reduce-overhead", graph.fn)))
+            call = cs.harness.Rotating(step, sets)
+            for _ in range(10):
+                call()
+            torch.cuda.synchronize()
+            steps[backend] = call
+        hosts = {b: [] for b in steps}
+        for _ in range(rounds):
+            for b, call in steps.items():
+                hosts[b].append(host_us(call))
+        print(f"== captured: {case} at {rows} rows, host us a step (GPU busy), median of {rounds} alternated "
+              f"rounds of {cs.HOST_STEPS} steps (least-most)")
+        for b, h in hosts.items():
+            print(f"  {b:9} {statistics.median(h):7.1f}  ({min(h):.1f}-{max(h):.1f})")
+        ratio = statistics.median(hosts["tilefuse"]) / statistics.median(hosts["inductor"])
+        print(f"  tilefuse / inductor {ratio:.3f}; stats: "
+              f"{ {k: v for k, v in compiler.stats().items() if 'cudagraph' in k} }")
+        for r in [r for p in list(cudagraphs._POOLS) for r in p.recordings]:
+            print(f"  tilefuse recording {r.seq}: {len(r.copied)} of {len(r.inputs)} inputs copied, "
+                  f"{len(r.outputs)} outputs")
+        for b, call in steps.items():
+            print(f"  {b}: host us a step by op (torch.profiler CPU, 10 steps):")
+            print(_host_table(call, steps=10, lines=24))
+        del steps, sets
+        torch._dynamo.reset()
+        torch.cuda.empty_cache()
+
+
 def pool_section() -> None:
     import gc
 
@@ -685,7 +742,7 @@ def _cpu_us(fn, calls: int) -> float:
 
 
 SECTIONS = {"gemm": gemm_section, "compiler": compiler_section, "launch": launch_section,
-            "graphs": graphs_section, "pool": pool_section, "decode": decode_section,
+            "graphs": graphs_section, "captured": captured_section, "pool": pool_section, "decode": decode_section,
             "train": train_section, "latency_rows": latency_rows_section,
             "train-tilefuse": lambda: train_section(backends=("tilefuse-reduce-overhead",)), "direct_calls": direct_calls_section}
 
