@@ -16,7 +16,8 @@ Sections:
         mode="reduce-overhead": host time with the GPU kept busy (the bench's measure) and with it idle, the
         replay alone, and cProfile of the captured step.
   captured: the compiler suite's layer_norm, attention_projections and swiglu_ffn fwd+bwd at 1024 rows under both
-        backends' mode="reduce-overhead": host time a step in alternated rounds, then host time by op.
+        backends' mode="reduce-overhead": host time a step in alternated rounds (tilefuse also with its inputs
+        copied one by one, as before decision 053), then host time by op.
   pool: a small training loop (MLP 1024-2048-1024, AdamW) uncaptured and captured: memory allocated after
         each phase of a step and the peak within it, and whether .grad is the pool's memory.
   decode: one GPT-2 124M decode step (batch 1, static KV cache) as the models suite times it, under eager,
@@ -410,10 +411,20 @@ def captured_section(cases=CAPTURED_CASES, rows: int = 1024, rounds: int = 7) ->
                 call()
             torch.cuda.synchronize()
             steps[backend] = call
-        hosts = {b: [] for b in steps}
+        recs = [r for p in list(cudagraphs._POOLS) for r in p.recordings]
+        batched = [(r.copy_at, r.copy_into, r.span_copies) for r in recs]
+
+        def per_input(on: bool) -> None:  # decision 053's A/B: each input copied span to span, as before it
+            for r, (at, into, spans) in zip(recs, batched):
+                r.copy_at, r.copy_into, r.span_copies = ([], [], r.copied) if on else (at, into, spans)
+
+        hosts = {b: [] for b in (*steps, "tilefuse per-input copies")}
         for _ in range(rounds):
             for b, call in steps.items():
                 hosts[b].append(host_us(call))
+            per_input(True)
+            hosts["tilefuse per-input copies"].append(host_us(steps["tilefuse"]))
+            per_input(False)
         print(f"== captured: {case} at {rows} rows, host us a step (GPU busy), median of {rounds} alternated "
               f"rounds of {cs.HOST_STEPS} steps (least-most)")
         for b, h in hosts.items():
@@ -421,9 +432,9 @@ def captured_section(cases=CAPTURED_CASES, rows: int = 1024, rounds: int = 7) ->
         ratio = statistics.median(hosts["tilefuse"]) / statistics.median(hosts["inductor"])
         print(f"  tilefuse / inductor {ratio:.3f}; stats: "
               f"{ {k: v for k, v in compiler.stats().items() if 'cudagraph' in k} }")
-        for r in [r for p in list(cudagraphs._POOLS) for r in p.recordings]:
-            print(f"  tilefuse recording {r.seq}: {len(r.copied)} of {len(r.inputs)} inputs copied, "
-                  f"{len(r.outputs)} outputs")
+        for r in recs:
+            print(f"  tilefuse recording {r.seq}: {len(r.copied)} of {len(r.inputs)} inputs copied "
+                  f"({len(r.copy_at)} in one call), {len(r.outputs)} outputs")
         for b, call in steps.items():
             print(f"  {b}: host us a step by op (torch.profiler CPU, 10 steps):")
             print(_host_table(call, steps=10, lines=24))

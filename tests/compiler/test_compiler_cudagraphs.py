@@ -250,12 +250,41 @@ def test_a_replay_copies_its_inputs_with_grad_mode_off_and_gives_it_back_as_it_w
     rec.replay([x])
     assert torch.equal(span, x.detach().reshape(6)) and not span.requires_grad and span.grad_fn is None
     assert torch.is_grad_enabled()
-    with pytest.raises(AttributeError):
+    with pytest.raises(TypeError):
         rec.replay([None])  # (a copy that fails)
     assert torch.is_grad_enabled()
     with torch.no_grad():
         rec.replay([x])
         assert not torch.is_grad_enabled()
+
+
+def test_a_replay_copies_its_inputs_in_one_call_and_an_expanded_one_span_to_span(monkeypatch):
+    """The inputs a replay copies go into the recorded tensors in one _copy_inputs call, whatever their dtypes
+    (a transposed one, an integer one; an empty one copies nothing); an expanded input (stride 0), and one with
+    gaps, for which torch's overlap check cannot tell, are copied span to span. Each recorded tensor then reads
+    as the caller's input."""
+    class NoGraph:
+        def replay(self):
+            pass
+
+    made = [torch.randn(5, 3).t(), torch.randn(4, 6, dtype=torch.float64)[:, ::2],
+            torch.randint(0, 9, (7,), dtype=torch.int32), torch.randn(3, 1).expand(3, 4), torch.randn(0, 2)]
+    inputs, spans = [], []
+    for k, a in enumerate(made):
+        span = torch.full((cudagraphs._extent(a),), -7, dtype=a.dtype)
+        spans.append((k, span))
+        inputs.append(span.as_strided(a.shape, a.stride(), 0))
+    rec = cudagraphs.Recording(NoGraph(), inputs, spans, set(), [], cudagraphs.Pool(), saved=set())
+    assert rec.copy_at == [0, 2] and [k for k, _ in rec.span_copies] == [1, 3]
+    calls = []
+    real = cudagraphs._copy_inputs
+    monkeypatch.setattr(cudagraphs, "_copy_inputs", lambda d, s: (calls.append(len(s)), real(d, s)))
+    fresh = [torch.randn(5, 3).t(), torch.randn(4, 6, dtype=torch.float64)[:, ::2],
+             torch.randint(0, 9, (7,), dtype=torch.int32), torch.randn(3, 1).expand(3, 4), torch.randn(0, 2)]
+    rec.replay(fresh)
+    assert calls == [2]
+    for got, want in zip(inputs, fresh):
+        assert got.shape == want.shape and torch.equal(got, want)
 
 
 def test_capture_blockers_is_the_union_and_signature_keys_shapes_strides_dtypes_and_values():
@@ -693,10 +722,10 @@ def test_an_output_fed_back_as_the_next_input_is_read_before_it_is_invalidated(s
     """A decode loop feeds a step's outputs (a KV cache) to the next call: the replay copies them in first,
     then invalidates them."""
     events = []
-    real_copy = cudagraphs._copy_span
-    monkeypatch.setattr(cudagraphs, "_copy_span",
-                        lambda span, src: (events.append(("copy", src.untyped_storage().data_ptr())),
-                                           real_copy(span, src)))
+    real_copy = cudagraphs._copy_inputs
+    monkeypatch.setattr(cudagraphs, "_copy_inputs",
+                        lambda dsts, srcs: (events.extend(("copy", s.untyped_storage().data_ptr()) for s in srcs),
+                                            real_copy(dsts, srcs)))
     monkeypatch.setattr(cudagraphs, "_set_error", lambda s: events.append(("error", s.data_ptr())))
     model = nn.Sequential(nn.Linear(13, 13), nn.Tanh())
     compiled = torch.compile(model, backend="tilefuse", mode="reduce-overhead")
