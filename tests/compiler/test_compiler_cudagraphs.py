@@ -20,12 +20,19 @@ import torch.nn as nn
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.experimental.proxy_tensor import make_fx
 
+import tilefuse.device as tf_device
 from tilefuse import config
 from tilefuse.compiler import backend, options
 from tilefuse.compiler.runtime import cudagraphs
 
 from tests import compiler_checks as cc
 from tests.support import TOLERANCE, rel_error
+
+# Tests that compile models over CPU tensors, which only Triton's interpreter runs through tilefuse: a process
+# running Triton on a GPU refuses them or runs their graphs in ATen (its own path is the `gpu` tests')
+ON_THE_INTERPRETER = "compiles over CPU tensors, which tilefuse runs on Triton's interpreter alone; the gpu tests " \
+    "take the real capture path here"
+interpreter_only = pytest.mark.skipif(not tf_device.interpreting(), reason=ON_THE_INTERPRETER)
 
 TOL = TOLERANCE[torch.float32]
 ATTENTION_TOL = 2e-5  # the flash kernels in float32 against float64 eager (test_compiler_attention.py's scale)
@@ -388,6 +395,7 @@ def test_a_forwards_attention_seed_is_handed_out_as_the_recordings_own_tensor(mo
     assert pool.start_step() == 0 and marked == [] and handed_seed.item() == 0
 
 
+@interpreter_only
 def test_input_roles_from_aotautograds_metadata():
     """Forward: parameters and buffers static, the input copied, the outputs past the caller's saved;
     backward: saved parameters static, other saved values static only when they live in the pool, tangents
@@ -446,6 +454,7 @@ def test_environment_variable_is_the_default():
 
 
 # ------------------------------------------------------------------------------- on the interpreter
+@interpreter_only
 def test_reduce_overhead_on_the_interpreter_runs_uncaptured_with_the_reason_and_eagers_results(capsys):
     """The exact call the model bench makes; a training loop gives eager's losses and parameters."""
     torch.manual_seed(0)
@@ -480,6 +489,7 @@ def test_reduce_overhead_on_the_interpreter_runs_uncaptured_with_the_reason_and_
     assert "runs uncaptured: Triton's interpreter" in capsys.readouterr().err
 
 
+@interpreter_only
 def test_explain_shows_why_a_graph_is_not_captured():
     import tilefuse
 
@@ -522,6 +532,8 @@ class _StandIn:
 @pytest.fixture
 def stand_in(monkeypatch):
     """The runner on the CPU as if it were on a GPU, with :class:`_StandIn` for the capture."""
+    if not tf_device.interpreting():
+        pytest.skip(ON_THE_INTERPRETER)
     made = []
 
     def capture(run, inputs, pool):
