@@ -15,8 +15,7 @@ Sections:
   graphs: a host-bound fwd+bwd step (softmax at 1024 x 4096 bf16) under both backends with and without
         mode="reduce-overhead": host time with the GPU kept busy (the bench's measure) and with it idle, the
         replay alone, and cProfile of the captured step.
-  captured: the compiler suite's layer_norm, attention_projections and swiglu_ffn fwd+bwd at 1024 rows under both
-        backends' mode="reduce-overhead": host time a step in alternated rounds (tilefuse also with its inputs
+  captured: the compiler suite's fwd+bwd graphs at 1024 rows under both backends' mode="reduce-overhead": host time a step in alternated rounds (tilefuse also with its inputs
         copied one by one, as before decision 053), then host time by op.
   pool: a small training loop (MLP 1024-2048-1024, AdamW) uncaptured and captured: memory allocated after
         each phase of a step and the peak within it, and whether .grad is the pool's memory.
@@ -378,10 +377,7 @@ def graphs_section() -> None:
                 print(f"  {backend} {mode}: failed: {type(exc).__name__}: {str(exc)[:300]}")
 
 
-CAPTURED_CASES = ("layer_norm_fwd_bwd", "attention_projections_fwd_bwd", "swiglu_ffn_fwd_bwd")
-
-
-def captured_section(cases=CAPTURED_CASES, rows: int = 1024, rounds: int = 7) -> None:
+def captured_section(cases=None, rows: int = 1024, rounds: int = 7) -> None:
     """The compiler suite's fwd+bwd graphs at ``rows`` rows under both backends' mode="reduce-overhead", as the
     suite times them (its inputs rotated over 4 sets, a step begun before each call): host µs a step with the
     GPU busy, the two backends' rounds alternated so that drift of the host falls on both; then each step's
@@ -397,6 +393,7 @@ def captured_section(cases=CAPTURED_CASES, rows: int = 1024, rounds: int = 7) ->
 
     opts = runner.SuiteOptions(rows=rows, log=lambda s: None)
     by_case = {g.case: g for g in cs.GRAPHS}
+    cases = cases or [g.case for g in cs.GRAPHS if g.backward]
     for case in cases:
         graph = by_case[case]
         dims = cs._sizes(opts, graph)
@@ -437,7 +434,7 @@ def captured_section(cases=CAPTURED_CASES, rows: int = 1024, rounds: int = 7) ->
                   f"({len(r.copy_at)} in one call), {len(r.outputs)} outputs")
         for b, call in steps.items():
             print(f"  {b}: host us a step by op (torch.profiler CPU, 10 steps):")
-            print(_host_table(call, steps=10, lines=24))
+            print(_host_table(call, steps=10, lines=16))
         del steps, sets
         torch._dynamo.reset()
         torch.cuda.empty_cache()
