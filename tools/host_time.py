@@ -394,8 +394,10 @@ def captured_section(cases=None, rows: int = 1024, rounds: int = 7) -> None:
     opts = runner.SuiteOptions(rows=rows, log=lambda s: None)
     by_case = {g.case: g for g in cs.GRAPHS}
     cases = cases or [g.case for g in cs.GRAPHS if g.backward]
+    summary = []
     for case in cases:
         graph = by_case[case]
+        before = set(map(id, cudagraphs._POOLS))
         dims = cs._sizes(opts, graph)
         sets = [cs.prepare(graph, graph.inputs(*dims[:3], dims[3], "cuda")) for _ in range(4)]
         steps = {}
@@ -408,7 +410,7 @@ def captured_section(cases=None, rows: int = 1024, rounds: int = 7) -> None:
                 call()
             torch.cuda.synchronize()
             steps[backend] = call
-        recs = [r for p in list(cudagraphs._POOLS) for r in p.recordings]
+        recs = [r for p in list(cudagraphs._POOLS) if id(p) not in before for r in p.recordings]
         batched = [(r.copy_at, r.copy_into, r.span_copies) for r in recs]
 
         def per_input(on: bool) -> None:  # decision 053's A/B: each input copied span to span, as before it
@@ -426,9 +428,11 @@ def captured_section(cases=None, rows: int = 1024, rounds: int = 7) -> None:
               f"rounds of {cs.HOST_STEPS} steps (least-most)")
         for b, h in hosts.items():
             print(f"  {b:9} {statistics.median(h):7.1f}  ({min(h):.1f}-{max(h):.1f})")
-        ratio = statistics.median(hosts["tilefuse"]) / statistics.median(hosts["inductor"])
-        print(f"  tilefuse / inductor {ratio:.3f}; stats: "
-              f"{ {k: v for k, v in compiler.stats().items() if 'cudagraph' in k} }")
+        med = {b: statistics.median(h) for b, h in hosts.items()}
+        summary.append((case, med, [len(r.copied) for r in recs]))
+        print(f"  tilefuse / inductor {med['tilefuse'] / med['inductor']:.3f}; replays "
+              f"{compiler.stats().get('cudagraph_replays')}, uncaptured calls "
+              f"{compiler.stats().get('cudagraph_uncaptured_calls')}")
         for r in recs:
             print(f"  tilefuse recording {r.seq}: {len(r.copied)} of {len(r.inputs)} inputs copied "
                   f"({len(r.copy_at)} in one call), {len(r.outputs)} outputs")
@@ -438,6 +442,11 @@ def captured_section(cases=None, rows: int = 1024, rounds: int = 7) -> None:
         del steps, sets
         torch._dynamo.reset()
         torch.cuda.empty_cache()
+    print("== captured, host us a step (medians): graph, inductor, tilefuse, tilefuse with per-input copies, "
+          "tilefuse / inductor, inputs copied by recording")
+    for case, med, copied in summary:
+        print(f"  {case:32} {med['inductor']:7.1f} {med['tilefuse']:7.1f} {med['tilefuse per-input copies']:7.1f}"
+              f"  {med['tilefuse'] / med['inductor']:.3f}  {copied}")
 
 
 def pool_section() -> None:
