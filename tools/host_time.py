@@ -17,6 +17,7 @@ Sections:
         replay alone, and cProfile of the captured step.
   captured: the compiler suite's fwd+bwd graphs at 1024 rows under both backends' mode="reduce-overhead": host time a step in alternated rounds (tilefuse also with its inputs
         copied one by one, as before decision 053), then host time by op.
+  copies: a replay's input copies alone, one copy_ an input against one _foreach_copy_ (decision 053).
   pool: a small training loop (MLP 1024-2048-1024, AdamW) uncaptured and captured: memory allocated after
         each phase of a step and the peak within it, and whether .grad is the pool's memory.
   decode: one GPT-2 124M decode step (batch 1, static KV cache) as the models suite times it, under eager,
@@ -449,6 +450,41 @@ def captured_section(cases=None, rows: int = 1024, rounds: int = 7) -> None:
               f"  {med['tilefuse'] / med['inductor']:.3f}  {copied}")
 
 
+def copies_section() -> None:
+    """A replay's input copies alone (decision 053): host µs a call with the GPU busy and wall µs with it idle,
+    for the inputs of two compiler-suite graphs at 1024 rows: one ``copy_`` an input into the recorded view,
+    the same through a 1-d span view of each (the form before 053), and one ``torch._foreach_copy_``."""
+    import statistics
+
+    from tilefuse.bench.compiler_suite import host_us
+
+    bf16 = torch.bfloat16
+    shapes = {"layer_norm (x, weight, bias)": [(1024, 4096), (4096,), (4096,)],
+              "attention_projections (x, 4 weights)": [(1024, 4096)] + [(4096, 4096)] * 4,
+              "one small input": [(8, 64)], "six small inputs": [(8, 64)] * 6}
+    print("== copies: a replay's input copies, host us a call (GPU busy) / wall us a call (GPU idle)")
+    for name, sh in shapes.items():
+        srcs = [torch.randn(s, device="cuda", dtype=bf16) for s in sh]
+        dsts = [torch.empty_like(t) for t in srcs]
+        spans = [d.view(-1) for d in dsts]
+
+        def each():
+            for d, t in zip(dsts, srcs):
+                d.copy_(t)
+
+        def each_span():
+            for sp, t in zip(spans, srcs):
+                sp.copy_(t.as_strided((sp.numel(),), (1,), t.storage_offset()))
+
+        def one():
+            torch._foreach_copy_(dsts, srcs)
+
+        for label, fn in (("copy_ each", each), ("copy_ each through a span view", each_span),
+                          ("one _foreach_copy_", one)):
+            busy = statistics.median([host_us(fn, steps=50) for _ in range(5)])
+            print(f"  {name:40} {label:32} {busy:7.1f} / {per_call_us(fn, 500):7.1f}")
+
+
 def pool_section() -> None:
     import gc
 
@@ -759,7 +795,7 @@ def _cpu_us(fn, calls: int) -> float:
 
 
 SECTIONS = {"gemm": gemm_section, "compiler": compiler_section, "launch": launch_section,
-            "graphs": graphs_section, "captured": captured_section, "pool": pool_section, "decode": decode_section,
+            "graphs": graphs_section, "captured": captured_section, "copies": copies_section, "pool": pool_section, "decode": decode_section,
             "train": train_section, "latency_rows": latency_rows_section,
             "train-tilefuse": lambda: train_section(backends=("tilefuse-reduce-overhead",)), "direct_calls": direct_calls_section}
 
