@@ -2,7 +2,23 @@
 and element-wise), poisoned outputs and non-contiguous operands (DESIGN.md, Tests)."""
 from __future__ import annotations
 
+import pytest
 import torch
+
+import tilefuse.device as tf_device
+
+# What only Triton's interpreter runs: tilefuse over CPU tensors (a bench's --smoke run, the stand-in for a CUDA
+# graph capture, the real-model suite's cpu cases). A process running Triton on a GPU runs CPU tensors in ATen or
+# refuses them; its own tests there are the cuda and `gpu` ones.
+ON_THE_INTERPRETER = "tilefuse over CPU tensors, which only Triton's interpreter runs; this process runs Triton " \
+    "on the GPU (its own cases here are the cuda and gpu ones)"
+interpreter_only = pytest.mark.skipif(not tf_device.interpreting(), reason=ON_THE_INTERPRETER)
+
+
+def skip_unless_interpreting() -> None:
+    """:data:`interpreter_only` from inside a test or helper."""
+    if not tf_device.interpreting():
+        pytest.skip(ON_THE_INTERPRETER)
 
 # ‖out − ref‖ / ‖ref‖ allowed, by the dtype of the inputs (the reference is float64, or float32 for half).
 TOLERANCE = {

@@ -20,9 +20,8 @@ import time
 import pytest
 import torch
 
-import tilefuse.device as tf_device
-
 from . import real_models as rm
+from .support import interpreter_only
 
 LR, WEIGHT_DECAY, TRAIN_STEPS = 1e-3, 0.01, 2
 # AdamW divides by sqrt(v) + eps: a gradient that is zero in exact arithmetic (a bias before a train-mode
@@ -36,12 +35,8 @@ NEW_TOKENS, PROMPT = 4, 8
 # would exceed the bound with NEW_TOKENS = 4.
 GENERATE_GRAPH_LIMIT = 3
 
-# The CPU's cases are the interpreter's: a process that runs Triton on a GPU runs a model on CPU tensors in ATen
-# (every cpu case failed "generated no kernel" on an H100); its own cases are the cuda ones
-DEVICES = [pytest.param("cpu", id="cpu", marks=pytest.mark.skipif(
-               not tf_device.interpreting(), reason="CPU tensors: tilefuse compiles them on Triton's interpreter "
-               "alone, and this process runs Triton on the GPU (the cuda cases)")),
-           pytest.param("cuda", id="cuda", marks=pytest.mark.gpu)]
+# (the cpu cases on a GPU machine: every one failed "generated no kernel", its CPU tensors run in ATen)
+DEVICES = [pytest.param("cpu", id="cpu", marks=interpreter_only), pytest.param("cuda", id="cuda", marks=pytest.mark.gpu)]
 MAX_SHOWN = 20  # mismatches listed in a failure message (all are counted)
 HF_GENERATE = ["gpt2-sdpa", "llama-sdpa"]
 # One transformer's whole compiled step (Dynamo traces AdamW over every parameter: ~160 s of CPU a model on the

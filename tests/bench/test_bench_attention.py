@@ -11,8 +11,11 @@ import torch
 from tilefuse.bench import attention_suite as att
 from tilefuse.bench import harness, runner
 
+from tests.support import skip_unless_interpreting
+
 
 def _opts(**kw):
+    skip_unless_interpreting()  # (a smoke run is the interpreter's: refused where Triton runs on a GPU)
     logs = []
     return runner.SuiteOptions(smoke=True, log=logs.append, **kw), logs
 

@@ -10,10 +10,13 @@ import torch
 
 from tilefuse.bench import harness, models_suite, runner
 
+from tests.support import skip_unless_interpreting
+
 pytest.importorskip("transformers", reason="the models suite builds Hugging Face models (make test installs it)")
 
 
 def _opts(**kw):
+    skip_unless_interpreting()  # (a smoke run is the interpreter's: refused where Triton runs on a GPU)
     logs = []
     return runner.SuiteOptions(smoke=True, log=logs.append, **kw), logs
 

@@ -16,6 +16,8 @@ import pytest
 
 from tilefuse.bench import harness, runner
 
+from tests.support import interpreter_only
+
 DESIGN_COLUMNS = "suite,case,impl,dtype,shape,ms_p50,tflops,gbps,vs_baseline,gpu,torch,triton,git_sha,date".split(",")
 STATUS = re.compile(r"^(ok|not run: .+|error: .+|wrong: .+)$")
 NUMERIC = ("ms_p50", "tflops", "gbps", "vs_baseline", "pct_ceiling", "ms_p20", "ms_p80")
@@ -45,6 +47,7 @@ def _suite_module(name: str) -> str:
 
 
 @pytest.mark.slow
+@interpreter_only
 @pytest.mark.parametrize("name", list(runner.SUITES))
 def test_suite_smoke_run_writes_sane_rows(name, tmp_path, capsys):
     if importlib.util.find_spec(_suite_module(name)) is None:

@@ -20,19 +20,12 @@ import torch.nn as nn
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.experimental.proxy_tensor import make_fx
 
-import tilefuse.device as tf_device
 from tilefuse import config
 from tilefuse.compiler import backend, options
 from tilefuse.compiler.runtime import cudagraphs
 
 from tests import compiler_checks as cc
-from tests.support import TOLERANCE, rel_error
-
-# Tests that compile models over CPU tensors, which only Triton's interpreter runs through tilefuse: a process
-# running Triton on a GPU refuses them or runs their graphs in ATen (its own path is the `gpu` tests')
-ON_THE_INTERPRETER = "compiles over CPU tensors, which tilefuse runs on Triton's interpreter alone; the gpu tests " \
-    "take the real capture path here"
-interpreter_only = pytest.mark.skipif(not tf_device.interpreting(), reason=ON_THE_INTERPRETER)
+from tests.support import TOLERANCE, interpreter_only, rel_error, skip_unless_interpreting
 
 TOL = TOLERANCE[torch.float32]
 ATTENTION_TOL = 2e-5  # the flash kernels in float32 against float64 eager (test_compiler_attention.py's scale)
@@ -532,8 +525,7 @@ class _StandIn:
 @pytest.fixture
 def stand_in(monkeypatch):
     """The runner on the CPU as if it were on a GPU, with :class:`_StandIn` for the capture."""
-    if not tf_device.interpreting():
-        pytest.skip(ON_THE_INTERPRETER)
+    skip_unless_interpreting()
     made = []
 
     def capture(run, inputs, pool):

@@ -16,6 +16,8 @@ from tilefuse.kernels import gemm as G
 from tilefuse.kernels.gemm import configs as C
 from tilefuse.kernels.gemm import tuning as T
 
+from tests.support import interpreter_only
+
 
 def problem(m, n, k, *, dtype="bfloat16", epilogue="plain", tma=True, z=1):
     return C.GemmProblem(m, n, k, z, dtype, dtype, dtype, False, False, tma, epilogue)
@@ -446,6 +448,7 @@ def test_cross_compiles_with_the_right_mma():
 
 
 # ---------------------------------------------------------------------------------------- the suite
+@interpreter_only
 def test_bench_suite_smoke_rows_are_checked_and_ok():
     from tilefuse.bench import runner
 
