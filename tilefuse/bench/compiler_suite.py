@@ -464,8 +464,8 @@ def time_graph(rec: harness.Recorder, graph: Graph, opts: runner.SuiteOptions, d
 
 # ------------------------------------------------------------------------------- the GPU's share
 KERNEL_STEPS, KERNEL_ROUNDS, HOST_STEPS = 5, 3, 20
-# One round of 20 queued steps moved by several per cent between runs (run 125: the captured softmax step read 373
-# and 253 us in two harnesses of one run), more than the 3-9 % the backends differ by: the note gives a median
+# One round of 20 queued steps moved by more than the backends differ by (the captured softmax step read 373 and
+# 253 us in two harnesses of one run on an H100's host, the backends 3-9 % apart): the note gives a median
 HOST_ROUNDS = 5
 HOST_SLEEP_CYCLES = 200_000_000  # ~0.1 s: longer than HOST_STEPS steps take to queue
 
