@@ -22,7 +22,7 @@ import tilefuse
 from tilefuse.kernels import attention as attn
 from tilefuse.kernels.attention import configs
 
-from tests.support import assert_close, moved_to
+from tests.support import assert_close, interpreter_only, moved_to
 
 HERE = Path(__file__).resolve().parents[2]  # tests/
 # the backward of half inputs rounds P and dS to the input dtype before its matmuls, as every flash kernel does
@@ -494,6 +494,7 @@ def test_gpu_realistic_causal_bf16_matches_sdpa():
 
 
 # ---------------------------------------------------------------------------------------------- bench
+@interpreter_only  # (--smoke is refused where Triton runs on a GPU: tests/bench/test_bench_suites.py)
 def test_bench_attention_smoke_run_checks_and_times_every_impl(tmp_path):
     """`tilefuse bench attention --smoke`: tilefuse checked against SDPA and timed on the interpreter; the
     GPU-only SDPA backends are "not run" rows, FlexAttention's and the plain form run uncompiled (FlexAttention
@@ -501,10 +502,6 @@ def test_bench_attention_smoke_run_checks_and_times_every_impl(tmp_path):
     from tilefuse.bench import attention_suite, harness, runner
 
     assert "attention" in runner.SUITES
-    if not tilefuse.device.interpreting():  # Triton on a GPU in this process: the smoke form is refused up front
-        with pytest.raises(ValueError, match="--smoke: .*TILEFUSE_INTERPRET=1"):
-            runner.SuiteOptions(smoke=True, log=lambda s: None, only=("mha", "decode"))
-        return
     rows = attention_suite.run(runner.SuiteOptions(smoke=True, log=lambda s: None, only=("mha", "decode")))
     by = {(r.case, r.impl): r for r in rows}
     assert not [r for r in rows if r.status.startswith(("error", "wrong"))]

@@ -272,12 +272,10 @@ def _copy_span(span: torch.Tensor, src: torch.Tensor) -> None:
 
 def _copy_inputs(dsts: list, srcs: list) -> None:
     """A replay's input copies, each into the recorded tensor over its buffer (same shape and strides: the
-    signature), in one foreach call: one launch for the inputs of one dtype, where a ``copy_`` an input cost a
-    launch and a view each, ~6.5 us of host time an input."""
-    if len(dsts) == 1:
-        dsts[0].copy_(srcs[0])
-    else:
-        torch._foreach_copy_(dsts, srcs)
+    signature), in one foreach call: one launch for the inputs of one dtype. A view and a ``copy_`` an input
+    cost 45 us of host time for three inputs on an H100's host, this call 11 (and no more than a ``copy_`` for
+    one input: 6.9 against 7.4)."""
+    torch._foreach_copy_(dsts, srcs)
 
 
 def _overlaps(t: torch.Tensor) -> bool:
@@ -381,9 +379,14 @@ class Recording:
         self.copied = spans
         # what a replay copies: into the recorded tensors themselves, all in one call (_copy_inputs); span to
         # span only where an input's elements overlap
-        self.copy_at = [k for k, span in spans if span.numel() and not _overlaps(inputs[k])]
+        self.copy_at, self.span_copies = [], []
+        for k, span in spans:
+            if span.numel():
+                if _overlaps(inputs[k]):
+                    self.span_copies.append((k, span))
+                else:
+                    self.copy_at.append(k)
         self.copy_into = [inputs[k] for k in self.copy_at]
-        self.span_copies = [(k, span) for k, span in spans if span.numel() and _overlaps(inputs[k])]
         self.outputs = outputs  # the tensors the capture returned: kept, so their blocks stay ours
         input_storages = {_storage_key(inputs[k]): k for k in static}
         storages: dict[int, torch.Tensor] = {}
