@@ -15,7 +15,8 @@ Sections:
   graphs: a host-bound fwd+bwd step (softmax at 1024 x 4096 bf16) under both backends with and without
         mode="reduce-overhead": host time with the GPU kept busy (the bench's measure) and with it idle, the
         replay alone, and cProfile of the captured step.
-  captured: the compiler suite's fwd+bwd graphs at 1024 rows under both backends' mode="reduce-overhead": host time a step in alternated rounds (tilefuse also with its inputs
+  captured (captured_32768: at the suite's own 32768 rows): the compiler suite's fwd+bwd graphs at 1024 rows
+        under both backends' mode="reduce-overhead": host time a step in alternated rounds (tilefuse also with its inputs
         copied one by one, as before decision 053), then host time by op.
   copies: a replay's input copies alone, one copy_ an input against one _foreach_copy_ (decision 053).
   pool: a small training loop (MLP 1024-2048-1024, AdamW) uncaptured and captured: memory allocated after
@@ -795,7 +796,8 @@ def _cpu_us(fn, calls: int) -> float:
 
 
 SECTIONS = {"gemm": gemm_section, "compiler": compiler_section, "launch": launch_section,
-            "graphs": graphs_section, "captured": captured_section, "copies": copies_section, "pool": pool_section, "decode": decode_section,
+            "graphs": graphs_section, "captured": captured_section,
+            "captured_32768": lambda: captured_section(rows=32768), "copies": copies_section, "pool": pool_section, "decode": decode_section,
             "train": train_section, "latency_rows": latency_rows_section,
             "train-tilefuse": lambda: train_section(backends=("tilefuse-reduce-overhead",)), "direct_calls": direct_calls_section}
 
