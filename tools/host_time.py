@@ -428,9 +428,9 @@ def captured_section(cases=None, rows: int = 1024, rounds: int = 7) -> None:
             per_input(False)
         print(f"== captured: {case} at {rows} rows, host us a step (GPU busy), median of {rounds} alternated "
               f"rounds of {cs.HOST_STEPS} steps (least-most)")
-        for b, h in hosts.items():
-            print(f"  {b:9} {statistics.median(h):7.1f}  ({min(h):.1f}-{max(h):.1f})")
         med = {b: statistics.median(h) for b, h in hosts.items()}
+        for b, h in hosts.items():
+            print(f"  {b:9} {med[b]:7.1f}  ({min(h):.1f}-{max(h):.1f})")
         summary.append((case, med, [len(r.copied) for r in recs]))
         print(f"  tilefuse / inductor {med['tilefuse'] / med['inductor']:.3f}; replays "
               f"{compiler.stats().get('cudagraph_replays')}, uncaptured calls "
@@ -454,10 +454,12 @@ def captured_section(cases=None, rows: int = 1024, rounds: int = 7) -> None:
 def copies_section() -> None:
     """A replay's input copies alone (decision 053): host µs a call with the GPU busy and wall µs with it idle,
     for the inputs of two compiler-suite graphs at 1024 rows: one ``copy_`` an input into the recorded view,
-    the same through a 1-d span view of each (the form before 053), and one ``torch._foreach_copy_``."""
+    the same through a 1-d span view of each (the runtime's ``_copy_span``, the form before 053), and the runtime's
+    ``_copy_inputs`` (one ``torch._foreach_copy_``)."""
     import statistics
 
     from tilefuse.bench.compiler_suite import host_us
+    from tilefuse.compiler.runtime import cudagraphs
 
     bf16 = torch.bfloat16
     shapes = {"layer_norm (x, weight, bias)": [(1024, 4096), (4096,), (4096,)],
@@ -475,10 +477,10 @@ def copies_section() -> None:
 
         def each_span():
             for sp, t in zip(spans, srcs):
-                sp.copy_(t.as_strided((sp.numel(),), (1,), t.storage_offset()))
+                cudagraphs._copy_span(sp, t)
 
         def one():
-            torch._foreach_copy_(dsts, srcs)
+            cudagraphs._copy_inputs(dsts, srcs)
 
         for label, fn in (("copy_ each", each), ("copy_ each through a span view", each_span),
                           ("one _foreach_copy_", one)):
@@ -797,7 +799,8 @@ def _cpu_us(fn, calls: int) -> float:
 
 SECTIONS = {"gemm": gemm_section, "compiler": compiler_section, "launch": launch_section,
             "graphs": graphs_section, "captured": captured_section,
-            "captured_32768": lambda: captured_section(rows=32768), "copies": copies_section, "pool": pool_section, "decode": decode_section,
+            "captured_32768": lambda: captured_section(rows=32768), "copies": copies_section,
+            "pool": pool_section, "decode": decode_section,
             "train": train_section, "latency_rows": latency_rows_section,
             "train-tilefuse": lambda: train_section(backends=("tilefuse-reduce-overhead",)), "direct_calls": direct_calls_section}
 
