@@ -137,9 +137,13 @@ DATASHEETS: tuple[tuple[str, Datasheet], ...] = (
 
 
 def datasheet(device: Device | None = None) -> Optional[Datasheet]:
-    device = device or current()
+    return datasheet_named((device or current()).name)
+
+
+def datasheet_named(name: str) -> Optional[Datasheet]:
+    """The datasheet of the part whose driver name is ``name`` (None for a part not in :data:`DATASHEETS`)."""
     for pattern, sheet in DATASHEETS:
-        if pattern.lower() in device.name.lower():
+        if pattern.lower() in name.lower():
             return sheet
     return None
 

@@ -895,6 +895,98 @@ def test_new_shapes_record_new_graphs_up_to_the_limit(stand_in, monkeypatch):
     assert "new input shapes beyond the limit of 2 recordings" in reason and calls == 2, inf
 
 
+# ------------------------------------------------------------------------------------ the copy rule
+def test_copy_rule_weighs_a_replays_copies_against_the_host_time_it_saves(monkeypatch):
+    """The copies read and write their bytes at the part's bandwidth every replay; a replay saves
+    HOST_US_A_LAUNCH a launch and once more for the call."""
+    # the compiler suite's softmax forward at 32768 x 4096 bf16 on an H100: 256 MiB for 2 launches' worth
+    reason = cudagraphs.copy_cost_blocker(256 << 20, 2, 3.35)
+    assert reason is not None and re.search(r"copy \(256\.0 MiB\) take ~160 us of GPU time at 3\.35 TB/s, "
+                                            r"more than the ~15 us of host time a replay saves over 2 launches", reason)
+    assert "HOST_US_A_LAUNCH = 5 us" in reason and "float('inf')" in reason
+    assert "over 1 launch " in cudagraphs.copy_cost_blocker(256 << 20, 1, 3.35)
+    # the same graph at 1024 rows (8 MiB: ~5 us) is recorded, as is one that copies nothing
+    assert cudagraphs.copy_cost_blocker(8 << 20, 1, 3.35) is None
+    assert cudagraphs.copy_cost_blocker(0, 0, 3.35) is None
+    # at the boundary the graph is recorded: 2 x 15e6 bytes at 2 TB/s is 15 us, the host time 2 launches save
+    assert cudagraphs.copy_cost_blocker(15_000_000, 2, 2.0) is None
+    assert cudagraphs.copy_cost_blocker(15_000_001, 2, 2.0) is not None
+    monkeypatch.setattr(cudagraphs, "HOST_US_A_LAUNCH", float("inf"))
+    assert cudagraphs.copy_cost_blocker(1 << 40, 0, 0.5) is None
+
+
+def test_copy_rule_takes_the_parts_bandwidth_from_its_datasheet(monkeypatch):
+    from tilefuse import device as tf_device
+
+    assert cudagraphs.copy_tbps(torch.device("cpu")) == cudagraphs.COPY_TBPS_UNKNOWN
+    names = {0: "NVIDIA H100 80GB HBM3", 1: "NVIDIA H200", 2: "Some Future GPU"}
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda i: names[i])
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 1)
+    monkeypatch.setattr(cudagraphs, "_TBPS", {})
+    assert cudagraphs.copy_tbps(torch.device("cuda", 0)) == tf_device.datasheet_named(names[0]).hbm_tbps == 3.35
+    assert cudagraphs.copy_tbps(torch.device("cuda")) == 4.8  # the current device's
+    assert cudagraphs.copy_tbps(torch.device("cuda", 2)) == cudagraphs.COPY_TBPS_UNKNOWN
+    assert tf_device.datasheet_named(names[2]) is None
+
+
+def test_a_graph_whose_copies_cost_more_than_its_launches_runs_uncaptured_and_says_why(stand_in, monkeypatch):
+    """Training: with a replay's host saving set below the cost of copying x, the forward runs uncaptured; its
+    saved tensors are then no pool memory, so the backward would copy them too and runs uncaptured as well.
+    Both say why at every call, and the steps are eager's."""
+    monkeypatch.setattr(cudagraphs, "HOST_US_A_LAUNCH", 1e-9)
+    torch.manual_seed(3)
+    eager = _mlp()
+    model = copy.deepcopy(eager)
+    compiled = torch.compile(model, backend="tilefuse", mode="reduce-overhead")
+    opt_e = torch.optim.SGD(eager.parameters(), lr=1e-2)
+    opt_c = torch.optim.SGD(model.parameters(), lr=1e-2)
+    for step in range(3):
+        x, target = torch.randn(9, 13), torch.randn(9, 7)
+        losses = []
+        for opt, fn in ((opt_e, eager), (opt_c, compiled)):
+            opt.zero_grad()
+            loss = nn.functional.mse_loss(fn(x), target)
+            loss.backward()
+            opt.step()
+            losses.append(loss.item())
+        assert abs(losses[1] - losses[0]) <= TOL * abs(losses[0]), f"step {step}: {losses}"
+    assert stand_in == []  # nothing was recorded
+    for kind in ("forward", "backward"):
+        r, = _runner_stats(kind)
+        assert not r["captured"] and r["replays"] == 0, r
+        (reason, calls), = r["uncaptured"].items()
+        # the first call of a shape is the warm-up; the rule refuses the signature at the second, for good
+        assert calls == 2 and re.search(r"the inputs a replay would copy \([0-9.]+ MiB\) take ~[0-9]+ us of GPU time "
+                                        r"at 2 TB/s, more than the ~0 us of host time a replay saves over [0-9]+ "
+                                        r"launch", reason), r
+
+
+def test_the_copy_rule_counts_the_launches_of_the_uncaptured_graph(stand_in, monkeypatch):
+    """An inference graph whose copy costs as much as 0.99x / 1.01x of the host time its launches save is
+    recorded / runs uncaptured: the launches are its plan's kernels, externs and ATen ops."""
+    from tilefuse.compiler import records
+
+    x = torch.randn(5, 13)
+    copy_us = 2 * x.numel() * x.element_size() / (cudagraphs.COPY_TBPS_UNKNOWN * 1e6)
+    for factor, captured in ((0.99, True), (1.01, False)):
+        cc.reset()
+        torch._dynamo.reset()
+        runners = _spy_runners(monkeypatch)
+        model = _mlp()
+        compiled = torch.compile(model, backend="tilefuse", mode="reduce-overhead")
+        with torch.no_grad():
+            compiled(x)  # the warm-up compiles the graph: its plan's launches are known
+            runner = runners["inference"]
+            report, = [g for g in records.REPORTS if g.kind == "inference"]
+            launches = len(report.kernels) + len(report.externs) + len(report.fallbacks)
+            assert runner.launches() == launches >= 2, report  # (two linears and the fused GeLU/LayerNorm at least)
+            monkeypatch.setattr(cudagraphs, "HOST_US_A_LAUNCH", copy_us / factor / (launches + 1))
+            for _ in range(2):
+                assert rel_error(compiled(x), model(x)) <= TOL
+        inf, = _runner_stats("inference")
+        assert inf["captured"] == captured and bool(inf["uncaptured"]) != captured, (factor, inf["uncaptured"])
+
+
 def test_a_failed_capture_runs_uncaptured_with_the_reason(stand_in, monkeypatch):
     def refuse(run, inputs, pool):
         raise RuntimeError("operation not permitted when stream is capturing")

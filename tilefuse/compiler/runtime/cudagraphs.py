@@ -28,7 +28,10 @@ What a :class:`GraphRunner` (one per compiled forward, backward or inference gra
    Static inputs (parameters and buffers, AOTAutograd's ``static_input_indices``; in a backward, parameters
    and the forward's saved tensors that live in this pool) are used in place: a replay needs them at the
    address they were recorded at, and a parameter that moved records again. Every other input (but an
-   attention seed, item 1) is copied into a buffer the recording owns.
+   attention seed, item 1) is copied into a buffer the recording owns. Those copies are GPU work every replay:
+   where they would take longer than the host time a replay saves (:data:`HOST_US_A_LAUNCH` a launch of the
+   uncaptured graph), the signature runs uncaptured instead, with that reason (:func:`copy_cost_blocker`: a
+   layer fed a 256 MiB activation, say, where capture halved the step's speed).
 4. **Replay**: copy the non-static inputs, ``replay()``, hand out fresh tensors over the recorded outputs.
 
 A new signature (a new shape) records a new graph, up to :data:`MAX_RECORDINGS` a compiled graph; past it,
@@ -58,6 +61,14 @@ from .. import records
 MAX_RECORDINGS = 8  # graphs recorded a compiled graph (one a shape or a moved parameter set): each holds its
 # outputs in the pool for good, so a model fed ever-new shapes is bounded at 8 sets of activations.
 WARMUP_CALLS = 1  # uncaptured calls of a signature before it is recorded (Triton/cuBLAS initialise on the first)
+# The copy rule (decision 054): a graph whose replay would spend longer copying its inputs on the GPU than its
+# launches cost on the host runs uncaptured. The compiler suite's fwd+bwd graphs at 32768 x 4096 bf16 copy a
+# 256 MiB input and a 256 MiB cotangent a step: captured, every row ran at about half its uncaptured speed,
+# under Inductor's CUDA graphs too.
+HOST_US_A_LAUNCH = 5.0  # host time a replay saves a launch it replaces, counted once more for the graph's call (a
+# launch from a compiled graph costs 4.3-6.2 us on an H100's host, decision 035); float("inf") captures a graph
+# whatever its copies cost
+COPY_TBPS_UNKNOWN = 2.0  # the copies' bandwidth (TB/s) on a part with no datasheet entry, and off the GPU
 
 OVERWRITTEN = ("tilefuse: this tensor is an output of a CUDA graph (mode='reduce-overhead') that has been "
                "replayed since, which overwrote it. Clone an output you keep across steps (out.clone()). "
@@ -244,6 +255,39 @@ def capture_blockers(gm: torch.fx.GraphModule, args: Sequence[Any], static: Sequ
                      interpreting: bool) -> list[str]:
     """Every reason the graph ``gm`` called with ``args`` runs uncaptured (empty: it is recorded)."""
     return call_blockers(args, interpreting=interpreting, seeds=seed_inputs(gm)) + graph_blockers(gm, static)
+
+
+def copy_cost_blocker(nbytes: int, launches: int, tbps: float) -> str | None:
+    """Why a graph whose replay copies ``nbytes`` of inputs instead of making ``launches`` launches is not worth
+    recording (None: it is): the copies read and write ``nbytes`` at ``tbps`` on the GPU every replay, where a
+    replay saves :data:`HOST_US_A_LAUNCH` of host time a launch and once more for the call."""
+    if nbytes <= 0:
+        return None
+    copy_us = 2 * nbytes / (tbps * 1e6)
+    saved_us = HOST_US_A_LAUNCH * (launches + 1)
+    if copy_us <= saved_us:
+        return None
+    return (f"the inputs a replay would copy ({nbytes / 2**20:.1f} MiB) take ~{copy_us:.0f} us of GPU time at "
+            f"{tbps:g} TB/s, more than the ~{saved_us:.0f} us of host time a replay saves over {launches} "
+            f"launch{'es' if launches != 1 else ''} (tilefuse.compiler.runtime.cudagraphs.HOST_US_A_LAUNCH = "
+            f"{HOST_US_A_LAUNCH:g} us a launch; float('inf') records it anyway)")
+
+
+_TBPS: dict[int, float] = {}
+
+
+def copy_tbps(dev: torch.device) -> float:
+    """The HBM bandwidth (TB/s) of the datasheet of ``dev``'s part (:data:`COPY_TBPS_UNKNOWN` without one)."""
+    if dev.type != "cuda":
+        return COPY_TBPS_UNKNOWN
+    index = dev.index if dev.index is not None else torch.cuda.current_device()
+    tbps = _TBPS.get(index)
+    if tbps is None:
+        from ... import device as tf_device
+
+        sheet = tf_device.datasheet_named(torch.cuda.get_device_name(index))
+        tbps = _TBPS[index] = sheet.hbm_tbps if sheet is not None else COPY_TBPS_UNKNOWN
+    return tbps
 
 
 def signature(args: Sequence[Any], positions: Sequence[int] | None = None) -> tuple:
@@ -608,8 +652,10 @@ class GraphRunner:
 
     def __init__(self, gm: torch.fx.GraphModule, run: Callable, kind: str, graph_id: int, pool: Pool, *,
                  static: Sequence[int] = (), saved: Sequence[int] = (), maybe_static: Sequence[int] = (),
-                 capture: Callable | None = None, interpreting: bool | None = None):
+                 capture: Callable | None = None, interpreting: bool | None = None,
+                 launches: Callable[[], int] | None = None):
         self.run = run
+        self.launches = launches  # the graph's launches (kernels, externs, ATen ops) for the copy rule; None: no rule
         self.kind = kind
         self.graph_id = graph_id
         self.pool = pool
@@ -672,12 +718,29 @@ class GraphRunner:
         if self.total_recordings >= MAX_RECORDINGS:
             why = "moved parameters" if recs else "new input shapes"
             reason = (f"{why} beyond the limit of {MAX_RECORDINGS} recordings a graph "
-                      f"(tilefuse.compiler.cudagraphs.MAX_RECORDINGS)")
+                      f"(tilefuse.compiler.runtime.cudagraphs.MAX_RECORDINGS)")
             if not recs:
                 self.refused[key] = reason
             self._uncaptured(reason)
             return self.run(args)
-        return self._record(key, args, rerecord=bool(recs))
+        static = self._static(args)
+        if not recs and self.launches is not None:
+            copied = [a for k, a in enumerate(args)
+                      if isinstance(a, torch.Tensor) and k not in static and k not in self.seed_inputs]
+            cost = copy_cost_blocker(sum(_extent(a) * a.element_size() for a in copied), self.launches(),
+                                     copy_tbps(copied[0].device) if copied else COPY_TBPS_UNKNOWN)
+            if cost is not None:
+                self.refused[key] = cost
+                self._uncaptured(cost)
+                return self.run(args)
+        return self._record(key, args, static, rerecord=bool(recs))
+
+    def _static(self, args) -> set:
+        """The positions a recording reads in place: parameters and buffers, and a backward's saved tensors that
+        live in this pool (a captured forward's outputs)."""
+        static = set(k for k in self.static if isinstance(args[k], torch.Tensor))
+        return static | {k for k in self.maybe_static
+                         if isinstance(args[k], torch.Tensor) and self.pool.owns(args[k])}
 
     def _starts_step(self) -> bool:
         return self.kind != "backward" and not self.pool.pending_backward()
@@ -707,9 +770,7 @@ class GraphRunner:
         records.bump("cudagraph_replays")
         return rec.replay(args, (lambda: self._start_step(alive)) if starts else None)
 
-    def _record(self, key, args, rerecord: bool):
-        static = set(k for k in self.static if isinstance(args[k], torch.Tensor))
-        static |= {k for k in self.maybe_static if isinstance(args[k], torch.Tensor) and self.pool.owns(args[k])}
+    def _record(self, key, args, static: set, rerecord: bool):
         inputs, spans = [], []
         with torch.no_grad():
             for k, a in enumerate(args):
@@ -818,4 +879,15 @@ def runner_for(compiled, gm: torch.fx.GraphModule, kind: str, pool: Pool) -> Gra
     """The runner of a :class:`runtime.CompiledGraph` being compiled (AOTAutograd's tracing context active)."""
     context = torch._guards.TracingContext.try_get()
     roles = input_roles(gm, kind, context.fw_metadata if context is not None else None)
-    return GraphRunner(gm, compiled.run, kind, compiled.graph_id, pool, **roles)
+    return GraphRunner(gm, compiled.run, kind, compiled.graph_id, pool, launches=lambda: graph_launches(compiled),
+                       **roles)
+
+
+def graph_launches(compiled) -> int:
+    """The launches an uncaptured call of ``compiled`` makes, for the copy rule: its plan's kernels, extern calls
+    and ops run in ATen; for a graph planned per shape or run in ATen, its ATen ops (an upper bound: views
+    launch nothing)."""
+    report = getattr(compiled, "report", None)
+    if report is not None and getattr(compiled, "fallback_reason", None) is None:
+        return len(report.kernels) + len(report.externs) + len(report.fallbacks)
+    return sum(1 for n in compiled.gm.graph.nodes if n.op == "call_function")
