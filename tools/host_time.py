@@ -384,7 +384,8 @@ def captured_section(cases=None, rows: int = 1024, rounds: int = 7) -> None:
     suite times them (its inputs rotated over 4 sets, a step begun before each call): host µs a step with the
     GPU busy, the two backends' rounds alternated so that drift of the host falls on both; then each step's
     host time by op (torch.profiler's CPU table) and, for tilefuse, its recordings' inputs copied a replay and
-    outputs handed out."""
+    outputs handed out. The copy rule is off here (every graph recorded, whatever its copies cost), so that the
+    captured path is what is timed at every row count."""
     from tilefuse import compiler
     from tilefuse.bench import compiler_suite as cs
     from tilefuse.bench import runner
@@ -394,6 +395,7 @@ def captured_section(cases=None, rows: int = 1024, rounds: int = 7) -> None:
     import statistics
 
     opts = runner.SuiteOptions(rows=rows, log=lambda s: None)
+    cudagraphs.HOST_US_A_LAUNCH = float("inf")
     by_case = {g.case: g for g in cs.GRAPHS}
     cases = cases or [g.case for g in cs.GRAPHS if g.backward]
     summary = []
@@ -413,11 +415,12 @@ def captured_section(cases=None, rows: int = 1024, rounds: int = 7) -> None:
             torch.cuda.synchronize()
             steps[backend] = call
         recs = [r for p in list(cudagraphs._POOLS) if id(p) not in before for r in p.recordings]
-        batched = [(r.copy_at, r.copy_into, r.span_copies) for r in recs]
+        batched = [(r.copy_at, r.copy_into, r.span_copies, r.one_copies) for r in recs]
 
         def per_input(on: bool) -> None:  # decision 053's A/B: each input copied span to span, as before it
-            for r, (at, into, spans) in zip(recs, batched):
-                r.copy_at, r.copy_into, r.span_copies = ([], [], r.copied) if on else (at, into, spans)
+            for r, (at, into, spans, ones) in zip(recs, batched):
+                r.copy_at, r.copy_into, r.span_copies, r.one_copies = \
+                    ([], [], r.copied, []) if on else (at, into, spans, ones)
 
         hosts = {b: [] for b in (*steps, "tilefuse per-input copies")}
         for _ in range(rounds):
@@ -437,7 +440,7 @@ def captured_section(cases=None, rows: int = 1024, rounds: int = 7) -> None:
               f"{compiler.stats().get('cudagraph_uncaptured_calls')}")
         for r in recs:
             print(f"  tilefuse recording {r.seq}: {len(r.copied)} of {len(r.inputs)} inputs copied "
-                  f"({len(r.copy_at)} in one call), {len(r.outputs)} outputs")
+                  f"({len(r.copy_at)} in one call, {len(r.one_copies)} on their own), {len(r.outputs)} outputs")
         for b, call in steps.items():
             print(f"  {b}: host us a step by op (torch.profiler CPU, 10 steps):")
             print(_host_table(call, steps=10, lines=16))

@@ -261,14 +261,20 @@ def test_a_replay_copies_its_inputs_with_grad_mode_off_and_gives_it_back_as_it_w
 def test_a_replay_copies_its_inputs_in_one_call_and_an_expanded_one_span_to_span(monkeypatch):
     """The inputs a replay copies go into the recorded tensors in one _copy_inputs call, whatever their dtypes
     (a transposed one, an integer one; an empty one copies nothing); an expanded input (stride 0), and one with
-    gaps, for which torch's overlap check cannot tell, are copied span to span. Each recorded tensor then reads
-    as the caller's input."""
+    gaps, for which torch's overlap check cannot tell, are copied span to span; one larger than one launch of
+    the foreach call takes (here made 20 elements) is copied on its own. Each recorded tensor then reads as the
+    caller's input."""
+    monkeypatch.setattr(cudagraphs, "FOREACH_ONE_LAUNCH", 20)
     class NoGraph:
         def replay(self):
             pass
 
-    made = [torch.randn(5, 3).t(), torch.randn(4, 6, dtype=torch.float64)[:, ::2],
-            torch.randint(0, 9, (7,), dtype=torch.int32), torch.randn(3, 1).expand(3, 4), torch.randn(0, 2)]
+    def made_inputs():
+        return [torch.randn(5, 3).t(), torch.randn(4, 6, dtype=torch.float64)[:, ::2],
+                torch.randint(0, 9, (7,), dtype=torch.int32), torch.randn(3, 1).expand(3, 4), torch.randn(0, 2),
+                torch.randn(3, 7), torch.randn(3, 7).t()]
+
+    made = made_inputs()
     inputs, spans = [], []
     for k, a in enumerate(made):
         span = torch.full((cudagraphs._extent(a),), -7, dtype=a.dtype)
@@ -276,11 +282,11 @@ def test_a_replay_copies_its_inputs_in_one_call_and_an_expanded_one_span_to_span
         inputs.append(span.as_strided(a.shape, a.stride(), 0))
     rec = cudagraphs.Recording(NoGraph(), inputs, spans, set(), [], cudagraphs.Pool(), saved=set())
     assert rec.copy_at == [0, 2] and [k for k, _ in rec.span_copies] == [1, 3]
+    assert [k for k, _ in rec.one_copies] == [5, 6] and all(t is inputs[k] for k, t in rec.one_copies)
     calls = []
     real = cudagraphs._copy_inputs
     monkeypatch.setattr(cudagraphs, "_copy_inputs", lambda d, s: (calls.append(len(s)), real(d, s)))
-    fresh = [torch.randn(5, 3).t(), torch.randn(4, 6, dtype=torch.float64)[:, ::2],
-             torch.randint(0, 9, (7,), dtype=torch.int32), torch.randn(3, 1).expand(3, 4), torch.randn(0, 2)]
+    fresh = made_inputs()
     rec.replay(fresh)
     assert calls == [2]
     for got, want in zip(inputs, fresh):

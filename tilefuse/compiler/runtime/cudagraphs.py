@@ -322,6 +322,12 @@ def _copy_inputs(dsts: list, srcs: list) -> None:
     torch._foreach_copy_(dsts, srcs)
 
 
+# torch's foreach kernels take 65536-element chunks, at most 320 a launch: a larger input costs that call a launch
+# every 21 M elements (two 134 M-element inputs a step, the compiler suite's bf16 graphs at 32768 rows, cost 34 us
+# more host time a step in one call than with a copy_ each; decision 054)
+FOREACH_ONE_LAUNCH = 320 * 65536
+
+
 def _overlaps(t: torch.Tensor) -> bool:
     """Whether elements of ``t`` share memory (an expanded input), or torch cannot tell: such an input is copied
     span to span, as a copy element by element cannot write it."""
@@ -421,13 +427,16 @@ class Recording:
         # (position, the buffer: a 1-d tensor of its own, not a view, which a copy under grad mode may write)
         # copied span to span, which an expanded input (stride 0) needs
         self.copied = spans
-        # what a replay copies: into the recorded tensors themselves, all in one call (_copy_inputs); span to
-        # span only where an input's elements overlap
-        self.copy_at, self.span_copies = [], []
+        # what a replay copies: into the recorded tensors themselves, all in one call (_copy_inputs), but an input
+        # too large for one launch of that call, copied on its own (one_copies); span to span where an input's
+        # elements overlap
+        self.copy_at, self.span_copies, self.one_copies = [], [], []
         for k, span in spans:
             if span.numel():
                 if _overlaps(inputs[k]):
                     self.span_copies.append((k, span))
+                elif inputs[k].numel() > FOREACH_ONE_LAUNCH:
+                    self.one_copies.append((k, inputs[k]))
                 else:
                     self.copy_at.append(k)
         self.copy_into = [inputs[k] for k in self.copy_at]
@@ -536,14 +545,16 @@ class Recording:
     def replay(self, args, before_launch: Callable | None = None) -> list:
         """Copy the inputs in, call ``before_launch`` (a step's invalidation: after the copies, since an
         argument may be an output of the step before, a KV cache say), launch, hand out the outputs."""
-        copy_into, span_copies = self.copy_into, self.span_copies
-        if copy_into or span_copies:  # grad mode off for the copies (an inference graph runs with it on; its
+        copy_into, span_copies, one_copies = self.copy_into, self.span_copies, self.one_copies
+        if copy_into or span_copies or one_copies:  # grad mode off for the copies (an inference graph runs with it on; its
             # inputs may require grad), switched directly: torch.no_grad() costs ~1 us a replay of host time
             grad = torch.is_grad_enabled()
             torch._C._set_grad_enabled(False)
             try:
                 if copy_into:
                     _copy_inputs(copy_into, [args[k] for k in self.copy_at])
+                for k, dst in one_copies:
+                    dst.copy_(args[k])
                 for k, span in span_copies:
                     _copy_span(span, args[k])
             finally:
