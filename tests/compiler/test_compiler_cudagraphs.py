@@ -555,14 +555,16 @@ def stand_in(monkeypatch):
     return made
 
 
-def test_training_loop_records_forward_and_backward_once_and_replays_eagers_steps(stand_in):
-    torch.manual_seed(1)
+def _train_beside_eager(steps: int, seed: int, optimizer=torch.optim.AdamW) -> None:
+    """``steps`` training steps of an MLP compiled with mode="reduce-overhead" beside an eager copy: each step's
+    loss and the parameters after them are eager's."""
+    torch.manual_seed(seed)
     eager = _mlp()
     model = copy.deepcopy(eager)
     compiled = torch.compile(model, backend="tilefuse", mode="reduce-overhead")
-    opt_e = torch.optim.AdamW(eager.parameters(), lr=1e-2)
-    opt_c = torch.optim.AdamW(model.parameters(), lr=1e-2)
-    for step in range(4):
+    opt_e = optimizer(eager.parameters(), lr=1e-2)
+    opt_c = optimizer(model.parameters(), lr=1e-2)
+    for step in range(steps):
         x, target = torch.randn(9, 13), torch.randn(9, 7)
         losses = []
         for opt, fn in ((opt_e, eager), (opt_c, compiled)):
@@ -574,6 +576,10 @@ def test_training_loop_records_forward_and_backward_once_and_replays_eagers_step
         assert abs(losses[1] - losses[0]) <= TOL * abs(losses[0]), f"step {step}: {losses}"
     for p, q in zip(model.parameters(), eager.parameters()):
         assert rel_error(p.detach(), q.detach()) <= TOL
+
+
+def test_training_loop_records_forward_and_backward_once_and_replays_eagers_steps(stand_in):
+    _train_beside_eager(steps=4, seed=1)
     fw, = _runner_stats("forward")
     bw, = _runner_stats("backward")
     # step 0 is the warm-up; step 1 records (and replays once); steps 2, 3 replay
@@ -940,22 +946,7 @@ def test_a_graph_whose_copies_cost_more_than_its_launches_runs_uncaptured_and_sa
     saved tensors are then no pool memory, so the backward would copy them too and runs uncaptured as well.
     Both say why at every call, and the steps are eager's."""
     monkeypatch.setattr(cudagraphs, "HOST_US_A_LAUNCH", 1e-9)
-    torch.manual_seed(3)
-    eager = _mlp()
-    model = copy.deepcopy(eager)
-    compiled = torch.compile(model, backend="tilefuse", mode="reduce-overhead")
-    opt_e = torch.optim.SGD(eager.parameters(), lr=1e-2)
-    opt_c = torch.optim.SGD(model.parameters(), lr=1e-2)
-    for step in range(3):
-        x, target = torch.randn(9, 13), torch.randn(9, 7)
-        losses = []
-        for opt, fn in ((opt_e, eager), (opt_c, compiled)):
-            opt.zero_grad()
-            loss = nn.functional.mse_loss(fn(x), target)
-            loss.backward()
-            opt.step()
-            losses.append(loss.item())
-        assert abs(losses[1] - losses[0]) <= TOL * abs(losses[0]), f"step {step}: {losses}"
+    _train_beside_eager(steps=3, seed=3, optimizer=torch.optim.SGD)
     assert stand_in == []  # nothing was recorded
     for kind in ("forward", "backward"):
         r, = _runner_stats(kind)
