@@ -956,6 +956,14 @@ def test_a_graph_whose_copies_cost_more_than_its_launches_runs_uncaptured_and_sa
         assert calls == 2 and re.search(r"the inputs a replay would copy \([0-9.]+ MiB\) take ~[0-9]+ us of GPU time "
                                         r"at 2 TB/s, more than the ~0 us of host time a replay saves over [0-9]+ "
                                         r"launch", reason), r
+        # explain says it too
+        import importlib
+
+        from tilefuse.compiler import records
+
+        explain = importlib.import_module("tilefuse.compiler.explain")
+        text = explain._format_graph(next(g for g in records.REPORTS if g.graph_id == r["graph_id"]))
+        assert "cuda graph: not captured" in text and f"uncaptured (2 calls): {reason}" in text, text
 
 
 def test_the_copy_rule_counts_the_launches_of_the_uncaptured_graph(stand_in, monkeypatch):
