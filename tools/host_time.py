@@ -17,7 +17,8 @@ Sections:
         replay alone, and cProfile of the captured step.
   captured (captured_32768: at the suite's own 32768 rows): the compiler suite's fwd+bwd graphs at 1024 rows
         under both backends' mode="reduce-overhead": host time a step in alternated rounds (tilefuse also with its inputs
-        copied one by one, as before decision 053), then host time by op.
+        copied one by one, as before decision 053), then host time by op. The copy rule (decision 054) is off, so
+        every graph is recorded.
   copies: a replay's input copies alone, one copy_ an input against one _foreach_copy_ (decision 053).
   pool: a small training loop (MLP 1024-2048-1024, AdamW) uncaptured and captured: memory allocated after
         each phase of a step and the peak within it, and whether .grad is the pool's memory.
