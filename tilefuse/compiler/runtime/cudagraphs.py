@@ -63,8 +63,8 @@ MAX_RECORDINGS = 8  # graphs recorded a compiled graph (one a shape or a moved p
 WARMUP_CALLS = 1  # uncaptured calls of a signature before it is recorded (Triton/cuBLAS initialise on the first)
 # The copy rule (decision 054): a graph whose replay would spend longer copying its inputs on the GPU than its
 # launches cost on the host runs uncaptured. The compiler suite's fwd+bwd graphs at 32768 x 4096 bf16 copy a
-# 256 MiB input and a 256 MiB cotangent a step: captured, every row ran at about half its uncaptured speed,
-# under Inductor's CUDA graphs too.
+# 256 MiB input and a 256 MiB cotangent a step: captured, each memory-bound one took 1.4-2.3x its uncaptured
+# time, under Inductor's CUDA graphs too.
 HOST_US_A_LAUNCH = 5.0  # host time a replay saves a launch it replaces, counted once more for the graph's call (a
 # launch from a compiled graph costs 4.3-6.2 us on an H100's host, decision 035); float("inf") captures a graph
 # whatever its copies cost
@@ -546,8 +546,8 @@ class Recording:
         """Copy the inputs in, call ``before_launch`` (a step's invalidation: after the copies, since an
         argument may be an output of the step before, a KV cache say), launch, hand out the outputs."""
         copy_into, span_copies, one_copies = self.copy_into, self.span_copies, self.one_copies
-        if copy_into or span_copies or one_copies:  # grad mode off for the copies (an inference graph runs with it on; its
-            # inputs may require grad), switched directly: torch.no_grad() costs ~1 us a replay of host time
+        if copy_into or span_copies or one_copies:  # grad mode off for the copies (an inference graph runs with
+            # it on; its inputs may require grad), switched directly: torch.no_grad() costs ~1 us a replay of host time
             grad = torch.is_grad_enabled()
             torch._C._set_grad_enabled(False)
             try:
