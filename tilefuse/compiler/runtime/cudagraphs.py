@@ -735,16 +735,16 @@ class GraphRunner:
             self._uncaptured(reason)
             return self.run(args)
         static = self._static(args)
+        copied = self._copied(args, static)
         if not recs and self.launches is not None:
-            copied = [a for k, a in enumerate(args)
-                      if isinstance(a, torch.Tensor) and k not in static and k not in self.seed_inputs]
-            cost = copy_cost_blocker(sum(_extent(a) * a.element_size() for a in copied), self.launches(),
-                                     copy_tbps(copied[0].device) if copied else COPY_TBPS_UNKNOWN)
+            tbps = copy_tbps(args[copied[0]].device) if copied else COPY_TBPS_UNKNOWN
+            cost = copy_cost_blocker(sum(_extent(args[k]) * args[k].element_size() for k in copied),
+                                     self.launches(), tbps)
             if cost is not None:
                 self.refused[key] = cost
                 self._uncaptured(cost)
                 return self.run(args)
-        return self._record(key, args, static, rerecord=bool(recs))
+        return self._record(key, args, static, set(copied), rerecord=bool(recs))
 
     def _static(self, args) -> set:
         """The positions a recording reads in place: parameters and buffers, and a backward's saved tensors that
@@ -752,6 +752,13 @@ class GraphRunner:
         static = set(k for k in self.static if isinstance(args[k], torch.Tensor))
         return static | {k for k in self.maybe_static
                          if isinstance(args[k], torch.Tensor) and self.pool.owns(args[k])}
+
+    def _copied(self, args, static: set) -> list:
+        """The positions a recording copies into buffers of its own: every tensor not read in place but an
+        attention seed, which is passed as it is (a CPU tensor, which no CUDA buffer may hold and a replay does not
+        read; a forward's seed is no storage of the pool, so it is not static either)."""
+        return [k for k, a in enumerate(args)
+                if isinstance(a, torch.Tensor) and k not in static and k not in self.seed_inputs]
 
     def _starts_step(self) -> bool:
         return self.kind != "backward" and not self.pool.pending_backward()
@@ -781,13 +788,11 @@ class GraphRunner:
         records.bump("cudagraph_replays")
         return rec.replay(args, (lambda: self._start_step(alive)) if starts else None)
 
-    def _record(self, key, args, static: set, rerecord: bool):
+    def _record(self, key, args, static: set, copied: set, rerecord: bool):
         inputs, spans = [], []
         with torch.no_grad():
             for k, a in enumerate(args):
-                # an attention seed is passed as it is: a CPU tensor, which no CUDA buffer may hold and a replay
-                # does not read (a forward's seed is no storage of the pool, so it is not static either)
-                if isinstance(a, torch.Tensor) and k not in static and k not in self.seed_inputs:
+                if k in copied:
                     span = torch.empty(_extent(a), dtype=a.dtype, device=a.device)
                     _copy_span(span, a)
                     spans.append((k, span))
