@@ -18,7 +18,9 @@ Sections:
   captured (captured_32768: at the suite's own 32768 rows): the compiler suite's fwd+bwd graphs at 1024 rows
         under both backends' mode="reduce-overhead": host time a step in alternated rounds (tilefuse also with its inputs
         copied one by one, as before decision 053), then host time by op. The copy rule (decision 054) is off, so
-        every graph is recorded.
+        every graph is recorded. Each graph is also timed without the mode (rows "... uncaptured"), in the same
+        alternated rounds, to say what capture adds to a step's host time and where (the by-op tables).
+        captured_softmax, captured_softmax_32768: softmax_fwd_bwd alone.
   copies: a replay's input copies alone, one copy_ an input against one _foreach_copy_ (decision 053).
   pool: a small training loop (MLP 1024-2048-1024, AdamW) uncaptured and captured: memory allocated after
         each phase of a step and the peak within it, and whether .grad is the pool's memory.
@@ -416,10 +418,14 @@ def _captured_rows(cases, rows: int, rounds: int) -> None:
         dims = cs._sizes(opts, graph)
         sets = [cs.prepare(graph, graph.inputs(*dims[:3], dims[3], "cuda")) for _ in range(4)]
         steps = {}
-        for backend in ("inductor", "tilefuse"):
+        for backend in ("inductor", "tilefuse", "inductor uncaptured", "tilefuse uncaptured"):
+            name = backend.split()[0]
             if backend == "tilefuse":
                 compiler.reset_stats()
-            step = cs._marking_steps(cs.make_step(graph, cs._compile(f"{backend}-reduce-overhead", graph.fn)))
+            if backend.endswith("uncaptured"):  # the same graph without the mode, to say what capture adds
+                step = cs.make_step(graph, cs._compile(name, graph.fn))
+            else:
+                step = cs._marking_steps(cs.make_step(graph, cs._compile(f"{name}-reduce-overhead", graph.fn)))
             call = cs.harness.Rotating(step, sets)
             for _ in range(10):
                 call()
@@ -444,9 +450,11 @@ def _captured_rows(cases, rows: int, rounds: int) -> None:
               f"rounds of {cs.HOST_STEPS} steps (least-most)")
         med = {b: statistics.median(h) for b, h in hosts.items()}
         for b, h in hosts.items():
-            print(f"  {b:9} {med[b]:7.1f}  ({min(h):.1f}-{max(h):.1f})")
+            print(f"  {b:26} {med[b]:7.1f}  ({min(h):.1f}-{max(h):.1f})")
         summary.append((case, med, [len(r.copied) for r in recs]))
-        print(f"  tilefuse / inductor {med['tilefuse'] / med['inductor']:.3f}; replays "
+        print(f"  tilefuse / inductor {med['tilefuse'] / med['inductor']:.3f}; captured / uncaptured: tilefuse "
+              f"{med['tilefuse'] / med['tilefuse uncaptured']:.3f}, inductor "
+              f"{med['inductor'] / med['inductor uncaptured']:.3f}; replays "
               f"{compiler.stats().get('cudagraph_replays')}, uncaptured calls "
               f"{compiler.stats().get('cudagraph_uncaptured_calls')}")
         for r in recs:
@@ -813,7 +821,10 @@ def _cpu_us(fn, calls: int) -> float:
 
 SECTIONS = {"gemm": gemm_section, "compiler": compiler_section, "launch": launch_section,
             "graphs": graphs_section, "captured": captured_section,
-            "captured_32768": lambda: captured_section(rows=32768), "copies": copies_section,
+            "captured_32768": lambda: captured_section(rows=32768),
+            "captured_softmax": lambda: captured_section(cases=["softmax_fwd_bwd"]),
+            "captured_softmax_32768": lambda: captured_section(cases=["softmax_fwd_bwd"], rows=32768),
+            "copies": copies_section,
             "pool": pool_section, "decode": decode_section,
             "train": train_section, "latency_rows": latency_rows_section,
             "train-tilefuse": lambda: train_section(backends=("tilefuse-reduce-overhead",)), "direct_calls": direct_calls_section}
