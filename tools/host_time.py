@@ -21,6 +21,9 @@ Sections:
         every graph is recorded. Each graph is also timed without the mode (rows "... uncaptured"), in the same
         alternated rounds, to say what capture adds to a step's host time and where (the by-op tables).
         captured_softmax, captured_softmax_32768: softmax_fwd_bwd alone.
+  replay_parts: softmax fwd+bwd at 1024 and 32768 rows under tilefuse, uncaptured and captured: host time a step
+        with timers around each compiled graph's call and a replay's copies, graph launch and hand-out (no
+        profiler); what lies outside the graphs' calls is Dynamo's, AOTAutograd's and autograd's.
   copies: a replay's input copies alone, one copy_ an input against one _foreach_copy_ (decision 053).
   pool: a small training loop (MLP 1024-2048-1024, AdamW) uncaptured and captured: memory allocated after
         each phase of a step and the peak within it, and whether .grad is the pool's memory.
@@ -473,6 +476,94 @@ def _captured_rows(cases, rows: int, rounds: int) -> None:
               f"  {med['tilefuse'] / med['inductor']:.3f}  {copied}")
 
 
+def replay_parts_section(rows_list=(1024, 32768), rounds: int = 5, device: str = "cuda") -> None:
+    """Where a captured step's extra host time goes, without a profiler (torch.profiler's CPU table inflates
+    every op, the copies' most): softmax fwd+bwd at ``rows`` x 4096 bf16 under tilefuse, uncaptured and captured
+    (the copy rule off), with the GPU busy as the bench measures. Timers around each compiled graph's call
+    (``CompiledGraph.__call__``, inclusive) and, captured, around a replay's parts: the input copies, the graph
+    launch, the hand-out. What the step costs beyond the graphs' calls is Dynamo's, AOTAutograd's and autograd's.
+    Then the same copy and replay called alone, outside the step."""
+    import statistics
+
+    from tilefuse.bench import compiler_suite as cs
+    from tilefuse.bench.compiler_suite import host_us
+    from tilefuse.compiler.runtime import cudagraphs, wrapper
+
+    spent: dict = {}
+
+    def timed(name, fn):
+        def call(*a, **k):
+            t0 = time.perf_counter()
+            try:
+                return fn(*a, **k)
+            finally:
+                n, us = spent.get(name, (0, 0.0))
+                spent[name] = (n + 1, us + (time.perf_counter() - t0) * 1e6)
+        return call
+
+    real_call, real_copy, real_hand = wrapper.CompiledGraph.__call__, cudagraphs._copy_inputs, \
+        cudagraphs.Recording.hand_out
+
+    @torch.compiler.disable
+    def graph_call(self, args):
+        return timed(f"{self.kind} graph call", real_call)(self, args)
+
+    class TimedGraph:  # a recording's CUDA graph with its launch timed
+        def __init__(self, g):
+            self.g, self.replay = g, timed("graph.replay()", g.replay)
+
+    graph = {g.case: g for g in cs.GRAPHS}["softmax_fwd_bwd"]
+    before_rule, before_limit = cudagraphs.HOST_US_A_LAUNCH, cudagraphs.FOREACH_ONE_LAUNCH
+    cudagraphs.HOST_US_A_LAUNCH = float("inf")  # every graph recorded
+    cudagraphs.FOREACH_ONE_LAUNCH = 1 << 40  # every input through _copy_inputs, where the timer is
+    try:
+        for rows in rows_list:
+            sets = [cs.prepare(graph, graph.inputs(rows, cs.COLS, cs.VOCAB, cs.DTYPE, device)) for _ in range(4)]
+            for captured in (False, True):
+                known = set(map(id, cudagraphs._POOLS))
+                fn = cs._compile("tilefuse-reduce-overhead" if captured else "tilefuse", graph.fn)
+                step = cs.make_step(graph, fn)
+                call = cs.harness.Rotating(cs._marking_steps(step) if captured else step, sets)
+                for _ in range(10):
+                    call()
+                torch.cuda.synchronize()
+                recs = [r for p in list(cudagraphs._POOLS) if id(p) not in known for r in p.recordings]
+                for r in recs:
+                    r.graph = TimedGraph(r.graph)
+                wrapper.CompiledGraph.__call__ = graph_call
+                cudagraphs._copy_inputs = timed("input copies", real_copy)
+                cudagraphs.Recording.hand_out = timed("hand-out", real_hand)
+                try:
+                    spent.clear()
+                    hosts = [host_us(call) for _ in range(rounds)]
+                    steps = rounds * cs.HOST_STEPS
+                finally:
+                    wrapper.CompiledGraph.__call__ = real_call
+                    cudagraphs._copy_inputs, cudagraphs.Recording.hand_out = real_copy, real_hand
+                name = "captured" if captured else "uncaptured"
+                print(f"== replay_parts: softmax fwd+bwd at {rows} rows, tilefuse {name}: host "
+                      f"{statistics.median(hosts):.1f} us a step (median of {rounds} rounds of {cs.HOST_STEPS}, GPU "
+                      f"busy; {min(hosts):.1f}-{max(hosts):.1f}); timers, us a step (calls a step):")
+                for part, (n, us) in spent.items():
+                    print(f"    {part:22} {us / steps:8.1f}  ({n / steps:.1f})")
+                inside = sum(us for part, (n, us) in spent.items() if part.endswith("graph call")) / steps
+                print(f"    {'outside the graph calls':22} {statistics.median(hosts) - inside:8.1f}")
+                for r in recs:
+                    r.graph = r.graph.g
+                    if r.copy_into:
+                        srcs = [t.clone() for t in r.copy_into]
+                        with torch.no_grad():
+                            alone = host_us(lambda r=r, srcs=srcs: real_copy(r.copy_into, srcs))
+                        print(f"    recording {r.seq}: its copies alone {alone:.1f} us (GPU busy), graph.replay() "
+                              f"alone {host_us(r.graph.replay):.1f} us")
+                del call, step, fn
+                torch._dynamo.reset()
+            del sets
+            torch.cuda.empty_cache()
+    finally:
+        cudagraphs.HOST_US_A_LAUNCH, cudagraphs.FOREACH_ONE_LAUNCH = before_rule, before_limit
+
+
 def copies_section() -> None:
     """A replay's input copies alone (decision 053): host µs a call with the GPU busy and wall µs with it idle,
     for the inputs of two compiler-suite graphs at 1024 rows: one ``copy_`` an input into the recorded view,
@@ -824,7 +915,7 @@ SECTIONS = {"gemm": gemm_section, "compiler": compiler_section, "launch": launch
             "captured_32768": lambda: captured_section(rows=32768),
             "captured_softmax": lambda: captured_section(cases=["softmax_fwd_bwd"]),
             "captured_softmax_32768": lambda: captured_section(cases=["softmax_fwd_bwd"], rows=32768),
-            "copies": copies_section,
+            "copies": copies_section, "replay_parts": replay_parts_section,
             "pool": pool_section, "decode": decode_section,
             "train": train_section, "latency_rows": latency_rows_section,
             "train-tilefuse": lambda: train_section(backends=("tilefuse-reduce-overhead",)), "direct_calls": direct_calls_section}
