@@ -16,9 +16,9 @@ Sections:
         mode="reduce-overhead": host time with the GPU kept busy (the bench's measure) and with it idle, the
         replay alone, and cProfile of the captured step.
   captured (captured_32768: at the suite's own 32768 rows): the compiler suite's fwd+bwd graphs at 1024 rows
-        under both backends' mode="reduce-overhead": host time a step in alternated rounds (tilefuse also with its inputs
-        copied one by one, as before decision 053), then host time by op. The copy rule (decision 054) is off, so
-        every graph is recorded. Each graph is also timed without the mode (rows "... uncaptured"), in the same
+        under both backends' mode="reduce-overhead": host time a step in alternated rounds (tilefuse also with its
+        inputs copied one by one, as before decision 053), then host time by op. The replay-cost rule (decisions
+        054-055) is off, so every graph is recorded. Each graph is also timed without the mode (rows "... uncaptured"), in the same
         alternated rounds, to say what capture adds to a step's host time and where (the by-op tables).
         captured_softmax, captured_softmax_32768: softmax_fwd_bwd alone.
   replay_parts: softmax fwd+bwd at 1024 and 32768 rows under tilefuse, uncaptured and captured: host time a step
@@ -390,7 +390,7 @@ def captured_section(cases=None, rows: int = 1024, rounds: int = 7) -> None:
     suite times them (its inputs rotated over 4 sets, a step begun before each call): host µs a step with the
     GPU busy, the two backends' rounds alternated so that drift of the host falls on both; then each step's
     host time by op (torch.profiler's CPU table) and, for tilefuse, its recordings' inputs copied a replay and
-    outputs handed out. The copy rule is off here (every graph recorded, whatever its copies cost), so that the
+    outputs handed out. The replay-cost rule is off here (every graph recorded, whatever its replay costs), so that the
     captured path is what is timed at every row count."""
     from tilefuse.compiler.runtime import cudagraphs
 
@@ -479,7 +479,7 @@ def _captured_rows(cases, rows: int, rounds: int) -> None:
 def replay_parts_section(rows_list=(1024, 32768), rounds: int = 5, device: str = "cuda") -> None:
     """Where a captured step's extra host time goes, without a profiler (torch.profiler's CPU table inflates
     every op, the copies' most): softmax fwd+bwd at ``rows`` x 4096 bf16 under tilefuse, uncaptured and captured
-    (the copy rule off), with the GPU busy as the bench measures. Timers around each compiled graph's call
+    (the replay-cost rule off), with the GPU busy as the bench measures. Timers around each compiled graph's call
     (``CompiledGraph.__call__``, inclusive) and, captured, around a replay's parts: the input copies, the graph
     launch, the hand-out. What the step costs beyond the graphs' calls is Dynamo's, AOTAutograd's and autograd's.
     Then the same copy and replay called alone, outside the step."""

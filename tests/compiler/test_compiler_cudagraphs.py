@@ -11,6 +11,7 @@ the shared pool's memory, new shapes and the limit.
 from __future__ import annotations
 
 import copy
+import importlib
 import re
 import weakref
 
@@ -529,8 +530,17 @@ class _StandIn:
 
 
 @pytest.fixture
-def stand_in(monkeypatch):
-    """The runner on the CPU as if it were on a GPU, with :class:`_StandIn` for the capture."""
+def small_graphs_recorded(monkeypatch):
+    """A replay's own host time counted as nothing, so that the replay-cost rule records these tests' graphs of a
+    few launches (it would run them uncaptured: tested on its own below); the copies' GPU time still counts."""
+    monkeypatch.setattr(cudagraphs, "REPLAY_HOST_US", 0.0)
+    monkeypatch.setattr(cudagraphs, "COPY_CALL_HOST_US", 0.0)
+
+
+@pytest.fixture
+def stand_in(monkeypatch, small_graphs_recorded):
+    """The runner on the CPU as if it were on a GPU, with :class:`_StandIn` for the capture; small graphs recorded
+    (:func:`small_graphs_recorded`)."""
     skip_unless_interpreting()
     made = []
 
@@ -907,27 +917,49 @@ def test_new_shapes_record_new_graphs_up_to_the_limit(stand_in, monkeypatch):
     assert "new input shapes beyond the limit of 2 recordings" in reason and calls == 2, inf
 
 
-# ------------------------------------------------------------------------------------ the copy rule
-def test_copy_rule_weighs_a_replays_copies_against_the_host_time_it_saves(monkeypatch):
-    """The copies read and write their bytes at the part's bandwidth every replay; a replay saves
-    HOST_US_A_LAUNCH a launch and once more for the call."""
-    # the compiler suite's softmax forward at 32768 x 4096 bf16 on an H100: 256 MiB for 2 launches' worth
-    reason = cudagraphs.copy_cost_blocker(256 << 20, 2, 3.35)
-    assert reason is not None and re.search(r"copy \(256\.0 MiB\) take ~160 us of GPU time at 3\.35 TB/s, "
-                                            r"more than the ~15 us of host time a replay saves over 2 launches", reason)
+# ------------------------------------------------------------------------------------ the replay-cost rule
+def test_replay_cost_rule_weighs_a_replays_copies_and_host_time_against_the_launches_it_saves(monkeypatch):
+    """A replay costs its copies' GPU time (bytes read and written at the part's bandwidth), REPLAY_HOST_US of
+    host time and COPY_CALL_HOST_US a copy call; it saves HOST_US_A_LAUNCH a launch and once more for the
+    call."""
+    assert (cudagraphs.HOST_US_A_LAUNCH, cudagraphs.REPLAY_HOST_US, cudagraphs.COPY_CALL_HOST_US) == (5, 20, 20)
+    # the compiler suite's softmax forward at 32768 x 4096 bf16 on an H100: 256 MiB, one copy call, 2 launches
+    reason = cudagraphs.replay_cost_blocker(256 << 20, 2, 3.35, 1)
+    assert reason is not None and re.search(
+        r"copy \(256\.0 MiB\) take ~160 us of GPU time at 3\.35 TB/s, and the replay ~40 us of host time of its "
+        r"own \(.*REPLAY_HOST_US = 20 us and 1 copy call at COPY_CALL_HOST_US = 20 us\): more than the ~15 us of "
+        r"host time a replay saves over 2 launches", reason), reason
     assert "HOST_US_A_LAUNCH = 5 us" in reason and "float('inf')" in reason
-    assert "over 1 launch " in cudagraphs.copy_cost_blocker(256 << 20, 1, 3.35)
-    # the same graph at 1024 rows (8 MiB: ~5 us) is recorded, as is one that copies nothing
-    assert cudagraphs.copy_cost_blocker(8 << 20, 1, 3.35) is None
-    assert cudagraphs.copy_cost_blocker(0, 0, 3.35) is None
-    # at the boundary the graph is recorded: 2 x 15e6 bytes at 2 TB/s is 15 us, the host time 2 launches save
-    assert cudagraphs.copy_cost_blocker(15_000_000, 2, 2.0) is None
-    assert cudagraphs.copy_cost_blocker(15_000_001, 2, 2.0) is not None
+    assert "over 1 launch " in cudagraphs.replay_cost_blocker(256 << 20, 1, 3.35, 1)
+    # at 1024 rows (8 MiB: ~5 us of copies) the replay's host time is what decides: one kernel does not pay for it
+    reason = cudagraphs.replay_cost_blocker(8 << 20, 1, 3.35, 1)
+    assert reason is not None and reason.startswith(
+        "a replay would cost ~40 us of host time of its own") and "and ~5 us of GPU time copying 8.0 MiB" in reason
+    assert cudagraphs.replay_cost_blocker(0, 1, 3.35, 0).startswith("a replay would cost ~20 us of host time")
+    # a GPT-2 decode step: 8 bytes in one call, ~200 launches
+    assert cudagraphs.replay_cost_blocker(8, 200, 3.35, 1) is None
+    # at the boundary the graph is recorded: 2 x 15e6 bytes at 2 TB/s is 15 us; with 40 us of the replay's own
+    # host time that is 55 us, what 10 launches and the call save
+    assert cudagraphs.replay_cost_blocker(15_000_000, 10, 2.0, 1) is None
+    assert cudagraphs.replay_cost_blocker(15_000_001, 10, 2.0, 1) is not None
+    assert cudagraphs.replay_cost_blocker(0, 3, 2.0, 0) is None and cudagraphs.replay_cost_blocker(0, 2, 2.0, 0)
+    # each copy call counts
+    assert cudagraphs.replay_cost_blocker(0, 7, 2.0, 1) is None and cudagraphs.replay_cost_blocker(0, 7, 2.0, 2)
     monkeypatch.setattr(cudagraphs, "HOST_US_A_LAUNCH", float("inf"))
-    assert cudagraphs.copy_cost_blocker(1 << 40, 0, 0.5) is None
+    assert cudagraphs.replay_cost_blocker(1 << 40, 0, 0.5, 9) is None
 
 
-def test_copy_rule_takes_the_parts_bandwidth_from_its_datasheet(monkeypatch):
+def test_a_replays_copy_calls_are_one_for_the_batched_inputs_and_one_for_each_other(monkeypatch):
+    monkeypatch.setattr(cudagraphs, "FOREACH_ONE_LAUNCH", 100)
+    small, large, expanded, empty = torch.randn(4, 5), torch.randn(11, 11), torch.randn(3, 1).expand(3, 9), \
+        torch.randn(0, 4)
+    inputs = [(0, small), (1, large), (2, small), (3, expanded), (4, empty), (5, large)]
+    assert cudagraphs.split_copies(inputs) == ([0, 2], [1, 5], [3])
+    assert cudagraphs.copy_calls(inputs) == 4
+    assert cudagraphs.copy_calls([(0, small), (2, small)]) == 1 and cudagraphs.copy_calls([(4, empty)]) == 0
+
+
+def test_replay_cost_rule_takes_the_parts_bandwidth_from_its_datasheet(monkeypatch):
     from tilefuse import device as tf_device
 
     assert cudagraphs.copy_tbps(torch.device("cpu")) == cudagraphs.COPY_TBPS_UNKNOWN
@@ -954,8 +986,8 @@ def test_a_graph_whose_copies_cost_more_than_its_launches_runs_uncaptured_and_sa
         (reason, calls), = r["uncaptured"].items()
         # the first call of a shape is the warm-up; the rule refuses the signature at the second, for good
         assert calls == 2 and re.search(r"the inputs a replay would copy \([0-9.]+ MiB\) take ~[0-9]+ us of GPU time "
-                                        r"at 2 TB/s, more than the ~0 us of host time a replay saves over [0-9]+ "
-                                        r"launch", reason), r
+                                        r"at 2 TB/s, and the replay ~0 us of host time of its own \(.*\): more "
+                                        r"than the ~0 us of host time a replay saves over [0-9]+ launch", reason), r
         # explain says it too
         import importlib
 
@@ -966,7 +998,7 @@ def test_a_graph_whose_copies_cost_more_than_its_launches_runs_uncaptured_and_sa
         assert "cuda graph: not captured" in text and f"uncaptured (2 calls): {reason}" in text, text
 
 
-def test_the_copy_rule_counts_the_launches_of_the_uncaptured_graph(stand_in, monkeypatch):
+def test_the_replay_cost_rule_counts_the_launches_of_the_uncaptured_graph(stand_in, monkeypatch):
     """An inference graph whose copy costs as much as 0.99x / 1.01x of the host time its launches save is
     recorded / runs uncaptured: the launches are its plan's kernels, externs and ATen ops."""
     from tilefuse.compiler import records
@@ -990,6 +1022,46 @@ def test_the_copy_rule_counts_the_launches_of_the_uncaptured_graph(stand_in, mon
                 assert rel_error(compiled(x), model(x)) <= TOL
         inf, = _runner_stats("inference")
         assert inf["captured"] == captured and bool(inf["uncaptured"]) != captured, (factor, inf["uncaptured"])
+
+
+def test_a_graph_whose_replay_costs_more_host_time_than_its_launches_runs_uncaptured(stand_in, monkeypatch):
+    """With the rule's own figures (REPLAY_HOST_US, COPY_CALL_HOST_US; stand_in sets them to 0), a small MLP's
+    inference graph (a few launches, one copied input) runs uncaptured and says why; with the replay's host time
+    set to 0.99x / 1.01x of what is left of its launches' saving after its copy (GPU time and the copy call), it is
+    recorded / runs uncaptured."""
+    from tilefuse.compiler import records
+
+    x = torch.randn(5, 13)
+    copy_us = 2 * x.numel() * x.element_size() / (cudagraphs.COPY_TBPS_UNKNOWN * 1e6)
+    monkeypatch.setattr(cudagraphs, "REPLAY_HOST_US", 20.0)
+    monkeypatch.setattr(cudagraphs, "COPY_CALL_HOST_US", 20.0)
+    for factor, captured in ((None, False), (0.99, True), (1.01, False)):
+        cc.reset()
+        torch._dynamo.reset()
+        runners = _spy_runners(monkeypatch)
+        model = _mlp()
+        compiled = torch.compile(model, backend="tilefuse", mode="reduce-overhead")
+        with torch.no_grad():
+            compiled(x)
+            launches = runners["inference"].launches()
+            assert 2 <= launches <= 6, launches
+            if factor is not None:  # (launches dearer than the default 5 us, so that the replay's share is > 0)
+                monkeypatch.setattr(cudagraphs, "HOST_US_A_LAUNCH", 20.0)
+                saved = cudagraphs.HOST_US_A_LAUNCH * (launches + 1)
+                monkeypatch.setattr(cudagraphs, "REPLAY_HOST_US", (saved - copy_us - 20.0) * factor)
+            for _ in range(2):
+                assert rel_error(compiled(x), model(x)) <= TOL
+        inf, = _runner_stats("inference")
+        assert inf["captured"] == captured and bool(inf["uncaptured"]) != captured, (factor, inf["uncaptured"])
+        if factor is None:
+            (reason, calls), = inf["uncaptured"].items()
+            assert calls == 2 and reason.startswith(
+                "a replay would cost ~40 us of host time of its own (tilefuse.compiler.runtime.cudagraphs."
+                "REPLAY_HOST_US = 20 us and 1 copy call at COPY_CALL_HOST_US = 20 us) and ~0 us of GPU time copying "
+                "0.0 MiB of inputs at 2 TB/s: more than the ~") and f"saves over {launches} launches" in reason, reason
+            text = importlib.import_module("tilefuse.compiler.explain")._format_graph(
+                next(g for g in records.REPORTS if g.graph_id == inf["graph_id"]))
+            assert f"uncaptured (2 calls): {reason}" in text, text
 
 
 def test_a_failed_capture_runs_uncaptured_with_the_reason(stand_in, monkeypatch):
@@ -1020,6 +1092,7 @@ def _train(model, compiled, steps, batches, optimizer=torch.optim.AdamW, lr=1e-2
     return losses
 
 
+@pytest.mark.usefixtures("small_graphs_recorded")  # (graphs of a few launches: the rule would not record them)
 @pytest.mark.gpu
 def test_gpu_training_loop_captured_equals_uncaptured():
     torch.manual_seed(2)
@@ -1040,6 +1113,7 @@ def test_gpu_training_loop_captured_equals_uncaptured():
     assert cc.compiler_module().stats()["cudagraph_pool_bytes"] > 0
 
 
+@pytest.mark.usefixtures("small_graphs_recorded")  # (graphs of a few launches: the rule would not record them)
 @pytest.mark.gpu
 @pytest.mark.parametrize("dropout_p", [0.0, 0.2], ids=["no-dropout", "dropout"])
 def test_gpu_training_with_attention_captured_equals_uncaptured(dropout_p):
@@ -1072,6 +1146,7 @@ def test_gpu_training_with_attention_captured_equals_uncaptured(dropout_p):
         assert r["captured"] and (r["recordings"], r["replays"]) == (1, 3) and not r["uncaptured"], r
 
 
+@pytest.mark.usefixtures("small_graphs_recorded")  # (graphs of a few launches: the rule would not record them)
 @pytest.mark.gpu
 def test_gpu_inference_loop_captured_equals_uncaptured():
     torch.manual_seed(3)
@@ -1086,6 +1161,7 @@ def test_gpu_inference_loop_captured_equals_uncaptured():
     assert inf["captured"] and (inf["recordings"], inf["replays"]) == (1, 3), inf
 
 
+@pytest.mark.usefixtures("small_graphs_recorded")  # (graphs of a few launches: the rule would not record them)
 @pytest.mark.gpu
 def test_gpu_kept_output_raises_and_a_clone_survives():
     model = _mlp(32, 64, 16).cuda().eval()
@@ -1105,6 +1181,7 @@ def test_gpu_kept_output_raises_and_a_clone_survives():
     assert rel_error(clone, ref) <= TOL
 
 
+@pytest.mark.usefixtures("small_graphs_recorded")  # (graphs of a few launches: the rule would not record them)
 @pytest.mark.gpu
 def test_gpu_an_output_fed_back_as_the_next_input():
     model = nn.Sequential(nn.Linear(32, 32), nn.Tanh()).cuda().eval()
@@ -1123,6 +1200,7 @@ def test_gpu_an_output_fed_back_as_the_next_input():
     assert inf["replays"] == 3, inf
 
 
+@pytest.mark.usefixtures("small_graphs_recorded")  # (graphs of a few launches: the rule would not record them)
 @pytest.mark.gpu
 def test_gpu_shared_pool_bounds_memory():
     """Two captured steps (after the warm-up and the recording) peak at no more than 1.1x one uncaptured
@@ -1167,6 +1245,7 @@ def test_gpu_shared_pool_bounds_memory():
                                           f"{uncaptured / 2**20:.1f}; forward {fw}; backward {bw}")
 
 
+@pytest.mark.usefixtures("small_graphs_recorded")  # (graphs of a few launches: the rule would not record them)
 @pytest.mark.gpu
 def test_gpu_new_shape_records_and_beyond_the_limit_runs_uncaptured(monkeypatch):
     monkeypatch.setattr(cudagraphs, "MAX_RECORDINGS", 2)

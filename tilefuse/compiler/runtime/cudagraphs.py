@@ -28,10 +28,12 @@ What a :class:`GraphRunner` (one per compiled forward, backward or inference gra
    Static inputs (parameters and buffers, AOTAutograd's ``static_input_indices``; in a backward, parameters
    and the forward's saved tensors that live in this pool) are used in place: a replay needs them at the
    address they were recorded at, and a parameter that moved records again. Every other input (but an
-   attention seed, item 1) is copied into a buffer the recording owns. Those copies are GPU work every replay:
-   where they would take longer than the host time a replay saves (:data:`HOST_US_A_LAUNCH` a launch of the
-   uncaptured graph), the signature runs uncaptured instead, with that reason (:func:`copy_cost_blocker`: a
-   layer fed a 256 MiB activation, say, where capture halved the step's speed).
+   attention seed, item 1) is copied into a buffer the recording owns. A replay is not free either: its
+   copies are GPU work, and it has host work of its own (the copy calls, the graph launch, the checks and the
+   hand-out below). Where that costs more than the host time the uncaptured graph's launches take
+   (:data:`HOST_US_A_LAUNCH` a launch), the signature runs uncaptured instead, with that reason
+   (:func:`replay_cost_blocker`: a layer fed a 256 MiB activation, where capture halved the step's speed, or a
+   graph of one or two kernels, whose replay costs more host time than its launches).
 4. **Replay**: copy the non-static inputs, ``replay()``, hand out fresh tensors over the recorded outputs.
 
 A new signature (a new shape) records a new graph, up to :data:`MAX_RECORDINGS` a compiled graph; past it,
@@ -61,13 +63,20 @@ from .. import records
 MAX_RECORDINGS = 8  # graphs recorded a compiled graph (one a shape or a moved parameter set): each holds its
 # outputs in the pool for good, so a model fed ever-new shapes is bounded at 8 sets of activations.
 WARMUP_CALLS = 1  # uncaptured calls of a signature before it is recorded (Triton/cuBLAS initialise on the first)
-# The copy rule (decision 054): a graph whose replay would spend longer copying its inputs on the GPU than its
-# launches cost on the host runs uncaptured. The compiler suite's fwd+bwd graphs at 32768 x 4096 bf16 copy a
-# 256 MiB input and a 256 MiB cotangent a step: captured, each memory-bound one took 1.4-2.3x its uncaptured
-# time, under Inductor's CUDA graphs too.
+# The replay-cost rule (decisions 054, 055): a graph whose replay would cost more, in GPU time copying its inputs
+# and in its own host time, than the host time its launches take uncaptured runs uncaptured. The compiler suite's
+# fwd+bwd graphs at 32768 x 4096 bf16 copy a 256 MiB input and a 256 MiB cotangent a step: captured, each
+# memory-bound one took 1.4-2.3x its uncaptured time, under Inductor's CUDA graphs too. At 1024 rows, where the
+# copies are 8 MiB, softmax's one-kernel graphs still took 51-56 us of host time a call captured against 18-21
+# uncaptured (an H100's host).
 HOST_US_A_LAUNCH = 5.0  # host time a replay saves a launch it replaces, counted once more for the graph's call (a
 # launch from a compiled graph costs 4.3-6.2 us on an H100's host, decision 035); float("inf") captures a graph
-# whatever its copies cost
+# whatever its replay costs
+REPLAY_HOST_US = 20.0  # a replay's own host time beyond its copies: the runner's checks, cudaGraphLaunch and the
+# hand-out, 32 us a call in a softmax step on an H100's host, less the uncaptured call's wrapper and allocations
+# that it replaces (~11 us beyond the launch)
+COPY_CALL_HOST_US = 20.0  # host time a copy call of a replay (the one _foreach_copy_, or one copy_) costs in a
+# step: 18.7 us a call for an 8 MiB input on an H100's host, 8-9 us called alone
 COPY_TBPS_UNKNOWN = 2.0  # the copies' bandwidth (TB/s) on a part with no datasheet entry, and off the GPU
 
 OVERWRITTEN = ("tilefuse: this tensor is an output of a CUDA graph (mode='reduce-overhead') that has been "
@@ -257,20 +266,30 @@ def capture_blockers(gm: torch.fx.GraphModule, args: Sequence[Any], static: Sequ
     return call_blockers(args, interpreting=interpreting, seeds=seed_inputs(gm)) + graph_blockers(gm, static)
 
 
-def copy_cost_blocker(nbytes: int, launches: int, tbps: float) -> str | None:
-    """Why a graph whose replay copies ``nbytes`` of inputs instead of making ``launches`` launches is not worth
-    recording (None: it is): the copies read and write ``nbytes`` at ``tbps`` on the GPU every replay, where a
-    replay saves :data:`HOST_US_A_LAUNCH` of host time a launch and once more for the call."""
-    if nbytes <= 0:
-        return None
-    copy_us = 2 * nbytes / (tbps * 1e6)
+def replay_cost_blocker(nbytes: int, launches: int, tbps: float, copy_calls: int = 0) -> str | None:
+    """Why a graph whose replay copies ``nbytes`` of inputs in ``copy_calls`` calls instead of making ``launches``
+    launches is not worth recording (None: it is). A replay costs the copies' GPU time (``nbytes`` read and
+    written at ``tbps``), its own host time (:data:`REPLAY_HOST_US`) and its copy calls'
+    (:data:`COPY_CALL_HOST_US` each); it saves :data:`HOST_US_A_LAUNCH` of host time a launch and once more for
+    the call."""
     saved_us = HOST_US_A_LAUNCH * (launches + 1)
-    if copy_us <= saved_us:
+    if saved_us == float("inf"):
         return None
-    return (f"the inputs a replay would copy ({nbytes / 2**20:.1f} MiB) take ~{copy_us:.0f} us of GPU time at "
-            f"{tbps:g} TB/s, more than the ~{saved_us:.0f} us of host time a replay saves over {launches} "
-            f"launch{'es' if launches != 1 else ''} (tilefuse.compiler.runtime.cudagraphs.HOST_US_A_LAUNCH = "
-            f"{HOST_US_A_LAUNCH:g} us a launch; float('inf') records it anyway)")
+    copy_us = 2 * max(nbytes, 0) / (tbps * 1e6)
+    host_us = REPLAY_HOST_US + COPY_CALL_HOST_US * copy_calls
+    if copy_us + host_us <= saved_us:
+        return None
+    where = "tilefuse.compiler.runtime.cudagraphs"
+    over = (f"more than the ~{saved_us:.0f} us of host time a replay saves over {launches} "
+            f"launch{'es' if launches != 1 else ''} ({where}.HOST_US_A_LAUNCH = {HOST_US_A_LAUNCH:g} us a launch; "
+            f"float('inf') records it anyway)")
+    host = (f"~{host_us:.0f} us of host time of its own ({where}.REPLAY_HOST_US = {REPLAY_HOST_US:g} us and "
+            f"{copy_calls} copy call{'s' if copy_calls != 1 else ''} at COPY_CALL_HOST_US = {COPY_CALL_HOST_US:g} us)")
+    if copy_us > host_us:
+        return (f"the inputs a replay would copy ({nbytes / 2**20:.1f} MiB) take ~{copy_us:.0f} us of GPU time at "
+                f"{tbps:g} TB/s, and the replay {host}: {over}")
+    return (f"a replay would cost {host}" + (f" and ~{copy_us:.0f} us of GPU time copying {nbytes / 2**20:.1f} MiB "
+                                            f"of inputs at {tbps:g} TB/s" if nbytes > 0 else "") + f": {over}")
 
 
 _TBPS: dict[int, float] = {}
@@ -326,6 +345,24 @@ def _copy_inputs(dsts: list, srcs: list) -> None:
 # every 21 M elements (two 134 M-element inputs a step, the compiler suite's bf16 graphs at 32768 rows, cost 34 us
 # more host time a step in one call than with a copy_ each; decision 054)
 FOREACH_ONE_LAUNCH = 320 * 65536
+
+
+def split_copies(inputs: Sequence[tuple[int, torch.Tensor]]) -> tuple[list, list, list]:
+    """How a replay copies its ``(position, tensor)`` inputs: the positions copied in the one foreach call, those
+    copied with a ``copy_`` each (too large for one launch of that call), and those copied span to span (their
+    elements overlap). Empty inputs are not copied."""
+    batched, alone, spans = [], [], []
+    for k, t in inputs:
+        if t.numel():
+            (spans if _overlaps(t) else alone if t.numel() > FOREACH_ONE_LAUNCH else batched).append(k)
+    return batched, alone, spans
+
+
+def copy_calls(inputs: Sequence[tuple[int, torch.Tensor]]) -> int:
+    """The copy calls a replay of these inputs makes (:func:`split_copies`): one for the batched ones, one each
+    for the rest."""
+    batched, alone, spans = split_copies(inputs)
+    return int(bool(batched)) + len(alone) + len(spans)
 
 
 def _overlaps(t: torch.Tensor) -> bool:
@@ -430,15 +467,9 @@ class Recording:
         # what a replay copies: into the recorded tensors themselves, all in one call (_copy_inputs), but an input
         # too large for one launch of that call, copied on its own (one_copies); span to span where an input's
         # elements overlap
-        self.copy_at, self.span_copies, self.one_copies = [], [], []
-        for k, span in spans:
-            if span.numel():
-                if _overlaps(inputs[k]):
-                    self.span_copies.append((k, span))
-                elif inputs[k].numel() > FOREACH_ONE_LAUNCH:
-                    self.one_copies.append((k, inputs[k]))
-                else:
-                    self.copy_at.append(k)
+        self.copy_at, alone, by_span = split_copies([(k, inputs[k]) for k, _ in spans])
+        self.one_copies = [(k, inputs[k]) for k in alone]
+        self.span_copies = [(k, span) for k, span in spans if k in by_span]
         self.copy_into = [inputs[k] for k in self.copy_at]
         self.outputs = outputs  # the tensors the capture returned: kept, so their blocks stay ours
         input_storages = {_storage_key(inputs[k]): k for k in static}
@@ -666,7 +697,8 @@ class GraphRunner:
                  capture: Callable | None = None, interpreting: bool | None = None,
                  launches: Callable[[], int] | None = None):
         self.run = run
-        self.launches = launches  # the graph's launches (kernels, externs, ATen ops) for the copy rule; None: no rule
+        self.launches = launches  # the graph's launches (kernels, externs, ATen ops) for the replay-cost rule; None:
+        # no rule
         self.kind = kind
         self.graph_id = graph_id
         self.pool = pool
@@ -738,8 +770,8 @@ class GraphRunner:
         copied = self._copied(args, static)
         if not recs and self.launches is not None:
             tbps = copy_tbps(args[copied[0]].device) if copied else COPY_TBPS_UNKNOWN
-            cost = copy_cost_blocker(sum(_extent(args[k]) * args[k].element_size() for k in copied),
-                                     self.launches(), tbps)
+            cost = replay_cost_blocker(sum(_extent(args[k]) * args[k].element_size() for k in copied),
+                                       self.launches(), tbps, copy_calls([(k, args[k]) for k in copied]))
             if cost is not None:
                 self.refused[key] = cost
                 self._uncaptured(cost)
@@ -900,7 +932,7 @@ def runner_for(compiled, gm: torch.fx.GraphModule, kind: str, pool: Pool) -> Gra
 
 
 def graph_launches(compiled) -> int:
-    """The launches an uncaptured call of ``compiled`` makes, for the copy rule: its plan's kernels, extern calls
+    """The launches an uncaptured call of ``compiled`` makes, for the replay-cost rule: its plan's kernels, extern calls
     and ops run in ATen; for a graph planned per shape or run in ATen, its ATen ops (an upper bound: views
     launch nothing)."""
     report = getattr(compiled, "report", None)
