@@ -1006,22 +1006,32 @@ def test_the_replay_cost_rule_counts_the_launches_of_the_uncaptured_graph(stand_
     x = torch.randn(5, 13)
     copy_us = 2 * x.numel() * x.element_size() / (cudagraphs.COPY_TBPS_UNKNOWN * 1e6)
     for factor, captured in ((0.99, True), (1.01, False)):
-        cc.reset()
-        torch._dynamo.reset()
-        runners = _spy_runners(monkeypatch)
-        model = _mlp()
-        compiled = torch.compile(model, backend="tilefuse", mode="reduce-overhead")
-        with torch.no_grad():
-            compiled(x)  # the warm-up compiles the graph: its plan's launches are known
-            runner = runners["inference"]
+        def figures(launches, factor=factor):
             report, = [g for g in records.REPORTS if g.kind == "inference"]
-            launches = len(report.kernels) + len(report.externs) + len(report.fallbacks)
-            assert runner.launches() == launches >= 2, report  # (two linears and the fused GeLU/LayerNorm at least)
+            assert launches == len(report.kernels) + len(report.externs) + len(report.fallbacks) >= 2, report
             monkeypatch.setattr(cudagraphs, "HOST_US_A_LAUNCH", copy_us / factor / (launches + 1))
-            for _ in range(2):
-                assert rel_error(compiled(x), model(x)) <= TOL
-        inf, = _runner_stats("inference")
+
+        inf, _ = _mlp_inference_twice_after(x, figures, monkeypatch)
         assert inf["captured"] == captured and bool(inf["uncaptured"]) != captured, (factor, inf["uncaptured"])
+
+
+def _mlp_inference_twice_after(x, figures, monkeypatch):
+    """A fresh MLP compiled with mode="reduce-overhead", called on ``x`` under no_grad: once (the warm-up, which
+    compiles the graph, so its launches are known), then ``figures(launches)`` sets the rule's figures, then twice
+    more (eager's results each time); its inference graph's runner stats and launches."""
+    cc.reset()
+    torch._dynamo.reset()
+    runners = _spy_runners(monkeypatch)
+    model = _mlp()
+    compiled = torch.compile(model, backend="tilefuse", mode="reduce-overhead")
+    with torch.no_grad():
+        compiled(x)
+        launches = runners["inference"].launches()  # (two linears and the fused GeLU/LayerNorm at least)
+        figures(launches)
+        for _ in range(2):
+            assert rel_error(compiled(x), model(x)) <= TOL
+    inf, = _runner_stats("inference")
+    return inf, launches
 
 
 def test_a_graph_whose_replay_costs_more_host_time_than_its_launches_runs_uncaptured(stand_in, monkeypatch):
@@ -1036,22 +1046,14 @@ def test_a_graph_whose_replay_costs_more_host_time_than_its_launches_runs_uncapt
     monkeypatch.setattr(cudagraphs, "REPLAY_HOST_US", 20.0)
     monkeypatch.setattr(cudagraphs, "COPY_CALL_HOST_US", 20.0)
     for factor, captured in ((None, False), (0.99, True), (1.01, False)):
-        cc.reset()
-        torch._dynamo.reset()
-        runners = _spy_runners(monkeypatch)
-        model = _mlp()
-        compiled = torch.compile(model, backend="tilefuse", mode="reduce-overhead")
-        with torch.no_grad():
-            compiled(x)
-            launches = runners["inference"].launches()
+        def figures(launches, factor=factor):
             assert 2 <= launches <= 6, launches
             if factor is not None:  # (launches dearer than the default 5 us, so that the replay's share is > 0)
                 monkeypatch.setattr(cudagraphs, "HOST_US_A_LAUNCH", 20.0)
                 saved = cudagraphs.HOST_US_A_LAUNCH * (launches + 1)
                 monkeypatch.setattr(cudagraphs, "REPLAY_HOST_US", (saved - copy_us - 20.0) * factor)
-            for _ in range(2):
-                assert rel_error(compiled(x), model(x)) <= TOL
-        inf, = _runner_stats("inference")
+
+        inf, launches = _mlp_inference_twice_after(x, figures, monkeypatch)
         assert inf["captured"] == captured and bool(inf["uncaptured"]) != captured, (factor, inf["uncaptured"])
         if factor is None:
             (reason, calls), = inf["uncaptured"].items()
