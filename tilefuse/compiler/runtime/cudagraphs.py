@@ -932,8 +932,8 @@ def runner_for(compiled, gm: torch.fx.GraphModule, kind: str, pool: Pool) -> Gra
 
 
 def graph_launches(compiled) -> int:
-    """The launches an uncaptured call of ``compiled`` makes, for the replay-cost rule: its plan's kernels, extern calls
-    and ops run in ATen; for a graph planned per shape or run in ATen, its ATen ops (an upper bound: views
+    """The launches an uncaptured call of ``compiled`` makes, for the replay-cost rule: its plan's kernels, extern
+    calls and ops run in ATen; for a graph planned per shape or run in ATen, its ATen ops (an upper bound: views
     launch nothing)."""
     report = getattr(compiled, "report", None)
     if report is not None and getattr(compiled, "fallback_reason", None) is None:
