@@ -268,7 +268,8 @@ def _mutation_cases():
 
     def mutate_slice(x, y):
         x[:, 1:4].mul_(2)
-        return (x * y).sum()
+        return (x * y).sum(-1)  # row sums: one sum of all 903 products can cancel to ~1e-4, where float32's own
+        # rounding is ~1 % of it and no tolerance tells a right answer from a wrong one
 
     def mutate_twice(x, y):
         x.mul_(y)
