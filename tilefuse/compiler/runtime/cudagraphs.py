@@ -33,7 +33,7 @@ What a :class:`GraphRunner` (one per compiled forward, backward or inference gra
    hand-out below). Where that costs more than the host time the uncaptured graph's launches take
    (:data:`HOST_US_A_LAUNCH` a launch), the signature runs uncaptured instead, with that reason
    (:func:`replay_cost_blocker`: a layer fed a 256 MiB activation, where capture halved the step's speed, or a
-   graph of one or two kernels, whose replay costs more host time than its launches).
+   graph of a few kernels, whose replay costs more host time than its launches).
 4. **Replay**: copy the non-static inputs, ``replay()``, hand out fresh tensors over the recorded outputs.
 
 A new signature (a new shape) records a new graph, up to :data:`MAX_RECORDINGS` a compiled graph; past it,
