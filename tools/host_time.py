@@ -18,8 +18,9 @@ Sections:
   captured (captured_32768: at the suite's own 32768 rows): the compiler suite's fwd+bwd graphs at 1024 rows
         under both backends' mode="reduce-overhead": host time a step in alternated rounds (tilefuse also with its
         inputs copied one by one, as before decision 053), then host time by op. The replay-cost rule (decisions
-        054-055) is off, so every graph is recorded. Each graph is also timed without the mode (rows "... uncaptured"), in the same
-        alternated rounds, to say what capture adds to a step's host time and where (the by-op tables).
+        054-055) is off, so every graph is recorded. Each graph is also timed without the mode (rows
+        "... uncaptured"), in the same alternated rounds, to say what capture adds to a step's host time and where
+        (the by-op tables).
         captured_softmax, captured_softmax_32768: softmax_fwd_bwd alone.
   replay_parts: softmax fwd+bwd at 1024 and 32768 rows under tilefuse, uncaptured and captured: host time a step
         with timers around each compiled graph's call and a replay's copies, graph launch and hand-out (no
@@ -44,6 +45,7 @@ Sections:
 """
 from __future__ import annotations
 
+import contextlib
 import cProfile
 import io
 import pstats
@@ -390,15 +392,23 @@ def captured_section(cases=None, rows: int = 1024, rounds: int = 7) -> None:
     suite times them (its inputs rotated over 4 sets, a step begun before each call): host µs a step with the
     GPU busy, the two backends' rounds alternated so that drift of the host falls on both; then each step's
     host time by op (torch.profiler's CPU table) and, for tilefuse, its recordings' inputs copied a replay and
-    outputs handed out. The replay-cost rule is off here (every graph recorded, whatever its replay costs), so that the
-    captured path is what is timed at every row count."""
+    outputs handed out. The replay-cost rule is off here (every graph recorded, whatever its replay costs), so that
+    the captured path is what is timed at every row count."""
+    with _every_graph_recorded():
+        _captured_rows(cases, rows, rounds)
+
+
+@contextlib.contextmanager
+def _every_graph_recorded():
+    """The replay-cost rule off (decisions 054-055), and back as the runtime had it afterwards, so that the sections
+    run after one that times the captured path see the rule."""
     from tilefuse.compiler.runtime import cudagraphs
 
     before = cudagraphs.HOST_US_A_LAUNCH
     cudagraphs.HOST_US_A_LAUNCH = float("inf")
     try:
-        _captured_rows(cases, rows, rounds)
-    finally:  # (the sections after this one run with the rule as the runtime has it)
+        yield
+    finally:
         cudagraphs.HOST_US_A_LAUNCH = before
 
 
@@ -513,55 +523,56 @@ def replay_parts_section(rows_list=(1024, 32768), rounds: int = 5, device: str =
             self.g, self.replay = g, timed("graph.replay()", g.replay)
 
     graph = {g.case: g for g in cs.GRAPHS}["softmax_fwd_bwd"]
-    before_rule, before_limit = cudagraphs.HOST_US_A_LAUNCH, cudagraphs.FOREACH_ONE_LAUNCH
-    cudagraphs.HOST_US_A_LAUNCH = float("inf")  # every graph recorded
+    before_limit = cudagraphs.FOREACH_ONE_LAUNCH
     cudagraphs.FOREACH_ONE_LAUNCH = 1 << 40  # every input through _copy_inputs, where the timer is
     try:
-        for rows in rows_list:
-            sets = [cs.prepare(graph, graph.inputs(rows, cs.COLS, cs.VOCAB, cs.DTYPE, device)) for _ in range(4)]
-            for captured in (False, True):
-                known = set(map(id, cudagraphs._POOLS))
-                fn = cs._compile("tilefuse-reduce-overhead" if captured else "tilefuse", graph.fn)
-                step = cs.make_step(graph, fn)
-                call = cs.harness.Rotating(cs._marking_steps(step) if captured else step, sets)
-                for _ in range(10):
-                    call()
-                torch.cuda.synchronize()
-                recs = [r for p in list(cudagraphs._POOLS) if id(p) not in known for r in p.recordings]
-                for r in recs:
-                    r.graph = TimedGraph(r.graph)
-                wrapper.CompiledGraph.__call__ = graph_call
-                cudagraphs._copy_inputs = timed("input copies", real_copy)
-                cudagraphs.Recording.hand_out = timed("hand-out", real_hand)
-                try:
-                    spent.clear()
-                    hosts = [host_us(call) for _ in range(rounds)]
-                    steps = rounds * cs.HOST_STEPS
-                finally:
-                    wrapper.CompiledGraph.__call__ = real_call
-                    cudagraphs._copy_inputs, cudagraphs.Recording.hand_out = real_copy, real_hand
-                name = "captured" if captured else "uncaptured"
-                print(f"== replay_parts: softmax fwd+bwd at {rows} rows, tilefuse {name}: host "
-                      f"{statistics.median(hosts):.1f} us a step (median of {rounds} rounds of {cs.HOST_STEPS}, GPU "
-                      f"busy; {min(hosts):.1f}-{max(hosts):.1f}); timers, us a step (calls a step):")
-                for part, (n, us) in spent.items():
-                    print(f"    {part:22} {us / steps:8.1f}  ({n / steps:.1f})")
-                inside = sum(us for part, (n, us) in spent.items() if part.endswith("graph call")) / steps
-                print(f"    {'outside the graph calls':22} {statistics.median(hosts) - inside:8.1f}")
-                for r in recs:
-                    r.graph = r.graph.g
-                    if r.copy_into:
-                        srcs = [t.clone() for t in r.copy_into]
-                        with torch.no_grad():
-                            alone = host_us(lambda r=r, srcs=srcs: real_copy(r.copy_into, srcs))
-                        print(f"    recording {r.seq}: its copies alone {alone:.1f} us (GPU busy), graph.replay() "
-                              f"alone {host_us(r.graph.replay):.1f} us")
-                del call, step, fn
-                torch._dynamo.reset()
-            del sets
-            torch.cuda.empty_cache()
+        with _every_graph_recorded():
+            for rows in rows_list:
+                sets = [cs.prepare(graph, graph.inputs(rows, cs.COLS, cs.VOCAB, cs.DTYPE, device)) for _ in range(4)]
+                for captured in (False, True):
+                    known = set(map(id, cudagraphs._POOLS))
+                    fn = cs._compile("tilefuse-reduce-overhead" if captured else "tilefuse", graph.fn)
+                    step = cs.make_step(graph, fn)
+                    call = cs.harness.Rotating(cs._marking_steps(step) if captured else step, sets)
+                    for _ in range(10):
+                        call()
+                    torch.cuda.synchronize()
+                    recs = [r for p in list(cudagraphs._POOLS) if id(p) not in known for r in p.recordings]
+                    for r in recs:
+                        r.graph = TimedGraph(r.graph)
+                    wrapper.CompiledGraph.__call__ = graph_call
+                    cudagraphs._copy_inputs = timed("input copies", real_copy)
+                    cudagraphs.Recording.hand_out = timed("hand-out", real_hand)
+                    try:
+                        spent.clear()
+                        hosts = [host_us(call) for _ in range(rounds)]
+                        steps = rounds * cs.HOST_STEPS
+                    finally:
+                        wrapper.CompiledGraph.__call__ = real_call
+                        cudagraphs._copy_inputs, cudagraphs.Recording.hand_out = real_copy, real_hand
+                    name = "captured" if captured else "uncaptured"
+                    print(f"== replay_parts: softmax fwd+bwd at {rows} rows, tilefuse {name}: host "
+                          f"{statistics.median(hosts):.1f} us a step (median of {rounds} rounds of "
+                          f"{cs.HOST_STEPS}, GPU busy; {min(hosts):.1f}-{max(hosts):.1f}); timers, us a step (calls a "
+                          f"step):")
+                    for part, (n, us) in spent.items():
+                        print(f"    {part:22} {us / steps:8.1f}  ({n / steps:.1f})")
+                    inside = sum(us for part, (n, us) in spent.items() if part.endswith("graph call")) / steps
+                    print(f"    {'outside the graph calls':22} {statistics.median(hosts) - inside:8.1f}")
+                    for r in recs:
+                        r.graph = r.graph.g
+                        if r.copy_into:
+                            srcs = [t.clone() for t in r.copy_into]
+                            with torch.no_grad():
+                                alone = host_us(lambda r=r, srcs=srcs: real_copy(r.copy_into, srcs))
+                            print(f"    recording {r.seq}: its copies alone {alone:.1f} us (GPU busy), graph.replay() "
+                                  f"alone {host_us(r.graph.replay):.1f} us")
+                    del call, step, fn
+                    torch._dynamo.reset()
+                del sets
+                torch.cuda.empty_cache()
     finally:
-        cudagraphs.HOST_US_A_LAUNCH, cudagraphs.FOREACH_ONE_LAUNCH = before_rule, before_limit
+        cudagraphs.FOREACH_ONE_LAUNCH = before_limit
 
 
 def copies_section() -> None:
