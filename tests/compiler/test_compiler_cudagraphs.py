@@ -597,12 +597,7 @@ def test_training_loop_records_forward_and_backward_once_and_replays_eagers_step
         assert (r["recordings"], r["rerecordings"], r["replays"]) == (1, 0, 3), r
         assert r["held_bytes"] > 0 and not r["uncaptured"], r
     assert sum(g.replays for g in stand_in) == 6
-    import importlib
-
-    from tilefuse.compiler import records
-
-    explain = importlib.import_module("tilefuse.compiler.explain")  # (the package's `explain` is the function)
-    text = explain._format_graph(next(g for g in records.REPORTS if g.graph_id == fw["graph_id"]))
+    text = _explained(fw["graph_id"])
     assert re.search(r"cuda graph: captured \(1 recordings, 0 re-recordings, 3 replays, [0-9.]+ MiB held\)", text), text
     # the forward uses the 6 parameters in place and copies x, the one input that is not a parameter
     assert (fw["inputs_in_place"], fw["inputs_copied"]) == (6, 1), fw
@@ -810,6 +805,14 @@ class _CausalSelfAttention(nn.Module):
         return self.head(x + y.transpose(1, 2).reshape(b, t, d))
 
 
+def _explained(graph_id: int) -> str:
+    """What ``explain`` says of the compiled graph ``graph_id``."""
+    from tilefuse.compiler import records
+
+    explain = importlib.import_module("tilefuse.compiler.explain")  # (the package's `explain` is the function)
+    return explain._format_graph(next(g for g in records.REPORTS if g.graph_id == graph_id))
+
+
 def _spy_runners(monkeypatch) -> dict:
     """kind -> the runner made for that kind of graph."""
     made = {}
@@ -989,12 +992,7 @@ def test_a_graph_whose_copies_cost_more_than_its_launches_runs_uncaptured_and_sa
                                         r"at 2 TB/s, and the replay ~0 us of host time of its own \(.*\): more "
                                         r"than the ~0 us of host time a replay saves over [0-9]+ launch", reason), r
         # explain says it too
-        import importlib
-
-        from tilefuse.compiler import records
-
-        explain = importlib.import_module("tilefuse.compiler.explain")
-        text = explain._format_graph(next(g for g in records.REPORTS if g.graph_id == r["graph_id"]))
+        text = _explained(r["graph_id"])
         assert "cuda graph: not captured" in text and f"uncaptured (2 calls): {reason}" in text, text
 
 
@@ -1039,8 +1037,6 @@ def test_a_graph_whose_replay_costs_more_host_time_than_its_launches_runs_uncapt
     inference graph (a few launches, one copied input) runs uncaptured and says why; with the replay's host time
     set to 0.99x / 1.01x of what is left of its launches' saving after its copy (GPU time and the copy call), it is
     recorded / runs uncaptured."""
-    from tilefuse.compiler import records
-
     x = torch.randn(5, 13)
     copy_us = 2 * x.numel() * x.element_size() / (cudagraphs.COPY_TBPS_UNKNOWN * 1e6)
     monkeypatch.setattr(cudagraphs, "REPLAY_HOST_US", 20.0)
@@ -1061,8 +1057,7 @@ def test_a_graph_whose_replay_costs_more_host_time_than_its_launches_runs_uncapt
                 "a replay would cost ~40 us of host time of its own (tilefuse.compiler.runtime.cudagraphs."
                 "REPLAY_HOST_US = 20 us and 1 copy call at COPY_CALL_HOST_US = 20 us) and ~0 us of GPU time copying "
                 "0.0 MiB of inputs at 2 TB/s: more than the ~") and f"saves over {launches} launches" in reason, reason
-            text = importlib.import_module("tilefuse.compiler.explain")._format_graph(
-                next(g for g in records.REPORTS if g.graph_id == inf["graph_id"]))
+            text = _explained(inf["graph_id"])
             assert f"uncaptured (2 calls): {reason}" in text, text
 
 
