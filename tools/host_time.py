@@ -25,6 +25,9 @@ Sections:
   replay_parts: softmax fwd+bwd at 1024 and 32768 rows under tilefuse, uncaptured and captured: host time a step
         with timers around each compiled graph's call and a replay's copies, graph launch and hand-out (no
         profiler); what lies outside the graphs' calls is Dynamo's, AOTAutograd's and autograd's.
+  floor: softmax fwd+bwd at 1024 rows, host time a step under eager, a backend whose compiled graphs launch
+        nothing (Dynamo, AOTAutograd and autograd only), tilefuse and Inductor, in alternated rounds, beside
+        tilefuse's GPU time a step: the host time no backend's per-graph capture removes.
   copies: a replay's input copies alone, one copy_ an input against one _foreach_copy_ (decision 053).
   pool: a small training loop (MLP 1024-2048-1024, AdamW) uncaptured and captured: memory allocated after
         each phase of a step and the peak within it, and whether .grad is the pool's memory.
@@ -732,6 +735,83 @@ def decode_section(device: str = "cuda", tiny: bool = False) -> None:
             traceback.print_exc(limit=8)
 
 
+def _launchless_backend():
+    """A torch.compile backend through Dynamo and AOTAutograd whose compiled forward and backward launch nothing:
+    the first call runs the ATen graph, later calls hand out empty tensors laid out as its outputs were. A step
+    under it costs what any backend's step costs beyond its graphs' own work (Dynamo's frame and guards,
+    AOTAutograd's runtime wrappers, the autograd engine, the outputs' allocation)."""
+    from torch._dynamo.backends.common import aot_autograd
+
+    def compile_graph(gm, example_inputs):
+        layout: list = []
+
+        def call(args):
+            if not layout:
+                outs = gm(*args)
+                layout.extend((o.shape, o.stride(), o.dtype, o.device) if isinstance(o, torch.Tensor) else (o,)
+                              for o in outs)
+                return outs
+            return [torch.empty_strided(*m[:2], dtype=m[2], device=m[3]) if len(m) == 4 else m[0] for m in layout]
+
+        call._boxed_call = True  # AOTAutograd's convention: the arguments come as one list
+        return call
+
+    return aot_autograd(fw_compiler=compile_graph, bw_compiler=compile_graph)
+
+
+def floor_section(case: str = "softmax_fwd_bwd", rows: int = 1024, rounds: int = 7, device: str = "cuda") -> None:
+    """How low a compiled step's host time can go: the compiler suite's ``case`` at ``rows`` rows, host us a step
+    (GPU busy, as the suite measures) under eager, a backend whose graphs launch nothing
+    (:func:`_launchless_backend`), tilefuse and Inductor, in alternated rounds; beside it the step's GPU time
+    under tilefuse. Where the launchless step's host time exceeds the kernels' GPU time, no backend's per-graph
+    capture can make the step reach its kernels' time."""
+    import statistics
+
+    from tilefuse.bench import compiler_suite as cs
+    from tilefuse.bench import runner
+
+    cuda = device == "cuda"
+    opts = runner.SuiteOptions(rows=rows, log=lambda s: None)
+    graph = {g.case: g for g in cs.GRAPHS}[case]
+    dims = cs._sizes(opts, graph)
+    sets = [cs.prepare(graph, graph.inputs(*dims[:3], dims[3], device)) for _ in range(4)]
+    torch._dynamo.reset()
+    backends = {"eager": None, "launchless": _launchless_backend()}
+    if cuda:
+        backends.update(tilefuse="tilefuse", inductor="inductor")
+    steps = {}
+    for name, backend in backends.items():
+        fn = graph.fn if backend is None else torch.compile(graph.fn, backend=backend)
+        steps[name] = cs.harness.Rotating(cs.make_step(graph, fn), sets)
+        for _ in range(10):
+            steps[name]()
+    if cuda:
+        torch.cuda.synchronize()
+
+    def wall_us(call, n: int = cs.HOST_STEPS) -> float:
+        t0 = time.perf_counter()
+        for _ in range(n):
+            call()
+        return (time.perf_counter() - t0) / n * 1e6
+
+    measure = cs.host_us if cuda else wall_us
+    hosts = {name: [] for name in steps}
+    for _ in range(rounds):
+        for name, call in steps.items():
+            hosts[name].append(measure(call))
+    how = "GPU busy" if cuda else "wall, CPU tensors"
+    print(f"== floor: {case} at {rows} rows, host us a step ({how}), median of {rounds} alternated rounds of "
+          f"{cs.HOST_STEPS} steps (least-most)")
+    for name, h in hosts.items():
+        print(f"  {name:12} {statistics.median(h):7.1f}  ({min(h):.1f}-{max(h):.1f})")
+    if cuda:
+        gpu = statistics.median(cs.kernel_ms(steps["tilefuse"])) * 1e3
+        floor = statistics.median(hosts["launchless"])
+        print(f"  tilefuse's kernels: {gpu:.1f} us of GPU time a step; the launchless step's host time is "
+              f"{floor / gpu:.2f}x that, so a step whose host time is at that floor runs its kernels at "
+              f"{min(1.0, gpu / floor):.0%} of their time at best")
+
+
 def latency_rows_section(device: str = "cuda", tiny: bool = False) -> None:
     """Decision 049's setting for row reductions over fewer rows than SMs, A/B: the captured tilefuse decode step
     of GPT-2 124M compiled with ``latency_rows_thread_elems`` 8 and 4, loads first off, and 8 again (the drift):
@@ -926,7 +1006,7 @@ SECTIONS = {"gemm": gemm_section, "compiler": compiler_section, "launch": launch
             "captured_32768": lambda: captured_section(rows=32768),
             "captured_softmax": lambda: captured_section(cases=["softmax_fwd_bwd"]),
             "captured_softmax_32768": lambda: captured_section(cases=["softmax_fwd_bwd"], rows=32768),
-            "copies": copies_section, "replay_parts": replay_parts_section,
+            "copies": copies_section, "replay_parts": replay_parts_section, "floor": floor_section,
             "pool": pool_section, "decode": decode_section,
             "train": train_section, "latency_rows": latency_rows_section,
             "train-tilefuse": lambda: train_section(backends=("tilefuse-reduce-overhead",)), "direct_calls": direct_calls_section}
