@@ -28,6 +28,7 @@ Sections:
   floor: softmax fwd+bwd at 1024 rows, host time a step under eager, a backend whose compiled graphs launch
         nothing (Dynamo, AOTAutograd and autograd only), tilefuse and Inductor, in alternated rounds, beside
         tilefuse's GPU time a step: the host time no backend's per-graph capture removes.
+        floor_gemm: the same for attention_projections fwd+bwd (three 4096 x 4096 projections).
   copies: a replay's input copies alone, one copy_ an input against one _foreach_copy_ (decision 053).
   pool: a small training loop (MLP 1024-2048-1024, AdamW) uncaptured and captured: memory allocated after
         each phase of a step and the peak within it, and whether .grad is the pool's memory.
@@ -1007,6 +1008,7 @@ SECTIONS = {"gemm": gemm_section, "compiler": compiler_section, "launch": launch
             "captured_softmax": lambda: captured_section(cases=["softmax_fwd_bwd"]),
             "captured_softmax_32768": lambda: captured_section(cases=["softmax_fwd_bwd"], rows=32768),
             "copies": copies_section, "replay_parts": replay_parts_section, "floor": floor_section,
+            "floor_gemm": lambda: floor_section(case="attention_projections_fwd_bwd"),
             "pool": pool_section, "decode": decode_section,
             "train": train_section, "latency_rows": latency_rows_section,
             "train-tilefuse": lambda: train_section(backends=("tilefuse-reduce-overhead",)), "direct_calls": direct_calls_section}
