@@ -806,6 +806,8 @@ def floor_section(case: str = "softmax_fwd_bwd", rows: int = 1024, rounds: int =
     for name, h in hosts.items():
         print(f"  {name:12} {statistics.median(h):7.1f}  ({min(h):.1f}-{max(h):.1f})")
     if cuda:
+        for name in ("eager", "inductor"):
+            print(f"  {name}'s GPU time a step: {statistics.median(cs.kernel_ms(steps[name])) * 1e3:.1f} us")
         gpu = statistics.median(cs.kernel_ms(steps["tilefuse"])) * 1e3
         floor = statistics.median(hosts["launchless"])
         print(f"  tilefuse's kernels: {gpu:.1f} us of GPU time a step; the launchless step's host time is "
