@@ -166,3 +166,15 @@ def record_instances(monkeypatch, cls) -> list:
 
     monkeypatch.setattr(cls, "__init__", init)
     return made
+
+
+def load_tool(name: str, module_name: str | None = None):
+    """``tools/<name>.py`` imported as a module (the tools are scripts, not a package)."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "tools" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(module_name or name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module

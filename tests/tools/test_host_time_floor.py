@@ -3,19 +3,14 @@ the real graph once (so Dynamo and AOTAutograd see real outputs), then hand out 
 outputs without computing anything, forward and backward."""
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 import torch
 from torch.profiler import ProfilerActivity, profile
 
+from tests.support import load_tool
+
 
 def _tool():
-    path = Path(__file__).resolve().parents[2] / "tools" / "host_time.py"
-    spec = importlib.util.spec_from_file_location("host_time_for_test", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_tool("host_time", "host_time_for_test")
 
 
 def test_launchless_backend_hands_out_the_graphs_layouts_and_computes_nothing_after_the_first_call():

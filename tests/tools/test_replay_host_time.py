@@ -3,19 +3,15 @@ start finds no backward pending, the backward's replay finds none of its outputs
 is invalidated (nothing is kept across steps)."""
 from __future__ import annotations
 
-import importlib.util
 import math
-from pathlib import Path
 
 from tilefuse.compiler.runtime import cudagraphs
 
+from tests.support import load_tool
+
 
 def _tool():
-    path = Path(__file__).resolve().parents[2] / "tools" / "replay_host_time.py"
-    spec = importlib.util.spec_from_file_location("replay_host_time", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_tool("replay_host_time")
 
 
 def test_replay_host_time_drives_a_step_with_nothing_invalidated(monkeypatch):
