@@ -764,7 +764,7 @@ def floor_section(case: str = "softmax_fwd_bwd", rows: int = 1024, rounds: int =
     """How low a compiled step's host time can go: the compiler suite's ``case`` at ``rows`` rows, host us a step
     (GPU busy, as the suite measures) under eager, a backend whose graphs launch nothing
     (:func:`_launchless_backend`), tilefuse and Inductor, in alternated rounds; beside it the step's GPU time
-    under tilefuse. Where the launchless step's host time exceeds the kernels' GPU time, no backend's per-graph
+    under eager, Inductor and tilefuse (on the CPU: eager and the launchless backend, wall time). Where the launchless step's host time exceeds the kernels' GPU time, no backend's per-graph
     capture can make the step reach its kernels' time."""
     import statistics
 
