@@ -27,8 +27,8 @@ Sections:
         profiler); what lies outside the graphs' calls is Dynamo's, AOTAutograd's and autograd's.
   floor: softmax fwd+bwd at 1024 rows, host time a step under eager, a backend whose compiled graphs launch
         nothing (Dynamo, AOTAutograd and autograd only), tilefuse and Inductor, in alternated rounds, beside
-        tilefuse's GPU time a step: the host time no backend's per-graph capture removes.
-        floor_gemm: the same for attention_projections fwd+bwd (three 4096 x 4096 projections).
+        each one's GPU time a step: the host time no backend's per-graph capture removes.
+        floor_gemm: the same for attention_projections fwd+bwd (four 4096 x 4096 projections).
   copies: a replay's input copies alone, one copy_ an input against one _foreach_copy_ (decision 053).
   pool: a small training loop (MLP 1024-2048-1024, AdamW) uncaptured and captured: memory allocated after
         each phase of a step and the peak within it, and whether .grad is the pool's memory.
@@ -764,8 +764,9 @@ def floor_section(case: str = "softmax_fwd_bwd", rows: int = 1024, rounds: int =
     """How low a compiled step's host time can go: the compiler suite's ``case`` at ``rows`` rows, host us a step
     (GPU busy, as the suite measures) under eager, a backend whose graphs launch nothing
     (:func:`_launchless_backend`), tilefuse and Inductor, in alternated rounds; beside it the step's GPU time
-    under eager, Inductor and tilefuse (on the CPU: eager and the launchless backend, wall time). Where the launchless step's host time exceeds the kernels' GPU time, no backend's per-graph
-    capture can make the step reach its kernels' time."""
+    under eager, Inductor and tilefuse (on the CPU: eager and the launchless backend, wall time). Where the
+    launchless step's host time exceeds the kernels' GPU time, no backend's per-graph capture can make the step
+    reach its kernels' time."""
     import statistics
 
     from tilefuse.bench import compiler_suite as cs
@@ -789,13 +790,7 @@ def floor_section(case: str = "softmax_fwd_bwd", rows: int = 1024, rounds: int =
     if cuda:
         torch.cuda.synchronize()
 
-    def wall_us(call, n: int = cs.HOST_STEPS) -> float:
-        t0 = time.perf_counter()
-        for _ in range(n):
-            call()
-        return (time.perf_counter() - t0) / n * 1e6
-
-    measure = cs.host_us if cuda else wall_us
+    measure = cs.host_us if cuda else (lambda call: _cpu_us(call, cs.HOST_STEPS))
     hosts = {name: [] for name in steps}
     for _ in range(rounds):
         for name, call in steps.items():
@@ -806,10 +801,10 @@ def floor_section(case: str = "softmax_fwd_bwd", rows: int = 1024, rounds: int =
     for name, h in hosts.items():
         print(f"  {name:12} {statistics.median(h):7.1f}  ({min(h):.1f}-{max(h):.1f})")
     if cuda:
+        gpus = {name: statistics.median(cs.kernel_ms(steps[name])) * 1e3 for name in ("eager", "inductor", "tilefuse")}
         for name in ("eager", "inductor"):
-            print(f"  {name}'s GPU time a step: {statistics.median(cs.kernel_ms(steps[name])) * 1e3:.1f} us")
-        gpu = statistics.median(cs.kernel_ms(steps["tilefuse"])) * 1e3
-        floor = statistics.median(hosts["launchless"])
+            print(f"  {name}'s GPU time a step: {gpus[name]:.1f} us")
+        gpu, floor = gpus["tilefuse"], statistics.median(hosts["launchless"])
         print(f"  tilefuse's kernels: {gpu:.1f} us of GPU time a step; the launchless step's host time is "
               f"{floor / gpu:.2f}x that, so a step whose host time is at that floor runs its kernels at "
               f"{min(1.0, gpu / floor):.0%} of their time at best")
