@@ -18,7 +18,7 @@ Sections:
   captured (captured_32768: at the suite's own 32768 rows): the compiler suite's fwd+bwd graphs at 1024 rows
         under both backends' mode="reduce-overhead": host time a step in alternated rounds (tilefuse also with its
         inputs copied one by one, as before decision 053), then host time by op. The replay-cost rule (decisions
-        054-055) is off, so every graph is recorded. Each graph is also timed without the mode (rows
+        054-057) is off, so every graph is recorded. Each graph is also timed without the mode (rows
         "... uncaptured"), in the same alternated rounds, to say what capture adds to a step's host time and where
         (the by-op tables).
         captured_softmax, captured_softmax_32768: softmax_fwd_bwd alone.
@@ -26,8 +26,9 @@ Sections:
         with timers around each compiled graph's call and a replay's copies, graph launch and hand-out (no
         profiler); what lies outside the graphs' calls is Dynamo's, AOTAutograd's and autograd's.
   floor: softmax fwd+bwd at 1024 rows, host time a step under eager, a backend whose compiled graphs launch
-        nothing (Dynamo, AOTAutograd and autograd only), tilefuse and Inductor, in alternated rounds, beside
-        each one's GPU time a step: the host time no backend's per-graph capture removes.
+        nothing (Dynamo, AOTAutograd and autograd only), tilefuse and Inductor, each also with
+        mode="reduce-overhead" (tilefuse under its replay-cost rule, which it reports graph by graph), in
+        alternated rounds, beside each one's GPU time a step: the host time no backend's per-graph capture removes.
         floor_gemm: the same for attention_projections fwd+bwd (four 4096 x 4096 projections).
   copies: a replay's input copies alone, one copy_ an input against one _foreach_copy_ (decision 053).
   pool: a small training loop (MLP 1024-2048-1024, AdamW) uncaptured and captured: memory allocated after
@@ -404,16 +405,16 @@ def captured_section(cases=None, rows: int = 1024, rounds: int = 7) -> None:
 
 @contextlib.contextmanager
 def _every_graph_recorded():
-    """The replay-cost rule off (decisions 054-055), and back as the runtime had it afterwards, so that the sections
+    """The replay-cost rule off (decisions 054-057), and back as the runtime had it afterwards, so that the sections
     run after one that times the captured path see the rule."""
     from tilefuse.compiler.runtime import cudagraphs
 
-    before = cudagraphs.HOST_US_A_LAUNCH
-    cudagraphs.HOST_US_A_LAUNCH = float("inf")
+    before = cudagraphs.REPLAY_COST_RULE
+    cudagraphs.REPLAY_COST_RULE = False
     try:
         yield
     finally:
-        cudagraphs.HOST_US_A_LAUNCH = before
+        cudagraphs.REPLAY_COST_RULE = before
 
 
 def _captured_rows(cases, rows: int, rounds: int) -> None:
@@ -763,12 +764,14 @@ def _launchless_backend():
 def floor_section(case: str = "softmax_fwd_bwd", rows: int = 1024, rounds: int = 7, device: str = "cuda") -> None:
     """How low a compiled step's host time can go: the compiler suite's ``case`` at ``rows`` rows, host us a step
     (GPU busy, as the suite measures) under eager, a backend whose graphs launch nothing
-    (:func:`_launchless_backend`), tilefuse and Inductor, in alternated rounds; beside it the step's GPU time
-    under eager, Inductor and tilefuse (on the CPU: eager and the launchless backend, wall time). Where the
-    launchless step's host time exceeds the kernels' GPU time, no backend's per-graph capture can make the step
-    reach its kernels' time."""
+    (:func:`_launchless_backend`), tilefuse and Inductor, each also with ``mode="reduce-overhead"`` (tilefuse
+    under its replay-cost rule), in alternated rounds; beside it each step's GPU time and what tilefuse's rule did
+    with each graph (on the CPU: eager and the launchless backend, wall time). Where the launchless step's host
+    time exceeds the kernels' GPU time, no backend's per-graph capture can make the step reach its kernels'
+    time."""
     import statistics
 
+    from tilefuse import compiler
     from tilefuse.bench import compiler_suite as cs
     from tilefuse.bench import runner
 
@@ -778,12 +781,14 @@ def floor_section(case: str = "softmax_fwd_bwd", rows: int = 1024, rounds: int =
     dims = cs._sizes(opts, graph)
     sets = [cs.prepare(graph, graph.inputs(*dims[:3], dims[3], device)) for _ in range(4)]
     torch._dynamo.reset()
-    backends = {"eager": None, "launchless": _launchless_backend()}
+    compiler.reset_stats()
+    backends = {"eager": (None, None), "launchless": (_launchless_backend(), None)}
     if cuda:
-        backends.update(tilefuse="tilefuse", inductor="inductor")
+        backends.update({"tilefuse": ("tilefuse", None), "tilefuse-ro": ("tilefuse", "reduce-overhead"),
+                         "inductor": ("inductor", None), "inductor-ro": ("inductor", "reduce-overhead")})
     steps = {}
-    for name, backend in backends.items():
-        fn = graph.fn if backend is None else torch.compile(graph.fn, backend=backend)
+    for name, (backend, mode) in backends.items():
+        fn = graph.fn if backend is None else torch.compile(graph.fn, backend=backend, mode=mode)
         steps[name] = cs.harness.Rotating(cs.make_step(graph, fn), sets)
         for _ in range(10):
             steps[name]()
@@ -801,9 +806,15 @@ def floor_section(case: str = "softmax_fwd_bwd", rows: int = 1024, rounds: int =
     for name, h in hosts.items():
         print(f"  {name:12} {statistics.median(h):7.1f}  ({min(h):.1f}-{max(h):.1f})")
     if cuda:
-        gpus = {name: statistics.median(cs.kernel_ms(steps[name])) * 1e3 for name in ("eager", "inductor", "tilefuse")}
-        for name in ("eager", "inductor"):
-            print(f"  {name}'s GPU time a step: {gpus[name]:.1f} us")
+        gpus = {name: statistics.median(cs.kernel_ms(steps[name])) * 1e3 for name in steps if name != "launchless"}
+        for name, us in gpus.items():
+            print(f"  {name}'s GPU time a step: {us:.1f} us")
+        ro, plain = statistics.median(hosts["tilefuse-ro"]), statistics.median(hosts["tilefuse"])
+        print(f"  tilefuse-ro's step host time is {ro / plain:.2f}x tilefuse's")
+        for r in compiler.stats()["cudagraphs"]:
+            print(f"  tilefuse-ro graph {r['graph_id']} ({r['kind']}): captured {r['captured']}, "
+                  f"{r['replays']} replays, uncaptured call timed at {r['call_us']} us; uncaptured "
+                  f"{dict(r['uncaptured'])}")
         gpu, floor = gpus["tilefuse"], statistics.median(hosts["launchless"])
         print(f"  tilefuse's kernels: {gpu:.1f} us of GPU time a step; the launchless step's host time is "
               f"{floor / gpu:.2f}x that, so a step whose host time is at that floor runs its kernels at "

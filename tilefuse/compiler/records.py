@@ -141,6 +141,7 @@ class CudaGraphReport:
     copied_bytes: int = 0
     shapes: list = dataclasses.field(default_factory=list)  # the input shapes of each recording
     uncaptured: dict = dataclasses.field(default_factory=dict)  # reason -> calls
+    call_us: float | None = None  # the host time of the uncaptured call the replay-cost rule timed (None: none was)
 
     @property
     def captured(self) -> bool:
@@ -161,8 +162,11 @@ class CudaGraphReport:
         elif self.uncaptured:
             head = "cuda graph: not captured"
         else:
-            head = "cuda graph: not captured yet (the first call of each shape is the warm-up)"
+            head = ("cuda graph: not captured yet (the first call of each shape is the warm-up, and the second may be "
+                    "timed)")
         lines = [head] + [f"    uncaptured ({n} calls): {why}" for why, n in self.uncaptured.items()]
+        if self.call_us is not None:
+            lines.append(f"    uncaptured call timed for the replay-cost rule: {self.call_us:.0f} us of host time")
         return "\n".join(lines)
 
 

@@ -30,10 +30,15 @@ What a :class:`GraphRunner` (one per compiled forward, backward or inference gra
    address they were recorded at, and a parameter that moved records again. Every other input (but an
    attention seed, item 1) is copied into a buffer the recording owns. A replay is not free either: its
    copies are GPU work, and it has host work of its own (the copy calls, the graph launch, the checks and the
-   hand-out below). Where that costs more than the host time the uncaptured graph's launches take
-   (:data:`HOST_US_A_LAUNCH` a launch), the signature runs uncaptured instead, with that reason
-   (:func:`replay_cost_blocker`: a layer fed a 256 MiB activation, where capture halved the step's speed, or a
-   graph of a few kernels, whose replay costs more host time than its launches).
+   hand-out below). The **replay-cost rule** weighs that against the host time the uncaptured call takes
+   (decisions 054-057). Where the graph's launches, at :data:`HOST_US_A_LAUNCH` each (a lower bound: a Triton
+   launch's host time), already pay for the replay, the signature is recorded on its second call. Otherwise
+   that second call runs uncaptured and is timed (:func:`_timed_call`: the queue drained first, so no launch
+   waits for room in it), and the third records it only if the replay costs less than the time measured
+   (:func:`replay_cost_blocker`); if not, the signature runs uncaptured for good, with that reason. A layer fed
+   a 256 MiB activation (its copy costs more than any launch saves) and a graph of one or two kernels (its call
+   costs less host time than a replay) run uncaptured; a graph of a few GEMMs, whose launches cost ~30 us each,
+   is recorded. :data:`REPLAY_COST_RULE` = False records every capturable graph.
 4. **Replay**: copy the non-static inputs, ``replay()``, hand out fresh tensors over the recorded outputs.
 
 A new signature (a new shape) records a new graph, up to :data:`MAX_RECORDINGS` a compiled graph; past it,
@@ -50,8 +55,10 @@ freed while it was recorded: a second forward before the first one's backward, s
 from __future__ import annotations
 
 import dataclasses
+import gc
 import operator
 import sys
+import time
 import weakref
 from typing import Any, Callable, Collection, Sequence
 
@@ -63,18 +70,20 @@ from .. import records
 MAX_RECORDINGS = 8  # graphs recorded a compiled graph (one a shape or a moved parameter set): each holds its
 # outputs in the pool for good, so a model fed ever-new shapes is bounded at 8 sets of activations.
 WARMUP_CALLS = 1  # uncaptured calls of a signature before it is recorded (Triton/cuBLAS initialise on the first)
-# The replay-cost rule (decisions 054, 055): a graph whose replay would cost more, in GPU time copying its inputs
-# and in its own host time, than the host time its launches take uncaptured runs uncaptured. The compiler suite's
+# The replay-cost rule (decisions 054, 055, 057): a graph whose replay would cost more, in GPU time copying its inputs
+# and in its own host time, than the host time its uncaptured call takes runs uncaptured. The compiler suite's
 # fwd+bwd graphs at 32768 x 4096 bf16 copy a 256 MiB input and a 256 MiB cotangent a step: captured, each
 # memory-bound one took 1.4-2.3x its uncaptured time, under Inductor's CUDA graphs too. At 1024 rows, where the
 # copies are 8 MiB, softmax's one-kernel graphs still took 51-56 us of host time a call captured against 18-21
-# uncaptured (an H100's host).
-HOST_US_A_LAUNCH = 5.0  # host time a replay saves a launch it replaces, counted once more for the graph's call (a
-# launch from a compiled graph costs 4.3-6.2 us on an H100's host, decision 035); float("inf") captures a graph
-# whatever its replay costs
-REPLAY_HOST_US = 20.0  # a replay's own host time beyond its copies: the runner's checks, cudaGraphLaunch and the
-# hand-out, 32 us a call in a softmax step on an H100's host, less the uncaptured call's wrapper and allocations
-# that it replaces (~11 us beyond the launch)
+# uncaptured (an H100's host); the four-GEMM attention projections' uncaptured calls took ~30 us a GEMM launch.
+REPLAY_COST_RULE = True  # False: record every graph that can be captured, whatever its replay costs
+HOST_US_A_LAUNCH = 5.0  # host time a launch of the uncaptured call takes at least, counted once more for the call:
+# a graph whose launches at this figure pay for its replay is recorded without timing its call (a launch from a
+# compiled graph costs 4.3-6.2 us on an H100's host, decision 035; a GEMM's ~30, decision 056)
+TIMED_CALLS = 1  # uncaptured calls of a signature timed after the warm-up when its launches alone do not decide
+# (the fastest counts)
+REPLAY_HOST_US = 32.0  # a replay's own host time beyond its copy calls: the runner's checks, cudaGraphLaunch and
+# the hand-out, 32 us a call in a softmax step on an H100's host (decision 055)
 COPY_CALL_HOST_US = 20.0  # host time a copy call of a replay (the one _foreach_copy_, or one copy_) costs in a
 # step: 18.7 us a call for an 8 MiB input on an H100's host, 8-9 us called alone
 COPY_TBPS_UNKNOWN = 2.0  # the copies' bandwidth (TB/s) on a part with no datasheet entry, and off the GPU
@@ -266,23 +275,30 @@ def capture_blockers(gm: torch.fx.GraphModule, args: Sequence[Any], static: Sequ
     return call_blockers(args, interpreting=interpreting, seeds=seed_inputs(gm)) + graph_blockers(gm, static)
 
 
-def replay_cost_blocker(nbytes: int, launches: int, tbps: float, copy_calls: int = 0) -> str | None:
-    """Why a graph whose replay copies ``nbytes`` of inputs in ``copy_calls`` calls instead of making ``launches``
-    launches is not worth recording (None: it is). A replay costs the copies' GPU time (``nbytes`` read and
-    written at ``tbps``), its own host time (:data:`REPLAY_HOST_US`) and its copy calls'
-    (:data:`COPY_CALL_HOST_US` each); it saves :data:`HOST_US_A_LAUNCH` of host time a launch and once more for
-    the call."""
+def replay_cost_us(nbytes: int, tbps: float, copy_calls: int) -> tuple[float, float]:
+    """What a replay that copies ``nbytes`` of inputs in ``copy_calls`` calls costs beyond the graph's work: the
+    copies' GPU time (``nbytes`` read and written at ``tbps``) and its own host time (:data:`REPLAY_HOST_US` and
+    :data:`COPY_CALL_HOST_US` a copy call), in microseconds."""
+    return 2 * max(nbytes, 0) / (tbps * 1e6), REPLAY_HOST_US + COPY_CALL_HOST_US * copy_calls
+
+
+def launches_pay_for_replay(nbytes: int, launches: int, tbps: float, copy_calls: int = 0) -> bool:
+    """Whether ``launches`` launches, at :data:`HOST_US_A_LAUNCH` each and once more for the call (the least an
+    uncaptured call of them costs on the host), pay for a replay (:func:`replay_cost_us`) without timing the
+    call."""
     saved_us = HOST_US_A_LAUNCH * (launches + 1)
-    if saved_us == float("inf"):
-        return None
-    copy_us = 2 * max(nbytes, 0) / (tbps * 1e6)
-    host_us = REPLAY_HOST_US + COPY_CALL_HOST_US * copy_calls
-    if copy_us + host_us <= saved_us:
+    return saved_us == float("inf") or sum(replay_cost_us(nbytes, tbps, copy_calls)) <= saved_us
+
+
+def replay_cost_blocker(nbytes: int, call_us: float, tbps: float, copy_calls: int = 0) -> str | None:
+    """Why a graph whose uncaptured call took ``call_us`` of host time is not worth recording, a replay copying
+    ``nbytes`` of inputs in ``copy_calls`` calls (:func:`replay_cost_us`) costing more (None: it is)."""
+    copy_us, host_us = replay_cost_us(nbytes, tbps, copy_calls)
+    if copy_us + host_us <= call_us:
         return None
     where = "tilefuse.compiler.runtime.cudagraphs"
-    over = (f"more than the ~{saved_us:.0f} us of host time a replay saves over {launches} "
-            f"launch{'es' if launches != 1 else ''} ({where}.HOST_US_A_LAUNCH = {HOST_US_A_LAUNCH:g} us a launch; "
-            f"float('inf') records it anyway)")
+    over = (f"more than the ~{call_us:.0f} us of host time its uncaptured call took (timed after the warm-up; "
+            f"{where}.REPLAY_COST_RULE = False records it anyway)")
     host = (f"~{host_us:.0f} us of host time of its own ({where}.REPLAY_HOST_US = {REPLAY_HOST_US:g} us and "
             f"{copy_calls} copy call{'s' if copy_calls != 1 else ''} at COPY_CALL_HOST_US = {COPY_CALL_HOST_US:g} us)")
     if copy_us > host_us:
@@ -290,6 +306,23 @@ def replay_cost_blocker(nbytes: int, launches: int, tbps: float, copy_calls: int
                 f"{tbps:g} TB/s, and the replay {host}: {over}")
     return (f"a replay would cost {host}" + (f" and ~{copy_us:.0f} us of GPU time copying {nbytes / 2**20:.1f} MiB "
                                             f"of inputs at {tbps:g} TB/s" if nbytes > 0 else "") + f": {over}")
+
+
+def _timed_call(run: Callable, args: list) -> tuple[Any, float]:
+    """``run(args)`` uncaptured, and the host time it took (us). The queues of the CUDA devices of ``args`` are
+    drained first (one sync a signature), so that no launch waits for room in a full queue, which would count
+    GPU time as host time; the garbage collector waits until the call is over."""
+    for dev in {a.device for a in args if isinstance(a, torch.Tensor) and a.device.type == "cuda"}:
+        torch.cuda.current_stream(dev).synchronize()
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        start = time.perf_counter_ns()
+        out = run(args)
+        return out, (time.perf_counter_ns() - start) / 1e3
+    finally:
+        if collecting:
+            gc.enable()
 
 
 _TBPS: dict[int, float] = {}
@@ -715,6 +748,7 @@ class GraphRunner:
         self.calls: dict[tuple, int] = {}  # signature -> uncaptured calls so far
         self.recordings: dict[tuple, list[Recording]] = {}
         self.refused: dict[tuple, str] = {}  # signature -> why it runs uncaptured for good
+        self.timed: dict[tuple, list] = {}  # signature -> host us of its timed uncaptured calls (the replay-cost rule)
         self.total_recordings = 0
         self.key_positions: list | None = None  # the arguments a signature reads (all but the parameters)
         if self.blocked:
@@ -768,14 +802,22 @@ class GraphRunner:
             return self.run(args)
         static = self._static(args)
         copied = self._copied(args, static)
-        if not recs and self.launches is not None:
+        if not recs and self.launches is not None and REPLAY_COST_RULE:
+            nbytes = sum(_extent(args[k]) * args[k].element_size() for k in copied)
             tbps = copy_tbps(args[copied[0]].device) if copied else COPY_TBPS_UNKNOWN
-            cost = replay_cost_blocker(sum(_extent(args[k]) * args[k].element_size() for k in copied),
-                                       self.launches(), tbps, copy_calls([(k, args[k]) for k in copied]))
-            if cost is not None:
-                self.refused[key] = cost
-                self._uncaptured(cost)
-                return self.run(args)
+            calls = copy_calls([(k, args[k]) for k in copied])
+            if not launches_pay_for_replay(nbytes, self.launches(), tbps, calls):
+                timed = self.timed.setdefault(key, [])
+                if len(timed) < TIMED_CALLS:
+                    out, us = _timed_call(self.run, args)
+                    timed.append(us)
+                    self.report.call_us = min(timed)
+                    return out
+                cost = replay_cost_blocker(nbytes, min(timed), tbps, calls)
+                if cost is not None:
+                    self.refused[key] = cost
+                    self._uncaptured(cost)
+                    return self.run(args)
         return self._record(key, args, static, set(copied), rerecord=bool(recs))
 
     def _static(self, args) -> set:
