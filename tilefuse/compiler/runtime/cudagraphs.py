@@ -23,8 +23,9 @@ What a :class:`GraphRunner` (one per compiled forward, backward or inference gra
 2. **Warm-up**: the first call of each input signature (shapes, strides, dtypes, non-tensor values) runs
    uncaptured: Triton compiles, ATen initialises cuBLAS, launchers bind, none of which may happen while
    capturing.
-3. **Record** on the second call (``torch.cuda.graph`` on the pool of the Dynamo graph, shared by its
-   forward, backward and inference graphs, so the backward reuses the blocks the forward freed), then replay.
+3. **Record** on the second call, or on the third (the rule below): ``torch.cuda.graph`` on the pool of the Dynamo
+   graph, shared by its forward, backward and inference graphs, so the backward reuses the blocks the forward
+   freed; then replay.
    Static inputs (parameters and buffers, AOTAutograd's ``static_input_indices``; in a backward, parameters
    and the forward's saved tensors that live in this pool) are used in place: a replay needs them at the
    address they were recorded at, and a parameter that moved records again. Every other input (but an
@@ -37,8 +38,8 @@ What a :class:`GraphRunner` (one per compiled forward, backward or inference gra
    waits for room in it), and the third records it only if the replay costs less than the time measured
    (:func:`replay_cost_blocker`); if not, the signature runs uncaptured for good, with that reason. A layer fed
    a 256 MiB activation (its copy costs more than any launch saves) and a graph of one or two kernels (its call
-   costs less host time than a replay) run uncaptured; a graph of a few GEMMs, whose launches cost ~30 us each,
-   is recorded. :data:`REPLAY_COST_RULE` = False records every capturable graph.
+   costs less host time than a replay) run uncaptured; a graph of a few GEMMs (~30 us a launch, decision 056)
+   pays for its replay. :data:`REPLAY_COST_RULE` = False records every capturable graph.
 4. **Replay**: copy the non-static inputs, ``replay()``, hand out fresh tensors over the recorded outputs.
 
 A new signature (a new shape) records a new graph, up to :data:`MAX_RECORDINGS` a compiled graph; past it,
