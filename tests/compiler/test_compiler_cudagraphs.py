@@ -977,6 +977,8 @@ def test_the_timed_call_drains_the_cuda_queues_of_its_arguments_and_holds_the_ga
             drained.append(self.dev)
 
     monkeypatch.setattr(torch.cuda, "current_stream", Stream)
+    capturing = []
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: bool(capturing))
     seen = []
 
     def run(args):
@@ -991,6 +993,9 @@ def test_the_timed_call_drains_the_cuda_queues_of_its_arguments_and_holds_the_ga
     drained.clear()
     cudagraphs._timed_call(run, [x])  # no CUDA argument: nothing to drain
     assert drained == [] and gc.isenabled()
+    capturing.append(1)
+    cudagraphs._timed_call(run, [x, _fake_cuda(2)])  # the caller's own capture: no sync
+    assert drained == []
     gc.disable()
     try:  # a collector the caller turned off stays off
         cudagraphs._timed_call(run, [x])

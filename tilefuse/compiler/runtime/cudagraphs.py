@@ -312,9 +312,11 @@ def replay_cost_blocker(nbytes: int, call_us: float, tbps: float, copy_calls: in
 def _timed_call(run: Callable, args: list) -> tuple[Any, float]:
     """``run(args)`` uncaptured, and the host time it took (us). The queues of the CUDA devices of ``args`` are
     drained first (one sync a signature), so that no launch waits for room in a full queue, which would count
-    GPU time as host time; the garbage collector waits until the call is over."""
+    GPU time as host time (not while the caller captures a CUDA graph of its own, where a sync is an error); the
+    garbage collector waits until the call is over."""
     for dev in {a.device for a in args if isinstance(a, torch.Tensor) and a.device.type == "cuda"}:
-        torch.cuda.current_stream(dev).synchronize()
+        if not torch.cuda.is_current_stream_capturing():
+            torch.cuda.current_stream(dev).synchronize()
     collecting = gc.isenabled()
     gc.disable()
     try:
