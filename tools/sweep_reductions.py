@@ -391,7 +391,7 @@ def cross_compile(ks, dtypes) -> str:
 
 def run_inspect(opts) -> int:
     os.environ.setdefault("TILEFUSE_INTERPRET", "0")  # cross-compiling fails in an interpreting process
-    from tilefuse.compiler import codegen
+    from tilefuse.compiler.tuning import tuning
 
     for label in opts.settings:
         for name in opts.graphs:
