@@ -10,6 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from tilefuse.compiler.lowering import reductions as LR
+from tilefuse.compiler.tuning import tuning
 
 from tests.compiler_checks import reset, stats, strict
 from tests.support import assert_close, noncontiguous
@@ -37,6 +38,45 @@ def test_split_factor_of_the_benchmark_shapes():
     assert LR.split_factor((32768, 4096), (0, 1), "sum") == 1024
     # argmax keeps its (value, index) pairs in one pass
     assert LR.split_factor((32768, 4096), (0,), "argmax") == 1
+    # at 1024 rows a column sum is not split (SPLIT_MIN_R), unless the tuning table's split_outer_min_r says so
+    # (32 chunks of split_outer_min_rows); row reductions keep SPLIT_MIN_R
+    assert LR.split_factor((1024, 4096), (0,), "sum") == 1
+    with tuning(split_outer_min_r=1024):
+        assert LR.split_factor((1024, 4096), (0,), "sum") == 32
+        assert LR.split_factor((512, 4096), (0,), "sum") == 1
+        assert LR.split_factor((4096, 1024), (1,), "sum") == 1
+        assert LR.split_factor((32768, 4096), (0,), "sum") == 256
+
+
+def test_column_sums_split_from_their_own_threshold_match_float64():
+    """A layer norm's weight and bias gradients split by split_outer_min_r alone (SPLIT_MIN_R as it is): the
+    backward gets a second stage, and every gradient is a float64 reference's."""
+    g = torch.Generator().manual_seed(13)
+    rows, cols = 301, 67
+    x = noncontiguous(torch.randn(rows, cols, generator=g)).requires_grad_()
+    w = torch.randn(cols, generator=g).requires_grad_()
+    b = torch.randn(cols, generator=g).requires_grad_()
+    dy = torch.randn(rows, cols, generator=g)
+
+    def f(x, w, b):
+        return F.layer_norm(x, (cols,), w, b, 1e-5)
+
+    assert LR.split_factor((rows, cols), (0,), "sum") == 1
+    counts = []
+    for setting in ({}, {"split_outer_min_r": 64}):
+        reset()
+        torch._dynamo.reset()
+        with tuning(**setting), strict():
+            assert LR.split_factor((rows, cols), (0,), "sum") == (8 if setting else 1)
+            out = torch.compile(f, backend="tilefuse")(x, w, b)
+            grads = torch.autograd.grad(out, (x, w, b), dy)
+        counts.append(int(stats()["kernels"]))
+        x64, w64, b64 = (t.detach().double().requires_grad_() for t in (x, w, b))
+        ref_grads = torch.autograd.grad(f(x64, w64, b64), (x64, w64, b64), dy.double())
+        for name, got, want in zip(("x", "weight", "bias"), grads, ref_grads):
+            assert_close(got, want, torch.float32, what=f"grad {name} {setting}")
+    assert counts[1] > counts[0], f"kernels unsplit / split: {counts}"
+    torch._dynamo.reset()
 
 
 @pytest.mark.parametrize("case", ["sum_all", "sum_cols_keepdim", "amax_cols", "any_cols", "sum_two_dims", "var_cols",

@@ -45,6 +45,10 @@ TUNING = {
     # for the 16 x 64 column programs of a separate kernel, not for a program per chunk.
     "split_outer_chunks": 256,
     "split_outer_min_rows": 32,
+    # an outer (column) reduction splits from this many rows (None: from SPLIT_MIN_R, as a row reduction). At
+    # 1024 rows the norms' and the GeLU chain's column sums run unsplit, in 128 programs of 4 warps over every row
+    # (lab log, 2026-12-07); tools/sweep_reductions.py's cols_split_* settings try 1024, to be measured on a GPU
+    "split_outer_min_r": None,
     # ---- scheduler: fusion switches and thresholds (scheduler.py)
     # a pointwise root over (S*C, ...) joins a split reduction's first stage over (S, C, ...) (the gelu
     # backward: the input gradient and the bias gradient's partials in one pass over dy and x)

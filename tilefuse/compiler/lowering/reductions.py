@@ -70,9 +70,10 @@ def split_factor(space, reduced, kind: str) -> int:
         return 1
     rsize = math.prod(space[d] for d in reduced)
     xnumel = math.prod(space[d] for d in range(len(space)) if d not in reduced)
-    if rsize < SPLIT_MIN_R:
-        return 1
     inner = (len(space) - 1) in reduced
+    outer_min_r = TUNING["split_outer_min_r"]
+    if rsize < (SPLIT_MIN_R if inner or outer_min_r is None else outer_min_r):
+        return 1
     programs = xnumel if inner else -(-xnumel // OUTER_SPLIT_XBLOCK)
     if programs >= SPLIT_MAX_PROGRAMS:
         return 1
