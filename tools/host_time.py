@@ -28,7 +28,8 @@ Sections:
   floor: softmax fwd+bwd at 1024 rows, host time a step under eager, a backend whose compiled graphs launch
         nothing (Dynamo, AOTAutograd and autograd only), tilefuse and Inductor, each also with
         mode="reduce-overhead" (tilefuse under its replay-cost rule, which it reports graph by graph), in
-        alternated rounds, beside each one's GPU time a step: the host time no backend's per-graph capture removes.
+        alternated rounds, beside each one's GPU time a step and wall time a step: the host time no backend's
+        per-graph capture removes, and what capture does to the step.
         floor_gemm: the same for attention_projections fwd+bwd (four 4096 x 4096 projections).
   copies: a replay's input copies alone, one copy_ an input against one _foreach_copy_ (decision 053).
   pool: a small training loop (MLP 1024-2048-1024, AdamW) uncaptured and captured: memory allocated after
@@ -765,8 +766,9 @@ def floor_section(case: str = "softmax_fwd_bwd", rows: int = 1024, rounds: int =
     """How low a compiled step's host time can go: the compiler suite's ``case`` at ``rows`` rows, host us a step
     (GPU busy, as the suite measures) under eager, a backend whose graphs launch nothing
     (:func:`_launchless_backend`), tilefuse and Inductor, each also with ``mode="reduce-overhead"`` (tilefuse
-    under its replay-cost rule), in alternated rounds; beside it each step's GPU time and what tilefuse's rule did
-    with each graph (on the CPU: eager and the launchless backend, wall time). Where the launchless step's host
+    under its replay-cost rule), in alternated rounds; beside it each step's GPU time, its wall time (host and GPU
+    overlapping: what capture does to the step) and what tilefuse's rule did with each graph (on the CPU: eager
+    and the launchless backend, wall time). Where the launchless step's host
     time exceeds the kernels' GPU time, no backend's per-graph capture can make the step reach its kernels'
     time."""
     import statistics
@@ -811,14 +813,36 @@ def floor_section(case: str = "softmax_fwd_bwd", rows: int = 1024, rounds: int =
             print(f"  {name}'s GPU time a step: {us:.1f} us")
         ro, plain = statistics.median(hosts["tilefuse-ro"]), statistics.median(hosts["tilefuse"])
         print(f"  tilefuse-ro's step host time is {ro / plain:.2f}x tilefuse's")
+        walls = {name: [] for name in steps if name != "launchless"}
+        for _ in range(rounds):
+            for name in walls:
+                walls[name].append(_wall_us(steps[name], 50))
+        print(f"  wall us a step (50 steps queued, then synced; host and GPU overlapping), median of {rounds} "
+              f"alternated rounds (least-most):")
+        for name, w in walls.items():
+            print(f"    {name:12} {statistics.median(w):7.1f}  ({min(w):.1f}-{max(w):.1f})")
+        wall = {name: statistics.median(w) for name, w in walls.items()}
+        print(f"    tilefuse-ro / tilefuse {wall['tilefuse-ro'] / wall['tilefuse']:.3f}, inductor-ro / inductor "
+              f"{wall['inductor-ro'] / wall['inductor']:.3f}, tilefuse-ro / inductor-ro "
+              f"{wall['tilefuse-ro'] / wall['inductor-ro']:.3f}")
         for r in compiler.stats()["cudagraphs"]:
             print(f"  tilefuse-ro graph {r['graph_id']} ({r['kind']}): captured {r['captured']}, "
-                  f"{r['replays']} replays, uncaptured call timed at {r['call_us']} us; uncaptured "
-                  f"{dict(r['uncaptured'])}")
+                  f"{r['replays']} replays, uncaptured call timed at {r['call_us']} us of host time and "
+                  f"{r['call_gpu_us']} us of GPU time; uncaptured {dict(r['uncaptured'])}")
         gpu, floor = gpus["tilefuse"], statistics.median(hosts["launchless"])
         print(f"  tilefuse's kernels: {gpu:.1f} us of GPU time a step; the launchless step's host time is "
               f"{floor / gpu:.2f}x that, so a step whose host time is at that floor runs its kernels at "
               f"{min(1.0, gpu / floor):.0%} of their time at best")
+
+
+def _wall_us(call, steps: int) -> float:
+    """Wall microseconds a call over ``steps`` calls queued back to back, from a drained queue to a synced one."""
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(steps):
+        call()
+    torch.cuda.synchronize()
+    return (time.perf_counter() - start) / steps * 1e6
 
 
 def latency_rows_section(device: str = "cuda", tiny: bool = False) -> None:

@@ -290,9 +290,10 @@ def test_reduce_overhead_option_times_the_backward_graphs_under_cuda_graphs(monk
                  cudagraphs=[{"uncaptured": {}}, {"uncaptured": {"a CPU tensor input": 3}}])
     assert cs.cuda_graph_summary(stats) == \
         "cuda graphs: 2 recorded, 40 replays, 3 uncaptured calls (a CPU tensor input)"
-    stats["cudagraphs"] = [{"uncaptured": {}, "call_us": 130.4}, {"uncaptured": {"too dear": 3}, "call_us": 20.6}]
-    assert cs.cuda_graph_summary(stats) == \
-        "cuda graphs: 2 recorded, 40 replays, 3 uncaptured calls, calls timed at 130/21 us (too dear)"
+    stats["cudagraphs"] = [{"uncaptured": {}, "call_us": 130.4, "call_gpu_us": None},
+                           {"uncaptured": {"too dear": 3}, "call_us": 20.6, "call_gpu_us": 6.2}]
+    assert cs.cuda_graph_summary(stats) == ("cuda graphs: 2 recorded, 40 replays, 3 uncaptured calls, calls timed at "
+                                            "130 / 21 (GPU 6) us of host time (too dear)")
 
 
 def test_a_models_row_of_a_reduce_overhead_backend_says_whether_its_graphs_were_captured(monkeypatch):

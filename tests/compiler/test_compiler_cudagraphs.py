@@ -10,6 +10,7 @@ the shared pool's memory, new shapes and the limit.
 """
 from __future__ import annotations
 
+import contextlib
 import copy
 import importlib
 import re
@@ -930,8 +931,8 @@ def test_replay_cost_rule_weighs_a_replays_copies_and_host_time_against_the_time
     reason = cudagraphs.replay_cost_blocker(256 << 20, 20.0, 3.35, 1)
     assert reason is not None and re.search(
         r"copy \(256\.0 MiB\) take ~160 us of GPU time at 3\.35 TB/s, and the replay ~52 us of host time of its "
-        r"own \(.*REPLAY_HOST_US = 32 us and 1 copy call at COPY_CALL_HOST_US = 20 us\): more than the ~20 us of "
-        r"host time its uncaptured call took \(timed after the warm-up; .*REPLAY_COST_RULE = False records it "
+        r"own \(.*REPLAY_HOST_US = 32 us and 1 copy call at COPY_CALL_HOST_US = 20 us\): more than its uncaptured "
+        r"call, which took ~20 us of host time \(timed after the warm-up; .*REPLAY_COST_RULE = False records it "
         r"anyway\)", reason), reason
     # at 1024 rows (8 MiB: ~5 us of copies) the replay's host time is what decides: a one-kernel call of ~20 us
     # does not pay for it; the attention projections' forward (four GEMMs, ~130 us) does
@@ -947,6 +948,28 @@ def test_replay_cost_rule_weighs_a_replays_copies_and_host_time_against_the_time
     assert cudagraphs.replay_cost_blocker(0, 52.0, 2.0, 1) is None and cudagraphs.replay_cost_blocker(0, 52.0, 2.0, 2)
 
 
+def test_with_the_calls_gpu_time_the_rule_weighs_the_larger_of_host_and_gpu_time_each_way():
+    """Host and GPU work overlap: uncaptured a call costs max(host, GPU), replayed max(the replay's host time, GPU
+    + copies). A GPU-bound graph gains nothing from saved host time and pays its copies."""
+    # the attention projections' forward at 1024 rows on an H100, its four weights passed as inputs (136 MiB
+    # copied: ~85 us): a 248 us call on the host, 232 us of GEMMs. Host time alone would record it (85 + 52 <
+    # 248); measured, the captured step took 1.21x the uncaptured one
+    assert cudagraphs.replay_cost_blocker(136 << 20, 248.0, 3.35, 1) is None
+    reason = cudagraphs.replay_cost_blocker(136 << 20, 248.0, 3.35, 1, gpu_us=232.0)
+    assert reason is not None and reason.startswith("the inputs a replay would copy (136.0 MiB) take ~85 us of GPU "
+                                                    "time") and "which took ~248 us of host time and ~232 us of GPU " \
+                                                                "time" in reason, reason
+    # its weights as parameters (read in place): 8 MiB copied, max(52, 237) against max(248, 232): recorded
+    assert cudagraphs.replay_cost_blocker(8 << 20, 248.0, 3.35, 1, gpu_us=232.0) is None
+    # a host-bound graph (a decode step: 1.5 ms of launches, 0.3 ms of kernels) is recorded; softmax's one-kernel
+    # call is not (52 us of replay against a 20 us call)
+    assert cudagraphs.replay_cost_blocker(8, 1500.0, 3.35, 1, gpu_us=300.0) is None
+    assert cudagraphs.replay_cost_blocker(8 << 20, 20.0, 3.35, 1, gpu_us=6.0).startswith("a replay would cost ~52")
+    # the boundary: max(52, 100 + 15) against max(115, 100)
+    assert cudagraphs.replay_cost_blocker(15_000_000, 115.0, 2.0, 1, gpu_us=100.0) is None
+    assert cudagraphs.replay_cost_blocker(15_000_001, 115.0, 2.0, 1, gpu_us=100.0) is not None
+
+
 def test_launches_that_pay_for_a_replay_at_the_least_a_launch_costs_decide_without_timing(monkeypatch):
     """HOST_US_A_LAUNCH a launch and once more for the call is the least an uncaptured call costs on the host:
     where that pays for the replay, no call is timed."""
@@ -955,47 +978,77 @@ def test_launches_that_pay_for_a_replay_at_the_least_a_launch_costs_decide_witho
     assert cudagraphs.launches_pay_for_replay(8, 200, 3.35, 1)
     # one copy call and 52 us of the replay's host time: 10 launches and the call are 55 us, 9 are 50
     assert cudagraphs.launches_pay_for_replay(0, 10, 2.0, 1) and not cudagraphs.launches_pay_for_replay(0, 9, 2.0, 1)
-    # the copies' GPU time counts: 2 x 3e6 bytes at 2 TB/s is 3 us
-    assert cudagraphs.launches_pay_for_replay(3_000_000, 10, 2.0, 1)
-    assert not cudagraphs.launches_pay_for_replay(3_000_001, 10, 2.0, 1)
+    # the copies' GPU time counts, and copies of more than UNTIMED_COPY_US (2 us) are weighed against the call's
+    # measured GPU time instead: 2 x 2e6 bytes at 2 TB/s is 2 us
+    assert cudagraphs.UNTIMED_COPY_US == 2
+    assert cudagraphs.launches_pay_for_replay(2_000_000, 10, 2.0, 1)  # 2 + 52 us against 55
+    assert not cudagraphs.launches_pay_for_replay(2_000_000, 9, 2.0, 1)
+    assert not cudagraphs.launches_pay_for_replay(2_000_001, 1000, 2.0, 1)
     # the attention projections' forward at 1024 rows: four GEMM launches, one 8 MiB copy
     assert not cudagraphs.launches_pay_for_replay(8 << 20, 4, 3.35, 1)
     monkeypatch.setattr(cudagraphs, "HOST_US_A_LAUNCH", float("inf"))
     assert cudagraphs.launches_pay_for_replay(1 << 40, 0, 0.5, 9)
 
 
-def test_the_timed_call_drains_the_cuda_queues_of_its_arguments_and_holds_the_garbage_collector(monkeypatch):
+def test_the_timed_call_drains_the_queue_sleeps_the_gpu_and_times_both_sides(monkeypatch):
+    """One CUDA device: its queue drained, the GPU put to sleep, the call queued behind it between two events
+    (its GPU time, counted only if the sleep outlasted the call's host time), the collector held. No CUDA
+    argument, several devices, or the caller's own capture: host time only, nothing synced."""
     import gc
 
-    drained = []
+    log = []
 
     class Stream:
         def __init__(self, dev):
-            self.dev = dev
+            self.device = dev
 
         def synchronize(self):
-            drained.append(self.dev)
+            log.append("drain")
+
+    spans = {}
+
+    class Event:
+        made = 0
+
+        def __init__(self, enable_timing):
+            assert enable_timing
+            self.n, Event.made = Event.made, Event.made + 1
+
+        def record(self, stream):
+            log.append(f"event{self.n % 3}")
+
+        def synchronize(self):
+            log.append("end sync")
+
+        def elapsed_time(self, other):
+            return spans[(self.n % 3, other.n % 3)]
 
     monkeypatch.setattr(torch.cuda, "current_stream", Stream)
+    monkeypatch.setattr(torch.cuda, "Event", Event)
+    monkeypatch.setattr(torch.cuda, "_sleep", lambda cycles: log.append(("sleep", cycles)))
+    monkeypatch.setattr(torch.cuda, "device", lambda dev: contextlib.nullcontext())
     capturing = []
     monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: bool(capturing))
-    seen = []
 
     def run(args):
-        seen.append((list(drained), gc.isenabled()))
+        log.append(("run", gc.isenabled()))
         return [args[0] * 2]
 
     x = torch.randn(3)
-    out, us = cudagraphs._timed_call(run, [x, _fake_cuda(2), _fake_cuda(1), 4])
-    assert torch.equal(out[0], x * 2) and us > 0
-    assert len(drained) == 1 and drained[0].type == "cuda" and seen == [(drained, False)], (seen, drained)
+    spans.update({(0, 1): 10.0, (1, 2): 0.25})  # ms: a 10 ms sleep, 250 us of kernels
+    out, host_us, gpu_us = cudagraphs._timed_call(run, [x, _fake_cuda(2), _fake_cuda(1), 4])
+    assert torch.equal(out[0], x * 2) and 0 < host_us < 10_000 and gpu_us == 250.0
+    assert log == ["drain", "event0", ("sleep", cudagraphs.SLEEP_CYCLES), "event1", ("run", False), "event2",
+                   "end sync"], log
     assert gc.isenabled()
-    drained.clear()
-    cudagraphs._timed_call(run, [x])  # no CUDA argument: nothing to drain
-    assert drained == [] and gc.isenabled()
-    capturing.append(1)
-    cudagraphs._timed_call(run, [x, _fake_cuda(2)])  # the caller's own capture: no sync
-    assert drained == []
+    spans[(0, 1)] = 1e-6  # the sleep ended before the call was queued: its GPU time has host gaps in it
+    assert cudagraphs._timed_call(run, [x, _fake_cuda(2)])[2] is None
+    for args in ([x], [_fake_cuda(2), _FakeOtherDevice()]):  # no CUDA argument; two devices
+        log.clear()
+        assert cudagraphs._timed_call(run, args)[2] is None and log == [("run", False)], log
+    capturing.append(1)  # the caller's own capture
+    log.clear()
+    assert cudagraphs._timed_call(run, [x, _fake_cuda(2)])[2] is None and log == [("run", False)], log
     gc.disable()
     try:  # a collector the caller turned off stays off
         cudagraphs._timed_call(run, [x])
@@ -1004,37 +1057,24 @@ def test_the_timed_call_drains_the_cuda_queues_of_its_arguments_and_holds_the_ga
         gc.enable()
 
 
-def test_a_replays_copy_calls_are_one_for_the_batched_inputs_and_one_for_each_other(monkeypatch):
-    monkeypatch.setattr(cudagraphs, "FOREACH_ONE_LAUNCH", 100)
-    small, large, expanded, empty = torch.randn(4, 5), torch.randn(11, 11), torch.randn(3, 1).expand(3, 9), \
-        torch.randn(0, 4)
-    inputs = [(0, small), (1, large), (2, small), (3, expanded), (4, empty), (5, large)]
-    assert cudagraphs.split_copies(inputs) == ([0, 2], [1, 5], [3])
-    assert cudagraphs.copy_calls(inputs) == 4
-    assert cudagraphs.copy_calls([(0, small), (2, small)]) == 1 and cudagraphs.copy_calls([(4, empty)]) == 0
+class _FakeOtherDevice(torch.Tensor):
+    """A tensor that says it lives on a second CUDA device (only its device is read)."""
+
+    def __new__(cls):
+        return torch.Tensor._make_subclass(cls, torch.empty(0))
+
+    @property
+    def device(self):
+        return torch.device("cuda", 1)
 
 
-def test_replay_cost_rule_takes_the_parts_bandwidth_from_its_datasheet(monkeypatch):
-    from tilefuse import device as tf_device
-
-    assert cudagraphs.copy_tbps(torch.device("cpu")) == cudagraphs.COPY_TBPS_UNKNOWN
-    names = {0: "NVIDIA H100 80GB HBM3", 1: "NVIDIA H200", 2: "Some Future GPU"}
-    monkeypatch.setattr(torch.cuda, "get_device_name", lambda i: names[i])
-    monkeypatch.setattr(torch.cuda, "current_device", lambda: 1)
-    monkeypatch.setattr(cudagraphs, "_TBPS", {})
-    assert cudagraphs.copy_tbps(torch.device("cuda", 0)) == tf_device.datasheet_named(names[0]).hbm_tbps == 3.35
-    assert cudagraphs.copy_tbps(torch.device("cuda")) == 4.8  # the current device's
-    assert cudagraphs.copy_tbps(torch.device("cuda", 2)) == cudagraphs.COPY_TBPS_UNKNOWN
-    assert tf_device.datasheet_named(names[2]) is None
-
-
-def _timed_at(monkeypatch, us, timed=None):
-    """The replay-cost rule's timed calls run as they do, and take ``us`` of host time (``timed`` collects the
-    calls' arguments)."""
+def _timed_at(monkeypatch, us, timed=None, gpu_us=None):
+    """The replay-cost rule's timed calls run as they do, and take ``us`` of host time and ``gpu_us`` of GPU time
+    (None: not measured; ``timed`` collects the calls' arguments)."""
     def fake(run, args):
         if timed is not None:
             timed.append(list(args))  # (a boxed call empties its list)
-        return run(args), us
+        return run(args), us, gpu_us
 
     monkeypatch.setattr(cudagraphs, "_timed_call", fake)
 
@@ -1056,7 +1096,7 @@ def test_a_graph_whose_copies_cost_more_than_its_uncaptured_call_runs_uncaptured
         # third, for good
         assert calls == 2 and re.search(r"the inputs a replay would copy \([0-9.]+ MiB\) take ~[0-9]+ us of GPU time "
                                         r"at 2 TB/s, and the replay ~0 us of host time of its own \(.*\): more "
-                                        r"than the ~0 us of host time its uncaptured call took", reason), r
+                                        r"than its uncaptured call, which took ~0 us of host time", reason), r
         # explain says it too, with the time measured
         text = _explained(r["graph_id"])
         assert "cuda graph: not captured" in text and f"uncaptured (2 calls): {reason}" in text, text
@@ -1091,13 +1131,31 @@ def test_launches_that_pay_for_the_replay_record_it_on_the_second_call_and_other
         assert inf["replays"] == (3 if call_us is None else 2 if captured else 0), (factor, inf)
 
 
+def test_a_gpu_bound_graph_whose_copies_would_lengthen_it_runs_uncaptured(stand_in, monkeypatch):
+    """The call timed at 248 us of host time and 232 us of GPU time, its input's copy made to take 50 us of GPU
+    time: on host time alone a replay (50 us) pays; with the GPU time it would take max(0, 232 + 50) against the
+    call's max(248, 232), and the graph runs uncaptured, saying so; explain shows both times."""
+    x = torch.randn(5, 13)
+    monkeypatch.setattr(cudagraphs, "COPY_TBPS_UNKNOWN", 2 * x.numel() * x.element_size() / 50e6)
+    for gpu_us, captured in ((None, True), (232.0, False), (190.0, True)):
+        inf, _ = _mlp_inference_after(x, lambda launches, g=gpu_us: _timed_at(monkeypatch, 248.0, gpu_us=g),
+                                      monkeypatch, calls=3)
+        assert inf["captured"] == captured and (inf["call_us"], inf["call_gpu_us"]) == (248.0, gpu_us), inf
+        if not captured:
+            (reason, calls), = inf["uncaptured"].items()
+            assert calls == 2 and reason.startswith("the inputs a replay would copy (0.0 MiB) take ~50 us of GPU "
+                                                    "time") and "~232 us of GPU time" in reason, reason
+            text = _explained(inf["graph_id"])
+            assert "timed for the replay-cost rule: 248 us of host time, 232 us of GPU time" in text, text
+
+
 def test_more_timed_calls_take_the_fastest(stand_in, monkeypatch):
     monkeypatch.setattr(cudagraphs, "TIMED_CALLS", 3)
     monkeypatch.setattr(cudagraphs, "HOST_US_A_LAUNCH", 1e-9)
     times = iter([900.0, 1e-9, 900.0])
 
     def fake(run, args):
-        return run(args), next(times)
+        return run(args), next(times), None
 
     monkeypatch.setattr(cudagraphs, "_timed_call", fake)
     inf, _ = _mlp_inference_after(torch.randn(5, 13), lambda launches: None, monkeypatch, calls=5)
@@ -1154,7 +1212,7 @@ def test_a_graph_whose_replay_costs_more_host_time_than_its_call_runs_uncaptured
             assert calls == 2 and reason.startswith(
                 "a replay would cost ~52 us of host time of its own (tilefuse.compiler.runtime.cudagraphs."
                 "REPLAY_HOST_US = 32 us and 1 copy call at COPY_CALL_HOST_US = 20 us) and ~0 us of GPU time copying "
-                "0.0 MiB of inputs at 2 TB/s: more than the ~10 us of host time its uncaptured call took"), reason
+                "0.0 MiB of inputs at 2 TB/s: more than its uncaptured call, which took ~10 us of host time"), reason
             text = _explained(inf["graph_id"])
             assert f"uncaptured (2 calls): {reason}" in text, text
 

@@ -142,6 +142,7 @@ class CudaGraphReport:
     shapes: list = dataclasses.field(default_factory=list)  # the input shapes of each recording
     uncaptured: dict = dataclasses.field(default_factory=dict)  # reason -> calls
     call_us: float | None = None  # the host time of the uncaptured call the replay-cost rule timed (None: none was)
+    call_gpu_us: float | None = None  # ... and its GPU time (None: not measured)
 
     @property
     def captured(self) -> bool:
@@ -166,7 +167,8 @@ class CudaGraphReport:
                     "timed)")
         lines = [head] + [f"    uncaptured ({n} calls): {why}" for why, n in self.uncaptured.items()]
         if self.call_us is not None:
-            lines.append(f"    uncaptured call timed for the replay-cost rule: {self.call_us:.0f} us of host time")
+            gpu = "" if self.call_gpu_us is None else f", {self.call_gpu_us:.0f} us of GPU time"
+            lines.append(f"    uncaptured call timed for the replay-cost rule: {self.call_us:.0f} us of host time{gpu}")
         return "\n".join(lines)
 
 

@@ -31,15 +31,18 @@ What a :class:`GraphRunner` (one per compiled forward, backward or inference gra
    address they were recorded at, and a parameter that moved records again. Every other input (but an
    attention seed, item 1) is copied into a buffer the recording owns. A replay is not free either: its
    copies are GPU work, and it has host work of its own (the copy calls, the graph launch, the checks and the
-   hand-out below). The **replay-cost rule** weighs that against the host time the uncaptured call takes
-   (decisions 054-057). Where the graph's launches, at :data:`HOST_US_A_LAUNCH` each (a lower bound: a Triton
-   launch's host time), already pay for the replay, the signature is recorded on its second call. Otherwise
-   that second call runs uncaptured and is timed (:func:`_timed_call`: the queue drained first, so no launch
-   waits for room in it), and the third records it only if the replay costs less than the time measured
-   (:func:`replay_cost_blocker`); if not, the signature runs uncaptured for good, with that reason. A layer fed
-   a 256 MiB activation (its copy costs more than any launch saves) and a graph of one or two kernels (its call
-   costs less host time than a replay) run uncaptured; a graph of a few GEMMs (~30 us a launch, decision 056)
-   pays for its replay. :data:`REPLAY_COST_RULE` = False records every capturable graph.
+   hand-out below). The **replay-cost rule** weighs that against the uncaptured call (decisions 054-057).
+   Where the graph's launches, at :data:`HOST_US_A_LAUNCH` each (a lower bound: a Triton launch's host time),
+   already pay for the replay and its copies are next to free (:data:`UNTIMED_COPY_US`), the signature is
+   recorded on its second call. Otherwise that second call runs uncaptured and is timed (:func:`_timed_call`:
+   host time, and GPU time with the call queued behind a sleeping GPU), and the third records it only if a replay
+   would take less: host and GPU work overlap, so each costs the larger of its host and GPU time, a replay's GPU
+   time being the call's and its copies' (:func:`replay_cost_blocker`). If not, the signature runs uncaptured
+   for good, with that reason. A layer fed a 256 MiB activation (its copy costs more than any launch saves), a
+   graph of one or two kernels (its call costs less host time than a replay) and a GPU-bound graph with copies
+   to make (the attention projections at 1024 rows with their weights as inputs, 1.21x slower captured) run
+   uncaptured; a host-bound one (a decode step) is recorded. :data:`REPLAY_COST_RULE` = False records every
+   capturable graph.
 4. **Replay**: copy the non-static inputs, ``replay()``, hand out fresh tensors over the recorded outputs.
 
 A new signature (a new shape) records a new graph, up to :data:`MAX_RECORDINGS` a compiled graph; past it,
@@ -83,6 +86,12 @@ HOST_US_A_LAUNCH = 5.0  # host time a launch of the uncaptured call takes at lea
 # compiled graph costs 4.3-6.2 us on an H100's host, decision 035; a GEMM's ~30, decision 056)
 TIMED_CALLS = 1  # uncaptured calls of a signature timed after the warm-up when its launches alone do not decide
 # (the fastest counts)
+UNTIMED_COPY_US = 2.0  # the most GPU time a replay's copies may take for its launches alone to decide: a graph
+# that is GPU-bound gains nothing from a replay's saved host time and pays its copies' GPU time, so larger copies
+# are weighed against the call's measured GPU time (the attention projections at 1024 rows, their weights passed
+# as inputs: 136 MiB copied a forward, recorded on host time alone, the step took 1.21x its uncaptured time)
+SLEEP_CYCLES = 20_000_000  # the GPU is kept busy this long (~10 ms) before a timed call, so that its launches
+# queue and its kernels then run back to back: the span between events around them is their GPU time alone
 REPLAY_HOST_US = 32.0  # a replay's own host time beyond its copy calls: the runner's checks, cudaGraphLaunch and
 # the hand-out, 32 us a call in a softmax step on an H100's host (decision 055)
 COPY_CALL_HOST_US = 20.0  # host time a copy call of a replay (the one _foreach_copy_, or one copy_) costs in a
@@ -286,46 +295,75 @@ def replay_cost_us(nbytes: int, tbps: float, copy_calls: int) -> tuple[float, fl
 def launches_pay_for_replay(nbytes: int, launches: int, tbps: float, copy_calls: int = 0) -> bool:
     """Whether ``launches`` launches, at :data:`HOST_US_A_LAUNCH` each and once more for the call (the least an
     uncaptured call of them costs on the host), pay for a replay (:func:`replay_cost_us`) without timing the
-    call."""
+    call: only where the replay's copies take at most :data:`UNTIMED_COPY_US` of GPU time, which a GPU-bound
+    graph would pay for nothing."""
     saved_us = HOST_US_A_LAUNCH * (launches + 1)
-    return saved_us == float("inf") or sum(replay_cost_us(nbytes, tbps, copy_calls)) <= saved_us
-
-
-def replay_cost_blocker(nbytes: int, call_us: float, tbps: float, copy_calls: int = 0) -> str | None:
-    """Why a graph whose uncaptured call took ``call_us`` of host time is not worth recording, a replay copying
-    ``nbytes`` of inputs in ``copy_calls`` calls (:func:`replay_cost_us`) costing more (None: it is)."""
+    if saved_us == float("inf"):
+        return True
     copy_us, host_us = replay_cost_us(nbytes, tbps, copy_calls)
-    if copy_us + host_us <= call_us:
+    return copy_us <= UNTIMED_COPY_US and copy_us + host_us <= saved_us
+
+
+def replay_cost_blocker(nbytes: int, call_us: float, tbps: float, copy_calls: int = 0,
+                        gpu_us: float | None = None) -> str | None:
+    """Why a graph whose uncaptured call took ``call_us`` of host time and ``gpu_us`` of GPU time is not worth
+    recording, its replay copying ``nbytes`` of inputs in ``copy_calls`` calls (:func:`replay_cost_us`) (None: it
+    is). Host and GPU work overlap, so a call costs the larger of the two: uncaptured ``max(call_us, gpu_us)``,
+    replayed ``max(replay host time, gpu_us + the copies' GPU time)``. Without ``gpu_us`` (not measured) the
+    replay's host time and copies are added up against ``call_us``, as if the graph's own GPU time were nil."""
+    copy_us, host_us = replay_cost_us(nbytes, tbps, copy_calls)
+    if gpu_us is None:
+        replayed, uncaptured = copy_us + host_us, call_us
+    else:
+        replayed, uncaptured = max(host_us, gpu_us + copy_us), max(call_us, gpu_us)
+    if replayed <= uncaptured:
         return None
     where = "tilefuse.compiler.runtime.cudagraphs"
-    over = (f"more than the ~{call_us:.0f} us of host time its uncaptured call took (timed after the warm-up; "
+    took = f"~{call_us:.0f} us of host time" + ("" if gpu_us is None else f" and ~{gpu_us:.0f} us of GPU time")
+    over = (f"more than its uncaptured call, which took {took} (timed after the warm-up; "
             f"{where}.REPLAY_COST_RULE = False records it anyway)")
     host = (f"~{host_us:.0f} us of host time of its own ({where}.REPLAY_HOST_US = {REPLAY_HOST_US:g} us and "
             f"{copy_calls} copy call{'s' if copy_calls != 1 else ''} at COPY_CALL_HOST_US = {COPY_CALL_HOST_US:g} us)")
-    if copy_us > host_us:
+    if copy_us > host_us or (gpu_us is not None and gpu_us + copy_us > host_us):
         return (f"the inputs a replay would copy ({nbytes / 2**20:.1f} MiB) take ~{copy_us:.0f} us of GPU time at "
                 f"{tbps:g} TB/s, and the replay {host}: {over}")
     return (f"a replay would cost {host}" + (f" and ~{copy_us:.0f} us of GPU time copying {nbytes / 2**20:.1f} MiB "
                                             f"of inputs at {tbps:g} TB/s" if nbytes > 0 else "") + f": {over}")
 
 
-def _timed_call(run: Callable, args: list) -> tuple[Any, float]:
-    """``run(args)`` uncaptured, and the host time it took (us). The queues of the CUDA devices of ``args`` are
-    drained first (one sync a signature), so that no launch waits for room in a full queue, which would count
-    GPU time as host time (not while the caller captures a CUDA graph of its own, where a sync is an error); the
-    garbage collector waits until the call is over."""
-    for dev in {a.device for a in args if isinstance(a, torch.Tensor) and a.device.type == "cuda"}:
-        if not torch.cuda.is_current_stream_capturing():
-            torch.cuda.current_stream(dev).synchronize()
+def _timed_call(run: Callable, args: list) -> tuple[Any, float, float | None]:
+    """``run(args)`` uncaptured, the host time it took and its GPU time (us; None where not measured). The queue of the
+    CUDA device of ``args`` is drained first, so that no launch waits for room in a full queue, which would count
+    GPU time as host time (with the sync after the call, two syncs a signature); then the GPU sleeps
+    (:data:`SLEEP_CYCLES`) while the call queues its work, so that the events around it time its kernels run back to
+    back. The GPU time counts only if the sleep outlasted the call's host time (else host gaps are in it). Nothing
+    is synced or timed on the GPU while the caller captures a CUDA graph of its own (a sync there is an error), or
+    for arguments on several devices. The garbage collector waits until the call is over."""
+    devices = {a.device for a in args if isinstance(a, torch.Tensor) and a.device.type == "cuda"}
+    timing = len(devices) == 1 and not torch.cuda.is_current_stream_capturing()
+    if timing:
+        stream = torch.cuda.current_stream(next(iter(devices)))
+        stream.synchronize()
+        with torch.cuda.device(stream.device):
+            slept, start, end = (torch.cuda.Event(enable_timing=True) for _ in range(3))
+            slept.record(stream)
+            torch.cuda._sleep(SLEEP_CYCLES)
+            start.record(stream)
     collecting = gc.isenabled()
     gc.disable()
     try:
-        start = time.perf_counter_ns()
+        t0 = time.perf_counter_ns()
         out = run(args)
-        return out, (time.perf_counter_ns() - start) / 1e3
+        host_us = (time.perf_counter_ns() - t0) / 1e3
     finally:
         if collecting:
             gc.enable()
+    if not timing:
+        return out, host_us, None
+    end.record(stream)
+    end.synchronize()
+    sleep_us, gpu_us = slept.elapsed_time(start) * 1e3, start.elapsed_time(end) * 1e3
+    return out, host_us, (gpu_us if host_us < sleep_us else None)
 
 
 _TBPS: dict[int, float] = {}
@@ -751,7 +789,7 @@ class GraphRunner:
         self.calls: dict[tuple, int] = {}  # signature -> uncaptured calls so far
         self.recordings: dict[tuple, list[Recording]] = {}
         self.refused: dict[tuple, str] = {}  # signature -> why it runs uncaptured for good
-        self.timed: dict[tuple, list] = {}  # signature -> host us of its timed uncaptured calls (the replay-cost rule)
+        self.timed: dict[tuple, list] = {}  # signature -> (host us, GPU us or None) of its timed uncaptured calls
         self.total_recordings = 0
         self.key_positions: list | None = None  # the arguments a signature reads (all but the parameters)
         if self.blocked:
@@ -812,11 +850,12 @@ class GraphRunner:
             if not launches_pay_for_replay(nbytes, self.launches(), tbps, calls):
                 timed = self.timed.setdefault(key, [])
                 if len(timed) < TIMED_CALLS:
-                    out, us = _timed_call(self.run, args)
-                    timed.append(us)
-                    self.report.call_us = min(timed)
+                    out, host_us, gpu_us = _timed_call(self.run, args)
+                    timed.append((host_us, gpu_us))
+                    self.report.call_us, self.report.call_gpu_us = min(timed, key=lambda t: t[0])
                     return out
-                cost = replay_cost_blocker(nbytes, min(timed), tbps, calls)
+                host_us, gpu_us = min(timed, key=lambda t: t[0])
+                cost = replay_cost_blocker(nbytes, host_us, tbps, calls, gpu_us)
                 if cost is not None:
                     self.refused[key] = cost
                     self._uncaptured(cost)
