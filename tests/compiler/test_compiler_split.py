@@ -27,6 +27,23 @@ def small_split(monkeypatch):
     torch._dynamo.reset()
 
 
+def _norm_operands(seed: int, rows: int = 301, cols: int = 67):
+    """A norm's input (non-contiguous), weight and bias (all requiring grad) and an output gradient."""
+    g = torch.Generator().manual_seed(seed)
+    x = noncontiguous(torch.randn(rows, cols, generator=g)).requires_grad_()
+    w = torch.randn(cols, generator=g).requires_grad_()
+    b = torch.randn(cols, generator=g).requires_grad_()
+    return x, w, b, torch.randn(rows, cols, generator=g)
+
+
+def _assert_grads_are_float64s(f, inputs, dy, grads, what: str = "") -> None:
+    """``grads`` (of x, weight, bias) are those of ``f`` at ``inputs`` in float64, within float32's tolerance."""
+    ref_inputs = [t.detach().double().requires_grad_() for t in inputs]
+    ref_grads = torch.autograd.grad(f(*ref_inputs), ref_inputs, dy.double())
+    for name, got, want in zip(("x", "weight", "bias"), grads, ref_grads):
+        assert_close(got, want, torch.float32, what=f"grad {name}{what}")
+
+
 def test_split_factor_of_the_benchmark_shapes():
     # layer norm's weight gradient at 32768 x 4096: 256 chunks of 128 rows (the tuning table's
     # split_outer_chunks: enough programs when the first stage runs in the row kernel, one per chunk)
@@ -51,12 +68,8 @@ def test_split_factor_of_the_benchmark_shapes():
 def test_column_sums_split_from_their_own_threshold_match_float64():
     """A layer norm's weight and bias gradients split by split_outer_min_r alone (SPLIT_MIN_R as it is): the
     backward gets a second stage, and every gradient is a float64 reference's."""
-    g = torch.Generator().manual_seed(13)
-    rows, cols = 301, 67
-    x = noncontiguous(torch.randn(rows, cols, generator=g)).requires_grad_()
-    w = torch.randn(cols, generator=g).requires_grad_()
-    b = torch.randn(cols, generator=g).requires_grad_()
-    dy = torch.randn(rows, cols, generator=g)
+    x, w, b, dy = _norm_operands(13)
+    rows, cols = x.shape
 
     def f(x, w, b):
         return F.layer_norm(x, (cols,), w, b, 1e-5)
@@ -71,10 +84,7 @@ def test_column_sums_split_from_their_own_threshold_match_float64():
             out = torch.compile(f, backend="tilefuse")(x, w, b)
             grads = torch.autograd.grad(out, (x, w, b), dy)
         counts.append(int(stats()["kernels"]))
-        x64, w64, b64 = (t.detach().double().requires_grad_() for t in (x, w, b))
-        ref_grads = torch.autograd.grad(f(x64, w64, b64), (x64, w64, b64), dy.double())
-        for name, got, want in zip(("x", "weight", "bias"), grads, ref_grads):
-            assert_close(got, want, torch.float32, what=f"grad {name} {setting}")
+        _assert_grads_are_float64s(f, (x, w, b), dy, grads, f" {setting}")
     assert counts[1] > counts[0], f"kernels unsplit / split: {counts}"
     torch._dynamo.reset()
 
@@ -107,12 +117,8 @@ def test_split_reductions_match_float64(small_split, case):
 
 
 def test_layer_norm_gelu_backward_with_split_column_sums(small_split):
-    g = torch.Generator().manual_seed(11)
-    rows, cols = 301, 67
-    x = noncontiguous(torch.randn(rows, cols, generator=g)).requires_grad_()
-    w = torch.randn(cols, generator=g).requires_grad_()
-    b = torch.randn(cols, generator=g).requires_grad_()
-    dy = torch.randn(rows, cols, generator=g)
+    x, w, b, dy = _norm_operands(11)
+    cols = x.shape[1]
 
     def f(x, w, b):
         return F.gelu(F.layer_norm(x, (cols,), w, b, 1e-5))
@@ -120,12 +126,8 @@ def test_layer_norm_gelu_backward_with_split_column_sums(small_split):
     with strict():
         out = torch.compile(f, backend="tilefuse")(x, w, b)
         grads = torch.autograd.grad(out, (x, w, b), dy)
-    x64, w64, b64 = (t.detach().double().requires_grad_() for t in (x, w, b))
-    ref = f(x64, w64, b64)
-    ref_grads = torch.autograd.grad(ref, (x64, w64, b64), dy.double())
-    assert_close(out, ref, torch.float32)
-    for name, got, want in zip(("x", "weight", "bias"), grads, ref_grads):
-        assert_close(got, want, torch.float32, what=f"grad {name}")
+    assert_close(out, f(*(t.detach().double() for t in (x, w, b))), torch.float32)
+    _assert_grads_are_float64s(f, (x, w, b), dy, grads)
 
 
 @pytest.mark.parametrize("looped", [False, True], ids=["persistent", "looped"])
