@@ -816,9 +816,9 @@ def floor_section(case: str = "softmax_fwd_bwd", rows: int = 1024, rounds: int =
         walls = {name: [] for name in steps if name != "launchless"}
         for _ in range(rounds):
             for name in walls:
-                walls[name].append(_wall_us(steps[name], 50))
-        print(f"  wall us a step (50 steps queued, then synced; host and GPU overlapping), median of {rounds} "
-              f"alternated rounds (least-most):")
+                walls[name].append(per_call_us(steps[name], 50))
+        print(f"  wall us a step (host and GPU overlapping: per_call_us, the best of 3 runs of 50 steps queued, "
+              f"then synced), median of {rounds} alternated rounds (least-most):")
         for name, w in walls.items():
             print(f"    {name:12} {statistics.median(w):7.1f}  ({min(w):.1f}-{max(w):.1f})")
         wall = {name: statistics.median(w) for name, w in walls.items()}
@@ -833,16 +833,6 @@ def floor_section(case: str = "softmax_fwd_bwd", rows: int = 1024, rounds: int =
         print(f"  tilefuse's kernels: {gpu:.1f} us of GPU time a step; the launchless step's host time is "
               f"{floor / gpu:.2f}x that, so a step whose host time is at that floor runs its kernels at "
               f"{min(1.0, gpu / floor):.0%} of their time at best")
-
-
-def _wall_us(call, steps: int) -> float:
-    """Wall microseconds a call over ``steps`` calls queued back to back, from a drained queue to a synced one."""
-    torch.cuda.synchronize()
-    start = time.perf_counter()
-    for _ in range(steps):
-        call()
-    torch.cuda.synchronize()
-    return (time.perf_counter() - start) / steps * 1e6
 
 
 def latency_rows_section(device: str = "cuda", tiny: bool = False) -> None:
