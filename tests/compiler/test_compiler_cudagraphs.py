@@ -1068,6 +1068,30 @@ class _FakeOtherDevice(torch.Tensor):
         return torch.device("cuda", 1)
 
 
+def test_a_replays_copy_calls_are_one_for_the_batched_inputs_and_one_for_each_other(monkeypatch):
+    monkeypatch.setattr(cudagraphs, "FOREACH_ONE_LAUNCH", 100)
+    small, large, expanded, empty = torch.randn(4, 5), torch.randn(11, 11), torch.randn(3, 1).expand(3, 9), \
+        torch.randn(0, 4)
+    inputs = [(0, small), (1, large), (2, small), (3, expanded), (4, empty), (5, large)]
+    assert cudagraphs.split_copies(inputs) == ([0, 2], [1, 5], [3])
+    assert cudagraphs.copy_calls(inputs) == 4
+    assert cudagraphs.copy_calls([(0, small), (2, small)]) == 1 and cudagraphs.copy_calls([(4, empty)]) == 0
+
+
+def test_replay_cost_rule_takes_the_parts_bandwidth_from_its_datasheet(monkeypatch):
+    from tilefuse import device as tf_device
+
+    assert cudagraphs.copy_tbps(torch.device("cpu")) == cudagraphs.COPY_TBPS_UNKNOWN
+    names = {0: "NVIDIA H100 80GB HBM3", 1: "NVIDIA H200", 2: "Some Future GPU"}
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda i: names[i])
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 1)
+    monkeypatch.setattr(cudagraphs, "_TBPS", {})
+    assert cudagraphs.copy_tbps(torch.device("cuda", 0)) == tf_device.datasheet_named(names[0]).hbm_tbps == 3.35
+    assert cudagraphs.copy_tbps(torch.device("cuda")) == 4.8  # the current device's
+    assert cudagraphs.copy_tbps(torch.device("cuda", 2)) == cudagraphs.COPY_TBPS_UNKNOWN
+    assert tf_device.datasheet_named(names[2]) is None
+
+
 def _timed_at(monkeypatch, us, timed=None, gpu_us=None):
     """The replay-cost rule's timed calls run as they do, and take ``us`` of host time and ``gpu_us`` of GPU time
     (None: not measured; ``timed`` collects the calls' arguments)."""
