@@ -762,15 +762,28 @@ def _launchless_backend():
     return aot_autograd(fw_compiler=compile_graph, bw_compiler=compile_graph)
 
 
+def _alternated_medians(calls: dict, rounds: int, measure, indent: str) -> dict:
+    """``measure(call)`` of each of ``calls`` in ``rounds`` alternated rounds; prints each one's median and range
+    (least-most) and returns the medians by name."""
+    import statistics
+
+    samples = {name: [] for name in calls}
+    for _ in range(rounds):
+        for name, call in calls.items():
+            samples[name].append(measure(call))
+    for name, v in samples.items():
+        print(f"{indent}{name:12} {statistics.median(v):7.1f}  ({min(v):.1f}-{max(v):.1f})")
+    return {name: statistics.median(v) for name, v in samples.items()}
+
+
 def floor_section(case: str = "softmax_fwd_bwd", rows: int = 1024, rounds: int = 7, device: str = "cuda") -> None:
     """How low a compiled step's host time can go: the compiler suite's ``case`` at ``rows`` rows, host us a step
     (GPU busy, as the suite measures) under eager, a backend whose graphs launch nothing
     (:func:`_launchless_backend`), tilefuse and Inductor, each also with ``mode="reduce-overhead"`` (tilefuse
     under its replay-cost rule), in alternated rounds; beside it each step's GPU time, its wall time (host and GPU
     overlapping: what capture does to the step) and what tilefuse's rule did with each graph (on the CPU: eager
-    and the launchless backend, wall time). Where the launchless step's host
-    time exceeds the kernels' GPU time, no backend's per-graph capture can make the step reach its kernels'
-    time."""
+    and the launchless backend, wall time). Where the launchless step's host time exceeds the kernels' GPU time,
+    no backend's per-graph capture can make the step reach its kernels' time."""
     import statistics
 
     from tilefuse import compiler
@@ -798,30 +811,19 @@ def floor_section(case: str = "softmax_fwd_bwd", rows: int = 1024, rounds: int =
         torch.cuda.synchronize()
 
     measure = cs.host_us if cuda else (lambda call: _cpu_us(call, cs.HOST_STEPS))
-    hosts = {name: [] for name in steps}
-    for _ in range(rounds):
-        for name, call in steps.items():
-            hosts[name].append(measure(call))
     how = "GPU busy" if cuda else "wall, CPU tensors"
     print(f"== floor: {case} at {rows} rows, host us a step ({how}), median of {rounds} alternated rounds of "
           f"{cs.HOST_STEPS} steps (least-most)")
-    for name, h in hosts.items():
-        print(f"  {name:12} {statistics.median(h):7.1f}  ({min(h):.1f}-{max(h):.1f})")
+    hosts = _alternated_medians(steps, rounds, measure, "  ")
     if cuda:
-        gpus = {name: statistics.median(cs.kernel_ms(steps[name])) * 1e3 for name in steps if name != "launchless"}
+        compiled = {name: step for name, step in steps.items() if name != "launchless"}
+        gpus = {name: statistics.median(cs.kernel_ms(step)) * 1e3 for name, step in compiled.items()}
         for name, us in gpus.items():
             print(f"  {name}'s GPU time a step: {us:.1f} us")
-        ro, plain = statistics.median(hosts["tilefuse-ro"]), statistics.median(hosts["tilefuse"])
-        print(f"  tilefuse-ro's step host time is {ro / plain:.2f}x tilefuse's")
-        walls = {name: [] for name in steps if name != "launchless"}
-        for _ in range(rounds):
-            for name in walls:
-                walls[name].append(per_call_us(steps[name], 50))
+        print(f"  tilefuse-ro's step host time is {hosts['tilefuse-ro'] / hosts['tilefuse']:.2f}x tilefuse's")
         print(f"  wall us a step (host and GPU overlapping: per_call_us, the best of 3 runs of 50 steps queued, "
               f"then synced), median of {rounds} alternated rounds (least-most):")
-        for name, w in walls.items():
-            print(f"    {name:12} {statistics.median(w):7.1f}  ({min(w):.1f}-{max(w):.1f})")
-        wall = {name: statistics.median(w) for name, w in walls.items()}
+        wall = _alternated_medians(compiled, rounds, lambda step: per_call_us(step, 50), "    ")
         print(f"    tilefuse-ro / tilefuse {wall['tilefuse-ro'] / wall['tilefuse']:.3f}, inductor-ro / inductor "
               f"{wall['inductor-ro'] / wall['inductor']:.3f}, tilefuse-ro / inductor-ro "
               f"{wall['tilefuse-ro'] / wall['inductor-ro']:.3f}")
@@ -829,7 +831,7 @@ def floor_section(case: str = "softmax_fwd_bwd", rows: int = 1024, rounds: int =
             print(f"  tilefuse-ro graph {r['graph_id']} ({r['kind']}): captured {r['captured']}, "
                   f"{r['replays']} replays, uncaptured call timed at {r['call_us']} us of host time and "
                   f"{r['call_gpu_us']} us of GPU time; uncaptured {dict(r['uncaptured'])}")
-        gpu, floor = gpus["tilefuse"], statistics.median(hosts["launchless"])
+        gpu, floor = gpus["tilefuse"], hosts["launchless"]
         print(f"  tilefuse's kernels: {gpu:.1f} us of GPU time a step; the launchless step's host time is "
               f"{floor / gpu:.2f}x that, so a step whose host time is at that floor runs its kernels at "
               f"{min(1.0, gpu / floor):.0%} of their time at best")

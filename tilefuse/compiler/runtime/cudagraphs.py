@@ -74,8 +74,8 @@ from .. import records
 MAX_RECORDINGS = 8  # graphs recorded a compiled graph (one a shape or a moved parameter set): each holds its
 # outputs in the pool for good, so a model fed ever-new shapes is bounded at 8 sets of activations.
 WARMUP_CALLS = 1  # uncaptured calls of a signature before it is recorded (Triton/cuBLAS initialise on the first)
-# The replay-cost rule (decisions 054, 055, 057): a graph whose replay would cost more, in GPU time copying its inputs
-# and in its own host time, than the host time its uncaptured call takes runs uncaptured. The compiler suite's
+# The replay-cost rule (decisions 054, 055, 057): a graph whose replay would take longer, with its inputs' copies and
+# its own host time, than its uncaptured call takes (host and GPU time) runs uncaptured. The compiler suite's
 # fwd+bwd graphs at 32768 x 4096 bf16 copy a 256 MiB input and a 256 MiB cotangent a step: captured, each
 # memory-bound one took 1.4-2.3x its uncaptured time, under Inductor's CUDA graphs too. At 1024 rows, where the
 # copies are 8 MiB, softmax's one-kernel graphs still took 51-56 us of host time a call captured against 18-21
