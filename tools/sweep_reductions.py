@@ -100,11 +100,12 @@ SETTINGS = {
     "pair_sums": (dict(pair_row_sums=True), NORMS + ("layer_norm", "softmax_layer_norm")),
     "stages_rows_2rows": (dict(rowloop_rows=2), GELU),  # cross-entropy backward's one-hot sum as a loop
     "chunks_512": (dict(split_outer_chunks=512), None),
-    # column sums split from 1024 rows (default: from 8192, SPLIT_MIN_R), for --rows 1024: 32 chunks of 32 rows in
-    # a column kernel of its own, or (_fused) chunks of 8 rows in the row kernel that reads the same rows
-    "cols_split_1024": (dict(split_outer_min_r=1024), NORMS + GELU),
-    "cols_split_1024_fused": (dict(split_outer_min_r=1024, split_outer_min_rows=8, rowloop_min_programs=128),
-                              NORMS + GELU),
+    # for --rows 1024, column sums as before decision 058: unsplit (from 8192 rows, SPLIT_MIN_R), 128 programs over
+    # every row; or split into 32 chunks of 32 rows in a column kernel of its own (the default since: chunks of 8
+    # rows in the row kernel that reads the same rows)
+    "cols_unsplit_1024": (dict(split_outer_min_r=None, split_outer_min_rows=32, rowloop_min_programs=256),
+                          NORMS + GELU),
+    "cols_split_1024": (dict(split_outer_min_rows=32, rowloop_min_programs=256), NORMS + GELU),
     "chunks_128": (dict(split_outer_chunks=128, rowloop_min_programs=128), None),
     "rowloop_stages2": (dict(num_stages=2), NORMS),
     "no_rowloop": (dict(columns_into_rows=False), NORMS),

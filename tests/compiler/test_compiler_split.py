@@ -55,14 +55,21 @@ def test_split_factor_of_the_benchmark_shapes():
     assert LR.split_factor((32768, 4096), (0, 1), "sum") == 1024
     # argmax keeps its (value, index) pairs in one pass
     assert LR.split_factor((32768, 4096), (0,), "argmax") == 1
-    # at 1024 rows a column sum is not split (SPLIT_MIN_R), unless the tuning table's split_outer_min_r says so
-    # (32 chunks of split_outer_min_rows); row reductions keep SPLIT_MIN_R
-    assert LR.split_factor((1024, 4096), (0,), "sum") == 1
-    with tuning(split_outer_min_r=1024):
-        assert LR.split_factor((1024, 4096), (0,), "sum") == 32
-        assert LR.split_factor((512, 4096), (0,), "sum") == 1
-        assert LR.split_factor((4096, 1024), (1,), "sum") == 1
+    # from split_outer_min_r (1024) rows a column sum at most split_outer_short_max_cols wide splits into chunks
+    # of split_outer_min_rows (8): 128 of them; a wider one (a bias gradient over a vocabulary), one over fewer rows
+    # and a row reduction keep SPLIT_MIN_R
+    assert LR.split_factor((1024, 4096), (0,), "sum") == 128
+    assert LR.split_factor((2048, 8192), (0,), "sum") == 256
+    assert LR.split_factor((1024, 32000), (0,), "sum") == 1
+    assert LR.split_factor((512, 4096), (0,), "sum") == 1
+    assert LR.split_factor((4096, 1024), (1,), "sum") == 1
+    assert LR.split_factor((8, 128, 4096), (0, 1), "sum") == 128
+    # the settings before decision 058: unsplit below SPLIT_MIN_R, or 32 chunks of 32 rows from 1024 rows
+    with tuning(split_outer_min_r=None):
+        assert LR.split_factor((1024, 4096), (0,), "sum") == 1
         assert LR.split_factor((32768, 4096), (0,), "sum") == 256
+    with tuning(split_outer_min_rows=32):
+        assert LR.split_factor((1024, 4096), (0,), "sum") == 32
 
 
 def test_column_sums_split_from_their_own_threshold_match_float64():
@@ -80,7 +87,7 @@ def test_column_sums_split_from_their_own_threshold_match_float64():
         reset()
         torch._dynamo.reset()
         with tuning(**setting), strict():
-            assert LR.split_factor((rows, cols), (0,), "sum") == (8 if setting else 1)
+            assert LR.split_factor((rows, cols), (0,), "sum") == (32 if setting else 1)
             out = torch.compile(f, backend="tilefuse")(x, w, b)
             grads = torch.autograd.grad(out, (x, w, b), dy)
         counts.append(int(stats()["kernels"]))

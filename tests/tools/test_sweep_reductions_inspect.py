@@ -15,8 +15,8 @@ ROOT = Path(__file__).resolve().parents[2]
 def test_inspect_lists_the_kernels_of_a_graph_under_each_setting(tmp_path):
     env = dict(os.environ, TILEFUSE_CACHE_DIR=str(tmp_path), PYTHONPATH=str(ROOT))
     proc = subprocess.run([sys.executable, str(ROOT / "tools" / "sweep_reductions.py"), "--inspect", "--no-compile",
-                           "--graphs", "layer_norm_fwd_bwd", "--settings", "default,cols_split_1024", "--rows", "1024",
-                           "--cols", "4096"], capture_output=True, text=True, env=env, timeout=300)
+                           "--graphs", "layer_norm_fwd_bwd", "--settings", "default,cols_unsplit_1024,cols_split_1024",
+                           "--rows", "1024", "--cols", "4096"], capture_output=True, text=True, env=env, timeout=300)
     out = proc.stdout
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "planning FAILED" not in out, out
@@ -25,9 +25,11 @@ def test_inspect_lists_the_kernels_of_a_graph_under_each_setting(tmp_path):
         label, _, rest = block.partition("\n")
         plans[label] = [(form, int(grid)) for form, grid in re.findall(r"^\s+tfk_\w+\s+(\w+)\s+grid \((\d+),\)", rest,
                                                                        re.M)]
-    # default: the forward's and the backward's row kernels (one program a row), and the weight and bias
-    # gradients' column sums unsplit over the 1024 rows, 128 programs
-    assert sorted(plans["default"]) == [("looped", 128), ("persistent", 1024), ("persistent", 1024)], out
-    # column sums split from 1024 rows: 32 chunks of 32 rows, 2048 column programs, then the partials' sum
+    # default: the forward's row kernel (one program a row); the backward's row loop, 128 programs of 8 rows that
+    # also sum the weight and bias gradients' columns over their rows; the partials' sum
+    assert sorted(plans["default"]) == [("persistent", 128), ("persistent", 1024), ("rowloop", 128)], out
+    # before decision 058: the backward's row kernel, and the column sums unsplit over the 1024 rows, 128 programs
+    assert sorted(plans["cols_unsplit_1024"]) == [("looped", 128), ("persistent", 1024), ("persistent", 1024)], out
+    # or split into 32 chunks of 32 rows: 2048 column programs, then the partials' sum
     assert sorted(plans["cols_split_1024"]) == [("looped", 2048), ("persistent", 32), ("persistent", 1024),
                                                 ("persistent", 1024)], out

@@ -43,12 +43,18 @@ TUNING = {
     # then run inside the row kernel that reads the same rows (the scheduler's columns_into_rows), one program per
     # chunk, and 256 chunks are about two programs per SM of a 132-SM H200. 64 chunks (decision 021) were enough
     # for the 16 x 64 column programs of a separate kernel, not for a program per chunk.
+    # Chunks of 8 rows (and 128 row-loop programs, below) let a 1024-row norm backward sum its columns in the row
+    # kernel: at 1024 x 4096 bf16 on an H100 the norm and GeLU fwd+bwd graphs' kernels took 0.32-0.47x the GPU
+    # time they took with the column sums unsplit (layer_norm 60 -> 19 us a step, Inductor 34; decision 058)
     "split_outer_chunks": 256,
-    "split_outer_min_rows": 32,
-    # an outer (column) reduction splits from this many rows (None: from SPLIT_MIN_R, as a row reduction). At
-    # 1024 rows the norms' and the GeLU chain's column sums run unsplit, in 128 programs of 4 warps over every row
-    # (lab log, 2026-12-07); tools/sweep_reductions.py's cols_split_* settings try 1024, to be measured on a GPU
-    "split_outer_min_r": None,
+    "split_outer_min_rows": 8,
+    # an outer (column) reduction splits from this many rows or SPLIT_MIN_R, the fewer (None: from SPLIT_MIN_R, as
+    # a row reduction, which left 1024-row column sums in one 128-program kernel over every row; decision 058)
+    "split_outer_min_r": 1024,
+    # ... but below SPLIT_MIN_R rows only where it is at most this wide (a norm's weight gradient at a model's
+    # width): a bias gradient over 32000 columns already has ~500 programs unsplit, and its split would be 64000
+    # programs of 8 rows writing 16 MB of partials (not measured; decision 058)
+    "split_outer_short_max_cols": 8192,
     # ---- scheduler: fusion switches and thresholds (scheduler.py)
     # a pointwise root over (S*C, ...) joins a split reduction's first stage over (S, C, ...) (the gelu
     # backward: the input gradient and the bias gradient's partials in one pass over dy and x)
@@ -57,9 +63,10 @@ TUNING = {
     "columns_into_rows": True,
     # ... and a group of such stages with pointwise roots but no row reduction, alone (stages_as_row_loop)
     "stages_as_rows": True,
-    # ... when the row-loop kernel then has at least this many programs (one per chunk of rows): about two
-    # per SM on a 132-SM H200; fewer leaves SMs idle for the whole (memory-bound) kernel
-    "rowloop_min_programs": 256,
+    # ... when the row-loop kernel then has at least this many programs (one per chunk of rows): about one per
+    # SM of a 132-SM H200. 256 (two per SM) kept 1024-row norm backwards out of the row kernel, though its 128
+    # programs of 8 rows ran them faster than any other plan measured (decision 058)
+    "rowloop_min_programs": 128,
     # independent reductions over the same small space (a norm backward's weight and bias gradients, summed
     # over the row loop's partial rows) share one kernel: nothing is saved in bytes, a launch is
     "join_small_reductions": True,

@@ -72,7 +72,9 @@ def split_factor(space, reduced, kind: str) -> int:
     xnumel = math.prod(space[d] for d in range(len(space)) if d not in reduced)
     inner = (len(space) - 1) in reduced
     outer_min_r = TUNING["split_outer_min_r"]
-    if rsize < (SPLIT_MIN_R if inner or outer_min_r is None else outer_min_r):
+    if rsize < (SPLIT_MIN_R if inner or outer_min_r is None else min(outer_min_r, SPLIT_MIN_R)):
+        return 1
+    if not inner and rsize < SPLIT_MIN_R and xnumel > TUNING["split_outer_short_max_cols"]:
         return 1
     programs = xnumel if inner else -(-xnumel // OUTER_SPLIT_XBLOCK)
     if programs >= SPLIT_MAX_PROGRAMS:
