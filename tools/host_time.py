@@ -30,7 +30,8 @@ Sections:
         mode="reduce-overhead" (tilefuse under its replay-cost rule, which it reports graph by graph), in
         alternated rounds, beside each one's GPU time a step and wall time a step: the host time no backend's
         per-graph capture removes, and what capture does to the step.
-        floor_gemm: the same for attention_projections fwd+bwd (four 4096 x 4096 projections).
+        floor_gemm: the same for attention_projections fwd+bwd (four 4096 x 4096 projections); floor_rms: for
+        rms_norm fwd+bwd (three kernels, whose backward the rule may record).
   copies: a replay's input copies alone, one copy_ an input against one _foreach_copy_ (decision 053).
   pool: a small training loop (MLP 1024-2048-1024, AdamW) uncaptured and captured: memory allocated after
         each phase of a step and the peak within it, and whether .grad is the pool's memory.
@@ -1033,6 +1034,7 @@ SECTIONS = {"gemm": gemm_section, "compiler": compiler_section, "launch": launch
             "captured_softmax_32768": lambda: captured_section(cases=["softmax_fwd_bwd"], rows=32768),
             "copies": copies_section, "replay_parts": replay_parts_section, "floor": floor_section,
             "floor_gemm": lambda: floor_section(case="attention_projections_fwd_bwd"),
+            "floor_rms": lambda: floor_section(case="rms_norm_fwd_bwd"),
             "pool": pool_section, "decode": decode_section,
             "train": train_section, "latency_rows": latency_rows_section,
             "train-tilefuse": lambda: train_section(backends=("tilefuse-reduce-overhead",)), "direct_calls": direct_calls_section}

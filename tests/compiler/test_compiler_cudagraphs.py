@@ -1173,6 +1173,60 @@ def test_a_gpu_bound_graph_whose_copies_would_lengthen_it_runs_uncaptured(stand_
             assert "timed for the replay-cost rule: 248 us of host time, 232 us of GPU time" in text, text
 
 
+def _counting_signatures(monkeypatch) -> list:
+    """The arguments of every signature the runners take."""
+    keyed = []
+    real = cudagraphs.signature
+
+    def counting(args, positions=None):
+        keyed.append([tuple(a.shape) for a in args if isinstance(a, torch.Tensor)])
+        return real(args, positions)
+
+    monkeypatch.setattr(cudagraphs, "signature", counting)
+    return keyed
+
+
+def test_a_static_graph_whose_one_signature_is_refused_takes_no_signature_after(stand_in, monkeypatch):
+    """Calls 1-3: the warm-up, the timed call (0 us: no replay pays) and the refusal, each keyed; the graph's
+    shapes are static, so the four calls after it run uncaptured without a signature, and are counted."""
+    monkeypatch.setattr(cudagraphs, "REPLAY_HOST_US", 32.0)
+    _timed_at(monkeypatch, 0.0)
+    keyed = _counting_signatures(monkeypatch)
+    runners = _spy_runners(monkeypatch)
+    inf, _ = _mlp_inference_after(torch.randn(5, 13), lambda launches: None, monkeypatch, calls=6)
+    runner = runners["inference"]
+    assert runner.static_shapes and runner.settled == next(iter(runner.refused.values())), runner.refused
+    assert not inf["captured"] and sum(inf["uncaptured"].values()) == 5 and len(keyed) == 3, (inf, keyed)
+
+
+def test_a_dynamic_graph_refused_at_one_shape_still_decides_the_next(stand_in, monkeypatch):
+    """Under dynamic shapes a refused signature settles nothing: a new batch size gets its own warm-up and timed
+    call, and is recorded where its replay pays."""
+    monkeypatch.setattr(cudagraphs, "REPLAY_HOST_US", 32.0)
+    monkeypatch.setattr(cudagraphs, "HOST_US_A_LAUNCH", 1e-9)  # (a graph planned per shape counts its ATen ops)
+    timed = []
+
+    def fake(run, args):
+        timed.append([tuple(a.shape) for a in args if isinstance(a, torch.Tensor)])
+        return run(args), (1e9 if len(timed) > 1 else 0.0), None  # the second shape's call: dear
+
+    monkeypatch.setattr(cudagraphs, "_timed_call", fake)
+    cc.reset()
+    torch._dynamo.reset()
+    runners = _spy_runners(monkeypatch)
+    model = _mlp()
+    compiled = torch.compile(model, backend="tilefuse", mode="reduce-overhead", dynamic=True)
+    with torch.no_grad():
+        for rows in (5, 5, 5, 5, 7, 7, 7, 7):
+            x = torch.randn(rows, 13)
+            assert rel_error(compiled(x), model(x)) <= TOL
+    runner = runners["inference"]
+    assert not runner.static_shapes and runner.settled is None, runner.refused
+    assert [shapes[2] for shapes in timed] == [(5, 13), (7, 13)], timed  # (the weight, the bias, then x)
+    inf, = _runner_stats("inference")
+    assert inf["recordings"] == 1 and inf["replays"] == 2 and sum(inf["uncaptured"].values()) == 2, inf
+
+
 def test_more_timed_calls_take_the_fastest(stand_in, monkeypatch):
     monkeypatch.setattr(cudagraphs, "TIMED_CALLS", 3)
     monkeypatch.setattr(cudagraphs, "HOST_US_A_LAUNCH", 1e-9)

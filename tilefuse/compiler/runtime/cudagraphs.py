@@ -224,6 +224,15 @@ def _has_unbacked(val) -> bool:
         return False
 
 
+def _symbolic(val) -> bool:
+    """A placeholder's value has a symbolic size or stride, or is a symbolic int (a graph of dynamic shapes)."""
+    if isinstance(val, torch.SymInt):
+        return True
+    if isinstance(val, torch.Tensor):
+        return any(isinstance(d, torch.SymInt) for d in (*val.shape, *val.stride()))
+    return False
+
+
 def graph_blockers(gm: torch.fx.GraphModule, static: Sequence[int]) -> list[str]:
     """Why the graph ``gm`` cannot be captured whatever its arguments (empty: it can). ``static``: the input
     positions that are parameters or buffers (used in place by a replay)."""
@@ -786,6 +795,11 @@ class GraphRunner:
         reasons = call_blockers((), interpreting=True)[:1] if self.interpreting else []
         reasons += graph_blockers(gm, self.static)
         self.blocked: str | None = "; ".join(reasons) if reasons else None
+        # a graph of static shapes sees one signature (Dynamo guards its inputs' sizes, strides and devices): once
+        # that one is refused, every call runs uncaptured with no signature taken (~4 us of host time a call on a
+        # 2-core CPU, which a host-bound step of two refused graphs paid twice)
+        self.static_shapes = not any(_symbolic(n.meta.get("val")) for n in gm.graph.nodes if n.op == "placeholder")
+        self.settled: str | None = self.blocked  # why every call runs uncaptured, for good
         self.calls: dict[tuple, int] = {}  # signature -> uncaptured calls so far
         self.recordings: dict[tuple, list[Recording]] = {}
         self.refused: dict[tuple, str] = {}  # signature -> why it runs uncaptured for good
@@ -801,15 +815,25 @@ class GraphRunner:
         return records.cudagraph_report(self.graph_id, self.kind)
 
     def _uncaptured(self, reason: str) -> None:
-        first = reason not in self.report.uncaptured
-        self.report.uncaptured[reason] = self.report.uncaptured.get(reason, 0) + 1
+        counts = self.report.uncaptured
+        calls = counts.get(reason)
+        counts[reason] = 1 if calls is None else calls + 1
         records.bump("cudagraph_uncaptured_calls")
-        if first:
+        if calls is None:
             config.log(1, f"cuda graph: graph {self.graph_id} ({self.kind}) runs uncaptured: {reason}")
 
+    def _refuse(self, key, reason: str) -> None:
+        """``key`` runs uncaptured for good; a static-shape graph for which it is the only signature, with no
+        per-call check from now on."""
+        self.refused[key] = reason
+        if self.static_shapes and not self.recordings and set(self.calls) <= {key}:
+            self.settled = reason
+        self._uncaptured(reason)
+
     def __call__(self, args: list):
-        if self.blocked:
-            self._uncaptured(self.blocked)
+        settled = self.settled
+        if settled is not None:
+            self._uncaptured(settled)
             return self.run(args)
         positions = self.key_positions
         if positions is None or len(positions) and positions[-1] >= len(args):
@@ -830,16 +854,16 @@ class GraphRunner:
             return self.run(args)
         reasons = call_blockers(args, interpreting=False, seeds=self.seed_inputs)
         if reasons:
-            self.refused[key] = "; ".join(reasons)
-            self._uncaptured(self.refused[key])
+            self._refuse(key, "; ".join(reasons))
             return self.run(args)
         if self.total_recordings >= MAX_RECORDINGS:
             why = "moved parameters" if recs else "new input shapes"
             reason = (f"{why} beyond the limit of {MAX_RECORDINGS} recordings a graph "
                       f"(tilefuse.compiler.runtime.cudagraphs.MAX_RECORDINGS)")
-            if not recs:
-                self.refused[key] = reason
-            self._uncaptured(reason)
+            if recs:
+                self._uncaptured(reason)
+            else:
+                self._refuse(key, reason)
             return self.run(args)
         static = self._static(args)
         copied = self._copied(args, static)
@@ -857,8 +881,7 @@ class GraphRunner:
                 host_us, gpu_us = min(timed, key=lambda t: t[0])
                 cost = replay_cost_blocker(nbytes, host_us, tbps, calls, gpu_us)
                 if cost is not None:
-                    self.refused[key] = cost
-                    self._uncaptured(cost)
+                    self._refuse(key, cost)
                     return self.run(args)
         return self._record(key, args, static, set(copied), rerecord=bool(recs))
 
@@ -920,8 +943,7 @@ class GraphRunner:
             graph, outputs = self.capture(self.run, inputs, self.pool)
         except Exception as exc:
             reason = f"capture failed: {type(exc).__name__}: {str(exc).splitlines()[0][:300] if str(exc) else ''}"
-            self.refused[key] = reason
-            self._uncaptured(reason)
+            self._refuse(key, reason)
             return self.run(args)
         rec = Recording(graph, inputs, spans, static, list(outputs), self.pool, self.saved, self.seed_outputs)
         self.recordings.setdefault(key, []).append(rec)
