@@ -243,7 +243,7 @@ def test_outer_reduction_forms_on_the_gpu_target(gpu_forms):
     """Column sums of many rows loop over wide column steps; a short one (a second stage) is persistent
     with at least outer_run_bytes of each row."""
     x = torch.randn(3000, 300)
-    with strict(), tuning(split_outer_chunks=1):
+    with strict(), tuning(split_outer_chunks=1, split_outer_min_r=None):
         monkey_min_r = LR.SPLIT_MIN_R
         LR.SPLIT_MIN_R = 1 << 30  # no split: one column reduction over 3000 rows
         try:
