@@ -924,16 +924,18 @@ def test_new_shapes_record_new_graphs_up_to_the_limit(stand_in, monkeypatch):
 # ------------------------------------------------------------------------------------ the replay-cost rule
 def test_replay_cost_rule_weighs_a_replays_copies_and_host_time_against_the_timed_call():
     """A replay costs its copies' GPU time (bytes read and written at the part's bandwidth), REPLAY_HOST_US of
-    host time and COPY_CALL_HOST_US a copy call; it is worth it where the uncaptured call took at least that."""
+    host time and COPY_CALL_HOST_US a copy call; it is worth it where the uncaptured call took at least twice
+    that (REPLAY_MAX_FRACTION)."""
     assert (cudagraphs.REPLAY_HOST_US, cudagraphs.COPY_CALL_HOST_US, cudagraphs.REPLAY_COST_RULE) == (32, 20, True)
+    assert cudagraphs.REPLAY_MAX_FRACTION == 0.5
     assert cudagraphs.replay_cost_us(256 << 20, 3.35, 1) == (pytest.approx(160.2, abs=0.1), 52.0)
     # the compiler suite's softmax forward at 32768 x 4096 bf16 on an H100: 256 MiB in one copy call, a ~20 us call
     reason = cudagraphs.replay_cost_blocker(256 << 20, 20.0, 3.35, 1)
     assert reason is not None and re.search(
         r"copy \(256\.0 MiB\) take ~160 us of GPU time at 3\.35 TB/s, and the replay ~52 us of host time of its "
-        r"own \(.*REPLAY_HOST_US = 32 us and 1 copy call at COPY_CALL_HOST_US = 20 us\): more than its uncaptured "
-        r"call, which took ~20 us of host time \(timed after the warm-up; .*REPLAY_COST_RULE = False records it "
-        r"anyway\)", reason), reason
+        r"own \(.*REPLAY_HOST_US = 32 us and 1 copy call at COPY_CALL_HOST_US = 20 us\): more than "
+        r".*REPLAY_MAX_FRACTION = 0\.5 of its uncaptured call, which took ~20 us of host time \(timed after the "
+        r"warm-up; .*REPLAY_COST_RULE = False records it anyway\)", reason), reason
     # at 1024 rows (8 MiB: ~5 us of copies) the replay's host time is what decides: a one-kernel call of ~20 us
     # does not pay for it; the attention projections' forward (four GEMMs, ~130 us) does
     reason = cudagraphs.replay_cost_blocker(8 << 20, 20.0, 3.35, 1)
@@ -941,33 +943,36 @@ def test_replay_cost_rule_weighs_a_replays_copies_and_host_time_against_the_time
         "a replay would cost ~52 us of host time of its own") and "and ~5 us of GPU time copying 8.0 MiB" in reason
     assert cudagraphs.replay_cost_blocker(8 << 20, 130.0, 3.35, 1) is None
     assert cudagraphs.replay_cost_blocker(0, 1.0, 3.35, 0).startswith("a replay would cost ~32 us of host time")
-    # at the boundary the graph is recorded: 2 x 15e6 bytes at 2 TB/s is 15 us, with the replay's 52 us 67 us
-    assert cudagraphs.replay_cost_blocker(15_000_000, 67.0, 2.0, 1) is None
-    assert cudagraphs.replay_cost_blocker(15_000_001, 67.0, 2.0, 1) is not None
+    # at the boundary the graph is recorded: 2 x 15e6 bytes at 2 TB/s is 15 us, with the replay's 52 us 67 us, half
+    # of a 134 us call
+    assert cudagraphs.replay_cost_blocker(15_000_000, 134.0, 2.0, 1) is None
+    assert cudagraphs.replay_cost_blocker(15_000_001, 134.0, 2.0, 1) is not None
     # each copy call counts
-    assert cudagraphs.replay_cost_blocker(0, 52.0, 2.0, 1) is None and cudagraphs.replay_cost_blocker(0, 52.0, 2.0, 2)
+    assert cudagraphs.replay_cost_blocker(0, 104.0, 2.0, 1) is None and cudagraphs.replay_cost_blocker(0, 104.0, 2.0, 2)
 
 
 def test_with_the_calls_gpu_time_the_rule_weighs_the_larger_of_host_and_gpu_time_each_way():
     """Host and GPU work overlap: uncaptured a call costs max(host, GPU), replayed max(the replay's host time, GPU
     + copies). A GPU-bound graph gains nothing from saved host time and pays its copies."""
     # the attention projections' forward at 1024 rows on an H100, its four weights passed as inputs (136 MiB
-    # copied: ~85 us): a 248 us call on the host, 232 us of GEMMs. Host time alone would record it (85 + 52 <
-    # 248); measured, the captured step took 1.21x the uncaptured one
-    assert cudagraphs.replay_cost_blocker(136 << 20, 248.0, 3.35, 1) is None
-    reason = cudagraphs.replay_cost_blocker(136 << 20, 248.0, 3.35, 1, gpu_us=232.0)
+    # copied: ~85 us): a 384 us call on the host, 196 us of GEMMs (run 144). Host time alone would record it (85 +
+    # 52 < 384 / 2); measured, the captured step took 1.15x the uncaptured one
+    assert cudagraphs.replay_cost_blocker(136 << 20, 384.0, 3.35, 1) is None
+    reason = cudagraphs.replay_cost_blocker(136 << 20, 384.0, 3.35, 1, gpu_us=196.0)
     assert reason is not None and reason.startswith("the inputs a replay would copy (136.0 MiB) take ~85 us of GPU "
-                                                    "time") and "which took ~248 us of host time and ~232 us of GPU " \
+                                                    "time") and "which took ~384 us of host time and ~196 us of GPU " \
                                                                 "time" in reason, reason
-    # its weights as parameters (read in place): 8 MiB copied, max(52, 237) against max(248, 232): recorded
-    assert cudagraphs.replay_cost_blocker(8 << 20, 248.0, 3.35, 1, gpu_us=232.0) is None
+    # its weights as parameters (read in place): 8 MiB copied, max(52, 201) against max(384, 196): just over half,
+    # uncaptured; a 450 us call would be recorded
+    assert cudagraphs.replay_cost_blocker(8 << 20, 384.0, 3.35, 1, gpu_us=196.0) is not None
+    assert cudagraphs.replay_cost_blocker(8 << 20, 450.0, 3.35, 1, gpu_us=196.0) is None
     # a host-bound graph (a decode step: 1.5 ms of launches, 0.3 ms of kernels) is recorded; softmax's one-kernel
     # call is not (52 us of replay against a 20 us call)
     assert cudagraphs.replay_cost_blocker(8, 1500.0, 3.35, 1, gpu_us=300.0) is None
     assert cudagraphs.replay_cost_blocker(8 << 20, 20.0, 3.35, 1, gpu_us=6.0).startswith("a replay would cost ~52")
-    # the boundary: max(52, 100 + 15) against max(115, 100)
-    assert cudagraphs.replay_cost_blocker(15_000_000, 115.0, 2.0, 1, gpu_us=100.0) is None
-    assert cudagraphs.replay_cost_blocker(15_000_001, 115.0, 2.0, 1, gpu_us=100.0) is not None
+    # the boundary: max(52, 100 + 15) against half of max(230, 100)
+    assert cudagraphs.replay_cost_blocker(15_000_000, 230.0, 2.0, 1, gpu_us=100.0) is None
+    assert cudagraphs.replay_cost_blocker(15_000_001, 230.0, 2.0, 1, gpu_us=100.0) is not None
 
 
 def test_launches_that_pay_for_a_replay_at_the_least_a_launch_costs_decide_without_timing(monkeypatch):
@@ -976,13 +981,14 @@ def test_launches_that_pay_for_a_replay_at_the_least_a_launch_costs_decide_witho
     assert cudagraphs.HOST_US_A_LAUNCH == 5
     # a GPT-2 decode step: 8 bytes in one call, ~200 launches
     assert cudagraphs.launches_pay_for_replay(8, 200, 3.35, 1)
-    # one copy call and 52 us of the replay's host time: 10 launches and the call are 55 us, 9 are 50
-    assert cudagraphs.launches_pay_for_replay(0, 10, 2.0, 1) and not cudagraphs.launches_pay_for_replay(0, 9, 2.0, 1)
+    # one copy call and 52 us of the replay's host time, at most half of the launches' time: 20 launches and the
+    # call are 105 us, 19 are 100
+    assert cudagraphs.launches_pay_for_replay(0, 20, 2.0, 1) and not cudagraphs.launches_pay_for_replay(0, 19, 2.0, 1)
     # the copies' GPU time counts, and copies of more than UNTIMED_COPY_US (2 us) are weighed against the call's
     # measured GPU time instead: 2 x 2e6 bytes at 2 TB/s is 2 us
     assert cudagraphs.UNTIMED_COPY_US == 2
-    assert cudagraphs.launches_pay_for_replay(2_000_000, 10, 2.0, 1)  # 2 + 52 us against 55
-    assert not cudagraphs.launches_pay_for_replay(2_000_000, 9, 2.0, 1)
+    assert cudagraphs.launches_pay_for_replay(2_000_000, 21, 2.0, 1)  # 2 + 52 us against 110 / 2
+    assert not cudagraphs.launches_pay_for_replay(2_000_000, 20, 2.0, 1)
     assert not cudagraphs.launches_pay_for_replay(2_000_001, 1000, 2.0, 1)
     # the attention projections' forward at 1024 rows: four GEMM launches, one 8 MiB copy
     assert not cudagraphs.launches_pay_for_replay(8 << 20, 4, 3.35, 1)
@@ -1120,7 +1126,8 @@ def test_a_graph_whose_copies_cost_more_than_its_uncaptured_call_runs_uncaptured
         # third, for good
         assert calls == 2 and re.search(r"the inputs a replay would copy \([0-9.]+ MiB\) take ~[0-9]+ us of GPU time "
                                         r"at 2 TB/s, and the replay ~0 us of host time of its own \(.*\): more "
-                                        r"than its uncaptured call, which took ~0 us of host time", reason), r
+                                        r"than .*REPLAY_MAX_FRACTION = 0\.5 of its uncaptured call, which took ~0 us "
+                                        r"of host time", reason), r
         # explain says it too, with the time measured
         text = _explained(r["graph_id"])
         assert "cuda graph: not captured" in text and f"uncaptured (2 calls): {reason}" in text, text
@@ -1129,21 +1136,23 @@ def test_a_graph_whose_copies_cost_more_than_its_uncaptured_call_runs_uncaptured
 
 def test_launches_that_pay_for_the_replay_record_it_on_the_second_call_and_others_are_timed_first(stand_in,
                                                                                                   monkeypatch):
-    """An inference graph whose copy costs 0.99x of what its launches save at HOST_US_A_LAUNCH each is recorded
-    on its second call, untimed; at 1.01x the second call is timed (the arguments of the call itself), and the
-    third records it or not by the time measured. The launches are its plan's kernels, externs and ATen ops."""
+    """An inference graph whose copy costs 0.99x of what its launches save at HOST_US_A_LAUNCH each, times
+    REPLAY_MAX_FRACTION, is recorded on its second call, untimed; at 1.01x the second call is timed (the arguments
+    of the call itself), and the third records it or not by the time measured (a call of 1/0.99x or 1/1.01x the
+    copy's time over REPLAY_MAX_FRACTION). The launches are its plan's kernels, externs and ATen ops."""
     from tilefuse.compiler import records
 
     x = torch.randn(5, 13)
     copy_us = 2 * x.numel() * x.element_size() / (cudagraphs.COPY_TBPS_UNKNOWN * 1e6)
-    for factor, call_us, captured in ((0.99, None, True), (1.01, copy_us * 1.01, True),
-                                      (1.01, copy_us * 0.99, False)):
+    half = cudagraphs.REPLAY_MAX_FRACTION
+    for factor, call_us, captured in ((0.99, None, True), (1.01, copy_us / half / 0.99, True),
+                                      (1.01, copy_us / half / 1.01, False)):
         timed = []
 
         def figures(launches, factor=factor):
             report, = [g for g in records.REPORTS if g.kind == "inference"]
             assert launches == len(report.kernels) + len(report.externs) + len(report.fallbacks) >= 2, report
-            monkeypatch.setattr(cudagraphs, "HOST_US_A_LAUNCH", copy_us / factor / (launches + 1))
+            monkeypatch.setattr(cudagraphs, "HOST_US_A_LAUNCH", copy_us / half / factor / (launches + 1))
             _timed_at(monkeypatch, call_us, timed)
 
         inf, _ = _mlp_inference_after(x, figures, monkeypatch, calls=3)
@@ -1157,11 +1166,12 @@ def test_launches_that_pay_for_the_replay_record_it_on_the_second_call_and_other
 
 def test_a_gpu_bound_graph_whose_copies_would_lengthen_it_runs_uncaptured(stand_in, monkeypatch):
     """The call timed at 248 us of host time and 232 us of GPU time, its input's copy made to take 50 us of GPU
-    time: on host time alone a replay (50 us) pays; with the GPU time it would take max(0, 232 + 50) against the
-    call's max(248, 232), and the graph runs uncaptured, saying so; explain shows both times."""
+    time: on host time alone a replay (50 us) pays; with the GPU time it would take max(0, 232 + 50) against half
+    the call's max(248, 232), and the graph runs uncaptured, saying so; explain shows both times. With 70 us of
+    GPU time, max(0, 120) against 124, it is recorded."""
     x = torch.randn(5, 13)
     monkeypatch.setattr(cudagraphs, "COPY_TBPS_UNKNOWN", 2 * x.numel() * x.element_size() / 50e6)
-    for gpu_us, captured in ((None, True), (232.0, False), (190.0, True)):
+    for gpu_us, captured in ((None, True), (232.0, False), (70.0, True)):
         inf, _ = _mlp_inference_after(x, lambda launches, g=gpu_us: _timed_at(monkeypatch, 248.0, gpu_us=g),
                                       monkeypatch, calls=3)
         assert inf["captured"] == captured and (inf["call_us"], inf["call_gpu_us"]) == (248.0, gpu_us), inf
@@ -1272,13 +1282,14 @@ def test_a_graph_whose_replay_costs_more_host_time_than_its_call_runs_uncaptured
     """With the rule's own figures (REPLAY_HOST_US, COPY_CALL_HOST_US; stand_in sets them to 0), a small MLP's
     inference graph (a few launches, one copied input) is timed on its second call; its call timed at 10 us it
     runs uncaptured and says why; timed at 1/0.99x / 1/1.01x of the replay's cost (its copy's GPU time, its own
-    host time and the copy call) it is recorded / runs uncaptured."""
+    host time and the copy call) over REPLAY_MAX_FRACTION it is recorded / runs uncaptured."""
     x = torch.randn(5, 13)
     copy_us = 2 * x.numel() * x.element_size() / (cudagraphs.COPY_TBPS_UNKNOWN * 1e6)
     monkeypatch.setattr(cudagraphs, "REPLAY_HOST_US", 32.0)
     monkeypatch.setattr(cudagraphs, "COPY_CALL_HOST_US", 20.0)
     cost = copy_us + 52.0
-    for call_us, captured in ((10.0, False), (cost / 0.99, True), (cost / 1.01, False)):
+    half = cudagraphs.REPLAY_MAX_FRACTION
+    for call_us, captured in ((10.0, False), (cost / half / 0.99, True), (cost / half / 1.01, False)):
         def figures(launches, call_us=call_us):
             assert 2 <= launches <= 6 and not cudagraphs.launches_pay_for_replay(0, launches, 2.0, 1), launches
             _timed_at(monkeypatch, call_us)
@@ -1290,7 +1301,8 @@ def test_a_graph_whose_replay_costs_more_host_time_than_its_call_runs_uncaptured
             assert calls == 2 and reason.startswith(
                 "a replay would cost ~52 us of host time of its own (tilefuse.compiler.runtime.cudagraphs."
                 "REPLAY_HOST_US = 32 us and 1 copy call at COPY_CALL_HOST_US = 20 us) and ~0 us of GPU time copying "
-                "0.0 MiB of inputs at 2 TB/s: more than its uncaptured call, which took ~10 us of host time"), reason
+                "0.0 MiB of inputs at 2 TB/s: more than tilefuse.compiler.runtime.cudagraphs.REPLAY_MAX_FRACTION = 0.5 "
+                "of its uncaptured call, which took ~10 us of host time"), reason
             text = _explained(inf["graph_id"])
             assert f"uncaptured (2 calls): {reason}" in text, text
 
