@@ -310,8 +310,8 @@ def replay_cost_us(nbytes: int, tbps: float, copy_calls: int) -> tuple[float, fl
 def launches_pay_for_replay(nbytes: int, launches: int, tbps: float, copy_calls: int = 0) -> bool:
     """Whether ``launches`` launches, at :data:`HOST_US_A_LAUNCH` each and once more for the call (the least an
     uncaptured call of them costs on the host), pay for a replay (:func:`replay_cost_us`, at most
-    :data:`REPLAY_MAX_FRACTION` of them) without timing the call: only where the replay's copies take at most :data:`UNTIMED_COPY_US` of GPU time, which a GPU-bound
-    graph would pay for nothing."""
+    :data:`REPLAY_MAX_FRACTION` of them) without timing the call: only where the replay's copies take at most
+    :data:`UNTIMED_COPY_US` of GPU time, which a GPU-bound graph would pay for nothing."""
     saved_us = HOST_US_A_LAUNCH * (launches + 1)
     if saved_us == float("inf"):
         return True
@@ -325,8 +325,8 @@ def replay_cost_blocker(nbytes: int, call_us: float, tbps: float, copy_calls: in
     recording, its replay copying ``nbytes`` of inputs in ``copy_calls`` calls (:func:`replay_cost_us`) (None: it
     is). Host and GPU work overlap, so a call costs the larger of the two: uncaptured ``max(call_us, gpu_us)``,
     replayed ``max(replay host time, gpu_us + the copies' GPU time)``, which may be at most
-    :data:`REPLAY_MAX_FRACTION` of the first. Without ``gpu_us`` (not measured) the
-    replay's host time and copies are added up against ``call_us``, as if the graph's own GPU time were nil."""
+    :data:`REPLAY_MAX_FRACTION` of the first. Without ``gpu_us`` (not measured) the replay's host time and copies
+    are added up against ``call_us``, as if the graph's own GPU time were nil."""
     copy_us, host_us = replay_cost_us(nbytes, tbps, copy_calls)
     if gpu_us is None:
         replayed, uncaptured = copy_us + host_us, call_us
