@@ -174,3 +174,35 @@ def test_split_half_sum_rounds_only_its_result(small_split):
         out = torch.compile(fn, backend="tilefuse")(x)
     exact = (x * 3).double().sum(0)  # of eager's bfloat16 products
     assert ((out.double() - exact).abs() <= exact.abs() * 2.0**-8 + 1e-6).all(), (out.double() - exact).abs().max()
+
+
+_COLUMN_SUM_GRAPHS = {
+    "layer_norm": lambda x, w, b: F.layer_norm(x, (x.shape[-1],), w, b, 1e-5),
+    "rms_norm": lambda x, w, b: F.rms_norm(x, (x.shape[-1],), w, 1e-6) + b,
+    "gelu_bias": lambda x, w, b: F.gelu(x * w + b),
+}
+
+
+@pytest.mark.parametrize("rows", [1024, 1037])
+@pytest.mark.parametrize("graph", sorted(_COLUMN_SUM_GRAPHS))
+def test_default_column_split_from_1024_rows_sums_in_the_row_kernel_and_matches_float64(graph, rows):
+    """Decision 058's default plan, thresholds as they are: from 1024 rows the weight and bias gradients are summed in
+    chunks of 8 rows inside the backward's row kernel (the row-loop form, ``tfk_redc_*``), one program a chunk, then
+    the partials. 1037 rows do not divide into 128 chunks: the first stage is a column kernel of its own, with a
+    short last chunk. Every gradient is a float64 reference's."""
+    from tilefuse.compiler import records
+
+    f = _COLUMN_SUM_GRAPHS[graph]
+    x, w, b, dy = _norm_operands(17, rows=rows, cols=67)
+    assert LR.split_factor((rows, 67), (0,), "sum") == 128
+    reset()
+    torch._dynamo.reset()
+    with strict():
+        out = torch.compile(f, backend="tilefuse")(x, w, b)
+        grads = torch.autograd.grad(out, (x, w, b), dy)
+    _assert_grads_are_float64s(f, (x, w, b), dy, grads, f" ({graph}, {rows} rows)")
+    backward, = [r for r in records.REPORTS if r.kind == "backward"]
+    names = [k.name for k in backward.kernels]
+    assert any(n.startswith("tfk_redc_") for n in names) == (rows % 128 == 0), names
+    assert len(names) >= 2, names  # (at least the first stage and the partials' sum)
+    torch._dynamo.reset()
