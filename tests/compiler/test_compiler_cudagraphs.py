@@ -955,8 +955,8 @@ def test_with_the_calls_gpu_time_the_rule_weighs_the_larger_of_host_and_gpu_time
     """Host and GPU work overlap: uncaptured a call costs max(host, GPU), replayed max(the replay's host time, GPU
     + copies). A GPU-bound graph gains nothing from saved host time and pays its copies."""
     # the attention projections' forward at 1024 rows on an H100, its four weights passed as inputs (136 MiB
-    # copied: ~85 us): a 384 us call on the host, 196 us of GEMMs (run 144). Host time alone would record it (85 +
-    # 52 < 384 / 2); measured, the captured step took 1.15x the uncaptured one
+    # copied: ~85 us): a 384 us call on the host, 196 us of GEMMs (decision 057). Host time alone would record it
+    # (85 + 52 < 384 / 2); measured, the captured step took 1.15x the uncaptured one
     assert cudagraphs.replay_cost_blocker(136 << 20, 384.0, 3.35, 1) is None
     reason = cudagraphs.replay_cost_blocker(136 << 20, 384.0, 3.35, 1, gpu_us=196.0)
     assert reason is not None and reason.startswith("the inputs a replay would copy (136.0 MiB) take ~85 us of GPU "
