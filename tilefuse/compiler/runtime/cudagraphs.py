@@ -98,7 +98,7 @@ REPLAY_HOST_US = 32.0  # a replay's own host time beyond its copy calls: the run
 COPY_CALL_HOST_US = 20.0  # host time a copy call of a replay (the one _foreach_copy_, or one copy_) costs in a
 # step: 18.7 us a call for an 8 MiB input on an H100's host, 8-9 us called alone
 REPLAY_MAX_FRACTION = 0.5  # a graph is recorded only if its replay costs at most this fraction of its uncaptured
-# call. At 1024 rows the compiler suite's memory-bound backwards recorded at 0.66-0.98 of their timed call (rms_norm's
+# call. At 1024 rows the compiler suite's memory-bound backwards recorded at 0.66-0.96 of their timed call (rms_norm's
 # 52 against 79 us) made their steps 1.01-1.84x slower, and the attention projections' forward, at 0.73 (281 against
 # 384 us), made its queued step 1.15x slower; one timed call on a noisy host (that forward: 196 us in one run, 384
 # in another) cannot decide closer than this (decision 057)
