@@ -221,13 +221,19 @@ def hf_loss(out, batch):
     return out.loss
 
 
-def _ids(device, vocab=VOCAB, seq=SEQ, low=3):
-    return torch.randint(low, vocab, (BATCH, seq), device=device)
+def _ids(device, vocab=VOCAB, seq=SEQ, low=3, batch=BATCH):
+    return torch.randint(low, vocab, (batch, seq), device=device)
 
 
-def _causal_lm_batch(device):
-    ids = _ids(device)
+def _causal_lm_batch(device, batch=BATCH, seq=SEQ):
+    ids = _ids(device, seq=seq, batch=batch)
     return {"input_ids": ids, "labels": ids, "use_cache": False}
+
+
+def long_causal_lm_batch(device):
+    """16 sequences of 64 tokens: 1024 rows into every norm and linear, where the norms' weight gradients (column
+    sums over the rows) are split in two stages, which the 24-token batches do not reach (decision 058)."""
+    return _causal_lm_batch(device, batch=16, seq=64)
 
 
 def _masked_lm_batch(device):

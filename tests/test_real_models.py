@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import dataclasses
 import time
 
 import pytest
@@ -42,6 +43,9 @@ HF_GENERATE = ["gpt2-sdpa", "llama-sdpa"]
 # One transformer's whole compiled step (Dynamo traces AdamW over every parameter: ~160 s of CPU a model on the
 # interpreter, most of the file's time); test_compiler_training.py compiles a small MLP's step as well.
 WHOLE_STEP = ["gpt2-sdpa"]
+# Trained on 16 x 64 tokens as well: a norm's weight gradient over 1024 rows is split in two stages (decision 058),
+# which the 24-token batches never reach; LayerNorm and RMSNorm
+LONG_BATCH = ["gpt2-sdpa", "llama-sdpa"]
 
 
 @pytest.fixture(autouse=True)
@@ -197,6 +201,13 @@ def _step_compiled(case):
 def test_training(name, device):
     case = _case(name)
     _train(case, device, _module_compiled(case), "training")
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("name", LONG_BATCH)
+def test_training_at_1024_tokens(name, device):
+    case = dataclasses.replace(_case(name), batch=rm.long_causal_lm_batch)
+    _train(case, device, _module_compiled(case), "training at 1024 tokens")
 
 
 @pytest.mark.slow  # Dynamo traces the optimizer step too: the heaviest compile in the file

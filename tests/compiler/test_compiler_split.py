@@ -63,7 +63,9 @@ def test_split_factor_of_the_benchmark_shapes():
     assert LR.split_factor((1024, 32000), (0,), "sum") == 1
     assert LR.split_factor((512, 4096), (0,), "sum") == 1
     assert LR.split_factor((4096, 1024), (1,), "sum") == 1
-    assert LR.split_factor((8, 128, 4096), (0, 1), "sum") == 128
+    # rows over several dimensions (a (batch, sequence, hidden) activation): chunks of split_outer_min_rows_nd (32)
+    assert LR.split_factor((8, 128, 4096), (0, 1), "sum") == 32
+    assert LR.split_factor((8, 4096, 4096), (0, 1), "sum") == 256
     # the settings before decision 058: unsplit below SPLIT_MIN_R, or 32 chunks of 32 rows from 1024 rows
     with tuning(split_outer_min_r=None):
         assert LR.split_factor((1024, 4096), (0,), "sum") == 1
@@ -183,26 +185,33 @@ _COLUMN_SUM_GRAPHS = {
 }
 
 
-@pytest.mark.parametrize("rows", [1024, 1037])
+@pytest.mark.parametrize("shape", [(1024, 67), (1037, 67), (16, 64, 67)], ids=["1024", "1037", "16x64"])
 @pytest.mark.parametrize("graph", sorted(_COLUMN_SUM_GRAPHS))
-def test_default_column_split_from_1024_rows_sums_in_the_row_kernel_and_matches_float64(graph, rows):
-    """Decision 058's default plan, thresholds as they are: from 1024 rows the weight and bias gradients are summed in
-    chunks of 8 rows inside the backward's row kernel (the row-loop form, ``tfk_redc_*``), one program a chunk, then
-    the partials. 1037 rows do not divide into 128 chunks: the first stage is a column kernel of its own, with a
-    short last chunk. Every gradient is a float64 reference's."""
+def test_default_column_split_from_1024_rows_matches_float64(graph, shape):
+    """Decision 058's default plan, thresholds as they are: from 1024 rows of a 2-D input the weight and bias
+    gradients are summed in chunks of 8 rows inside the backward's row kernel (the row-loop form, ``tfk_redc_*``),
+    one program a chunk, then the partials. 1037 rows do not divide into 128 chunks, and rows over two dimensions
+    (16 sequences of 64 tokens) are not joined to a row kernel: their first stage is a column kernel of its own
+    (chunks of 32 rows for the latter). Every gradient is a float64 reference's."""
     from tilefuse.compiler import records
 
     f = _COLUMN_SUM_GRAPHS[graph]
-    x, w, b, dy = _norm_operands(17, rows=rows, cols=67)
-    assert LR.split_factor((rows, 67), (0,), "sum") == 128
+    g = torch.Generator().manual_seed(17)
+    cols = shape[-1]
+    x = noncontiguous(torch.randn(*shape, generator=g)).requires_grad_()
+    w = torch.randn(cols, generator=g).requires_grad_()
+    b = torch.randn(cols, generator=g).requires_grad_()
+    dy = torch.randn(*shape, generator=g)
+    reduced = tuple(range(len(shape) - 1))
+    assert LR.split_factor(shape, reduced, "sum") == (128 if len(shape) == 2 else 32)
     reset()
     torch._dynamo.reset()
     with strict():
         out = torch.compile(f, backend="tilefuse")(x, w, b)
         grads = torch.autograd.grad(out, (x, w, b), dy)
-    _assert_grads_are_float64s(f, (x, w, b), dy, grads, f" ({graph}, {rows} rows)")
+    _assert_grads_are_float64s(f, (x, w, b), dy, grads, f" ({graph}, {shape})")
     backward, = [r for r in records.REPORTS if r.kind == "backward"]
     names = [k.name for k in backward.kernels]
-    assert any(n.startswith("tfk_redc_") for n in names) == (rows % 128 == 0), names
+    assert any(n.startswith("tfk_redc_") for n in names) == (shape == (1024, 67)), names
     assert len(names) >= 2, names  # (at least the first stage and the partials' sum)
     torch._dynamo.reset()

@@ -48,6 +48,11 @@ TUNING = {
     # time they took with the column sums unsplit (layer_norm 60 -> 19 us a step, Inductor 34; decision 058)
     "split_outer_chunks": 256,
     "split_outer_min_rows": 8,
+    # ... but rows over several dimensions (a (batch, sequence, hidden) activation's column sum, a model's norm
+    # weight gradient) keep chunks of 32 rows: the scheduler does not join their first stage to the row kernel
+    # (it joins 2-D row groups only), and 32-row chunks in a column kernel of their own are the plan measured for
+    # that at 1024 rows (layer_norm 27 us a step, 60 unsplit; decision 058); 8-row chunks there are not measured
+    "split_outer_min_rows_nd": 32,
     # an outer (column) reduction splits from this many rows or SPLIT_MIN_R, the fewer (None: from SPLIT_MIN_R, as
     # a row reduction, which left 1024-row column sums in one 128-program kernel over every row; decision 058)
     "split_outer_min_r": 1024,
