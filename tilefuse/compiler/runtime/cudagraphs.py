@@ -801,20 +801,21 @@ class GraphRunner:
         self.interpreting = _interpreting() if interpreting is None else interpreting
         reasons = call_blockers((), interpreting=True)[:1] if self.interpreting else []
         reasons += graph_blockers(gm, self.static)
-        self.blocked: str | None = "; ".join(reasons) if reasons else None
         # a graph of static shapes sees one signature (Dynamo guards its inputs' sizes, strides and devices): once
         # that one is refused, every call runs uncaptured with no signature taken (~4 us of host time a call on a
         # 2-core CPU, which a host-bound step of two refused graphs paid twice)
         self.static_shapes = not any(_symbolic(n.meta.get("val")) for n in gm.graph.nodes if n.op == "placeholder")
-        self.settled: str | None = self.blocked  # why every call runs uncaptured, for good
+        # why every call runs uncaptured, for good: what blocks the graph whatever its arguments, or (above) the
+        # refusal of a static-shape graph's one signature
+        self.settled: str | None = "; ".join(reasons) if reasons else None
         self.calls: dict[tuple, int] = {}  # signature -> uncaptured calls so far
         self.recordings: dict[tuple, list[Recording]] = {}
         self.refused: dict[tuple, str] = {}  # signature -> why it runs uncaptured for good
         self.timed: dict[tuple, list] = {}  # signature -> (host us, GPU us or None) of its timed uncaptured calls
         self.total_recordings = 0
         self.key_positions: list | None = None  # the arguments a signature reads (all but the parameters)
-        if self.blocked:
-            config.log(1, f"cuda graph: graph {graph_id} ({kind}) will run uncaptured: {self.blocked}")
+        if self.settled:
+            config.log(1, f"cuda graph: graph {graph_id} ({kind}) will run uncaptured: {self.settled}")
 
     @property
     def report(self) -> records.CudaGraphReport:
