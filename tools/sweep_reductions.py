@@ -53,6 +53,9 @@ ROWS = ("softmax", "log_softmax", "layer_norm", "rms_norm", "softmax_layer_norm"
         "softmax_fwd_bwd", "log_softmax_fwd_bwd", "layer_norm_fwd_bwd", "rms_norm_fwd_bwd",
         "residual_layer_norm_fwd_bwd", "layer_norm_gelu_fwd_bwd")
 LONG_ROWS = ("cross_entropy", "cross_entropy_fwd_bwd")
+# graphs that work on a tensor's last dim only, so that --seq may view their (rows, cols) inputs as a model's
+# (batch, sequence, hidden) activations
+SEQUENCE_GRAPHS = ROWS + ("gelu_chain", "silu_chain", "gelu_chain_fwd_bwd", "silu_chain_fwd_bwd")
 SETTINGS = {
     "default": ({}, None),
     # run 7's defaults (benchmarks/results/run7/sweep_reductions.json "default"): column steps 256 x 16 at
@@ -210,6 +213,15 @@ def measure(torch, suite, graph, args, ref, eager, backend: str, overrides: dict
             "kernel_ms": sum(k[1] for k in kernels) / 1000, "kernels": kernels}
 
 
+def as_sequences(inputs: list, rows: int, seq) -> list:
+    """The graph's inputs with each (rows, ...) tensor viewed as (rows / seq, seq, ...): a model's (batch,
+    sequence, hidden) activations, whose column sums reduce two dims (a norm's weight gradient). ``seq`` None:
+    the inputs as they are."""
+    if not seq:
+        return inputs
+    return [t.unflatten(0, (rows // seq, seq)) if t.dim() >= 2 and t.shape[0] == rows else t for t in inputs]
+
+
 def run_gpu(opts) -> int:
     import torch
 
@@ -230,7 +242,8 @@ def run_gpu(opts) -> int:
     watchdog.daemon = True
     watchdog.start()
     name = torch.cuda.get_device_name() if dev == "cuda" else "cpu"
-    print(f"device {name}, torch {torch.__version__}; graphs {opts.graphs}; "
+    shape = f"{opts.rows} x {opts.cols}" + (f" as sequences of {opts.seq}" if opts.seq else "")
+    print(f"device {name}, torch {torch.__version__}; graphs {opts.graphs} at {shape}; "
           f"settings {opts.settings}; budget {opts.budget_s:.0f} s", flush=True)
     by_case = {g.case: g for g in suite.GRAPHS}
     results: dict = {}
@@ -238,7 +251,8 @@ def run_gpu(opts) -> int:
     for name in opts.graphs:
         graph = by_case[name]
         dtype = torch.float32 if opts.smoke else torch.bfloat16
-        args = suite.prepare(graph, graph.inputs(opts.rows, opts.cols, suite.VOCAB, dtype, dev))
+        args = suite.prepare(graph, as_sequences(graph.inputs(opts.rows, opts.cols, suite.VOCAB, dtype, dev),
+                                                 opts.rows, opts.seq))
         ref = suite.reference(graph, args)
         eager = [t.detach() for t in suite._flat(suite.make_step(graph, graph.fn)(*args))]
         graphs.append((name, graph, args, ref, eager))
@@ -284,6 +298,7 @@ def run_gpu(opts) -> int:
     print(f"{'ideal (4.2 TB/s)':24s}" + "".join(f"{results[n]['ideal_ms']:26.3f}" for n in opts.graphs))
     if opts.json:
         Path(opts.json).write_text(json.dumps({"settings": {k: SETTINGS[k][0] if k in SETTINGS else {} for k in labels},
+                                               "rows": opts.rows, "cols": opts.cols, "seq": opts.seq,
                                                "results": results}, indent=1, default=str))
     watchdog.cancel()
     faulthandler.cancel_dump_traceback_later()
@@ -291,9 +306,10 @@ def run_gpu(opts) -> int:
 
 
 # ------------------------------------------------------------------------------------------ CPU inspect
-def plan_backward_kernels(case: str, rows: int, cols: int, target=None, kinds=("backward",)):
+def plan_backward_kernels(case: str, rows: int, cols: int, target=None, kinds=("backward",), seq=None):
     """(schedule text, [(KernelSource, {buffer: dtype})]) of a bench graph's graphs of ``kinds``, planned for
-    ``target`` (an H200-like codegen.LaunchTarget by default) from fake tensors: no kernel runs."""
+    ``target`` (an H200-like codegen.LaunchTarget by default) from fake tensors: no kernel runs. ``seq``: the
+    inputs as (rows / seq, seq, cols) (:func:`as_sequences`)."""
     import torch
     from torch._functorch.aot_autograd import aot_module_simplified
     from torch._functorch.partitioners import min_cut_rematerialization_partition
@@ -321,7 +337,8 @@ def plan_backward_kernels(case: str, rows: int, cols: int, target=None, kinds=("
     graph = {g.case: g for g in suite.GRAPHS}[case]
     torch._dynamo.reset()
     with FakeTensorMode(allow_non_fake_inputs=False):
-        args = suite.prepare(graph, graph.inputs(rows, cols, suite.VOCAB, torch.bfloat16, "cpu"))
+        args = suite.prepare(graph, as_sequences(graph.inputs(rows, cols, suite.VOCAB, torch.bfloat16, "cpu"),
+                                                 rows, seq))
         suite.make_step(graph, torch.compile(graph.fn, backend=backend))(*args)
     texts, kernels = [], []
     for kind, gm in captured:
@@ -404,7 +421,7 @@ def run_inspect(opts) -> int:
             try:
                 with tuning(**_setting(label)):
                     text, kernels = plan_backward_kernels(name, opts.rows, opts.cols,
-                                                          kinds=("forward", "backward"))
+                                                          kinds=("forward", "backward"), seq=opts.seq)
             except Exception as exc:
                 print(f"== {name} {label}: planning FAILED {type(exc).__name__}: {exc}")
                 continue
@@ -433,6 +450,9 @@ def main(argv=None) -> int:
                    help="seconds from the start after which no new measurement starts (watchdog: +20 s)")
     p.add_argument("--rows", type=int, default=32768)
     p.add_argument("--cols", type=int, default=4096)
+    p.add_argument("--seq", type=int, default=None,
+                   help="view each (rows, cols) input as (rows / SEQ, SEQ, cols), a model's (batch, sequence, "
+                        "hidden) activations (graphs over the last dim only)")
     p.add_argument("--smoke", action="store_true", help="CPU: run the sweep's code path on the interpreter")
     p.add_argument("--no-inductor", dest="inductor", action="store_false")
     p.add_argument("--json", default=None)
@@ -447,6 +467,13 @@ def main(argv=None) -> int:
     bad = [g for g in opts.graphs if g not in cases]
     if bad:
         raise SystemExit(f"unknown graphs {bad}; the graphs are the compiler suite's cases: {', '.join(cases)}")
+    if opts.seq is not None:
+        if opts.seq < 1 or opts.rows % opts.seq:
+            raise SystemExit(f"--seq {opts.seq}: must be a positive divisor of --rows ({opts.rows})")
+        bad = [g for g in opts.graphs if g not in SEQUENCE_GRAPHS]
+        if bad:
+            raise SystemExit(f"--seq applies to graphs over the last dim only ({', '.join(SEQUENCE_GRAPHS)}), "
+                             f"not to {bad}")
     for s in opts.settings:
         _setting(s)
     return run_inspect(opts) if opts.inspect else run_gpu(opts)

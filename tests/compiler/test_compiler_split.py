@@ -63,8 +63,8 @@ def test_split_factor_of_the_benchmark_shapes():
     assert LR.split_factor((1024, 32000), (0,), "sum") == 1
     assert LR.split_factor((512, 4096), (0,), "sum") == 1
     assert LR.split_factor((4096, 1024), (1,), "sum") == 1
-    # rows over several dimensions (a (batch, sequence, hidden) activation): chunks of split_outer_min_rows_nd (32)
-    assert LR.split_factor((8, 128, 4096), (0, 1), "sum") == 32
+    # rows over several dimensions (a (batch, sequence, hidden) activation) split as the same rows over one do
+    assert LR.split_factor((8, 128, 4096), (0, 1), "sum") == 128
     assert LR.split_factor((8, 4096, 4096), (0, 1), "sum") == 256
     # the settings before decision 058: unsplit below SPLIT_MIN_R, or 32 chunks of 32 rows from 1024 rows
     with tuning(split_outer_min_r=None):
@@ -185,14 +185,16 @@ _COLUMN_SUM_GRAPHS = {
 }
 
 
-@pytest.mark.parametrize("shape", [(1024, 67), (1037, 67), (16, 64, 67)], ids=["1024", "1037", "16x64"])
+@pytest.mark.parametrize("shape", [(1024, 67), (1037, 67), (16, 64, 67), (20, 64, 67), (4, 5, 64, 67)],
+                         ids=["1024", "1037", "16x64", "20x64", "4x5x64"])
 @pytest.mark.parametrize("graph", sorted(_COLUMN_SUM_GRAPHS))
 def test_default_column_split_from_1024_rows_matches_float64(graph, shape):
-    """Decision 058's default plan, thresholds as they are: from 1024 rows of a 2-D input the weight and bias
-    gradients are summed in chunks of 8 rows inside the backward's row kernel (the row-loop form, ``tfk_redc_*``),
-    one program a chunk, then the partials. 1037 rows do not divide into 128 chunks, and rows over two dimensions
-    (16 sequences of 64 tokens) are not joined to a row kernel: their first stage is a column kernel of its own
-    (chunks of 32 rows for the latter). Every gradient is a float64 reference's."""
+    """Decision 058's default plan, thresholds as they are: from 1024 rows the weight and bias gradients are
+    summed in chunks of 8 rows inside the backward's row kernel (the row-loop form, ``tfk_redc_*``), one program
+    a chunk, then the partials, whether the rows are one dimension or two (16 sequences of 64 tokens, a model's
+    activations; 20 x 64 rows make chunks of 10 that straddle sequences, 4 x 5 x 64 rows are three dimensions).
+    1037 rows do not divide into 128 chunks: their first stage is a column kernel of its own.
+    Every gradient is a float64 reference's."""
     from tilefuse.compiler import records
 
     f = _COLUMN_SUM_GRAPHS[graph]
@@ -203,7 +205,7 @@ def test_default_column_split_from_1024_rows_matches_float64(graph, shape):
     b = torch.randn(cols, generator=g).requires_grad_()
     dy = torch.randn(*shape, generator=g)
     reduced = tuple(range(len(shape) - 1))
-    assert LR.split_factor(shape, reduced, "sum") == (128 if len(shape) == 2 else 32)
+    assert LR.split_factor(shape, reduced, "sum") == 128, LR.split_factor(shape, reduced, "sum")
     reset()
     torch._dynamo.reset()
     with strict():
@@ -212,6 +214,6 @@ def test_default_column_split_from_1024_rows_matches_float64(graph, shape):
     _assert_grads_are_float64s(f, (x, w, b), dy, grads, f" ({graph}, {shape})")
     backward, = [r for r in records.REPORTS if r.kind == "backward"]
     names = [k.name for k in backward.kernels]
-    assert any(n.startswith("tfk_redc_") for n in names) == (shape == (1024, 67)), names
+    assert any(n.startswith("tfk_redc_") for n in names) == (shape != (1037, 67)), names
     assert len(names) >= 2, names  # (at least the first stage and the partials' sum)
     torch._dynamo.reset()

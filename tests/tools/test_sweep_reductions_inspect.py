@@ -33,3 +33,26 @@ def test_inspect_lists_the_kernels_of_a_graph_under_each_setting(tmp_path):
     # or split into 32 chunks of 32 rows: 2048 column programs, then the partials' sum
     assert sorted(plans["cols_split_1024"]) == [("looped", 2048), ("persistent", 32), ("persistent", 1024),
                                                 ("persistent", 1024)], out
+
+
+def test_inspect_plans_a_models_sequences_as_their_rows(tmp_path):
+    """--seq 64 views the inputs as 16 sequences of 64 tokens, a model's activations, whose weight and bias
+    gradients sum over two dims: the backward is the same row loop of 128 programs as over 1024 rows of one dim,
+    not a column kernel of its own. A --seq that does not divide the rows, or a graph not over the last dim, is
+    refused with the reason."""
+    env = dict(os.environ, TILEFUSE_CACHE_DIR=str(tmp_path), PYTHONPATH=str(ROOT))
+    tool = [sys.executable, str(ROOT / "tools" / "sweep_reductions.py"), "--inspect", "--no-compile", "--rows", "1024",
+            "--cols", "4096"]
+    proc = subprocess.run(tool + ["--seq", "64", "--graphs", "layer_norm_fwd_bwd,gelu_chain_fwd_bwd",
+                                  "--settings", "default"], capture_output=True, text=True, env=env, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    out = proc.stdout
+    assert "planning FAILED" not in out, out
+    forms = re.findall(r"^\s+tfk_\w+\s+(\w+)\s+grid \((\d+),(?: \d+)?\)", out, re.M)
+    assert sorted(forms) == sorted([("persistent", "1024"), ("rowloop", "128"), ("persistent", "128"),
+                                    ("tiled", "4"), ("rowloop", "128"), ("persistent", "128")]), out
+    bad = subprocess.run(tool + ["--seq", "100"], capture_output=True, text=True, env=env, timeout=300)
+    assert bad.returncode != 0 and "--seq 100: must be a positive divisor of --rows (1024)" in bad.stderr, bad.stderr
+    bad = subprocess.run(tool + ["--seq", "64", "--graphs", "cross_entropy_fwd_bwd"], capture_output=True, text=True,
+                         env=env, timeout=300)
+    assert bad.returncode != 0 and "not to ['cross_entropy_fwd_bwd']" in bad.stderr, bad.stderr

@@ -15,7 +15,8 @@
    (S, C, cols) joins the row reduction group over the same S*C rows (it becomes a *column root*, computed
    by codegen's row-loop form from the registers the row kernel already holds), and a pointwise root over
    (S*C, cols) joins a first stage's group at (C*s + c, cols) (gelu's input gradient with its bias
-   gradient's partials). Both need S*C to be exactly the rows (no masked tail); the row loop also needs
+   gradient's partials). The rows may be one dim or several (a model's (batch, sequence, hidden)
+   activations): the linear row C*s + c is unravelled over them. Both need S*C to be exactly the rows (no masked tail); the row loop also needs
    ``rowloop_min_programs`` chunks (profitability). A reduction that saves no bytes in any group may still
    join an independent reduction group of the same space and reduced dims when the joined kernel moves at
    most ``join_small_bytes`` (:meth:`Scheduler._small_twin`): a norm backward's weight and bias gradients'
@@ -163,17 +164,29 @@ def align(node, space, reduced) -> Optional[tuple[ir.Index, ...]]:
     kept = [d for d in range(len(space)) if d not in reduced]
     if shape == tuple(space[d] for d in kept):
         return tuple(kv[d] for d in kept)
-    if _split_space(space, reduced) and len(shape) == len(space) - 1 and shape[0] == space[0] * space[1] \
-            and shape[1:] == tuple(space[2:]) and TUNING["split_siblings"]:
-        # a split first stage's space (S, C, ...) runs over the rows S*C of the tensor it reduces: element
-        # (C*s + c, ...) of a pointwise node over those rows is computed once, at (s, c, ...)
-        return (ir.add(ir.scale(kv[0], space[1]), kv[1]),) + kv[2:]
+    rows = _split_row_dims(shape, space) if _split_space(space, reduced) and TUNING["split_siblings"] else None
+    if rows is not None:
+        # a split first stage's space (S, C, ...) runs over the rows S*C of the tensor it reduces: the element
+        # at linear row C*s + c of a pointwise node over those rows (one dim or several) is computed once, at
+        # (s, c, ...)
+        mapping = _split_rows(space, rows)
+        return tuple(mapping[f"k{d}"] for d in range(len(shape)))
     return None
 
 
 def _split_space(space, reduced) -> bool:
     """The space of a split reduction's first stage: (chunks S, rows a chunk C, kept...), reducing C."""
     return tuple(reduced) == (1,) and len(space) >= 3
+
+
+def _split_row_dims(shape, split_space) -> Optional[tuple]:
+    """The row dims of ``shape`` when it is the tensor over whose rows a split first stage over ``split_space``
+    = (S, C, kept...) runs: ``shape`` = (rows..., kept...) with S*C rows in all; else None."""
+    kept = tuple(split_space[2:])
+    n = len(shape) - len(kept)
+    if n < 1 or tuple(shape[n:]) != kept or math.prod(shape[:n]) != split_space[0] * split_space[1]:
+        return None
+    return tuple(shape[:n])
 
 
 def own_mapping(node, position) -> dict:
@@ -488,10 +501,9 @@ def fusion_legality(s: Scheduler, g: dict, node) -> tuple[bool, Optional[dict]]:
         if isinstance(node, ir.Reduction) and tuple(node.space) != tuple(g["space"]):
             columns[node.name] = chunk
     elif isinstance(node, ir.Reduction) and g["kind"] == "pointwise" and _split_space(node.space, node.reduced) \
-            and TUNING["split_siblings"] and len(g["space"]) == len(node.space) - 1 and \
-            g["space"][0] == node.space[0] * node.space[1] and tuple(g["space"][1:]) == tuple(node.space[2:]):
+            and TUNING["split_siblings"] and _split_row_dims(g["space"], node.space) is not None:
         g = _respace(g, tuple(node.space), tuple(node.reduced), "reduction",
-                     _split_rows(tuple(node.space)))
+                     _split_rows(tuple(node.space), _split_row_dims(g["space"], node.space)))
     space, reduced, kind = g["space"], g["reduced"], g["kind"]
     if isinstance(node, ir.Reduction) and node.name in columns:
         pass  # a column root: its space is the split's, its body is mapped onto the group's (below)
@@ -564,14 +576,15 @@ def fusion_legality(s: Scheduler, g: dict, node) -> tuple[bool, Optional[dict]]:
     return True, out
 
 
-def _split_rows(split_space) -> dict:
-    """Mapping from the variables of a space over (S*C, rest...) to a split space's (S, C, rest...): row
-    ``k0 = C*s + c``."""
+def _split_rows(split_space, rows: tuple) -> dict:
+    """Mapping from the variables of a space over (rows..., rest...), S*C rows in all, to a split space's
+    (S, C, rest...): the linear row ``C*s + c`` unravelled over ``rows`` (over one dim: ``k0 = C*s + c``)."""
     chunk = split_space[1]
     kv = kernel_vars(split_space)
-    m = {"k0": ir.add(ir.scale(kv[0], chunk), kv[1])}
-    for d in range(1, len(split_space) - 1):
-        m[f"k{d}"] = kv[d + 1]
+    parts = ir.unravel(ir.add(ir.scale(kv[0], chunk), kv[1]), rows)
+    m = {f"k{d}": parts[d] for d in range(len(rows))}
+    for d in range(2, len(split_space)):
+        m[f"k{len(rows) + d - 2}"] = kv[d]
     return m
 
 
@@ -605,9 +618,13 @@ def _is_column_stage(node, C: int) -> bool:
         tuple(node.out_dims) == (0, 2) and node.space[2] == C and node.kind in COLUMN_KINDS
 
 
+def _row_space(space, reduced) -> bool:
+    """A space of rows (one or more dims) x columns reducing the columns, rows short enough for the row loop."""
+    return len(space) >= 2 and tuple(reduced) == (len(space) - 1,) and space[-1] <= ROWLOOP_MAX_R
+
+
 def _row_group(g: dict) -> bool:
-    space, reduced = g["space"], g["reduced"]
-    return g["kind"] == "reduction" and len(space) == 2 and tuple(reduced) == (1,) and space[1] <= ROWLOOP_MAX_R
+    return g["kind"] == "reduction" and _row_space(g["space"], g["reduced"])
 
 
 def _column_join(s: Scheduler, g: dict, node):
@@ -617,8 +634,8 @@ def _column_join(s: Scheduler, g: dict, node):
     their rows) and ``node`` is a row reduction over (R, C): then ``g`` is re-expressed over (R, C)."""
     if not TUNING["columns_into_rows"]:
         return None
-    if _row_group(g) and _is_column_stage(node, g["space"][1]):
-        R, C = g["space"]
+    if _row_group(g) and _is_column_stage(node, g["space"][-1]):
+        R = math.prod(g["space"][:-1])
         chunk = node.space[1]
         if node.space[0] * chunk != R or any(c != chunk for c in g.get("columns", {}).values()):
             return None
@@ -626,24 +643,24 @@ def _column_join(s: Scheduler, g: dict, node):
             g = dict(g)
             g["columns"] = {}
         return g, chunk
-    if isinstance(node, ir.Reduction) and len(node.space) == 2 and tuple(node.reduced) == (1,) and \
-            node.space[1] <= ROWLOOP_MAX_R:
+    if isinstance(node, ir.Reduction) and _row_space(node.space, node.reduced):
         return _stages_over_rows(s, g, tuple(node.space))
     return None
 
 
 def _stages_over_rows(s: Scheduler, g: dict, rows: tuple):
-    """(``g`` re-expressed over the row space ``rows`` = (R, C) as a row-loop group, rows a chunk) when ``g``
-    holds only split first stages over (S, R/S, C) and pointwise roots over their rows; else None."""
+    """(``g`` re-expressed over the row space ``rows`` = (rows..., C), R rows in all, as a row-loop group, rows
+    a chunk) when ``g`` holds only split first stages over (S, R/S, C) and pointwise roots over their rows;
+    else None."""
     if not (g["kind"] == "reduction" and len(g["space"]) == 3 and tuple(g["reduced"]) == (1,)
             and not g.get("columns")):
         return None
-    R, C = rows
+    R, C = math.prod(rows[:-1]), rows[-1]
     S, chunk, C2 = g["space"]
     if C2 != C or S * chunk != R:
         return None
-    kv = kernel_vars(g["space"])
-    row_pos = (ir.add(ir.scale(kv[0], chunk), kv[1]), kv[2])
+    split = _split_rows(g["space"], tuple(rows[:-1]))
+    row_pos = tuple(split[f"k{d}"] for d in range(len(rows)))
     for r in g["roots"]:
         rn = s.table[r]
         if isinstance(rn, ir.Reduction):
@@ -651,11 +668,11 @@ def _stages_over_rows(s: Scheduler, g: dict, rows: tuple):
                 return None
         elif tuple(g["positions"][r]) != row_pos:
             return None
-    mapping = _rows_split((R, C), chunk, 3)
-    new = _respace(g, (R, C), (1,), "reduction", mapping)
+    mapping = _rows_split(tuple(rows), chunk, 3)
+    new = _respace(g, tuple(rows), (len(rows) - 1,), "reduction", mapping)
     new["columns"] = {r: chunk for r in g["roots"] if isinstance(s.table[r], ir.Reduction)}
     for r in new["columns"]:  # a column root's position: its partial's element (never read in the group)
-        new["positions"][r] = (mapping["k0"], kernel_vars((R, C))[1])
+        new["positions"][r] = (mapping["k0"], kernel_vars(tuple(rows))[-1])
     return new, chunk
 
 
@@ -673,7 +690,10 @@ def stages_as_row_loop(s: Scheduler, g: dict) -> dict:
             not any(isinstance(s.table[r], ir.Reduction) for r in g["roots"]) or \
             not any(not isinstance(s.table[r], ir.Reduction) for r in g["roots"]):
         return g
-    joined = _stages_over_rows(s, g, (S * chunk, C))
+    # the rows as the pointwise roots index them (one dim, or a model's (batch, sequence))
+    first = next(s.table[r] for r in g["roots"] if not isinstance(s.table[r], ir.Reduction))
+    rows = _split_row_dims(tuple(first.shape), g["space"])
+    joined = None if rows is None else _stages_over_rows(s, g, rows + (C,))
     return g if joined is None else joined[0]
 
 
@@ -681,7 +701,7 @@ def _as_column(s: Scheduler, node, row_space) -> tuple:
     """(position, body) of first stage ``node`` as a column root of a row group over ``row_space``."""
     mapping = _rows_split(row_space, node.space[1], len(node.space))
     body = ir.substitute_expr(s.root_body(node.name, None), mapping)
-    return (mapping["k0"], kernel_vars(row_space)[1]), body
+    return (mapping["k0"], kernel_vars(row_space)[-1]), body
 
 
 class _Illegal(Exception):
@@ -734,7 +754,7 @@ def fusion_benefit(s: Scheduler, g: dict, draft: dict, node) -> int:
     for r in g["roots"]:
         group_reads |= {ld.buffer for ld in ir.loads(g["bodies"][r])}
     cols = draft.get("columns")
-    if cols and draft["space"][0] // next(iter(cols.values())) < TUNING["rowloop_min_programs"]:
+    if cols and math.prod(draft["space"][:-1]) // next(iter(cols.values())) < TUNING["rowloop_min_programs"]:
         return 0  # a row-loop kernel with a program per chunk of rows: too few programs to fill the GPU
     saved = 0
     for b in alone:

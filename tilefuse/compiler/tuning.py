@@ -44,15 +44,11 @@ TUNING = {
     # chunk, and 256 chunks are about two programs per SM of a 132-SM H200. 64 chunks (decision 021) were enough
     # for the 16 x 64 column programs of a separate kernel, not for a program per chunk.
     # Chunks of 8 rows (and 128 row-loop programs, below) let a 1024-row norm backward sum its columns in the row
-    # kernel: at 1024 x 4096 bf16 on an H100 the norm and GeLU fwd+bwd graphs' kernels took 0.32-0.47x the GPU
-    # time they took with the column sums unsplit (layer_norm 60 -> 19 us a step, Inductor 34; decision 058)
+    # kernel, rows over one dim or several (a model's (batch, sequence)): at 1024 x 4096 bf16 on an H100 the norm
+    # and GeLU fwd+bwd graphs' kernels took 0.32-0.47x the GPU time they took with the column sums unsplit
+    # (layer_norm 60 -> 19 us a step, Inductor 34; decision 058)
     "split_outer_chunks": 256,
     "split_outer_min_rows": 8,
-    # ... but rows over several dimensions (a (batch, sequence, hidden) activation's column sum, a model's norm
-    # weight gradient) keep chunks of 32 rows: the scheduler does not join their first stage to the row kernel
-    # (it joins 2-D row groups only), and 32-row chunks in a column kernel of their own are the plan measured for
-    # that at 1024 rows (layer_norm 27 us a step, 60 unsplit; decision 058); 8-row chunks there are not measured
-    "split_outer_min_rows_nd": 32,
     # an outer (column) reduction splits from this many rows or SPLIT_MIN_R, the fewer (None: from SPLIT_MIN_R, as
     # a row reduction, which left 1024-row column sums in one 128-program kernel over every row; decision 058)
     "split_outer_min_r": 1024,
@@ -61,8 +57,8 @@ TUNING = {
     # programs of 8 rows writing 16 MB of partials (not measured; decision 058)
     "split_outer_short_max_cols": 8192,
     # ---- scheduler: fusion switches and thresholds (scheduler.py)
-    # a pointwise root over (S*C, ...) joins a split reduction's first stage over (S, C, ...) (the gelu
-    # backward: the input gradient and the bias gradient's partials in one pass over dy and x)
+    # a pointwise root over S*C rows (one dim or several) joins a split reduction's first stage over (S, C, ...)
+    # (the gelu backward: the input gradient and the bias gradient's partials in one pass over dy and x)
     "split_siblings": True,
     # a split column reduction's first stage joins the row kernel over the same rows (a norm backward)
     "columns_into_rows": True,

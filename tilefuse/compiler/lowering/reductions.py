@@ -81,8 +81,7 @@ def split_factor(space, reduced, kind: str) -> int:
         return 1
     limit = min(SPLIT_TARGET_PROGRAMS // max(programs, 1), rsize // SPLIT_MIN_CHUNK)
     if not inner:
-        min_rows = TUNING["split_outer_min_rows" if len(reduced) == 1 else "split_outer_min_rows_nd"]
-        limit = min(max(limit, TUNING["split_outer_chunks"]), rsize // min_rows)
+        limit = min(max(limit, TUNING["split_outer_chunks"]), rsize // TUNING["split_outer_min_rows"])
     factor = 1
     while factor * 2 <= limit:
         factor *= 2
