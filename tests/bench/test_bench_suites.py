@@ -183,38 +183,64 @@ def test_compiler_suite_check_catches_a_wrong_answer():
 
 def test_compiler_suite_kernels_row(monkeypatch):
     """record_kernel_time: an ``<impl>-kernels`` row with the median of the profiled rounds (p20/p80 their
-    least and most), the bytes' share of the copy ceiling, the host time in the note, Inductor's kernels as
-    baseline; a profiler failure is an error row, not a missing one; a smoke run says it did not run."""
+    least and most), the bytes' share of the copy ceiling, Inductor's kernels as baseline, returned for
+    note_host_times; a profiler failure is an error row, not a missing one; a smoke run says it did not run."""
     if importlib.util.find_spec(_suite_module("compiler")) is None:
         pytest.skip("tilefuse.bench.compiler_suite does not exist yet")
     from tilefuse.bench import compiler_suite as cs
 
     g = next(g for g in cs.GRAPHS if g.case == "softmax_fwd_bwd")
-    calls = []
     monkeypatch.setattr(cs, "kernel_ms", lambda call: [0.30, 0.25, 0.40])
-    hosts = iter([530.0, 512.4, 498.0, 700.2, 505.0])  # one slow round: the median is the note's figure
-    monkeypatch.setattr(cs, "host_us", lambda call: (calls.append(call), next(hosts))[1])
+    monkeypatch.setattr(cs, "host_us", lambda call: pytest.fail("the host time is timed by note_host_times"))
     rec = harness.Recorder("compiler", ceiling_gbps=4000.0, log=lambda s: None)
     gpu = argparse.Namespace(smoke=False)
-    cs.record_kernel_time(rec, g, "tilefuse", lambda: None, [[]], gpu, dtype="bfloat16", shape="8x8",
-                          bytes_moved=1.2e9)
-    row = rec.rows[-1]
+    row = cs.record_kernel_time(rec, g, "tilefuse", lambda: None, [[]], gpu, dtype="bfloat16", shape="8x8",
+                                bytes_moved=1.2e9)
+    assert row is rec.rows[-1]
     assert (row.impl, row.ms_p50, row.ms_p20, row.ms_p80, row.baseline) == \
         ("tilefuse-kernels", 0.30, 0.25, 0.40, "inductor-kernels")
     assert math.isclose(row.gbps, 1.2e9 / 0.30e-3 / 1e9) and math.isclose(row.pct_ceiling, 100 * row.gbps / 4000)
-    assert "host 512 us a step (median of 5 rounds of 20 steps: 498-700)" in row.note
-    assert len(calls) == cs.HOST_ROUNDS and len(set(map(id, calls))) == 1  # one rotating call, timed 5 times
 
     def broken(call):
         raise RuntimeError("CUPTI not available")
 
     monkeypatch.setattr(cs, "kernel_ms", broken)
-    cs.record_kernel_time(rec, g, "inductor", lambda: None, [[]], gpu, dtype="bfloat16", shape="8x8",
-                          bytes_moved=1.2e9)
+    assert cs.record_kernel_time(rec, g, "inductor", lambda: None, [[]], gpu, dtype="bfloat16", shape="8x8",
+                                 bytes_moved=1.2e9) is None
     assert rec.rows[-1].impl == "inductor-kernels" and rec.rows[-1].status.startswith("error: RuntimeError")
-    cs.record_kernel_time(rec, g, "tilefuse", lambda: None, [[]], argparse.Namespace(smoke=True),
-                          dtype="bfloat16", shape="8x8", bytes_moved=1.2e9)
+    assert cs.record_kernel_time(rec, g, "tilefuse", lambda: None, [[]], argparse.Namespace(smoke=True),
+                                 dtype="bfloat16", shape="8x8", bytes_moved=1.2e9) is None
     assert rec.rows[-1].status.startswith("not run: smoke run")
+
+
+def test_compiler_suite_host_times_are_alternated(monkeypatch):
+    """note_host_times: every compiled impl's host time a step is timed once a round, each round starting one impl
+    later, so that drift of the host falls on all of them; each -kernels row's note gets its median and range;
+    a failing timing is said in every note, not dropped."""
+    from tilefuse.bench import compiler_suite as cs
+
+    order = []
+    hosts = {"tilefuse": iter([530.0, 512.4, 498.0, 700.2, 505.0]),
+             "inductor": iter([610.0, 600.0, 590.0, 620.0, 605.0]),
+             "tilefuse-reduce-overhead": iter([520.0, 515.0, 900.0, 510.0, 517.0])}
+    monkeypatch.setattr(cs, "host_us", lambda call: (order.append(call()), next(hosts[call()]))[1])
+    rows = {n: harness.Row("compiler", "softmax_fwd_bwd", f"{n}-kernels", "bfloat16", "8x8", note="GPU time")
+            for n in hosts}
+    cs.note_host_times(rows, {n: (lambda n=n: n) for n in hosts})
+    names = list(hosts)
+    assert order == [n for r in range(cs.HOST_ROUNDS) for n in names[r % 3:] + names[:r % 3]], order
+    assert rows["tilefuse"].note == ("GPU time; host 512 us a step (median of 5 rounds of 20 steps, alternated with "
+                                     "the graph's other 2 compiled impls: 498-700)"), rows["tilefuse"].note
+    assert "host 605 us a step" in rows["inductor"].note and "host 517 us" in rows["tilefuse-reduce-overhead"].note
+
+    def broken(call):
+        raise RuntimeError("device lost")
+
+    monkeypatch.setattr(cs, "host_us", broken)
+    rows = {n: harness.Row("compiler", "softmax_fwd_bwd", f"{n}-kernels", "bfloat16", "8x8", note="GPU time")
+            for n in ("tilefuse", "inductor")}
+    cs.note_host_times(rows, {n: (lambda: None) for n in rows})
+    assert all(r.note == "GPU time; host time not measured: RuntimeError: device lost" for r in rows.values())
 
 
 def test_recorder_measures_missing_ceilings_on_a_gpu(monkeypatch):

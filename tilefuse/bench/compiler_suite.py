@@ -9,7 +9,8 @@ gradients, and the backward pass re-reads what it needs of the forward's tensors
 note says the ratio to eager.
 
 Each compiled impl also gets an ``<impl>-kernels`` row (``inductor-kernels`` its baseline): the step's GPU time
-alone, from torch.profiler, and in its note the step's host time (:func:`host_us`). A step row is the time
+alone, from torch.profiler, and in its note the step's host time (:func:`host_us`; after the graph's impls are
+timed, in rounds that alternate them, :func:`note_host_times`). A step row is the time
 of the whole call, what a user's loop sees; where the host takes longer to queue a step than its kernels take
 to run (a forward + backward through Dynamo, AOTAutograd and the autograd engine on a slow host CPU), the
 step row measures the host and the kernels row says what the generated code does.
@@ -422,6 +423,8 @@ def time_graph(rec: harness.Recorder, graph: Graph, opts: runner.SuiteOptions, d
     eager = [t.detach() for t in _flat(eager_step(*args))]
     moved = minimal_bytes(graph, args)
     times: dict[str, harness.Row] = {}
+    kernel_rows: dict[str, harness.Row] = {}  # compiled impl -> its -kernels row, whose note gets the host time
+    host_calls: dict[str, harness.Rotating] = {}
     for impl in impls(graph, opts):
         if impl.startswith("inductor") and opts.smoke:
             rec.skip(graph.case, impl, "smoke run on the interpreter: Inductor would build C++ for the CPU",
@@ -455,7 +458,13 @@ def time_graph(rec: harness.Recorder, graph: Graph, opts: runner.SuiteOptions, d
                 row.note = f"{row.note}; {extra}" if row.note else extra
         times[impl] = row
         if impl != "eager" and row.ok:
-            record_kernel_time(rec, graph, impl, step, sets, opts, dtype=dtype, shape=shape, bytes_moved=moved)
+            krow = record_kernel_time(rec, graph, impl, step, sets, opts, dtype=dtype, shape=shape,
+                                      bytes_moved=moved)
+            if krow is not None:
+                kernel_rows[impl], host_calls[impl] = krow, harness.Rotating(step, sets)
+    if kernel_rows:
+        note_host_times(kernel_rows, host_calls)
+    del host_calls
     base = times.get("eager")
     for impl in COMPILED_IMPLS:
         row = times.get(impl)
@@ -506,29 +515,56 @@ def host_us(call: Callable[[], Any], steps: int = HOST_STEPS) -> float:
 
 
 def record_kernel_time(rec: harness.Recorder, graph: Graph, impl: str, step: Callable, sets: list,
-                       opts: runner.SuiteOptions, *, dtype, shape, bytes_moved: float) -> None:
+                       opts: runner.SuiteOptions, *, dtype, shape, bytes_moved: float) -> harness.Row | None:
     """A ``<impl>-kernels`` row beside a compiled impl's step row: the step's GPU time alone (kernel_ms), so
     a step that the host sets (a forward + backward through Dynamo, AOTAutograd and the autograd engine can
-    take longer to queue than its kernels take to run) still shows what the kernels move; its note gives
-    the step's host time (host_us)."""
+    take longer to queue than its kernels take to run) still shows what the kernels move. Returns the row
+    (None when it was not measured), whose note :func:`note_host_times` completes with the step's host time."""
     name = f"{impl}-kernels"
     if opts.smoke:
         rec.skip(graph.case, name, "smoke run on the interpreter: no CUDA time to profile", dtype=dtype, shape=shape)
-        return
+        return None
     import statistics
 
-    call = harness.Rotating(step, sets)
     try:
-        rounds = kernel_ms(call)
-        hosts = [host_us(call) for _ in range(HOST_ROUNDS)]
+        rounds = kernel_ms(harness.Rotating(step, sets))
     except Exception as exc:
         rec._error_row(graph.case, name, dtype, shape, exc, dict(baseline="inductor-kernels"))
-        return
-    note = f"GPU time of the step (torch.profiler, {KERNEL_ROUNDS} rounds of {KERNEL_STEPS} steps); " \
-           f"host {statistics.median(hosts):.0f} us a step (median of {HOST_ROUNDS} rounds of {HOST_STEPS} " \
-           f"steps: {min(hosts):.0f}-{max(hosts):.0f})"
+        return None
+    note = f"GPU time of the step (torch.profiler, {KERNEL_ROUNDS} rounds of {KERNEL_STEPS} steps)"
     rec._timed_row(graph.case, name, dtype, shape, statistics.median(rounds), min(rounds), max(rounds),
                    dict(bytes_moved=bytes_moved, baseline="inductor-kernels", note=note))
+    return rec.rows[-1]
+
+
+def alternated_host_us(calls: dict[str, Callable[[], Any]], rounds: int = HOST_ROUNDS) -> dict[str, list[float]]:
+    """Host µs a step of each call (:func:`host_us`), in ``rounds`` rounds that time every call once, each round
+    starting one call later: drift of the host (it moved the same uncaptured path's median by up to 1.7x between
+    two impls timed one after the other, run 147) falls on every impl alike."""
+    names = list(calls)
+    out: dict[str, list[float]] = {n: [] for n in names}
+    for r in range(rounds):
+        k = r % len(names)
+        for n in names[k:] + names[:k]:
+            out[n].append(host_us(calls[n]))
+    return out
+
+
+def note_host_times(rows: dict[str, harness.Row], calls: dict[str, Callable[[], Any]]) -> None:
+    """Each compiled impl's host time a step, timed in alternated rounds (:func:`alternated_host_us`), added to its
+    ``-kernels`` row's note; if the timing fails, the notes say so."""
+    import statistics
+
+    try:
+        hosts = alternated_host_us(calls)
+    except Exception as exc:
+        for row in rows.values():
+            row.note += f"; host time not measured: {type(exc).__name__}: {exc}".splitlines()[0][:300]
+        return
+    for impl, row in rows.items():
+        h = hosts[impl]
+        row.note += (f"; host {statistics.median(h):.0f} us a step (median of {len(h)} rounds of {HOST_STEPS} steps, "
+                     f"alternated with the graph's other {len(rows) - 1} compiled impls: {min(h):.0f}-{max(h):.0f})")
 
 
 # ------------------------------------------------------------------------------------ compile time

@@ -16,11 +16,11 @@
    by codegen's row-loop form from the registers the row kernel already holds), and a pointwise root over
    (S*C, cols) joins a first stage's group at (C*s + c, cols) (gelu's input gradient with its bias
    gradient's partials). The rows may be one dim or several (a model's (batch, sequence, hidden)
-   activations): the linear row C*s + c is unravelled over them. Both need S*C to be exactly the rows (no masked tail); the row loop also needs
-   ``rowloop_min_programs`` chunks (profitability). A reduction that saves no bytes in any group may still
-   join an independent reduction group of the same space and reduced dims when the joined kernel moves at
-   most ``join_small_bytes`` (:meth:`Scheduler._small_twin`): a norm backward's weight and bias gradients'
-   second stages, one launch instead of two.
+   activations): the linear row C*s + c is unravelled over them. Both need S*C to be exactly the rows (no
+   masked tail); the row loop also needs ``rowloop_min_programs`` chunks (profitability). A reduction that
+   saves no bytes in any group may still join an independent reduction group of the same space and reduced
+   dims when the joined kernel moves at most ``join_small_bytes`` (:meth:`Scheduler._small_twin`): a norm
+   backward's weight and bias gradients' second stages, one launch instead of two.
 3. **Materialize what is shared.** A non-root pointwise node inlined into several groups is recomputed in
    each; when that re-reads more bytes than writing it once and reading it back, it becomes a root and the
    grouping is redone.
