@@ -540,7 +540,7 @@ def record_kernel_time(rec: harness.Recorder, graph: Graph, impl: str, step: Cal
 def alternated_host_us(calls: dict[str, Callable[[], Any]], rounds: int = HOST_ROUNDS) -> dict[str, list[float]]:
     """Host µs a step of each call (:func:`host_us`), in ``rounds`` rounds that time every call once, each round
     starting one call later: drift of the host (it moved the same uncaptured path's median by up to 1.7x between
-    two impls timed one after the other, run 147) falls on every impl alike."""
+    two impls timed one after the other; the lab log's "host times, alternated") falls on every impl alike."""
     names = list(calls)
     out: dict[str, list[float]] = {n: [] for n in names}
     for r in range(rounds):
