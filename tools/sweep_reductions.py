@@ -462,6 +462,8 @@ def main(argv=None) -> int:
     opts = p.parse_args(argv)
     opts.graphs = [g for g in opts.graphs.split(",") if g]
     opts.settings = [s for s in opts.settings.split(",") if s]
+    if opts.inspect:  # before tilefuse is imported: without a GPU it would make Triton interpret, not compile
+        os.environ.setdefault("TILEFUSE_INTERPRET", "0")
     from tilefuse.bench import compiler_suite
     cases = [g.case for g in compiler_suite.GRAPHS]
     bad = [g for g in opts.graphs if g not in cases]

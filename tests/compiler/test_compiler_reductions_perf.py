@@ -8,7 +8,8 @@ still run on the interpreter, so the forms the GPU runs are the ones checked:
   partial sums over a chunk of rows (scheduler ``columns_into_rows``), in either order of the graph;
 * a pointwise gradient in a split column reduction's first stage (scheduler ``split_siblings``: gelu's
   backward), in the persistent and the looped column forms;
-* row counts that the split does not divide (no fusion, still right), several rows a step, odd sizes.
+* row counts that the split does not divide (a short last chunk, fused all the same), several rows a step, odd
+  sizes.
 """
 from __future__ import annotations
 
@@ -144,9 +145,12 @@ def test_paired_row_sums(gpu_kernels, fn, n_vec, paired):
     assert "_tf_sum2_combine" not in forward.source
 
 
-def test_rows_the_split_does_not_divide_are_not_fused_and_stay_right(gpu_forms):
-    _check(layer_norm, _mats(201, 67, 1, 2))  # 8 chunks of 26 rows run past the end
-    assert "rowloop" not in gpu_forms
+def test_rows_the_split_does_not_divide_are_fused_with_a_short_last_chunk(gpu_forms):
+    # 201 rows: 8 chunks by the thresholds, of 201 // 8 = 25 rows, so 9 of them and the last of one row (not 8 of
+    # 26 with the last past the end): the row loop's programs write every chunk's partial
+    assert LR.split_factor((201, 67), (0,), "sum") == 9
+    _check(layer_norm, _mats(201, 67, 1, 2))
+    assert "rowloop" in gpu_forms
 
 
 def test_row_loop_needs_enough_programs(gpu_forms):

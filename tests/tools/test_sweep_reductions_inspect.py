@@ -56,3 +56,20 @@ def test_inspect_plans_a_models_sequences_as_their_rows(tmp_path):
     bad = subprocess.run(tool + ["--seq", "64", "--graphs", "cross_entropy_fwd_bwd"], capture_output=True, text=True,
                          env=env, timeout=300)
     assert bad.returncode != 0 and "not to ['cross_entropy_fwd_bwd']" in bad.stderr, bad.stderr
+
+
+def test_inspect_cross_compiles_a_row_loop_with_a_short_last_chunk(tmp_path):
+    """--inspect without --no-compile builds every kernel for sm_90 (it must not take on Triton's interpreter, which
+    a machine without a GPU selects when tilefuse is imported). 1037 rows, a prime's multiple, split into 130 chunks
+    of 8 rows and a short last one of 5: the backward is still one row loop, one program a chunk."""
+    env = dict(os.environ, TILEFUSE_CACHE_DIR=str(tmp_path), PYTHONPATH=str(ROOT))
+    env.pop("TILEFUSE_INTERPRET", None)
+    env.pop("TRITON_INTERPRET", None)
+    proc = subprocess.run([sys.executable, str(ROOT / "tools" / "sweep_reductions.py"), "--inspect", "--rows", "1037",
+                           "--cols", "4096", "--graphs", "rms_norm_fwd_bwd", "--settings", "default"],
+                          capture_output=True, text=True, env=env, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    kernels = re.findall(r"^\s+(tfk_\w+)\s+(\w+)\s+grid \((\d+),\).*\s(regs \d+, stack \d+.*)$", proc.stdout, re.M)
+    assert len(kernels) == 3 and "FAILED" not in proc.stdout, proc.stdout
+    assert sorted((form, int(grid)) for _, form, grid, _ in kernels) == \
+        [("persistent", 128), ("persistent", 1037), ("rowloop", 130)], proc.stdout

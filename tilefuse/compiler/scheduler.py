@@ -16,8 +16,9 @@
    by codegen's row-loop form from the registers the row kernel already holds), and a pointwise root over
    (S*C, cols) joins a first stage's group at (C*s + c, cols) (gelu's input gradient with its bias
    gradient's partials). The rows may be one dim or several (a model's (batch, sequence, hidden)
-   activations): the linear row C*s + c is unravelled over them. Both need S*C to be exactly the rows (no
-   masked tail); the row loop also needs ``rowloop_min_programs`` chunks (profitability). A reduction that
+   activations): the linear row C*s + c is unravelled over them. The first needs the S chunks to cover the
+   rows with none past the end (the last may be short), the second S*C to be exactly the rows; the row loop
+   also needs ``rowloop_min_programs`` chunks (profitability). A reduction that
    saves no bytes in any group may still join an independent reduction group of the same space and reduced
    dims when the joined kernel moves at most ``join_small_bytes`` (:meth:`Scheduler._small_twin`): a norm
    backward's weight and bias gradients' second stages, one launch instead of two.
@@ -618,6 +619,12 @@ def _is_column_stage(node, C: int) -> bool:
         tuple(node.out_dims) == (0, 2) and node.space[2] == C and node.kind in COLUMN_KINDS
 
 
+def _chunks_tile(S: int, chunk: int, R: int) -> bool:
+    """S chunks of ``chunk`` rows cover R rows with none past the end (the last may be short): the row loop's
+    programs, one a chunk over the rows below R, then write every chunk's partial."""
+    return (S - 1) * chunk < R <= S * chunk
+
+
 def _row_space(space, reduced) -> bool:
     """A space of rows (one or more dims) x columns reducing the columns, rows short enough for the row loop."""
     return len(space) >= 2 and tuple(reduced) == (len(space) - 1,) and space[-1] <= ROWLOOP_MAX_R
@@ -637,7 +644,7 @@ def _column_join(s: Scheduler, g: dict, node):
     if _row_group(g) and _is_column_stage(node, g["space"][-1]):
         R = math.prod(g["space"][:-1])
         chunk = node.space[1]
-        if node.space[0] * chunk != R or any(c != chunk for c in g.get("columns", {}).values()):
+        if not _chunks_tile(node.space[0], chunk, R) or any(c != chunk for c in g.get("columns", {}).values()):
             return None
         if not g.get("columns"):
             g = dict(g)
@@ -657,7 +664,7 @@ def _stages_over_rows(s: Scheduler, g: dict, rows: tuple):
         return None
     R, C = math.prod(rows[:-1]), rows[-1]
     S, chunk, C2 = g["space"]
-    if C2 != C or S * chunk != R:
+    if C2 != C or not _chunks_tile(S, chunk, R):
         return None
     split = _split_rows(g["space"], tuple(rows[:-1]))
     row_pos = tuple(split[f"k{d}"] for d in range(len(rows)))
