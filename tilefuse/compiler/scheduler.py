@@ -18,10 +18,10 @@
    gradient's partials). The rows may be one dim or several (a model's (batch, sequence, hidden)
    activations): the linear row C*s + c is unravelled over them. The first needs the S chunks to cover the
    rows with none past the end (the last may be short), the second S*C to be exactly the rows; the row loop
-   also needs ``rowloop_min_programs`` chunks (profitability). A reduction that
-   saves no bytes in any group may still join an independent reduction group of the same space and reduced
-   dims when the joined kernel moves at most ``join_small_bytes`` (:meth:`Scheduler._small_twin`): a norm
-   backward's weight and bias gradients' second stages, one launch instead of two.
+   also needs ``rowloop_min_programs`` chunks (profitability). A reduction that saves no bytes in any group
+   may still join an independent reduction group of the same space and reduced dims when the joined kernel
+   moves at most ``join_small_bytes`` (:meth:`Scheduler._small_twin`): a norm backward's weight and bias
+   gradients' second stages, one launch instead of two.
 3. **Materialize what is shared.** A non-root pointwise node inlined into several groups is recomputed in
    each; when that re-reads more bytes than writing it once and reading it back, it becomes a root and the
    grouping is redone.
@@ -636,9 +636,10 @@ def _row_group(g: dict) -> bool:
 
 def _column_join(s: Scheduler, g: dict, node):
     """When ``node`` joins ``g`` as (or next to) a column root of a row-loop kernel: (the group over the
-    row space, rows a chunk); else None. Either ``g`` is a row reduction group over (R, C) and ``node`` a
-    split first stage over (S, R/S, C), or ``g`` holds only such first stages (and pointwise roots over
-    their rows) and ``node`` is a row reduction over (R, C): then ``g`` is re-expressed over (R, C)."""
+    row space, rows a chunk); else None. Either ``g`` is a row reduction group over (rows..., C), R rows in
+    all, and ``node`` a split first stage over (S, chunk, C) whose S chunks cover the R rows, or ``g`` holds
+    only such first stages (and pointwise roots over their rows) and ``node`` is a row reduction over
+    (rows..., C): then ``g`` is re-expressed over (rows..., C)."""
     if not TUNING["columns_into_rows"]:
         return None
     if _row_group(g) and _is_column_stage(node, g["space"][-1]):
@@ -717,7 +718,7 @@ def _proven(cond: ir.Expr) -> bool:
     if not (isinstance(cond, ir.Op) and cond.name == "lt" and isinstance(cond.args[0], ir.IndexValue)
             and isinstance(cond.args[1], ir.Const)):
         return False
-    lo, hi = cond.args[0].index.bounds()
+    _, hi = cond.args[0].index.bounds()
     return hi < cond.args[1].value
 
 
@@ -795,7 +796,7 @@ def fusion_benefit(s: Scheduler, g: dict, draft: dict, node) -> int:
     for r in g["roots"]:
         group_reads |= {ld.buffer for ld in ir.loads(g["bodies"][r])}
     cols = draft.get("columns")
-    if cols and math.prod(draft["space"][:-1]) // next(iter(cols.values())) < TUNING["rowloop_min_programs"]:
+    if cols and -(-math.prod(draft["space"][:-1]) // next(iter(cols.values()))) < TUNING["rowloop_min_programs"]:
         return 0  # a row-loop kernel with a program per chunk of rows: too few programs to fill the GPU
     saved = 0
     for b in alone:
