@@ -764,14 +764,13 @@ def _launchless_backend():
 
 
 def _alternated_medians(calls: dict, rounds: int, measure, indent: str) -> dict:
-    """``measure(call)`` of each of ``calls`` in ``rounds`` alternated rounds; prints each one's median and range
-    (least-most) and returns the medians by name."""
+    """``measure(call)`` of each of ``calls`` in ``rounds`` alternated rounds (the compiler bench's
+    :func:`alternated`); prints each one's median and range (least-most) and returns the medians by name."""
     import statistics
 
-    samples = {name: [] for name in calls}
-    for _ in range(rounds):
-        for name, call in calls.items():
-            samples[name].append(measure(call))
+    from tilefuse.bench import compiler_suite as cs
+
+    samples = cs.alternated(calls, measure, rounds)
     for name, v in samples.items():
         print(f"{indent}{name:12} {statistics.median(v):7.1f}  ({min(v):.1f}-{max(v):.1f})")
     return {name: statistics.median(v) for name, v in samples.items()}

@@ -537,26 +537,29 @@ def record_kernel_time(rec: harness.Recorder, graph: Graph, impl: str, step: Cal
     return rec.rows[-1]
 
 
-def alternated_host_us(calls: dict[str, Callable[[], Any]], rounds: int = HOST_ROUNDS) -> dict[str, list[float]]:
-    """Host µs a step of each call (:func:`host_us`), in ``rounds`` rounds that time every call once, each round
-    starting one call later: drift of the host (it moved the same uncaptured path's median by up to 1.7x between
-    two impls timed one after the other; the lab log's "host times, alternated") falls on every impl alike."""
+def alternated(calls: dict[str, Callable[[], Any]], measure: Callable | None = None,
+               rounds: int = HOST_ROUNDS) -> dict[str, list[float]]:
+    """``measure(call)`` (default: :func:`host_us`, host µs a step) of each call, in ``rounds`` rounds that measure
+    every call once, each round starting one call later: drift of the host (it moved the same uncaptured path's
+    median by up to 1.7x between two impls timed one after the other; the lab log's "host times, alternated")
+    falls on every impl alike."""
+    measure = measure or host_us
     names = list(calls)
     out: dict[str, list[float]] = {n: [] for n in names}
     for r in range(rounds):
         k = r % len(names)
         for n in names[k:] + names[:k]:
-            out[n].append(host_us(calls[n]))
+            out[n].append(measure(calls[n]))
     return out
 
 
 def note_host_times(rows: dict[str, harness.Row], calls: dict[str, Callable[[], Any]]) -> None:
-    """Each compiled impl's host time a step, timed in alternated rounds (:func:`alternated_host_us`), added to its
+    """Each compiled impl's host time a step, timed in alternated rounds (:func:`alternated`), added to its
     ``-kernels`` row's note; if the timing fails, the notes say so."""
     import statistics
 
     try:
-        hosts = alternated_host_us(calls)
+        hosts = alternated(calls)
     except Exception as exc:
         for row in rows.values():
             row.note += f"; host time not measured: {type(exc).__name__}: {exc}".splitlines()[0][:300]
