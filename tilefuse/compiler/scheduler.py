@@ -502,9 +502,8 @@ def fusion_legality(s: Scheduler, g: dict, node) -> tuple[bool, Optional[dict]]:
         if isinstance(node, ir.Reduction) and tuple(node.space) != tuple(g["space"]):
             columns[node.name] = chunk
     elif isinstance(node, ir.Reduction) and g["kind"] == "pointwise" and _split_space(node.space, node.reduced) \
-            and TUNING["split_siblings"] and _split_row_dims(g["space"], node.space) is not None:
-        g = _respace(g, tuple(node.space), tuple(node.reduced), "reduction",
-                     _split_rows(tuple(node.space), _split_row_dims(g["space"], node.space)))
+            and TUNING["split_siblings"] and (rows := _split_row_dims(g["space"], node.space)) is not None:
+        g = _respace(g, tuple(node.space), tuple(node.reduced), "reduction", _split_rows(tuple(node.space), rows))
     space, reduced, kind = g["space"], g["reduced"], g["kind"]
     if isinstance(node, ir.Reduction) and node.name in columns:
         pass  # a column root: its space is the split's, its body is mapped onto the group's (below)
