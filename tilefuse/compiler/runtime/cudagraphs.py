@@ -71,6 +71,7 @@ import torch
 
 from ... import config
 from .. import records
+from .wrapper import is_symbolic
 
 MAX_RECORDINGS = 8  # graphs recorded a compiled graph (one a shape or a moved parameter set): each holds its
 # outputs in the pool for good, so a model fed ever-new shapes is bounded at 8 sets of activations.
@@ -228,15 +229,6 @@ def _has_unbacked(val) -> bool:
         return bool(free_unbacked_symbols(val))
     except Exception:  # a value free_unbacked_symbols does not walk (an opaque object): nothing symbolic in it
         return False
-
-
-def _symbolic(val) -> bool:
-    """A placeholder's value has a symbolic size or stride, or is a symbolic int (a graph of dynamic shapes)."""
-    if isinstance(val, torch.SymInt):
-        return True
-    if isinstance(val, torch.Tensor):
-        return any(isinstance(d, torch.SymInt) for d in (*val.shape, *val.stride()))
-    return False
 
 
 def graph_blockers(gm: torch.fx.GraphModule, static: Sequence[int]) -> list[str]:
@@ -804,7 +796,7 @@ class GraphRunner:
         # a graph of static shapes sees one signature (Dynamo guards its inputs' sizes, strides and devices): once
         # that one is refused, every call runs uncaptured with no signature taken (~4 us of host time a call on a
         # 2-core CPU, which a host-bound step of two refused graphs paid twice)
-        self.static_shapes = not any(_symbolic(n.meta.get("val")) for n in gm.graph.nodes if n.op == "placeholder")
+        self.static_shapes = not any(is_symbolic(n.meta.get("val")) for n in gm.graph.nodes if n.op == "placeholder")
         # why every call runs uncaptured, for good: what blocks the graph whatever its arguments, or (above) the
         # refusal of a static-shape graph's one signature
         self.settled: str | None = "; ".join(reasons) if reasons else None

@@ -466,7 +466,8 @@ def _wrap_body(source: str, opening: list[str], closing: list[str]) -> str:
 
 
 # ------------------------------------------------------------------------------------------ the callable
-def _is_symbolic(value) -> bool:
+def is_symbolic(value) -> bool:
+    """A node's value has a symbolic size, stride or offset, or is a symbolic scalar (dynamic shapes)."""
     if isinstance(value, (torch.SymInt, torch.SymFloat, torch.SymBool)):
         return True
     if isinstance(value, torch.Tensor):
@@ -554,7 +555,7 @@ class CompiledGraph:
         self.kind = kind
         self.graph_id = next(_ids)
         self.strict = strict
-        self.dynamic = any(_is_symbolic(n.meta.get("val")) for n in gm.graph.nodes)
+        self.dynamic = any(is_symbolic(n.meta.get("val")) for n in gm.graph.nodes)
         self.scalar_nodes, self.scalar_inputs = data_dependent_nodes(gm)
         self.plans: dict = {}
         self.plan: Plan | None = None
