@@ -1018,6 +1018,150 @@ def _decode_parts_probe() -> None:
             print(f"    {name}: failed: {type(exc).__name__}: {str(exc)[:200]}")
 
 
+def sites_section(case: str = "attention_projections_fwd_bwd", rows: int = 1024, device: str = "cuda") -> None:
+    """Where an uncaptured compiled step's graph calls spend their host time: the compiler suite's ``case`` at
+    ``rows`` rows under tilefuse, host us (GPU busy, as the suite measures) of the step, of each compiled graph's
+    wrapper call alone, and of each launch site of it called alone with the arguments it had in a step; for a
+    GEMM site also what it calls (``torch.matmul`` into ``out``, the kept plan's run, the library's full call)
+    and ``torch.mm`` allocating its output, as eager's linear does; then cProfile of the wrapper calls."""
+    from tilefuse.bench import compiler_suite as cs
+    from tilefuse.bench import runner
+    from tilefuse.compiler import runtime
+    from tilefuse.compiler.runtime import gemm as rt_gemm
+
+    cuda = device == "cuda"
+    opts = runner.SuiteOptions(rows=rows, log=lambda s: None, smoke=not cuda)  # (smoke: the interpreter's sizes)
+    graph = {g.case: g for g in cs.GRAPHS}[case]
+    dims = cs._sizes(opts, graph)
+    sets = [cs.prepare(graph, graph.inputs(*dims[:3], dims[3], device)) for _ in range(4)]
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
+    made, real = [], runtime.CompiledGraph.__init__
+
+    def init(self, *a, **k):
+        real(self, *a, **k)
+        made.append(self)
+
+    torch._dynamo.reset()
+    runtime.CompiledGraph.__init__ = init
+    try:
+        step = cs.harness.Rotating(cs.make_step(graph, torch.compile(graph.fn, backend="tilefuse")), sets)
+        for _ in range(10):
+            step()
+    finally:
+        runtime.CompiledGraph.__init__ = real
+    sync()
+
+    def host(call, calls: int = 20) -> float:
+        return min((cs.host_us(call, calls) if cuda else _cpu_us(call, calls)) for _ in range(5))
+
+    print(f"== sites: {case} at {rows} rows under tilefuse, host us (GPU busy, best of 5 rounds of 20 calls)")
+    print(f"  the step: {host(step):.1f}")
+    for g in made:
+        if g.plan is None:
+            print(f"  graph {g.graph_id} ({g.kind}): no static plan")
+            continue
+        glb = g.plan.generic.__globals__
+        sites = {k: v for k, v in glb.items() if k.startswith("launch_")}
+        seen: dict = {}
+        graph_args: list = []
+        for k, site in sites.items():
+            def spy(*args, k=k, site=site):
+                seen[k] = args
+                return site(*args)
+            glb[k] = spy
+        real_call = g.plan.call
+        g.plan.call = g.plan.generic  # (the inlined call has the sites written in; the generic one looks them up)
+        real_run = g.run
+
+        def run(args, real_run=real_run):
+            graph_args.append(list(args))
+            return real_run(args)
+        g.run = run
+        try:
+            step()
+            sync()
+        finally:
+            glb.update(sites)
+            g.plan.call = real_call
+            del g.run
+        if not graph_args:
+            print(f"  graph {g.graph_id} ({g.kind}): not called in a step")
+            continue
+        args = graph_args[-1]
+        no_grad = torch.no_grad()  # (AOTAutograd calls the graphs with grad mode off)
+        no_grad.__enter__()
+        print(f"  graph {g.graph_id} ({g.kind}), {len(sites)} launch sites: wrapper call "
+              f"{host(lambda: g.plan.call(list(args))):.1f}, through the generic wrapper "
+              f"{host(lambda: g.plan.generic(list(args))):.1f}")
+        for k, site in sites.items():
+            if k not in seen:
+                continue
+            a = seen[k]
+            line = f"    {k} ({type(site).__name__}): {host(lambda: site(*a)):.1f}"
+            if isinstance(site, rt_gemm.GemmSite):
+                x, w, extras, out = a
+                line += f"; pad {site.pad}, hook {site.hook is not None}, kept plan {site.plan is not None}"
+                line += f"; torch.matmul(out=) {host(lambda: torch.matmul(x, w, out=out)):.1f}"
+                line += f", torch.mm {host(lambda: torch.mm(x, w)):.1f}"
+                if site.plan is not None:
+                    line += (f", the kept plan's run "
+                             f"{host(lambda: site.plan.run(x, w, None, None, None, None, extras, out, 1.0, 1.0)):.1f}")
+                    line += _plan_launch_parts(site.plan, x, w, extras, out, host)
+                elif cuda and site.hook is None:
+                    line += _library_gemm_parts(x, w, out, host)
+                line += f"; shapes {tuple(x.shape)}x{tuple(w.shape)} strides {x.stride()} {w.stride()}"
+            print(line)
+        print(f"  cProfile, 50 calls of graph {g.graph_id}'s wrapper (tottime):")
+        print(_profile(lambda: g.plan.call(list(args)), 50, lines=14))
+        no_grad.__exit__(None, None, None)
+        sync()
+
+
+def _plan_launch_parts(plan, x, w, extras, out, host) -> str:
+    """A kept GEMM plan's launches taken apart: each one's host-made TMA descriptors and its launcher alone with
+    the arguments prepared (Triton's C launcher encodes a host descriptor's tensor map each launch)."""
+    parts = []
+    values = [x, w, None, None, None, None, None, None, None, None, out, None, None, None, None, None, None,
+              plan.dummy, None]
+    for i, e in enumerate(extras):
+        values[6 + i] = e
+    stream = L.current_stream(plan.device_index)
+    for c in plan.launches:
+        if c.direct is None:
+            parts.append("not bound")
+            continue
+        args = list(c.direct_args)
+        for i, r in c.ptr_slots:
+            args[i] = values[r].data_ptr()
+        for i, r in c.value_slots:
+            args[i] = 1.0
+        for i, r, (shape, strides, _) in c.desc_slots:
+            args[i] = L.HostDescriptor(values[r], shape, strides)
+        parts.append(f"{len(c.desc_slots)} host descriptors, launcher alone {host(lambda: c.direct.launch(stream, args)):.1f}"
+                     f", via_run {getattr(c.direct, 'via_run', None)}")
+    return " (" + "; ".join(parts) + ")"
+
+
+def _library_gemm_parts(x, w, out, host) -> str:
+    """What a GEMM site with no epilogue would cost on the library's GEMM instead of cuBLAS, and cuBLAS under
+    each of torch's BLAS back ends."""
+    text = ""
+    try:
+        P.gemm_call(x, w, out=out)
+        text += f", tilefuse.gemm into out {host(lambda: P.gemm_call(x, w, out=out)):.1f}"
+    except Exception as exc:  # noqa: BLE001 - a probe: report and go on
+        text += f", tilefuse.gemm: {type(exc).__name__}: {str(exc)[:120]}"
+    before = torch.backends.cuda.preferred_blas_library()
+    try:
+        for lib in ("cublas", "cublaslt"):
+            torch.backends.cuda.preferred_blas_library(lib)
+            torch.mm(x, w)
+            text += f", torch.mm under {lib} {host(lambda: torch.mm(x, w)):.1f}"
+    finally:
+        torch.backends.cuda.preferred_blas_library(before)
+    return text + f" (preferred: {before})"
+
+
 def _cpu_us(fn, calls: int) -> float:
     fn()
     t0 = time.perf_counter()
@@ -1033,7 +1177,7 @@ SECTIONS = {"gemm": gemm_section, "compiler": compiler_section, "launch": launch
             "captured_softmax_32768": lambda: captured_section(cases=["softmax_fwd_bwd"], rows=32768),
             "copies": copies_section, "replay_parts": replay_parts_section, "floor": floor_section,
             "floor_gemm": lambda: floor_section(case="attention_projections_fwd_bwd"),
-            "floor_rms": lambda: floor_section(case="rms_norm_fwd_bwd"),
+            "floor_rms": lambda: floor_section(case="rms_norm_fwd_bwd"), "sites": sites_section,
             "pool": pool_section, "decode": decode_section,
             "train": train_section, "latency_rows": latency_rows_section,
             "train-tilefuse": lambda: train_section(backends=("tilefuse-reduce-overhead",)), "direct_calls": direct_calls_section}
