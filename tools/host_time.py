@@ -805,7 +805,7 @@ def floor_section(case: str = "softmax_fwd_bwd", rows: int = 1024, rounds: int =
     for name, (backend, mode) in backends.items():
         fn = graph.fn if backend is None else torch.compile(graph.fn, backend=backend, mode=mode)
         steps[name] = cs.harness.Rotating(cs.make_step(graph, fn), sets)
-        for _ in range(10):
+        for _ in range(30):  # (tilefuse-ro: a step trial takes ~15 steps)
             steps[name]()
     if cuda:
         torch.cuda.synchronize()

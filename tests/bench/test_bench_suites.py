@@ -320,6 +320,10 @@ def test_reduce_overhead_option_times_the_backward_graphs_under_cuda_graphs(monk
                            {"uncaptured": {"too dear": 3}, "call_us": 20.6, "call_gpu_us": 6.2}]
     assert cs.cuda_graph_summary(stats) == ("cuda graphs: 2 recorded, 40 replays, 3 uncaptured calls, calls timed at "
                                             "130 / 21 (GPU 6) us of host time (too dear)")
+    stats["cudagraphs"][1]["step_trial"] = "step trial: a step took 80 us ...: kept"
+    assert cs.cuda_graph_summary(stats) == ("cuda graphs: 2 recorded, 40 replays, 3 uncaptured calls, calls timed at "
+                                            "130 / 21 (GPU 6) us of host time; step trial: a step took 80 us ...: "
+                                            "kept (too dear)")
 
 
 def test_a_models_row_of_a_reduce_overhead_backend_says_whether_its_graphs_were_captured(monkeypatch):

@@ -1183,6 +1183,101 @@ def test_a_gpu_bound_graph_whose_copies_would_lengthen_it_runs_uncaptured(stand_
             assert "timed for the replay-cost rule: 248 us of host time, 232 us of GPU time" in text, text
 
 
+def _scripted_steps(monkeypatch, *sides) -> tuple[list, list]:
+    """The step trial's clock scripted: each time a side of the trial ends, its periods are the next of ``sides``
+    (us); returns the marks taken (step starts, counted) and the sides' ends."""
+    marks, ends = [], []
+    periods = iter(sides)
+
+    def mark(device):
+        marks.append(device)
+        return len(marks)
+
+    def between(taken):
+        assert taken == list(range(taken[0], taken[0] + len(taken))), taken  # consecutive step starts
+        ends.append(taken[-1])
+        return [next(periods)] * (len(taken) - 1)
+
+    monkeypatch.setattr(cudagraphs, "_step_mark", mark)
+    monkeypatch.setattr(cudagraphs, "_periods_us", between)
+    return marks, ends
+
+
+@pytest.mark.parametrize("captured_us, kept", [(89.0, True), (91.0, False)])
+def test_a_step_trial_times_steps_each_way_and_keeps_the_recordings_only_if_steps_are_shorter(
+        stand_in, monkeypatch, captured_us, kept):
+    """Training, each graph timed at 100 us of host time and 300 of GPU time, a replay's copies made to cost 30 us:
+    alone each would be refused (max(0, 330) against half of max(100, 300)), but a replay saves all its host time, so
+    both go on the pool's step trial. Step 0 warms up, step 1 is timed, step 2 proposes both graphs; steps 3-8 mark
+    5 uncaptured periods (100 us); step 8 records both; steps 9-14 mark 5 captured periods. At 89 us (<= 0.9 x 100)
+    the recordings are kept and replayed; at 91 us they are dropped and both graphs run uncaptured for good, saying
+    why. Every step is eager's."""
+    x = torch.randn(9, 13)
+    monkeypatch.setattr(cudagraphs, "HOST_US_A_LAUNCH", 1e-9)
+    monkeypatch.setattr(cudagraphs, "COPY_TBPS_UNKNOWN", 2 * x.numel() * x.element_size() / 30e6)
+    _timed_at(monkeypatch, 100.0, gpu_us=300.0)
+    marks, ends = _scripted_steps(monkeypatch, 100.0, captured_us)
+    runners = _spy_runners(monkeypatch)
+    _train_beside_eager(steps=18, seed=5, optimizer=torch.optim.SGD)
+    assert len(stand_in) == 2  # the forward and the backward, recorded once each at step 8
+    assert ends == [6, 12]  # the marks of steps 3-8, then (step 8 recorded: its period counts for neither) 9-14
+    assert len(marks) == 12  # none after the trial
+    stats = cc.compiler_module().stats()
+    assert stats["cudagraph_step_trials"] == 1
+    for kind in ("forward", "backward"):
+        r, = _runner_stats(kind)
+        assert r["step_trial"].startswith(f"step trial: a step took {captured_us:.0f} us with graphs "), r
+        assert "against 100 us uncaptured (the median of 5 periods between step starts" in r["step_trial"], r
+        waiting, = [why for why in r["uncaptured"] if why.startswith("waiting for the step trial")]
+        assert "alone the graph would not be recorded, as the inputs a replay would copy" in waiting, waiting
+        # steps 2-7 wait (the forward's step 2 call proposes it, and the backward's)
+        assert r["uncaptured"][waiting] == 6, r
+        text = _explained(r["graph_id"])
+        assert r["step_trial"] in text, text
+        if kept:
+            assert r["step_trial"].endswith(": kept") and r["captured"] and r["recordings"] == 1, r
+            assert r["replays"] == 10 and r["held_bytes"] > 0, r  # steps 8-17
+        else:
+            assert r["step_trial"].endswith("so they run uncaptured (tilefuse.compiler.runtime.cudagraphs.STEP_TRIAL "
+                                            "= False skips the trial)"), r
+            assert not r["captured"] and r["recordings"] == 0 and r["held_bytes"] == 0, r
+            assert r["replays"] == 6 and r["uncaptured"][r["step_trial"]] == 4, r  # steps 8-13 replayed; 14-17 not
+            assert "cuda graph: not captured" in text, text
+    pool = runners["forward"].pool
+    assert pool is runners["backward"].pool and pool.trial is None and pool.trial_over
+    # the dropped recordings are gone from the pool (their memory is its own again), the kept ones in order
+    assert [r.seq for r in pool.recordings] == ([0, 1] if kept else [])
+    assert pool.held_bytes() == (sum(r["held_bytes"] for r in _runner_stats()) if kept else 0)
+
+
+def test_the_step_trial_takes_only_graphs_whose_replay_saves_half_their_host_time(stand_in, monkeypatch):
+    """Timed at 100 us of host time: with a replay's own host time at 50 us the graphs go on the step trial; at
+    51 us, or with STEP_TRIAL off, or with the call's GPU time not measured, each is refused on its own, as before."""
+    x = torch.randn(9, 13)
+    monkeypatch.setattr(cudagraphs, "HOST_US_A_LAUNCH", 1e-9)
+    monkeypatch.setattr(cudagraphs, "COPY_TBPS_UNKNOWN", 2 * x.numel() * x.element_size() / 30e6)
+    _scripted_steps(monkeypatch, *[100.0] * 8)
+    for replay_host, trial, gpu_us, on_trial in ((50.0, True, 300.0, True), (51.0, True, 300.0, False),
+                                                 (50.0, False, 300.0, False), (50.0, True, None, False)):
+        cc.reset()
+        torch._dynamo.reset()
+        monkeypatch.setattr(cudagraphs, "REPLAY_HOST_US", replay_host)
+        monkeypatch.setattr(cudagraphs, "STEP_TRIAL", trial)
+        _timed_at(monkeypatch, 100.0, gpu_us=gpu_us)
+        _train_beside_eager(steps=4, seed=6, optimizer=torch.optim.SGD)
+        for kind in ("forward", "backward"):
+            r, = _runner_stats(kind)
+            (reason, calls), = r["uncaptured"].items()
+            assert calls == 2 and reason.startswith("waiting for the step trial") == on_trial, (replay_host, reason)
+            assert not r["captured"] and not r["step_trial"], r
+
+
+def test_a_step_trial_needs_a_gpu_clock():
+    """Off the GPU (no scripted clock) a pool starts no trial: its graphs are decided one by one."""
+    pool = cudagraphs.Pool()
+    assert not pool.propose(object(), ("key",), torch.device("cpu")) and pool.trial is None
+
+
 def _counting_signatures(monkeypatch) -> list:
     """The arguments of every signature the runners take."""
     keyed = []
@@ -1354,6 +1449,37 @@ def test_gpu_training_loop_captured_equals_uncaptured():
         r, = _runner_stats(kind)
         assert r["captured"] and r["recordings"] == 1 and r["replays"] == 2 and not r["uncaptured"], r
     assert cc.compiler_module().stats()["cudagraph_pool_bytes"] > 0
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kept", [True, False], ids=["kept", "dropped"])
+def test_gpu_step_trial_keeps_or_drops_the_recordings_and_steps_stay_right(monkeypatch, kept):
+    """Both graphs of a training loop put on the step trial (their calls timed at 120 us of host time, which a replay's
+    52 saves more than half of, and 300 of GPU time, a replay's copies at 30 us), timed on the GPU's clock; the verdict forced (every captured step counts as
+    shorter, or none does). Kept, the recordings replay; dropped, their memory goes back and the graphs run
+    uncaptured. 20 steps give the uncaptured run's losses and parameters either way."""
+    torch.manual_seed(7)
+    base = _mlp(129, 257, 63).cuda()
+    batches = [(torch.randn(33, 129, device="cuda"), torch.randn(33, 63, device="cuda")) for _ in range(20)]
+    plain, graphed = copy.deepcopy(base), copy.deepcopy(base)
+    ref = _train(plain, torch.compile(plain, backend="tilefuse"), 20, batches)
+    torch._dynamo.reset()
+    cc.reset()
+    monkeypatch.setattr(cudagraphs, "HOST_US_A_LAUNCH", 1e-9)
+    monkeypatch.setattr(cudagraphs, "copy_tbps", lambda dev: 2 * 33 * 129 * 4 / 30e6)
+    _timed_at(monkeypatch, 120.0, gpu_us=300.0)
+    monkeypatch.setattr(cudagraphs, "STEP_MIN_GAIN", -1e9 if kept else 1.0)
+    got = _train(graphed, torch.compile(graphed, backend="tilefuse", mode="reduce-overhead"), 20, batches)
+    for step, (a, b) in enumerate(zip(got, ref)):
+        assert rel_error(a, b) <= TOL, f"step {step}: {a.item()} vs {b.item()}"
+    for p, q in zip(graphed.parameters(), plain.parameters()):
+        assert rel_error(p.detach(), q.detach()) <= TOL
+    assert cc.compiler_module().stats()["cudagraph_step_trials"] == 1
+    for kind in ("forward", "backward"):
+        r, = _runner_stats(kind)
+        assert re.search(r"step trial: a step took [0-9]+ us with graphs .* against [0-9]+ us uncaptured",
+                         r["step_trial"]), r
+        assert r["captured"] == kept and (r["replays"] == 12 if kept else r["replays"] == 6), r
 
 
 @pytest.mark.usefixtures("small_graphs_recorded")  # (graphs of a few launches: the rule would not record them)

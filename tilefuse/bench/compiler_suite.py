@@ -364,14 +364,17 @@ def _tilefuse_stats() -> dict | None:
 
 def cuda_graph_summary(s: dict) -> str:
     """What tilefuse's CUDA graphs did over a row (its stats after the timing): recordings, replays, calls
-    that ran uncaptured, the host (and GPU) time of the calls the replay-cost rule timed and the first reason
-    given."""
+    that ran uncaptured, the host (and GPU) time of the calls the replay-cost rule timed, what a step trial found
+    and the first reason given."""
     text = (f"cuda graphs: {s.get('cudagraph_recordings', 0)} recorded, {s.get('cudagraph_replays', 0)} "
             f"replays, {s.get('cudagraph_uncaptured_calls', 0)} uncaptured calls")
     timed = [f"{g['call_us']:.0f}" + ("" if g.get("call_gpu_us") is None else f" (GPU {g['call_gpu_us']:.0f})")
              for g in s.get("cudagraphs", []) if g.get("call_us") is not None]
     if timed:
         text += f", calls timed at {' / '.join(timed)} us of host time"
+    trials = [g["step_trial"] for g in s.get("cudagraphs", []) if g.get("step_trial")]
+    if trials:
+        text += f"; {trials[0]}"
     reasons = [why for g in s.get("cudagraphs", []) for why in g.get("uncaptured", {})]
     return f"{text} ({reasons[0]})" if reasons else text
 

@@ -10,7 +10,8 @@
 With CUDA graphs (``mode="reduce-overhead"``, :mod:`.cudagraphs`): ``cudagraph_recordings`` (graphs recorded),
 ``cudagraph_rerecordings`` (of those, recorded again for a graph already recorded: a new shape or moved
 parameters), ``cudagraph_replays``, ``cudagraph_uncaptured_calls`` (calls of a graph in that mode that ran
-uncaptured), ``cudagraphs`` (one dict a graph: recordings, replays, rerecordings, the shapes recorded, the
+uncaptured), ``cudagraph_step_trials`` (pools' step trials decided: captured steps timed against uncaptured ones,
+each graph's ``step_trial`` says how it came out), ``cudagraphs`` (one dict a graph: recordings, replays, rerecordings, the shapes recorded, the
 uncaptured reasons with their counts, the bytes its recordings hold) and ``cudagraph_pool_bytes`` (the bytes
 the live pools' recordings hold: outputs and input buffers).
 
@@ -40,7 +41,8 @@ def reset() -> None:
         _counters.clear()
         _counters.update(graphs=0, kernels=0, kernels_compiled=0, cache_hits=0, fallbacks=[], externs=0,
                          graph_fallbacks=0, replans=0, compile_seconds=0.0, cudagraph_recordings=0,
-                         cudagraph_rerecordings=0, cudagraph_replays=0, cudagraph_uncaptured_calls=0)
+                         cudagraph_rerecordings=0, cudagraph_replays=0, cudagraph_uncaptured_calls=0,
+                         cudagraph_step_trials=0)
         REPORTS.clear()
         CUDAGRAPHS.clear()
 
@@ -143,6 +145,7 @@ class CudaGraphReport:
     uncaptured: dict = dataclasses.field(default_factory=dict)  # reason -> calls
     call_us: float | None = None  # the host time of the uncaptured call the replay-cost rule timed (None: none was)
     call_gpu_us: float | None = None  # ... and its GPU time (None: not measured)
+    step_trial: str = ""  # what its pool's step trial found, where one decided for it
 
     @property
     def captured(self) -> bool:
@@ -169,6 +172,8 @@ class CudaGraphReport:
         if self.call_us is not None:
             gpu = "" if self.call_gpu_us is None else f", {self.call_gpu_us:.0f} us of GPU time"
             lines.append(f"    uncaptured call timed for the replay-cost rule: {self.call_us:.0f} us of host time{gpu}")
+        if self.step_trial:
+            lines.append(f"    {self.step_trial}")
         return "\n".join(lines)
 
 

@@ -44,6 +44,15 @@ What a :class:`GraphRunner` (one per compiled forward, backward or inference gra
    does) and a GPU-bound graph with copies to make (the attention projections at 1024 rows with their weights as
    inputs, 1.15-1.21x slower captured) run uncaptured; a host-bound one (a decode step) is recorded.
    :data:`REPLAY_COST_RULE` = False records every capturable graph.
+
+   One graph's timing cannot see a step that is host-bound as a whole (the guards, AOTAutograd and the autograd
+   engine around its graphs). So a signature the rule refuses although a replay would save at least half its call's
+   host time (refused for the GPU time its copies add, or for being GPU-bound on its own) goes on its pool's **step
+   trial** (decision 059, :data:`STEP_TRIAL`): :data:`STEP_PERIODS` periods between step starts are timed on the
+   GPU's clock with it uncaptured, then as many with it recorded; the recordings are kept only if the captured
+   steps' median period is at most 1 - :data:`STEP_MIN_GAIN` of the uncaptured steps'. Otherwise they are dropped
+   (what they handed out raises, as at a step's start) and the signature runs uncaptured for good, with the trial's
+   figures as the reason.
 4. **Replay**: copy the non-static inputs, ``replay()``, hand out fresh tensors over the recorded outputs.
 
 A new signature (a new shape) records a new graph, up to :data:`MAX_RECORDINGS` a compiled graph; past it,
@@ -104,6 +113,16 @@ REPLAY_MAX_FRACTION = 0.5  # a graph is recorded only if its replay costs at mos
 # 384 us), made its queued step 1.15x slower; one timed call on a noisy host (that forward: 196 us in one run, 384
 # in another) cannot decide closer than this (decision 057)
 COPY_TBPS_UNKNOWN = 2.0  # the copies' bandwidth (TB/s) on a part with no datasheet entry, and off the GPU
+# The step trial (decision 059): a graph the rule above refuses although a replay would save at least half its call's
+# host time (refused for its copies' GPU time, or for being GPU-bound on its own) can still shorten a step that is
+# host-bound as a whole (Dynamo's guards, AOTAutograd and the autograd engine around it), which one graph's timing
+# cannot see: the attention projections at 1024 rows, their weights passed as inputs, queued a step in 965 us of wall
+# time for 570 us of kernels on one H100's host, where Inductor's capture made it 0.87x, and in 661 us on another,
+# where it made it 1.18x. Their pool then times its steps uncaptured and captured, on the GPU's clock, and keeps the
+# recordings only if the captured steps are shorter.
+STEP_TRIAL = True  # False: such a graph runs uncaptured, as the rule alone decides
+STEP_PERIODS = 5  # periods between step starts timed each way (the median counts: a host's step times spread 2x)
+STEP_MIN_GAIN = 0.1  # the captured steps' median period may be at most (1 - this) of the uncaptured steps'
 
 OVERWRITTEN = ("tilefuse: this tensor is an output of a CUDA graph (mode='reduce-overhead') that has been "
                "replayed since, which overwrote it. Clone an output you keep across steps (out.clone()). "
@@ -457,6 +476,40 @@ def _storage_key(t: torch.Tensor) -> int:
     return t.untyped_storage().data_ptr()
 
 
+# ------------------------------------------------------------------------------------------------ step trial
+def _cuda_mark(device: torch.device):
+    """A step start on the GPU's clock: an event recorded on the device's current stream (~2 us of host time)."""
+    event = torch.cuda.Event(enable_timing=True)
+    event.record(torch.cuda.current_stream(device))
+    return event
+
+
+def _cuda_periods_us(marks: list) -> list[float]:
+    """The periods between consecutive marks, in us (waits for the last one: one sync a side of a trial)."""
+    marks[-1].synchronize()
+    return [a.elapsed_time(b) * 1e3 for a, b in zip(marks, marks[1:])]
+
+
+_step_mark, _periods_us = _cuda_mark, _cuda_periods_us
+
+
+class StepTrial:
+    """A pool's A/B of its steps: :data:`STEP_PERIODS` periods between step starts with the candidate signatures
+    uncaptured (``phase`` "uncaptured"), then as many with them recorded and replayed ("captured"). Timed on the
+    GPU's clock: whether a step's time is set by the host or the GPU, the period between step starts is the step's
+    time once steps queue back to back, where a host clock would see only the host's part. A period in which a
+    graph of the pool was timed or recorded counts for neither side (``dirty``)."""
+
+    def __init__(self, device: torch.device):
+        self.device = device
+        self.phase = "uncaptured"
+        self.marks: list = []
+        self.dirty = False
+        self.candidates: list[tuple] = []  # (runner, signature)
+        self.uncaptured_us: float | None = None
+        self.captured_us: float | None = None
+
+
 # ------------------------------------------------------------------------------------------------ pool
 class Pool:
     """One CUDA memory pool for the graphs of one Dynamo graph (its forward, backward, inference graphs).
@@ -467,7 +520,61 @@ class Pool:
     def __init__(self):
         self.handle = None
         self.recordings: list[Recording] = []
+        self.trial: StepTrial | None = None  # the step trial under way
+        self.trial_over = False  # a pool runs one step trial
         _POOLS.add(self)
+
+    def propose(self, runner: "GraphRunner", key, device: torch.device) -> bool:
+        """Put ``runner``'s signature ``key`` on this pool's step trial, starting it; False when the trial is past
+        timing its uncaptured steps (or over), or cannot run (no CUDA device)."""
+        if self.trial is None:
+            if self.trial_over or device.type != "cuda" and _step_mark is _cuda_mark:
+                return False
+            self.trial = StepTrial(device)
+        if self.trial.phase != "uncaptured":
+            return False
+        self.trial.candidates.append((runner, key))
+        return True
+
+    def trial_step(self) -> None:
+        """A step starts (a forward or inference call with no backward pending) while the trial runs: mark it on
+        the GPU's clock; after :data:`STEP_PERIODS` periods, go on to the captured steps, or decide."""
+        t = self.trial
+        if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
+            return  # (the caller's own capture: no event may be timed in it)
+        if t.dirty:  # the step before timed a call or recorded: its period is neither way's
+            t.marks, t.dirty = [], False
+        t.marks.append(_step_mark(t.device))
+        if len(t.marks) <= STEP_PERIODS:
+            return
+        periods = _periods_us(t.marks)
+        t.marks = []
+        period = sorted(periods)[len(periods) // 2]
+        if t.phase == "uncaptured":
+            t.uncaptured_us, t.phase = period, "captured"
+            return
+        t.captured_us = period
+        keep = period <= (1 - STEP_MIN_GAIN) * t.uncaptured_us
+        self.trial, self.trial_over = None, True
+        graphs = sorted({f"{r.graph_id} ({r.kind})" for r, _ in t.candidates})
+        text = (f"step trial: a step took {period:.0f} us with graph{'s' if len(graphs) > 1 else ''} "
+                f"{', '.join(graphs)} captured, against {t.uncaptured_us:.0f} us uncaptured (the median of "
+                f"{STEP_PERIODS} periods between step starts each way, on the GPU's clock)")
+        text += (": kept" if keep else f": more than 1 - STEP_MIN_GAIN = {1 - STEP_MIN_GAIN:g} of it, so "
+                 f"{'they run' if len(graphs) > 1 else 'it runs'} uncaptured (tilefuse.compiler.runtime.cudagraphs."
+                 f"STEP_TRIAL = False skips the trial)")
+        records.bump("cudagraph_step_trials")
+        config.log(1, f"cuda graph: {text}")
+        for runner, key in t.candidates:
+            runner._trial_verdict(key, keep, text)
+
+    def drop(self, rec: "Recording") -> None:
+        """Forget a recording: what it handed out and is still referenced raises on access from now on (its memory
+        goes back to the pool), and the recordings after it move up (their order is the invalidation rule's)."""
+        rec.invalidate()
+        self.recordings.remove(rec)
+        for k, r in enumerate(self.recordings):
+            r.seq = k
 
     def get_handle(self):
         if self.handle is None:
@@ -806,6 +913,7 @@ class GraphRunner:
         self.timed: dict[tuple, list] = {}  # signature -> (host us, GPU us or None) of its timed uncaptured calls
         self.total_recordings = 0
         self.key_positions: list | None = None  # the arguments a signature reads (all but the parameters)
+        self.on_trial: dict[tuple, str] = {}  # signature -> why it waits for its pool's step trial
         if self.settled:
             config.log(1, f"cuda graph: graph {graph_id} ({kind}) will run uncaptured: {self.settled}")
 
@@ -831,6 +939,8 @@ class GraphRunner:
         self._uncaptured(reason)
 
     def __call__(self, args: list):
+        if self.pool.trial is not None and self.kind != "backward" and not self.pool.pending_backward():
+            self.pool.trial_step()
         settled = self.settled
         if settled is not None:
             self._uncaptured(settled)
@@ -852,6 +962,10 @@ class GraphRunner:
         elif self.calls.get(key, 0) < WARMUP_CALLS:
             self.calls[key] = self.calls.get(key, 0) + 1
             return self.run(args)
+        on_trial = self.on_trial.get(key)
+        if on_trial is not None and not recs and (self.pool.trial is None or self.pool.trial.phase != "captured"):
+            self._uncaptured(on_trial)
+            return self.run(args)
         reasons = call_blockers(args, interpreting=False, seeds=self.seed_inputs)
         if reasons:
             self._refuse(key, "; ".join(reasons))
@@ -867,13 +981,15 @@ class GraphRunner:
             return self.run(args)
         static = self._static(args)
         copied = self._copied(args, static)
-        if not recs and self.launches is not None and REPLAY_COST_RULE:
+        if not recs and on_trial is None and self.launches is not None and REPLAY_COST_RULE:
             nbytes = sum(_extent(args[k]) * args[k].element_size() for k in copied)
             tbps = copy_tbps(args[copied[0]].device) if copied else COPY_TBPS_UNKNOWN
             calls = copy_calls([(k, args[k]) for k in copied])
             if not launches_pay_for_replay(nbytes, self.launches(), tbps, calls):
                 timed = self.timed.setdefault(key, [])
                 if len(timed) < TIMED_CALLS:
+                    if self.pool.trial is not None:
+                        self.pool.trial.dirty = True
                     out, host_us, gpu_us = _timed_call(self.run, args)
                     timed.append((host_us, gpu_us))
                     self.report.call_us, self.report.call_gpu_us = min(timed, key=lambda t: t[0])
@@ -881,9 +997,46 @@ class GraphRunner:
                 host_us, gpu_us = min(timed, key=lambda t: t[0])
                 cost = replay_cost_blocker(nbytes, host_us, tbps, calls, gpu_us)
                 if cost is not None:
-                    self._refuse(key, cost)
+                    if self._propose(key, args, host_us, gpu_us, calls, cost):
+                        self._uncaptured(self.on_trial[key])
+                    else:
+                        self._refuse(key, cost)
                     return self.run(args)
         return self._record(key, args, static, set(copied), rerecord=bool(recs))
+
+    def _propose(self, key, args, host_us: float, gpu_us: float | None, calls: int, cost: str) -> bool:
+        """Put a signature the replay-cost rule refused on the pool's step trial: only where a replay would save at
+        least half the timed call's host time (what the rule asks of the host side) and the call's GPU time was
+        measured, so that the rule refused it for the GPU time its copies add or for being GPU-bound alone."""
+        if not STEP_TRIAL or gpu_us is None:
+            return False
+        _, replay_host_us = replay_cost_us(0, 1.0, calls)
+        if replay_host_us > REPLAY_MAX_FRACTION * host_us:
+            return False
+        device = next((a.device for a in args if isinstance(a, torch.Tensor) and a.device.type == "cuda"),
+                      torch.device("cpu"))
+        if not self.pool.propose(self, key, device):
+            return False
+        self.on_trial[key] = (f"waiting for the step trial (tilefuse.compiler.runtime.cudagraphs.STEP_TRIAL): "
+                              f"{STEP_PERIODS} steps timed uncaptured, then as many captured; alone the graph "
+                              f"would not be recorded, as {cost}")
+        return True
+
+    def _trial_verdict(self, key, keep: bool, text: str) -> None:
+        """The pool's step trial decided: keep this signature's recordings, or drop them and run it uncaptured for
+        good, with ``text`` as the reason."""
+        self.on_trial.pop(key, None)
+        self.report.step_trial = text
+        if keep:
+            return
+        for rec in self.recordings.pop(key, []):
+            self.pool.drop(rec)
+            self.total_recordings -= 1
+            self.report.recordings -= 1
+            self.report.held_bytes -= rec.held_bytes
+        self.refused[key] = text
+        if self.static_shapes and not self.recordings and set(self.calls) <= {key}:
+            self.settled = text
 
     def _static(self, args) -> set:
         """The positions a recording reads in place: parameters and buffers, and a backward's saved tensors that
@@ -939,6 +1092,8 @@ class GraphRunner:
                 else:
                     inputs.append(a)
         starts = self._starts_step()
+        if self.pool.trial is not None:
+            self.pool.trial.dirty = True
         try:
             graph, outputs = self.capture(self.run, inputs, self.pool)
         except Exception as exc:
