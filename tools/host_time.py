@@ -831,6 +831,8 @@ def floor_section(case: str = "softmax_fwd_bwd", rows: int = 1024, rounds: int =
             print(f"  tilefuse-ro graph {r['graph_id']} ({r['kind']}): captured {r['captured']}, "
                   f"{r['replays']} replays, uncaptured call timed at {r['call_us']} us of host time and "
                   f"{r['call_gpu_us']} us of GPU time; uncaptured {dict(r['uncaptured'])}")
+            if r.get("step_trial"):
+                print(f"    {r['step_trial']}")
         gpu, floor = gpus["tilefuse"], hosts["launchless"]
         print(f"  tilefuse's kernels: {gpu:.1f} us of GPU time a step; the launchless step's host time is "
               f"{floor / gpu:.2f}x that, so a step whose host time is at that floor runs its kernels at "
