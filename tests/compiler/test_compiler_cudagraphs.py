@@ -1304,6 +1304,42 @@ def test_a_static_graph_whose_one_signature_is_refused_takes_no_signature_after(
     assert not inf["captured"] and sum(inf["uncaptured"].values()) == 5 and len(keyed) == 3, (inf, keyed)
 
 
+def test_a_settled_graphs_calls_take_no_lock_and_still_count(stand_in, monkeypatch):
+    """A graph refused for good runs each call with no signature, no report lookup and no shared counter (each took
+    the records' lock a call); its report and stats() still count every call, and a reset_stats() starts them
+    again."""
+    from tilefuse.compiler import records
+
+    monkeypatch.setattr(cudagraphs, "REPLAY_HOST_US", 32.0)
+    _timed_at(monkeypatch, 0.0)
+    runners = _spy_runners(monkeypatch)
+    model = _mlp()
+    compiled = torch.compile(model, backend="tilefuse", mode="reduce-overhead")
+    x = torch.randn(5, 13)
+    with torch.no_grad():
+        for _ in range(3):  # the warm-up, the timed call, the refusal
+            compiled(x)
+    runner = runners["inference"]
+    assert runner.settled
+    looked_up, bumped = [], []
+    real_report, real_bump = records.cudagraph_report, records.bump
+    monkeypatch.setattr(records, "cudagraph_report", lambda *a: looked_up.append(a) or real_report(*a))
+    monkeypatch.setattr(records, "bump", lambda *a, **k: bumped.append(a) or real_bump(*a, **k))
+    with torch.no_grad():
+        for _ in range(4):
+            assert rel_error(compiled(x), model(x)) <= TOL
+    assert looked_up == [] and bumped == [], (looked_up, bumped)
+    stats = cc.compiler_module().stats()
+    (row,) = _runner_stats("inference")
+    assert sum(row["uncaptured"].values()) == 5 and stats["cudagraph_uncaptured_calls"] == 5, (row, stats)
+    cc.compiler_module().reset_stats()
+    with torch.no_grad():
+        compiled(x)
+    (row,) = _runner_stats("inference")
+    assert sum(row["uncaptured"].values()) == 1 and cc.compiler_module().stats()["cudagraph_uncaptured_calls"] == 1
+    assert len(looked_up) == 1  # the new report, once
+
+
 def test_a_dynamic_graph_refused_at_one_shape_still_decides_the_next(stand_in, monkeypatch):
     """Under dynamic shapes a refused signature settles nothing: a new batch size gets its own warm-up and timed
     call, and is recorded where its replay pays."""

@@ -36,13 +36,17 @@ _listeners: list[list] = []  # explain() collects the reports made while it runs
 CUDAGRAPHS: "dict[int, CudaGraphReport]" = {}  # graph id -> what mode="reduce-overhead" did with it
 
 
+_generation = 0  # reset() counts up: what a CUDA-graph runner keeps of its report is stale after one
+
+
 def reset() -> None:
+    global _generation
     with _lock:
+        _generation += 1
         _counters.clear()
         _counters.update(graphs=0, kernels=0, kernels_compiled=0, cache_hits=0, fallbacks=[], externs=0,
                          graph_fallbacks=0, replans=0, compile_seconds=0.0, cudagraph_recordings=0,
-                         cudagraph_rerecordings=0, cudagraph_replays=0, cudagraph_uncaptured_calls=0,
-                         cudagraph_step_trials=0)
+                         cudagraph_rerecordings=0, cudagraph_step_trials=0)
         REPORTS.clear()
         CUDAGRAPHS.clear()
 
@@ -94,6 +98,9 @@ def snapshot() -> dict:
         out = dict(_counters)
         out["fallbacks"] = list(out["fallbacks"])
         out["cudagraphs"] = [r.as_dict() for r in CUDAGRAPHS.values()]
+        # counted on the graphs' reports alone (a call's bump of a shared counter took a lock a call)
+        out["cudagraph_replays"] = sum(r.replays for r in CUDAGRAPHS.values())
+        out["cudagraph_uncaptured_calls"] = sum(sum(r.uncaptured.values()) for r in CUDAGRAPHS.values())
         return out
 
 
