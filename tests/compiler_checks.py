@@ -193,8 +193,11 @@ class Errors:
     elem: float
     eager_elem: float
     elem_limit: float
+    bounded: bool = False  # within tol of the magnitude bound (errors(bound=...)): right for its conditioning
 
     def problem(self, what: str) -> str | None:
+        if self.bounded:
+            return None
         if not self.err <= self.limit:  # also catches NaN
             return f"{what}: relative error {self.err:.3g} > {self.limit:.3g} (eager's own error {self.eager_err:.3g})"
         if not self.elem <= self.elem_limit:
@@ -203,15 +206,27 @@ class Errors:
         return None
 
 
-def errors(out: torch.Tensor, eager: torch.Tensor, ref: torch.Tensor, *, tol: float, cap: float) -> Errors:
+def errors(out: torch.Tensor, eager: torch.Tensor, ref: torch.Tensor, *, tol: float, cap: float,
+           bound: torch.Tensor | None = None) -> Errors:
     """The errors of ``out`` and ``eager`` against ``ref`` (same shapes, finite ``ref``) and the limits:
     norm-wise ``max(tol, min(EAGER_ERROR_FACTOR · eager's, cap))``, element-wise
-    ``max(ELEMENT_FACTOR · tol, min(EAGER_ERROR_FACTOR · eager's, ELEMENT_FACTOR · cap))``."""
+    ``max(ELEMENT_FACTOR · tol, min(EAGER_ERROR_FACTOR · eager's, ELEMENT_FACTOR · cap))``.
+
+    ``bound``: the magnitude of each result's terms (for a multilinear function, the function of the inputs'
+    absolute values, ``|A| @ |B|``), the scale of any implementation's rounding error on it: a sum whose terms
+    cancel is ill-conditioned, and its relative error grows by ``‖bound‖ / ‖ref‖`` for eager and a kernel alike,
+    by how each one orders the sum. Within ``tol`` of ``bound`` (norm-wise, and ``ELEMENT_FACTOR · tol``
+    element-wise) the result is right for its conditioning, whatever eager's own error happened to be."""
     err, eager_err = rel_error(out, ref), rel_error(eager, ref)
     elem, eager_elem = elem_error(out, ref), elem_error(eager, ref)
     limit = max(tol, min(EAGER_ERROR_FACTOR * eager_err, cap))
     elem_limit = max(ELEMENT_FACTOR * tol, min(EAGER_ERROR_FACTOR * eager_elem, ELEMENT_FACTOR * cap))
-    return Errors(err, eager_err, limit, elem, eager_elem, elem_limit)
+    bounded = False
+    if bound is not None:
+        diff = (out.double() - ref.double()).abs()
+        scale, peak = bound.double().norm(), bound.double().abs().max()
+        bounded = bool(scale > 0 and diff.norm() <= tol * scale and diff.max() <= ELEMENT_FACTOR * tol * peak)
+    return Errors(err, eager_err, limit, elem, eager_elem, elem_limit, bounded)
 
 
 def _exact_problem(what: str, out: torch.Tensor, eager: torch.Tensor) -> str | None:
@@ -230,7 +245,8 @@ def _exact_problem(what: str, out: torch.Tensor, eager: torch.Tensor) -> str | N
 
 def tensor_problem(what: str, out: Any, eager: torch.Tensor, ref: torch.Tensor | None, *,
                    tol: float | None = None, exact: bool = False, dtypes: tuple = (),
-                   eager_cap: float | None = None, eager_cap_reason: str | None = None) -> str | None:
+                   eager_cap: float | None = None, eager_cap_reason: str | None = None,
+                   bound: torch.Tensor | None = None) -> str | None:
     """None if ``out`` is eager's answer, else what is wrong.
 
     Shape and dtype must be eager's. Integer and bool results (and ``exact=True``) must equal eager's.
@@ -240,7 +256,8 @@ def tensor_problem(what: str, out: Any, eager: torch.Tensor, ref: torch.Tensor |
     ``max|out − ref|/max|ref| ≤ max(ELEMENT_FACTOR · tol, min(EAGER_ERROR_FACTOR · eager's,
     ELEMENT_FACTOR · cap))``.
     ``tol`` defaults to :func:`tol_for` and ``cap`` to :func:`cap_for` of eager's dtype and ``dtypes`` (the
-    inputs'). A larger ``eager_cap`` needs ``eager_cap_reason``.
+    inputs'). A larger ``eager_cap`` needs ``eager_cap_reason``. ``bound``: the magnitude of each element's terms
+    (:func:`errors`).
     """
     if eager_cap is not None and not eager_cap_reason:
         raise ValueError(f"{what}: eager_cap={eager_cap} given without eager_cap_reason")
@@ -272,7 +289,9 @@ def tensor_problem(what: str, out: Any, eager: torch.Tensor, ref: torch.Tensor |
         return None
     tol = tol if tol is not None else tol_for(eager.dtype, *dtypes)
     cap = eager_cap if eager_cap is not None else cap_for(eager.dtype, *dtypes)
-    return errors(out[keep], eager[keep], ref[keep], tol=tol, cap=cap).problem(what)
+    if bound is not None:
+        bound = bound.detach().to(eager.device)[keep]
+    return errors(out[keep], eager[keep], ref[keep], tol=tol, cap=cap, bound=bound).problem(what)
 
 
 def tree_problems(what: str, out: Any, eager: Any, ref: Any, *, tol: float | None = None,
@@ -310,7 +329,9 @@ def _differentiable_outputs(out) -> list[torch.Tensor]:
     return [t for t in tensors(out) if t.dtype.is_floating_point and t.requires_grad]
 
 
-def _forward_backward(fn, inputs, cotangent_seed: int | None):
+def _forward_backward(fn, inputs, cotangent_seed: int | None, absolute: bool = False):
+    """``fn(*inputs)`` and, with a seed, the gradients of the inputs that require grad under random normal
+    cotangents (``absolute``: their absolute values)."""
     out = fn(*inputs)
     if cotangent_seed is None:
         return out, None
@@ -319,22 +340,34 @@ def _forward_backward(fn, inputs, cotangent_seed: int | None):
     if not outs or not wrt:
         return out, None
     gen = torch.Generator().manual_seed(cotangent_seed)
-    cots = [torch.randn(o.shape, generator=gen, dtype=torch.float64).to(device=o.device, dtype=o.dtype) for o in outs]
+    cots = [torch.randn(o.shape, generator=gen, dtype=torch.float64) for o in outs]
+    cots = [(c.abs() if absolute else c).to(device=o.device, dtype=o.dtype) for c, o in zip(cots, outs)]
     return out, torch.autograd.grad(outs, wrt, cots, allow_unused=True)
+
+
+def _absolute(inputs: list) -> list:
+    return [t.detach().abs().requires_grad_(t.requires_grad)
+            if isinstance(t, torch.Tensor) and t.dtype.is_floating_point else t for t in inputs]
 
 
 def check_function(fn, *inputs, what: str = "fn", strict_mode: bool = True, backward: bool = True,
                    compiled_fn=None, fresh: bool = True, ref_dtype: torch.dtype | None = None,
-                   not_fallen_back: tuple[str, ...] = (), **limits) -> dict:
+                   not_fallen_back: tuple[str, ...] = (), magnitude_fn=None, **limits) -> dict:
     """``fn(*inputs)`` compiled (fullgraph, static shapes unless ``compiled_fn`` is given) against eager and a
     reference at higher precision (``ref_dtype``, else float64 / float32 for half inputs): outputs and, with
     ``backward``, the gradient of every input that requires grad under one random cotangent. Strict mode
     unless ``strict_mode=False`` (then ``not_fallen_back`` names ATen ops that still must not have fallen back,
-    e.g. the forward's indexing op when only its backward runs in ATen). Returns tilefuse's counters."""
+    e.g. the forward's indexing op when only its backward runs in ATen). ``magnitude_fn``: for a multilinear ``fn``
+    (the matmul family), ``fn`` with its scalar factors' absolute values; run at the reference's precision on the
+    inputs' and cotangents' absolute values it gives each result's sum of term magnitudes, and a result within
+    tolerance of that is right for its conditioning (:func:`errors`). Returns tilefuse's counters."""
     seed = int(torch.randint(0, 2**31 - 1, ()).item()) if backward else None
     eager_out, eager_grads = _forward_backward(fn, inputs, seed)
     ref_inputs = upcast(list(inputs), ref_dtype)
     ref_out, ref_grads = _forward_backward(fn, ref_inputs, seed)
+    mag_out = mag_grads = None
+    if magnitude_fn is not None:
+        mag_out, mag_grads = _forward_backward(magnitude_fn, _absolute(ref_inputs), seed, absolute=True)
     if fresh:
         reset()
     cfn = compiled_fn or compiled(fn, fullgraph=True, dynamic=False)
@@ -346,7 +379,11 @@ def check_function(fn, *inputs, what: str = "fn", strict_mode: bool = True, back
     assert not fell, f"{what}: fell back to ATen: {fell}"
     input_dtypes = tuple(t.dtype for t in inputs if isinstance(t, torch.Tensor) and t.dtype.is_floating_point)
     limits.setdefault("dtypes", input_dtypes)
-    problems = tree_problems(f"{what} output", out, eager_out, ref_out, **limits)
+    if isinstance(mag_out, torch.Tensor) and isinstance(eager_out, torch.Tensor):
+        problems = [p for p in [tensor_problem(f"{what} output", out, eager_out, ref_out, bound=mag_out, **limits)]
+                    if p]
+    else:
+        problems = tree_problems(f"{what} output", out, eager_out, ref_out, **limits)
     if eager_grads is not None:
         assert grads is not None, f"{what}: compiled outputs carry no gradient"
         for i, (g, e, r) in enumerate(zip(grads, eager_grads, ref_grads)):
@@ -354,7 +391,8 @@ def check_function(fn, *inputs, what: str = "fn", strict_mode: bool = True, back
                 if g is not None and g.count_nonzero() != 0:
                     problems.append(f"{what} grad {i}: eager has none, compiled a non-zero one")
                 continue
-            p = tensor_problem(f"{what} grad {i}", g, e, r, **limits)
+            bound = mag_grads[i] if mag_grads is not None else None
+            p = tensor_problem(f"{what} grad {i}", g, e, r, bound=bound, **limits)
             if p:
                 problems.append(p)
     assert not problems, "; ".join(problems)

@@ -83,3 +83,19 @@ def test_nan_where_eager_is_finite_fails():
     assert cc.tensor_problem("out", out, eager, ref) is not None
     with pytest.raises(AssertionError):
         assert_close(out, ref, torch.float32)
+
+
+def test_a_sum_whose_terms_cancel_is_held_to_its_magnitude_bound_and_a_missing_term_still_fails():
+    """A float32 sum of 4096 terms that cancel to ~1e-3 of their magnitudes: an error of ~1e-5 of the magnitudes
+    (what any summation order may give) is ~1e-2 of the result. Against eager's lucky error it fails; with the
+    magnitude bound (the sum of the terms' absolute values) it passes. A term left out fails either way."""
+    gen = torch.Generator().manual_seed(0)
+    terms = torch.randn(4096, generator=gen, dtype=torch.float64)
+    terms[-1] -= terms.sum() - 1e-3 * terms.abs().sum()  # the sum is 1e-3 of the magnitudes
+    ref, bound = terms.sum().reshape(1), terms.abs().sum().reshape(1)
+    eager = ref.float()  # eager's error: rounding alone
+    off = (ref + 5e-6 * bound).float()  # 5e-6 of the magnitudes: ~5e-3 of the result
+    assert cc.tensor_problem("sum", off, eager, ref) is not None
+    assert cc.tensor_problem("sum", off, eager, ref, bound=bound) is None
+    missing = (ref - terms[0]).float()  # a term of size ~1 left out: ~1e-3 of the magnitudes
+    assert cc.tensor_problem("sum", missing, eager, ref, bound=bound) is not None

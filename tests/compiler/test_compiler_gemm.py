@@ -357,10 +357,14 @@ def test_opinfo_matmul_samples(op, sample):
     strides, alpha/beta), forward and backward in strict mode: a GEMM the library takes, or an ATen call by
     design with a note; never a wrong answer."""
     kwargs = sample.kwargs
+    magnitude = {k: abs(v) if isinstance(v, (int, float)) else v for k, v in kwargs.items()}
 
     def fn(*args):
         return op(*args, **kwargs)
-    cc.check_function(fn, sample.input, *sample.args, what=op.name)
+
+    def magnitude_fn(*args):  # (every matmul op is multilinear: alpha and beta enter as factors)
+        return op(*args, **magnitude)
+    cc.check_function(fn, sample.input, *sample.args, what=op.name, magnitude_fn=magnitude_fn)
 
 
 # ------------------------------------------------------------------------------ the GEMM sites' replays
