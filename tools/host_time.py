@@ -132,7 +132,8 @@ def gemm_section() -> None:
     for _ in range(2000):
         tilefuse.gemm(a, b)
     prof.disable()
-    torch.cuda.synchronize()
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
     s = io.StringIO()
     pstats.Stats(prof, stream=s).sort_stats("tottime").print_stats(14)
     print("  cProfile, 2000 calls of tilefuse.gemm at 64^3 (tottime):")
@@ -182,7 +183,8 @@ def _profile(fn, calls: int, lines: int = 16, order: str = "tottime") -> str:
     for _ in range(calls):
         fn()
     prof.disable()
-    torch.cuda.synchronize()
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
     s = io.StringIO()
     pstats.Stats(prof, stream=s).sort_stats(order).print_stats(lines)
     return "\n".join("    " + line for line in s.getvalue().splitlines() if line.strip())[:9000]
@@ -223,8 +225,9 @@ def _host_table(fn, steps: int = 5, lines: int = 30) -> str:
                      f"{e.count / steps:6.1f}x  {e.key[:100]}" for e in rows[:lines])
 
 
-def _graphs_made(fn, *args):
-    """The CompiledGraph objects that compiling and calling ``fn(*args)`` makes."""
+@contextlib.contextmanager
+def _collecting_graphs():
+    """Yields a list that collects every CompiledGraph made inside the block (Dynamo reset first)."""
     from tilefuse.compiler import runtime
 
     made = []
@@ -237,9 +240,15 @@ def _graphs_made(fn, *args):
     torch._dynamo.reset()
     runtime.CompiledGraph.__init__ = init
     try:
-        torch.compile(fn, backend="tilefuse")(*args)
+        yield made
     finally:
         runtime.CompiledGraph.__init__ = real
+
+
+def _graphs_made(fn, *args):
+    """The CompiledGraph objects that compiling and calling ``fn(*args)`` makes."""
+    with _collecting_graphs() as made:
+        torch.compile(fn, backend="tilefuse")(*args)
     return made
 
 
@@ -1020,7 +1029,8 @@ def _decode_parts_probe() -> None:
             print(f"    {name}: failed: {type(exc).__name__}: {str(exc)[:200]}")
 
 
-def sites_section(case: str = "attention_projections_fwd_bwd", rows: int = 1024, device: str = "cuda") -> None:
+def sites_section(case: str = "attention_projections_fwd_bwd", rows: int = 1024, device: str = "cuda",
+                  calls: int = 20, rounds: int = 5, profiled: int = 50) -> None:
     """Where an uncaptured compiled step's graph calls spend their host time: the compiler suite's ``case`` at
     ``rows`` rows under tilefuse, host us (GPU busy, as the suite measures) of the step, of each compiled graph's
     wrapper call alone, and of each launch site of it called alone with the arguments it had in a step; for a
@@ -1028,7 +1038,6 @@ def sites_section(case: str = "attention_projections_fwd_bwd", rows: int = 1024,
     and ``torch.mm`` allocating its output, as eager's linear does; then cProfile of the wrapper calls."""
     from tilefuse.bench import compiler_suite as cs
     from tilefuse.bench import runner
-    from tilefuse.compiler import runtime
     from tilefuse.compiler.runtime import gemm as rt_gemm
 
     cuda = device == "cuda"
@@ -1037,26 +1046,18 @@ def sites_section(case: str = "attention_projections_fwd_bwd", rows: int = 1024,
     dims = cs._sizes(opts, graph)
     sets = [cs.prepare(graph, graph.inputs(*dims[:3], dims[3], device)) for _ in range(4)]
     sync = torch.cuda.synchronize if cuda else (lambda: None)
-    made, real = [], runtime.CompiledGraph.__init__
-
-    def init(self, *a, **k):
-        real(self, *a, **k)
-        made.append(self)
-
-    torch._dynamo.reset()
-    runtime.CompiledGraph.__init__ = init
-    try:
+    with _collecting_graphs() as made:
         step = cs.harness.Rotating(cs.make_step(graph, torch.compile(graph.fn, backend="tilefuse")), sets)
         for _ in range(10):
             step()
-    finally:
-        runtime.CompiledGraph.__init__ = real
     sync()
 
-    def host(call, calls: int = 20) -> float:
-        return min((cs.host_us(call, calls) if cuda else _cpu_us(call, calls)) for _ in range(5))
+    def host(call) -> float:
+        return min((cs.host_us(call, calls) if cuda else _cpu_us(call, calls)) for _ in range(rounds))
 
-    print(f"== sites: {case} at {rows} rows under tilefuse, host us (GPU busy, best of 5 rounds of 20 calls)")
+    how = "GPU busy" if cuda else "wall, on the CPU"
+    print(f"== sites: {case} at {rows} rows under tilefuse, host us ({how}, best of {rounds} rounds of {calls} "
+          f"calls)")
     print(f"  the step: {host(step):.1f}")
     for g in made:
         if g.plan is None:
@@ -1113,8 +1114,8 @@ def sites_section(case: str = "attention_projections_fwd_bwd", rows: int = 1024,
                     line += _library_gemm_parts(x, w, out, host)
                 line += f"; shapes {tuple(x.shape)}x{tuple(w.shape)} strides {x.stride()} {w.stride()}"
             print(line)
-        print(f"  cProfile, 50 calls of graph {g.graph_id}'s wrapper (tottime):")
-        print(_profile(lambda: g.plan.call(list(args)), 50, lines=14))
+        print(f"  cProfile, {profiled} calls of graph {g.graph_id}'s wrapper (tottime):")
+        print(_profile(lambda: g.plan.call(list(args)), profiled, lines=14))
         no_grad.__exit__(None, None, None)
         sync()
 

@@ -45,3 +45,20 @@ def test_floor_section_times_eager_and_the_launchless_step_on_cpu(capsys):
     for line in lines.values():
         assert float(line.split()[1]) > 0
     torch._dynamo.reset()
+
+
+def test_sites_section_takes_each_gemm_site_of_both_graphs_apart_on_cpu(capsys):
+    """The sites section on the interpreter's sizes: the step, each graph's wrapper, and each of the attention
+    projections' 12 GEMM sites (4 forward, 8 backward) with its kept plan and the ATen calls beside it."""
+    torch._dynamo.reset()
+    _tool().sites_section(device="cpu", calls=1, rounds=1, profiled=1)
+    text = capsys.readouterr().out
+    assert "== sites: attention_projections_fwd_bwd" in text and "the step: " in text, text
+    assert "graph" in text and "(forward), 4 launch sites: wrapper call" in text, text
+    assert "(backward), 8 launch sites: wrapper call" in text, text
+    sites = [line for line in text.splitlines() if "(GemmSite):" in line]
+    assert len(sites) == 12, text
+    for line in sites:
+        assert "kept plan True" in line and "torch.matmul(out=)" in line and "the kept plan's run" in line, line
+    assert text.count("cProfile, 1 calls of graph") == 2, text
+    torch._dynamo.reset()
