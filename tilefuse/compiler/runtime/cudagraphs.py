@@ -506,8 +506,7 @@ class StepTrial:
         self.marks: list = []
         self.dirty = False
         self.candidates: list[tuple] = []  # (runner, signature)
-        self.uncaptured_us: float | None = None
-        self.captured_us: float | None = None
+        self.uncaptured_us: float | None = None  # the uncaptured side's median period, once timed
 
 
 # ------------------------------------------------------------------------------------------------ pool
@@ -553,7 +552,6 @@ class Pool:
         if t.phase == "uncaptured":
             t.uncaptured_us, t.phase = period, "captured"
             return
-        t.captured_us = period
         keep = period <= (1 - STEP_MIN_GAIN) * t.uncaptured_us
         self.trial, self.trial_over = None, True
         graphs = sorted({f"{r.graph_id} ({r.kind})" for r, _ in t.candidates})
@@ -936,12 +934,16 @@ class GraphRunner:
             config.log(1, f"cuda graph: graph {self.graph_id} ({self.kind}) runs uncaptured: {reason}")
 
     def _refuse(self, key, reason: str) -> None:
+        """``key`` runs uncaptured for good (:meth:`_settle`), counting this call."""
+        self._settle(key, reason)
+        self._uncaptured(reason)
+
+    def _settle(self, key, reason: str) -> None:
         """``key`` runs uncaptured for good; a static-shape graph for which it is the only signature, with no
         per-call check from now on."""
         self.refused[key] = reason
         if self.static_shapes and not self.recordings and set(self.calls) <= {key}:
             self.settled = reason
-        self._uncaptured(reason)
 
     def __call__(self, args: list):
         if self.pool.trial is not None and self.kind != "backward" and not self.pool.pending_backward():
@@ -1039,9 +1041,7 @@ class GraphRunner:
             self.total_recordings -= 1
             self.report.recordings -= 1
             self.report.held_bytes -= rec.held_bytes
-        self.refused[key] = text
-        if self.static_shapes and not self.recordings and set(self.calls) <= {key}:
-            self.settled = text
+        self._settle(key, text)
 
     def _static(self, args) -> set:
         """The positions a recording reads in place: parameters and buffers, and a backward's saved tensors that
