@@ -367,3 +367,18 @@ def test_smoke_is_refused_where_triton_runs_on_a_gpu(monkeypatch, tmp_path, caps
     assert cli.main(["bench", "attention", "--smoke", "--out", str(tmp_path)]) == 2
     assert "TILEFUSE_INTERPRET=1" in capsys.readouterr().err
     assert not list(tmp_path.iterdir())  # nothing ran, nothing written
+
+
+def test_only_matches_a_text_in_the_name_or_one_name_exactly():
+    """--only softmax_fwd_bwd selects log_softmax_fwd_bwd too; --only =softmax_fwd_bwd selects that case alone;
+    the compiler suite's selection follows."""
+    from tilefuse.bench import compiler_suite as cs
+
+    def picked(*only):
+        return [g.case for g in cs.selected(runner.SuiteOptions(only=list(only), log=lambda s: None))]
+
+    assert set(picked("softmax_fwd_bwd")) == {"softmax_fwd_bwd", "log_softmax_fwd_bwd"}
+    assert picked("=softmax_fwd_bwd") == ["softmax_fwd_bwd"]
+    assert set(picked("=softmax_fwd_bwd", "=rms_norm_fwd_bwd")) == {"softmax_fwd_bwd", "rms_norm_fwd_bwd"}
+    assert picked("=softmax") == ["softmax"] and picked("=no_such_case") == []
+    assert runner.SuiteOptions().wants("anything")

@@ -58,7 +58,8 @@ class SuiteOptions:
                              f"leave out --smoke to time the suites on the GPU")
 
     def wants(self, case: str) -> bool:
-        return not self.only or any(o in case for o in self.only)
+        """``--only``: a case whose name contains one of the texts, or is one given as ``=NAME``."""
+        return not self.only or any(case == o[1:] if o.startswith("=") else o in case for o in self.only)
 
     def recorder(self, suite: str, *, compute_bound: bool) -> harness.Recorder:
         from .. import device
@@ -82,7 +83,8 @@ def add_arguments(p) -> None:
     p.add_argument("--out", default=str(DEFAULT_OUT), help=f"folder for <suite>.csv (default {DEFAULT_OUT})")
     p.add_argument("--quick", action="store_true", help="headline shapes only")
     p.add_argument("--smoke", action="store_true", help="without a GPU: tiny shapes on the interpreter (times mean nothing)")
-    p.add_argument("--only", action="append", default=[], metavar="TEXT", help="only cases whose name contains TEXT")
+    p.add_argument("--only", action="append", default=[], metavar="TEXT", help="only cases whose name contains TEXT (repeatable); =NAME: the case of that name alone (softmax_fwd_bwd "
+                        "also selects log_softmax_fwd_bwd, =softmax_fwd_bwd does not)")
     p.add_argument("--rep-ms", type=int, default=100, help="do_bench repetition time per measurement (ms)")
     p.add_argument("--rows", type=int, default=0, metavar="N",
                    help="compiler suite only: rows of its graphs (default 32768; each is N x 4096, cross-entropy N x 32000)")
