@@ -196,9 +196,9 @@ def test_default_column_split_from_1024_rows_matches_float64(graph, shape):
     summed in chunks of 8 rows inside the backward's row kernel (the row-loop form, ``tfk_redc_*``), one program
     a chunk, then the partials, whether the rows are one dimension or two (16 sequences of 64 tokens, a model's
     activations; 20 x 64 rows make chunks of 10 that straddle sequences, 4 x 5 x 64 rows are three dimensions).
-    1037 rows (also as 17 x 61) are 129 chunks of 8 and a last one of 5, in the row kernel too for a norm; the GeLU
-    chain's input gradient joins its bias gradient's first stage only where the chunks tile the rows exactly
-    (there is no row reduction to loop over), so there the first stage is a kernel of its own.
+    1037 rows (also as 17 x 61) are 129 chunks of 8 and a last one of 5, in the row kernel too: for a norm, and for
+    the GeLU chain, whose input gradient (no row reduction to loop over) takes its scale's and bias's first stages
+    into a row loop of its own (as where the chunks tile the rows: two kernels in all).
     Every gradient is a float64 reference's."""
     from tilefuse.compiler import records
 
@@ -221,6 +221,8 @@ def test_default_column_split_from_1024_rows_matches_float64(graph, shape):
     _assert_grads_are_float64s(f, (x, w, b), dy, grads, f" ({graph}, {shape})")
     backward, = [r for r in records.REPORTS if r.kind == "backward"]
     names = [k.name for k in backward.kernels]
-    assert any(n.startswith("tfk_redc_") for n in names) == (graph != "gelu_bias" or rows != 1037), names
+    assert any(n.startswith("tfk_redc_") for n in names), names
     assert len(names) >= 2, names  # (at least the first stage and the partials' sum)
+    if graph == "gelu_bias":  # the row loop (dx and both first stages) and the partials' sums
+        assert len(names) == 2, names
     torch._dynamo.reset()

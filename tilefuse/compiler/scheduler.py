@@ -652,7 +652,23 @@ def _column_join(s: Scheduler, g: dict, node):
         return g, chunk
     if isinstance(node, ir.Reduction) and _row_space(node.space, node.reduced):
         return _stages_over_rows(s, g, tuple(node.space))
+    if _joins_stages_as_rows(g, node):
+        return _stages_over_rows(s, g, tuple(node.shape))
     return None
+
+
+def _joins_stages_as_rows(g: dict, node) -> bool:
+    """A pointwise node over (rows..., C) meets a group of split first stages whose chunks cover those rows with a
+    short last one (TUNING stages_as_rows): the group goes over the rows as a row loop (:func:`_stages_over_rows`)
+    and the node joins it. Where the chunks tile the rows exactly the node joins the stages' split space instead
+    (``split_siblings``) and :func:`stages_as_row_loop` makes the same row loop of it; a short last chunk has no
+    place in that space (the node's elements past the rows would be stored), so without this a GeLU chain's input
+    gradient over 1037 rows was a kernel of its own beside its bias and scale gradients' first stages."""
+    if isinstance(node, ir.Reduction) or not TUNING["stages_as_rows"] or len(g.get("space", ())) != 3:
+        return False
+    shape = tuple(node.shape)
+    return _row_space(shape, (len(shape) - 1,)) and g["space"][0] >= TUNING["rowloop_min_programs"] and \
+        _split_row_dims(shape, g["space"]) is None
 
 
 def _stages_over_rows(s: Scheduler, g: dict, rows: tuple):
@@ -788,7 +804,10 @@ def fusion_benefit(s: Scheduler, g: dict, draft: dict, node) -> int:
     """Bytes of memory traffic saved by computing ``node`` in ``g`` rather than in its own kernel: reads the
     group already makes (shared inputs, values in registers), minus buffers the join makes it read that it
     would not read alone (recomputation)."""
-    alone = {ld.buffer for ld in ir.loads(s.root_body(node.name, align(node, g["space"], g["reduced"])))}
+    pos = align(node, g["space"], g["reduced"])
+    if pos is None and not isinstance(node, ir.Reduction):  # (it joins the group re-expressed over its rows)
+        pos = kernel_vars(tuple(node.shape))
+    alone = {ld.buffer for ld in ir.loads(s.root_body(node.name, pos))}
     joined_body = draft["bodies"][node.name]
     joined = {ld.buffer for ld in ir.loads(joined_body)}
     group_reads = set()
