@@ -946,7 +946,7 @@ class GraphRunner:
             self.settled = reason
 
     def __call__(self, args: list):
-        if self.pool.trial is not None and self.kind != "backward" and not self.pool.pending_backward():
+        if self.pool.trial is not None and self._starts_step():
             self.pool.trial_step()
         settled = self.settled
         if settled is not None:
