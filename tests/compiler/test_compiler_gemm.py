@@ -238,10 +238,28 @@ def test_epilogue_choice_is_the_fused_template_on_the_interpreter():
     assert [fusion_choice.m_class(m) for m in (1, 16, 17, 8192, 8193)] == [16, 16, 32, 8192, 16384]
 
 
+def test_a_split_must_save_a_launch_of_gpu_time():
+    """cuBLAS + a separate epilogue kernel is chosen only when it saves more GPU time than the tie and at least the
+    host time of the launch it adds; anything closer, and a tie, goes to the fused template."""
+    from tilefuse.kernels.gemm import fusion_choice as fc
+    from tilefuse.kernels.gemm.tuning import TUNE_TIE
+
+    assert not fc.split_wins(9.3, 9.3)
+    assert not fc.split_wins(9.3, 9.1)  # GPT-2 decode's QKV projection: 0.2 us is not worth a launch
+    assert not fc.split_wins(9.3, 9.3 - fc.SPLIT_MIN_SAVING_US + 0.1)
+    assert fc.split_wins(9.3 + fc.SPLIT_MIN_SAVING_US, 9.3)
+    assert not fc.split_wins(2000.0, 2000.0 / TUNE_TIE + 0.5)  # within the tie, though 10 us faster
+    assert fc.split_wins(2000.0, 1900.0)
+
+
 @pytest.mark.gpu
 def test_epilogue_choice_on_a_gpu_is_timed_and_cached(tmp_path):
     """On a GPU the tuner times the fused template against cuBLAS + a separate epilogue pass once per
-    (shape class, dtype, layout, epilogue size) and stores the decision on disk."""
+    (shape class, dtype, layout, epilogue size), on the GPU's clock (CUDA-graph replays), and stores the
+    decision on disk; the decision follows ``split_wins`` on the times it stored. At a decode shape (one row),
+    where the GEMM takes ~9 us, no split can save a launch's worth: the template."""
+    import json
+
     from tilefuse import config
     from tilefuse.kernels.gemm import fusion_choice
 
@@ -249,11 +267,17 @@ def test_epilogue_choice_on_a_gpu_is_timed_and_cached(tmp_path):
         fusion_choice._epilogue_memo.clear()
         shape = ((4096, 4096), (4096, 1), (4096, 4096), (4096, 1))
         first = fusion_choice.epilogue_choice(*shape, torch.bfloat16, 4096 * 2)
-        assert first in ("fused", "split")
         files = list((tmp_path / "tuning" / "gemm_epilogue").glob("*.json"))
         assert len(files) == 1
+        data = json.loads(files[0].read_text())
+        assert data["timed_by"] == {"fused": "cuda graph", "split": "cuda graph"}
+        fused_us, split_us = (data["ms"][k] * 1e3 for k in ("fused", "split"))
+        assert first == ("split" if fusion_choice.split_wins(fused_us, split_us) else "fused")
+        assert 0 < fused_us < 5e3 and 0 < split_us < 5e3  # a 4096^3 bf16 GEMM: ~0.2-0.3 ms on an H100
         fusion_choice._epilogue_memo.clear()
         assert fusion_choice.epilogue_choice(*shape, torch.bfloat16, 4096 * 2) == first  # from disk
+        decode = ((1, 768), (768, 1), (768, 2304), (2304, 1))
+        assert fusion_choice.epilogue_choice(*decode, torch.bfloat16, 2304 * 2) == "fused"
 
 
 

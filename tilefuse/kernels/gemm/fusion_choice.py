@@ -1,10 +1,11 @@
 """Fused epilogue or cuBLAS + a kernel: the choice the compiler asks of the library for a GEMM with a pointwise tail.
 
 Above the tuner and the plan (it times :func:`.plan.gemm_raw` against ``torch.matmul``), so neither imports the
-other for it. Decision 026 says why and how it is keyed.
+other for it. Decision 026 says why and how it is keyed, decision 060 how it is timed.
 """
 from __future__ import annotations
 
+from ... import config as tf_config
 from ... import device, diskcache
 from .plan import gemm_raw
 from .tuning import TUNE_REP_MS, TUNE_TIE, TUNE_WARMUP_MS, Progress, tuning_enabled
@@ -15,8 +16,13 @@ from .tuning import TUNE_REP_MS, TUNE_TIE, TUNE_WARMUP_MS, Progress, tuning_enab
 # two class instead of one timing a size. Timed once on the GPU with stand-ins for the tail (the library's
 # built-in GeLU and a residual read the size of the tail's operands; the split side runs torch.matmul and one
 # elementwise pass reading the product and the operands, writing the result), cached on disk for every process.
-EPILOGUE_CHOICE_VERSION = 1
+# Version 2 times GPU time alone (replays of a CUDA graph) and asks a split to save SPLIT_MIN_SAVING_US.
+EPILOGUE_CHOICE_VERSION = 2
 EPILOGUE_MIN_M_CLASS = 16
+# A split adds a launch, and its cuBLAS call costs more host time than the template's launch (run 150: a cuBLAS
+# call 15-27 us, the template's 5-16, a Triton launch 5), so it must save a launch's worth of GPU time a call.
+# Decision 060: timed a call at a time, the host decided GPT-2 decode's choice (52 us against 9 us of kernel).
+SPLIT_MIN_SAVING_US = 5.0
 _epilogue_memo: dict[str, str] = {}
 
 
@@ -57,11 +63,30 @@ def epilogue_choice(a_shape, a_stride, b_shape, b_stride, dtype, extra_bytes: in
     return data["choice"]
 
 
+def split_wins(fused_us: float, split_us: float) -> bool:
+    """Whether cuBLAS + a separate epilogue kernel beats the fused template, given each one's GPU time a call
+    (us): faster beyond :data:`.tuning.TUNE_TIE`, and by at least :data:`SPLIT_MIN_SAVING_US`, the host time
+    of the launch it adds. Anything closer goes to the template: one launch fewer, no product in memory."""
+    return split_us * TUNE_TIE < fused_us and fused_us - split_us >= SPLIT_MIN_SAVING_US
+
+
+def _gpu_ms(fn) -> tuple[float, str]:
+    """``fn``'s GPU time a call (ms) and how it was timed: the median replay of a CUDA graph of back-to-back
+    calls, so that the host's cost of a call (which a tiny GEMM's timing would otherwise be) is left out. A
+    call that cannot be captured is timed by do_bench instead, host time included, and says so in the log."""
+    from triton.testing import do_bench, do_bench_cudagraph
+
+    try:
+        return float(do_bench_cudagraph(fn, rep=TUNE_REP_MS, return_mode="median")), "cuda graph"
+    except RuntimeError as exc:
+        tf_config.log(1, f"gemm epilogue choice: a CUDA graph could not capture the call ({exc}); "
+                         "timing with do_bench, host time included")
+        return float(do_bench(fn, warmup=TUNE_WARMUP_MS, rep=TUNE_REP_MS, return_mode="median")), "do_bench"
+
+
 def _time_epilogue_choice(key, Z, M, N, K, a_shape, a_stride, b_stride, dtype, extra_bytes) -> dict:
     import torch
     import torch.nn.functional as F
-    from triton.testing import do_bench
-
 
     dev = device.torch_device()
     a_t, b_t = _layout(a_shape, a_stride) == "T", _layout((K, N), b_stride) == "T"
@@ -81,12 +106,13 @@ def _time_epilogue_choice(key, Z, M, N, K, a_shape, a_stride, b_stride, dtype, e
         c = torch.matmul(a, b)
         F.gelu(c + res if res is not None else c)
 
-    times = {}
+    times, how = {}, {}
     for name, fn in (("fused", fused), ("split", split)):
-        progress.update(f"timing {name} ({2 - len(times)} candidates left)")
-        fn()
-        times[name] = float(do_bench(fn, warmup=TUNE_WARMUP_MS, rep=TUNE_REP_MS))
-    # a tie (within TUNE_TIE) goes to the fused template: one launch fewer, no product in memory
-    choice = "fused" if times["fused"] <= times["split"] * TUNE_TIE else "split"
-    progress.done(f"{choice} (fused {times['fused']:.4f} ms, split {times['split']:.4f} ms)")
-    return {"key": key, "choice": choice, "ms": times}
+        progress.update(f"timing {name} on the GPU ({2 - len(times)} candidates left)")
+        fn()  # the template's first call tunes its config, outside the graph
+        torch.cuda.synchronize()
+        times[name], how[name] = _gpu_ms(fn)
+    choice = "split" if split_wins(times["fused"] * 1e3, times["split"] * 1e3) else "fused"
+    progress.done(f"{choice} (GPU time a call: fused {times['fused'] * 1e3:.1f} us, split "
+                  f"{times['split'] * 1e3:.1f} us; a split must save {SPLIT_MIN_SAVING_US:g} us)")
+    return {"key": key, "choice": choice, "ms": times, "timed_by": how}
