@@ -223,6 +223,25 @@ def test_switch_off_keeps_matmuls_in_aten(monkeypatch):
     assert not gemm_kernels() and matmul_externs() and "GEMM lowering is off" in matmul_externs()[0][2]
 
 
+def test_a_one_row_product_viewed_with_a_unit_dim_fuses_its_tail():
+    """GPT-2's decode step: Conv1D's addmm on one token ((1, 768) @ (768, 3072)) viewed as (1, 1, 3072) and read by
+    the tanh GeLU spelled out. The view's unit dimension makes the tail read the product at (0, k1), the tile's own
+    element since k0 is always 0: the tail runs in the GEMM's epilogue (it was a kernel of its own, and the GEMM
+    a cuBLAS call). At two rows it fuses as before; a one-row product read at another column (flipped) still
+    does not."""
+    def mlp_in(x, w, b):
+        h = torch.addmm(b, x.view(-1, x.shape[-1]), w).view(*x.shape[:-1], w.shape[-1])
+        return 0.5 * h * (1 + torch.tanh(0.7978845608 * (h + 0.044715 * torch.pow(h, 3))))
+
+    for rows in (1, 2):
+        cc.check_function(mlp_in, t(1, rows, 9), t(9, 13), t(13),
+                          what=f"decode mlp {rows} row(s)", backward=False)
+        assert_fused(f"{rows} row(s)", "aten.addmm", "aten.tanh", "aten.pow", kind="inference")
+    cc.check_function(lambda x, w: torch.relu(torch.flip(x @ w, [-1])) + 1.0, t(1, 1, 9), t(9, 3),
+                      what="a one-row product flipped", backward=False)
+    assert gemm_kernels() and not [k for k in gemm_kernels() if k.form == "gemm+epilogue"]
+
+
 def test_epilogue_legality_declines_a_transposed_read():
     """A consumer that reads the product transposed cannot run in the tile's epilogue: the GEMM stores its
     output and the consumer is its own kernel (and the result is still right)."""

@@ -868,6 +868,16 @@ def _affine(index, stride, nvars: int) -> Optional[tuple[tuple[int, ...], int]]:
     return tuple(coefs), phys.offset
 
 
+def _tile_element(index, kv: tuple, shape) -> bool:
+    """Whether ``index`` into the GEMM's product is the tile's own element ``kv``. A dimension of size 1 has only
+    index 0, which a view before the tail writes as the constant (GPT-2's decode step: a (1, 3072) product read
+    as (1, 1, 3072) at (0, k1)), so its variable counts as 0 on both sides."""
+    if tuple(index) == kv:
+        return True
+    zero = {f"k{d}": ir.const_index(0) for d, n in enumerate(shape) if n == 1}
+    return bool(zero) and tuple(ir.substitute(ix, zero) for ix in index) == tuple(ir.substitute(ix, zero) for ix in kv)
+
+
 def epilogue_legality(s: Scheduler, steps: list, gi: int, gemm_name: str) -> tuple[Optional[GemmStep], str]:
     """Can pointwise group ``steps[gi]`` run in the epilogue of the GEMM ``gemm_name``? Returns (the fused
     step, "") or (None, why not). Legal when: the group's space is the GEMM's output elements (in row-major
@@ -907,7 +917,7 @@ def epilogue_legality(s: Scheduler, steps: list, gi: int, gemm_name: str) -> tup
             if e.mask is not None:
                 return None, f"{r} reads {e.buffer} under a mask"
             if e.buffer == gemm_name:
-                if tuple(e.index) != kv:
+                if not _tile_element(e.index, kv, gemm.shape):
                     return None, f"{r} reads the product at another element"
                 continue
             aff = _affine(e.index, ir.node_meta(s.table[e.buffer], e.buffer).stride, len(kv))
