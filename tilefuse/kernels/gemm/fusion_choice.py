@@ -16,12 +16,11 @@ from .tuning import TUNE_REP_MS, TUNE_TIE, TUNE_WARMUP_MS, Progress, tuning_enab
 # two class instead of one timing a size. Timed once on the GPU with stand-ins for the tail (the library's
 # built-in GeLU and a residual read the size of the tail's operands; the split side runs torch.matmul and one
 # elementwise pass reading the product and the operands, writing the result), cached on disk for every process.
-# Version 2 times GPU time alone (replays of a CUDA graph) and asks a split to save SPLIT_MIN_SAVING_US.
-EPILOGUE_CHOICE_VERSION = 2
+EPILOGUE_CHOICE_VERSION = 2  # bump when the timing or the rule changes: the stored choices are made again
 EPILOGUE_MIN_M_CLASS = 16
-# A split adds a launch, and its cuBLAS call costs more host time than the template's launch (run 150: a cuBLAS
-# call 15-27 us, the template's 5-16, a Triton launch 5), so it must save a launch's worth of GPU time a call.
-# Decision 060: timed a call at a time, the host decided GPT-2 decode's choice (52 us against 9 us of kernel).
+# A split adds a launch, and its cuBLAS call costs more host time than the template's launch (decision 059's
+# table: a cuBLAS call 15-27 us, the template's 5-16, a Triton launch 5), so it must save a launch's worth of GPU
+# time a call. Timed a call at a time, the host decided GPT-2 decode's choice: 52 us for 9 us of kernel (060).
 SPLIT_MIN_SAVING_US = 5.0
 _epilogue_memo: dict[str, str] = {}
 
