@@ -8,7 +8,7 @@ from __future__ import annotations
 from ... import config as tf_config
 from ... import device, diskcache
 from .plan import gemm_raw
-from .tuning import TUNE_REP_MS, TUNE_TIE, TUNE_WARMUP_MS, Progress, tuning_enabled
+from .tuning import TUNE_REP_MS, TUNE_TIE, Progress, _time, tuning_enabled
 
 # The compiler asks, per GEMM with a fusable pointwise tail, whether to run the tail in the library template's
 # epilogue or to run cuBLAS (torch.matmul) and the tail as its own kernel. Keyed by (device, triton, dtype,
@@ -73,14 +73,14 @@ def _gpu_ms(fn) -> tuple[float, str]:
     """``fn``'s GPU time a call (ms) and how it was timed: the median replay of a CUDA graph of back-to-back
     calls, so that the host's cost of a call (which a tiny GEMM's timing would otherwise be) is left out. A
     call that cannot be captured is timed by do_bench instead, host time included, and says so in the log."""
-    from triton.testing import do_bench, do_bench_cudagraph
+    from triton.testing import do_bench_cudagraph
 
     try:
         return float(do_bench_cudagraph(fn, rep=TUNE_REP_MS, return_mode="median")), "cuda graph"
     except Exception as exc:  # a capture error is torch's or the driver's; any other, do_bench raises again below
         tf_config.log(1, f"gemm epilogue choice: a CUDA graph could not capture the call "
                          f"({type(exc).__name__}: {exc}); timing with do_bench, host time included")
-        return float(do_bench(fn, warmup=TUNE_WARMUP_MS, rep=TUNE_REP_MS, return_mode="median")), "do_bench"
+        return _time(fn, None), "do_bench"
 
 
 def _time_epilogue_choice(key, Z, M, N, K, a_shape, a_stride, b_stride, dtype, extra_bytes) -> dict:
