@@ -276,7 +276,31 @@ def _mutation_cases():
         x.add_(1)
         return x.sum(0)
 
-    return {"add_into": add_into, "copy_into": copy_into, "mutate_slice": mutate_slice, "mutate_twice": mutate_twice}
+    # The write into x must wait for every step that reads the old x, not only those of the kernel it joins:
+    # a GEMM and an extern that read x between the kernel that could take the write and the write itself (both
+    # failed before the scheduler kept that order); a column sum whose kernel may take the write, as it reads
+    # each element where the write stores it.
+    def mutate_after_a_matmul(x, y):
+        a = x * 2
+        p = x @ y.t()
+        x.add_(1)
+        return a, p
+
+    def mutate_after_a_column_sum(x, y):
+        a = x * y
+        s = x.sum(0)
+        x.mul_(3)
+        return a, s
+
+    def mutate_after_an_extern(x, y):
+        a = x + y
+        v = torch.cdist(x, y)  # an ATen call by design (an extern step)
+        x.sub_(2)
+        return a, v
+
+    return {"add_into": add_into, "copy_into": copy_into, "mutate_slice": mutate_slice, "mutate_twice": mutate_twice,
+            "mutate_after_a_matmul": mutate_after_a_matmul, "mutate_after_a_column_sum": mutate_after_a_column_sum,
+            "mutate_after_an_extern": mutate_after_an_extern}
 
 
 @pytest.mark.parametrize("layout", ["contiguous", "noncontiguous", "transposed"])
@@ -486,6 +510,17 @@ def test_explain_shows_breaks_groups_kernels_fallbacks():
         assert word in low, f"explain() does not mention {word!r}:\n{text[:3000]}"
     assert "fusion" in low or "group" in low, f"explain() shows no fusion groups:\n{text[:3000]}"
     assert "complex" in low, f"explain() does not say why the complex part fell back:\n{text[:3000]}"
+
+
+def test_compiler_explain_stays_the_function_after_a_call():
+    """``tilefuse.compiler.explain`` is a function and its module's name: a second call must still be the call."""
+    import tilefuse.compiler as compiler
+    from tilefuse.compiler.explain import Explanation
+
+    for k in range(2):
+        assert callable(compiler.explain), f"call {k}: tilefuse.compiler.explain is {compiler.explain!r}"
+        got = compiler.explain(lambda x: torch.relu(x) * 2, torch.randn(5, 3))
+        assert isinstance(got, Explanation) and len(got.kernels) == 1, f"call {k}: {got}"
 
 
 # --------------------------------------------------------------------------------------- processes

@@ -17,6 +17,9 @@ those stages read; ``options``, ``records`` and ``explain`` serve all of them.
 """
 from __future__ import annotations
 
+# imported here, not on first call: importing the submodule ``explain`` binds the package's attribute
+# ``explain`` to the module, and a function of that name defined below would be replaced by it on first use
+from .explain import explain
 from .lowering import FallbackError
 from .records import reset as reset_stats
 
@@ -31,9 +34,3 @@ def stats() -> dict:
     out = _records.snapshot()
     out["cudagraph_pool_bytes"] = _cudagraphs.pools_held_bytes()
     return out
-
-
-def explain(fn, *args, **kwargs):
-    from .explain import explain as _explain
-
-    return _explain(fn, *args, **kwargs)

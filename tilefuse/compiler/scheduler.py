@@ -309,23 +309,22 @@ class Scheduler:
             space, reduced = tuple(node.shape), ()
         deps = self._deps(self.root_body(node.name, align(node, space, reduced)))
         dep_steps = {where[d] for d in deps if d in where}
-        latest_dep = max(dep_steps, default=-1)
+        # a write into an input may not move before a step that reads the input's old value
+        target = node.into if isinstance(node, ir.Pointwise) else None
         best, best_gain, best_draft = None, 0, None
         small = None  # (idx, draft): the latest legal join of no gain that _small_twin allows
         for idx in range(len(steps) - 1, -1, -1):
             g = steps[idx]
-            if isinstance(g, OPAQUE_STEPS):
-                continue
             if any(s > idx for s in dep_steps):
                 break  # an earlier group would have to run after a step this node needs
-            draft = self.try_join(g, node)
-            if draft is None:
-                continue
-            gain = fusion_benefit(self, g, draft, node)
-            if gain > best_gain:
-                best, best_gain, best_draft = idx, gain, draft
-            if best is None and small is None and self._small_twin(g, node, draft):
-                small = (idx, draft)
+            if not isinstance(g, OPAQUE_STEPS) and (draft := self.try_join(g, node)) is not None:
+                gain = fusion_benefit(self, g, draft, node)
+                if gain > best_gain:
+                    best, best_gain, best_draft = idx, gain, draft
+                if best is None and small is None and self._small_twin(g, node, draft):
+                    small = (idx, draft)
+            if target is not None and target in self._reads(g):
+                break  # g may take the write (fusion_legality checks the positions); a group before g may not
         if best is None and small is not None:
             best, best_draft = small
         if best is not None:
@@ -335,7 +334,12 @@ class Scheduler:
         g = self.new_group(node)
         steps.append(g)
         where[node.name] = len(steps) - 1
-        del latest_dep
+
+    def _reads(self, step) -> set[str]:
+        """The buffers (base nodes) a step of the grouping reads: a draft group's loads or an opaque step's operands."""
+        if isinstance(step, OPAQUE_STEPS):
+            return _step_reads(self, step)
+        return {self.base(ld.buffer) for body in step["bodies"].values() for ld in ir.loads(body)}
 
     def _small_twin(self, g: dict, node, draft: dict) -> bool:
         """A reduction that saves no bytes anywhere may still share a kernel with an earlier, independent
