@@ -187,3 +187,46 @@ def test_format_schedule_names_groups_roots_and_stores():
     first, *bodies = text.splitlines()
     assert first.endswith("reduction over [7, 13] reduce dims [1]; roots ['s', 'out']; stores ['out']")
     assert any(line.strip().startswith("out = truediv(exp(x[k0, k1]), $s)") for line in bodies)
+
+
+# ---------------------------------------------------------------------------- small independent roots
+def _decode_counters(x, cache0, cache1, c0, c1, w):
+    """Two layers of a static-cache decode step as transformers' StaticCache writes it: each layer's position
+    (one element) from its own counter (a 0-d tensor), its row written into its cache at that position, the
+    counters incremented last."""
+    h = x
+    for cache, c in ((cache0, c0), (cache1, c1)):
+        pos = c + torch.arange(1)
+        cache.index_copy_(0, pos, h)
+        h = torch.tanh(cache.sum(0, keepdim=True) @ w)
+    c0.add_(1)
+    c1.add_(1)
+    return h
+
+
+@pytest.mark.parametrize("join", [True, False])
+def test_independent_one_element_roots_share_a_kernel(monkeypatch, join):
+    """The layers' positions are independent one-element roots over one space (1,), and the counters'
+    increments over another, (): nothing to save in bytes, a launch each to save. Joined, one kernel computes
+    both positions and one both increments; with join_small_pointwise off, each has its own. Against float64:
+    the output, the caches and the counters (an increment that ran before a position was read would move the
+    row)."""
+    from tilefuse.compiler.tuning import tuning
+
+    from tests import compiler_checks as cc
+
+    kernels = cc.collect_kernels(monkeypatch)
+    C = 9
+    args = [torch.randn(1, C), torch.randn(5, C), torch.randn(5, C), torch.tensor(2), torch.tensor(3),
+            torch.randn(C, C)]
+    eager_args = [a.clone() for a in args]
+    ref_args = [a.double() if a.is_floating_point() else a.clone() for a in args]
+    expected, ref = _decode_counters(*eager_args), _decode_counters(*ref_args)
+    cc.reset()
+    with cc.strict(), tuning(join_small_pointwise=join):
+        out = cc.compiled(_decode_counters)(*args)
+    cc.assert_matches("output", out, expected, ref)
+    for name, a, e, r in zip(("x", "cache0", "cache1", "c0", "c1"), args, eager_args, ref_args):
+        cc.assert_matches(f"{name} after the call", a, e, r)
+    small = [k for k in kernels if "arange" in k.name or "copy" in k.name]
+    assert len(small) == (2 if join else 4), [k.name for k in kernels]

@@ -21,7 +21,10 @@
    also needs ``rowloop_min_programs`` chunks (profitability). A reduction that saves no bytes in any group
    may still join an independent reduction group of the same space and reduced dims when the joined kernel
    moves at most ``join_small_bytes`` (:meth:`Scheduler._small_twin`): a norm backward's weight and bias
-   gradients' second stages, one launch instead of two.
+   gradients' second stages, one launch instead of two. A pointwise root that saves no bytes likewise joins an
+   independent pointwise group of the same space of at most ``join_small_pointwise_elems`` elements
+   (:meth:`Scheduler._small_pointwise`): a decode step's per-layer cache positions, and its counter increments.
+   A write into an input (``ir.Pointwise.into``) never joins a group before a step that reads the input.
 3. **Materialize what is shared.** A non-root pointwise node inlined into several groups is recomputed in
    each; when that re-reads more bytes than writing it once and reading it back, it becomes a root and the
    grouping is redone.
@@ -321,7 +324,8 @@ class Scheduler:
                 gain = fusion_benefit(self, g, draft, node)
                 if gain > best_gain:
                     best, best_gain, best_draft = idx, gain, draft
-                if best is None and small is None and self._small_twin(g, node, draft):
+                if best is None and small is None and (self._small_twin(g, node, draft)
+                                                       or self._small_pointwise(g, node, draft)):
                     small = (idx, draft)
             if target is not None and target in self._reads(g):
                 break  # g may take the write (fusion_legality checks the positions); a group before g may not
@@ -349,6 +353,16 @@ class Scheduler:
         return (TUNING["join_small_reductions"] and isinstance(node, ir.Reduction) and g["kind"] == "reduction"
                 and g["space"] == tuple(node.space) and g["reduced"] == tuple(node.reduced) and not g.get("columns")
                 and self._group_bytes(draft) <= TUNING["join_small_bytes"])
+
+    def _small_pointwise(self, g: dict, node, draft: dict) -> bool:
+        """A pointwise root that saves no bytes anywhere may share a kernel with an earlier, independent
+        pointwise group over the same space of at most ``join_small_pointwise_elems`` elements (:data:`TUNING`):
+        such a kernel costs its launch alone. Not where the joined group reads a GEMM's product: a root that does
+        not read it element for element would keep the group out of the GEMM's epilogue (:func:`epilogue_legality`)."""
+        if not (TUNING["join_small_pointwise"] and isinstance(node, ir.Pointwise) and g["kind"] == "pointwise"
+                and g["space"] == tuple(node.shape) and math.prod(g["space"]) <= TUNING["join_small_pointwise_elems"]):
+            return False
+        return not any(isinstance(self.table[self.base(b)], ir.Gemm) for b in self._reads(draft))
 
     def _group_bytes(self, g: dict) -> int:
         """What a group reads (each buffer once) and writes (each root once): an upper bound of its traffic."""

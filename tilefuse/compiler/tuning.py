@@ -72,6 +72,10 @@ TUNING = {
     # over the row loop's partial rows) share one kernel: nothing is saved in bytes, a launch is
     "join_small_reductions": True,
     "join_small_bytes": 64 << 20,  # ... when the joined kernel reads and writes at most this much
+    # independent pointwise roots over the same space of at most this many elements share one kernel: a kernel
+    # that small is its launch (a decode step's cache positions and counter increments, one element a layer)
+    "join_small_pointwise": True,
+    "join_small_pointwise_elems": 4096,
     # ---- codegen: kernel forms and launch shapes (codegen/kernel_writer.py)
     # column (outer) reductions: columns x rows a step (contiguous columns: 64 bf16 = 128 bytes a row)
     "outer_xblock": OUTER_XBLOCK,
