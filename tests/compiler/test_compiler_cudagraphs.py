@@ -308,9 +308,11 @@ def test_capture_blockers_is_the_union_and_signature_keys_shapes_strides_dtypes_
 
 
 @pytest.mark.parametrize("fails", [False, True])
-def test_capture_releases_cublas_workspaces_after_recording(monkeypatch, fails):
+def test_capture_releases_cublas_workspaces_before_and_after_recording(monkeypatch, fails):
     """The workspaces cuBLAS makes for the capture stream are released once the capture has ended, also when
-    it failed: held, they were most of a captured step's memory beyond an uncaptured step's."""
+    it failed: held, they were most of a captured step's memory beyond an uncaptured step's. They are released
+    before it too, so the capture makes its own in its pool rather than use one another capture made in its
+    pool (test_gpu_a_foreign_capture_before_ours_and_empty_cache_between_steps)."""
     import contextlib
 
     events = []
@@ -342,7 +344,7 @@ def test_capture_releases_cublas_workspaces_after_recording(monkeypatch, fails):
     else:
         _, outputs = cudagraphs.capture_cuda_graph(run, [torch.ones(2)], pool)
         assert outputs[0].tolist() == [2.0, 2.0]
-    assert events == ["begin", "run", "end", "release"]
+    assert events == ["release", "begin", "run", "end", "release"]
 
 
 def test_hand_out_builds_each_cuda_output_in_one_call_with_its_metadata(monkeypatch):
@@ -1485,6 +1487,44 @@ def test_gpu_training_loop_captured_equals_uncaptured():
         r, = _runner_stats(kind)
         assert r["captured"] and r["recordings"] == 1 and r["replays"] == 2 and not r["uncaptured"], r
     assert cc.compiler_module().stats()["cudagraph_pool_bytes"] > 0
+
+
+@pytest.mark.usefixtures("small_graphs_recorded")
+@pytest.mark.gpu
+def test_gpu_a_foreign_capture_before_ours_and_empty_cache_between_steps():
+    """Every capture in a process shares torch's capture stream, and cuBLAS keeps a workspace for it: a graph
+    captured before ours with a matmul in it (here our own, as triton's do_bench_cudagraph or a user would) left
+    that workspace in its own pool. Our recording's backward uses cuBLAS; had it used that workspace and then
+    released it into the other pool, ``torch.cuda.empty_cache()`` would give the memory back to the driver and the
+    next replay would read it: an illegal memory access (seen when the epilogue choice first timed its split with
+    do_bench_cudagraph). The steps must match the uncaptured run's."""
+    torch.manual_seed(3)
+    base = _mlp(129, 257, 63).cuda()
+    batches = [(torch.randn(33, 129, device="cuda"), torch.randn(33, 63, device="cuda")) for _ in range(4)]
+    plain, graphed = copy.deepcopy(base), copy.deepcopy(base)
+    ref = _train(plain, torch.compile(plain, backend="tilefuse"), 4, batches)
+    torch._dynamo.reset()
+    foreign = torch.cuda.CUDAGraph()
+    a = torch.randn(96, 80, device="cuda")
+    torch.matmul(a, a.t())  # cuBLAS's handle, then the capture stream's workspace inside the capture
+    with torch.cuda.graph(foreign):
+        torch.matmul(a, a.t())
+    del foreign
+    compiled = torch.compile(graphed, backend="tilefuse", mode="reduce-overhead")
+    opt, got = torch.optim.AdamW(graphed.parameters(), lr=1e-2), []  # as _train's
+    for x, target in batches:
+        opt.zero_grad()
+        loss = nn.functional.mse_loss(compiled(x), target)
+        loss.backward()
+        opt.step()
+        got.append(loss.detach().clone())
+        torch.cuda.empty_cache()
+    torch.cuda.synchronize()
+    for step, (g, r) in enumerate(zip(got, ref)):
+        assert rel_error(g, r) <= TOL, f"step {step}: {g.item()} vs {r.item()}"
+    for kind in ("forward", "backward"):
+        r, = _runner_stats(kind)
+        assert r["captured"] and r["replays"] >= 1, r
 
 
 @pytest.mark.gpu

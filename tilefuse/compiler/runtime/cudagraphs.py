@@ -1132,11 +1132,19 @@ def capture_cuda_graph(run: Callable, inputs: list, pool: Pool):
     pool, and cuBLAS then holds it for good. Releasing cuBLAS's workspaces after the capture hands those blocks
     back to the pool (the graph still uses them as scratch, like any temporary of the capture, which later
     recordings of the pool may reuse under the step rule); held, they were most of the memory a captured
-    training step had beyond an uncaptured one (decision 036)."""
+    training step had beyond an uncaptured one (decision 036).
+
+    They are released before the capture as well, so that the capture makes its own in this pool. Every capture
+    in the process shares torch's capture stream: a workspace another capture made for it (triton's
+    do_bench_cudagraph with a matmul, a user's own graph) lives in that capture's pool, and a graph of ours
+    that used it would read freed memory once the release below gave it back to that pool and the next
+    ``torch.cuda.empty_cache()`` (which every ``torch.cuda.graph`` calls) returned the pool to the driver: an
+    illegal memory access at a replay."""
     dev = next(a.device for a in inputs if isinstance(a, torch.Tensor))
     with torch.cuda.device(dev):  # the capture stream is the inputs' device's, not the current device's
         torch.cuda.synchronize()
         graph = torch.cuda.CUDAGraph()
+        release_cublas_workspaces()
         try:
             # thread_local: a backward is recorded on autograd's device thread while the main thread waits
             with torch.cuda.graph(graph, pool=pool.get_handle(), capture_error_mode="thread_local"):

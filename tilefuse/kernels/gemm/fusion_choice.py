@@ -8,7 +8,7 @@ from __future__ import annotations
 from ... import config as tf_config
 from ... import device, diskcache
 from .plan import gemm_raw
-from .tuning import TUNE_REP_MS, TUNE_TIE, Progress, _time, tuning_enabled
+from .tuning import TUNE_TIE, Progress, _time, tuning_enabled
 
 # The compiler asks, per GEMM with a fusable pointwise tail, whether to run the tail in the library template's
 # epilogue or to run cuBLAS (torch.matmul) and the tail as its own kernel. Keyed by (device, triton, dtype,
@@ -16,12 +16,17 @@ from .tuning import TUNE_REP_MS, TUNE_TIE, Progress, _time, tuning_enabled
 # two class instead of one timing a size. Timed once on the GPU with stand-ins for the tail (the library's
 # built-in GeLU and a residual read the size of the tail's operands; the split side runs torch.matmul and one
 # elementwise pass reading the product and the operands, writing the result), cached on disk for every process.
-EPILOGUE_CHOICE_VERSION = 2  # bump when the timing or the rule changes: the stored choices are made again
+EPILOGUE_CHOICE_VERSION = 3  # bump when the timing or the rule changes: the stored choices are made again
 EPILOGUE_MIN_M_CLASS = 16
 # A split adds a launch, and its cuBLAS call costs more host time than the template's launch (decision 059's
 # table: a cuBLAS call 15-27 us, the template's 5-16, a Triton launch 5), so it must save a launch's worth of GPU
 # time a call. Timed a call at a time, the host decided GPT-2 decode's choice: 52 us for 9 us of kernel (060).
 SPLIT_MIN_SAVING_US = 5.0
+# Timing (_gpu_ms): rounds of calls queued behind a GPU sleep long enough for the host to queue them (~4 ms on an
+# H100's clock; 20 calls of a cold split, cuBLAS and an elementwise kernel, queue in ~1 ms)
+QUEUED_CALLS = 20
+QUEUED_ROUNDS = 5
+QUEUE_SLEEP_CYCLES = 8_000_000
 _epilogue_memo: dict[str, str] = {}
 
 
@@ -70,17 +75,40 @@ def split_wins(fused_us: float, split_us: float) -> bool:
 
 
 def _gpu_ms(fn) -> tuple[float, str]:
-    """``fn``'s GPU time a call (ms) and how it was timed: the median replay of a CUDA graph of back-to-back
-    calls, so that the host's cost of a call (which a tiny GEMM's timing would otherwise be) is left out. A
-    call that cannot be captured is timed by do_bench instead, host time included, and says so in the log."""
-    from triton.testing import do_bench_cudagraph
+    """``fn``'s GPU time a call (ms) and how it was timed: :data:`QUEUED_CALLS` calls queued behind a sleeping GPU
+    (``torch.cuda._sleep``), so that they run back to back and the events around them leave the host's cost of a
+    call out (a tiny GEMM's time would otherwise be that cost); the median of :data:`QUEUED_ROUNDS` rounds. A
+    round whose queuing outlasted the sleep (the GPU waited for the host) makes it do_bench's time instead,
+    host time included, and the log says so.
 
-    try:
-        return float(do_bench_cudagraph(fn, rep=TUNE_REP_MS, return_mode="median")), "cuda graph"
-    except Exception as exc:  # a capture error is torch's or the driver's; any other, do_bench raises again below
-        tf_config.log(1, f"gemm epilogue choice: a CUDA graph could not capture the call "
-                         f"({type(exc).__name__}: {exc}); timing with do_bench, host time included")
-        return _time(fn, None), "do_bench"
+    Not a CUDA graph: triton's do_bench_cudagraph captures on the capture stream every capture shares, and a
+    matmul in it left cuBLAS's workspace for that stream in the timing graph's pool; a compiled graph recorded
+    later used it, and replays read freed memory (decision 060, run 153)."""
+    import statistics
+    import time
+
+    import torch
+
+    stream = torch.cuda.current_stream()
+    per_call = []
+    for _ in range(QUEUED_ROUNDS):
+        slept, start, end = (torch.cuda.Event(enable_timing=True) for _ in range(3))
+        stream.synchronize()
+        slept.record(stream)
+        torch.cuda._sleep(QUEUE_SLEEP_CYCLES)
+        start.record(stream)
+        t0 = time.perf_counter()
+        for _ in range(QUEUED_CALLS):
+            fn()
+        host_ms = (time.perf_counter() - t0) * 1e3
+        end.record(stream)
+        end.synchronize()
+        if host_ms >= slept.elapsed_time(start):
+            tf_config.log(1, f"gemm epilogue choice: queuing {QUEUED_CALLS} calls took {host_ms:.2f} ms, longer than "
+                             f"the GPU's sleep; timing with do_bench, host time included")
+            return _time(fn, None), "do_bench"
+        per_call.append(start.elapsed_time(end) / QUEUED_CALLS)
+    return float(statistics.median(per_call)), "queued behind a sleep"
 
 
 def _time_epilogue_choice(key, Z, M, N, K, a_shape, a_stride, b_stride, dtype, extra_bytes) -> dict:
