@@ -271,6 +271,55 @@ def test_a_split_must_save_a_launch_of_gpu_time():
     assert fc.split_wins(2000.0, 1900.0)
 
 
+class _FakeClock:
+    """The GPU's clock for _gpu_ms on the CPU: a sleep advances it by its cycles at 2 GHz, a queued call by
+    ``call_ms``, and the host spends ``host_ms`` queuing each call (a perf_counter that the calls move)."""
+
+    def __init__(self, call_ms, host_ms):
+        self.gpu, self.host, self.call_ms, self.host_ms = 0.0, 0.0, call_ms, host_ms
+
+    def call(self):
+        self.gpu += self.call_ms
+        self.host += self.host_ms / 1e3
+
+    def event(self, **_):
+        clock = self
+
+        class Event:
+            def record(self, stream=None):
+                self.at = clock.gpu
+
+            def synchronize(self):
+                pass
+
+            def elapsed_time(self, other):
+                return other.at - self.at
+
+        return Event()
+
+
+@pytest.mark.parametrize("host_ms", [0.01, 0.5], ids=["queued_in_time", "host_slower_than_the_sleep"])
+def test_gpu_time_is_a_queued_calls_time_unless_the_host_lags(monkeypatch, host_ms):
+    """_gpu_ms divides the GPU time of calls queued behind a sleep by their count; when queuing them took the
+    host longer than the sleep lasted, the GPU waited for the host, and it times with do_bench instead."""
+    import time
+
+    from tilefuse.kernels.gemm import fusion_choice as fc
+
+    clock = _FakeClock(call_ms=0.004, host_ms=host_ms)
+    sleep_ms = fc.QUEUE_SLEEP_CYCLES / 2e9 * 1e3  # 4 ms
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda *a: type("S", (), {"synchronize": lambda self: None})())
+    monkeypatch.setattr(torch.cuda, "Event", clock.event)
+    monkeypatch.setattr(torch.cuda, "_sleep", lambda cycles: setattr(clock, "gpu", clock.gpu + cycles / 2e6))
+    monkeypatch.setattr(time, "perf_counter", lambda: clock.host)
+    monkeypatch.setattr(fc, "_time", lambda fn, best: 0.123)
+    ms, how = fc._gpu_ms(clock.call)
+    if host_ms * fc.QUEUED_CALLS < sleep_ms:
+        assert (how, round(ms, 9)) == ("queued behind a sleep", 0.004)
+    else:
+        assert (how, ms) == ("do_bench", 0.123)
+
+
 @pytest.mark.gpu
 def test_epilogue_choice_on_a_gpu_is_timed_and_cached(tmp_path):
     """On a GPU the tuner times the fused template against cuBLAS + a separate epilogue pass once per
