@@ -8,6 +8,14 @@ every value's shape on meta tensors, so each step is valid and its result small 
 elements). :func:`planned` applies a program's plan: the interpreter's own, the interpreter with small blocks,
 or a GPU's forms (run on the interpreter), with thresholds scaled down to these shapes and codegen's switches
 flipped. A program's repr is a Python expression of these classes (how a failure is replayed).
+
+Half or more of the programs that can have one end with an input mutation (:meth:`Builder.mutation`): a last step
+of :data:`MUTATIONS` (``x.copy_(v)``, ``x.add_(v)``, ``x.mul_(v)``, whose value is ``x``) writes a value ``v`` of
+the program in place into a float input ``x`` that earlier steps read (often an mm, bmm or convolution): the
+compiler must keep every read of the old ``x`` before the write, and the test compares ``x`` after the call with
+eager's. ``x`` does not require grad, is not "expanded" (eager refuses a write into overlapping memory), and what is
+computed from it meets nothing that requires grad (a backward would read ``x`` after the write:
+:meth:`Builder.writable_inputs`). :attr:`Program.mutated` names the inputs written.
 """
 from __future__ import annotations
 
@@ -68,6 +76,12 @@ class Program:
     def inputs(self) -> tuple:
         return tuple(i for i in self.items if isinstance(i, In))
 
+    @property
+    def mutated(self) -> tuple:
+        """The positions among :attr:`inputs` (the arguments) of the inputs the program writes in place."""
+        position = {k: n for n, k in enumerate(k for k, i in enumerate(self.items) if isinstance(i, In))}
+        return tuple(sorted({position[i.args[0]] for i in self.items if isinstance(i, Step) and i.op in MUTATIONS}))
+
     def describe(self) -> str:
         lines = []
         for k, i in enumerate(self.items):
@@ -75,6 +89,9 @@ class Program:
                 what = f"ints in [{i.low}, {i.high}){' distinct' if i.unique else ''}" if i.dtype == "int64" else \
                     f"{i.layout}{' requires_grad' if i.grad else ''}"
                 lines.append(f"  v{k} = input {i.dtype}{list(i.shape)} {what}")
+            elif i.op in MUTATIONS:
+                lines.append(f"  v{k} = v{i.args[0]}.{i.op}(v{i.args[1]})    (in place: input v{i.args[0]} is "
+                             "compared after the call)")
             else:
                 args = ", ".join(f"v{a}" for a in i.args) + "".join(f", {n}={v!r}" for n, v in i.params)
                 lines.append(f"  v{k} = {i.op}({args})")
@@ -141,7 +158,12 @@ OPS = {
     "bmm": torch.bmm,
     "conv1d": lambda a, w, padding, stride: F.conv1d(a, w, padding=padding, stride=stride),
     "conv2d": lambda a, w, padding, stride: F.conv2d(a, w, padding=padding, stride=stride),
+    # in place into an input (the program's last step): the value is the input itself
+    "copy_": lambda x, v: x.copy_(v),
+    "add_": lambda x, v: x.add_(v),
+    "mul_": lambda x, v: x.mul_(v),
 }
+MUTATIONS = ("copy_", "add_", "mul_")
 
 
 def run(program: Program, args):
@@ -173,7 +195,8 @@ class Builder:
         self.metas.append(torch.empty(spec.shape, dtype=DTYPES[spec.dtype], device="meta"))
         return len(self.items) - 1
 
-    def float_input(self, shape) -> int:
+    def float_input(self, shape, grad: bool | None = None) -> int:
+        """A new float input: its layout drawn, and whether it requires grad unless ``grad`` says."""
         shape = tuple(shape)
         layouts = ["contiguous", "contiguous", "sliced"]
         if len(shape) >= 2:
@@ -181,7 +204,7 @@ class Builder:
         if any(s > 1 for s in shape):
             layouts.append("expanded")
         layout = self.draw(st.sampled_from(layouts))
-        return self.add_input(In(shape, self.dtype, layout, self.draw(st.booleans())))
+        return self.add_input(In(shape, self.dtype, layout, self.draw(st.booleans()) if grad is None else grad))
 
     def index_input(self, shape, low: int, high: int, unique: bool = False) -> int:
         return self.add_input(In(tuple(shape), "int64", low=low, high=high, unique=unique))
@@ -233,6 +256,91 @@ class Builder:
             new = (-1,) + shape[len(shape) - rank + 1:]
             return len(self.metas) - 1 if self.try_step("reshape", (a,), shape=new) else -1
         return a
+
+    def root(self, k: int) -> torch.Tensor:
+        """The meta tensor whose memory value ``k`` is (a view's base; a cast to its own dtype is the value)."""
+        m = self.metas[k]
+        return m if m._base is None else m._base
+
+    def aliases(self, k: int, x: int) -> bool:
+        # on meta tensors an input is contiguous: a reshape that copies a real (strided) input is a view here,
+        # so this errs on the side of "aliases"
+        return self.root(k) is self.root(x)
+
+    def requires_grad(self) -> list[bool]:
+        """Whether each value may require grad: an input that does, and a step with such an argument (an
+        integer result too: an over-estimate)."""
+        grads: list[bool] = []
+        for item in self.items:
+            grads.append(item.grad if isinstance(item, In) else any(grads[a] for a in item.args))
+        return grads
+
+    def derived(self, x: int) -> set[int]:
+        """Value ``x`` and the values computed from it (its views among them)."""
+        found = {x}
+        for k, item in enumerate(self.items):
+            if isinstance(item, Step) and any(a in found for a in item.args):
+                found.add(k)
+        return found
+
+    def writable_inputs(self) -> list[int]:
+        """Float inputs a last step may write in place: not requiring grad, not expanded (overlapping memory),
+        read by a step (the write must come after it), and apart from what requires grad: no step has an argument
+        computed from the input and one that requires grad. Else the backward may read the input after the write:
+        eager's autograd saves the old input (its backward refuses it written since), and AOTAutograd's graph may
+        save the input to recompute a value from it (torch 2.13, backend="aot_eager" alike: y = x + 0.5;
+        out = exp(a * y); x.add_(y) gives a's gradient from the new x, twice eager's)."""
+        grads = self.requires_grad()
+        found = []
+        for x, spec in enumerate(self.items):
+            if not isinstance(spec, In) or spec.dtype == "int64" or spec.grad or spec.layout == "expanded":
+                continue
+            derived = self.derived(x)
+            readers = [s for s in self.items if isinstance(s, Step) and any(a in derived for a in s.args)]
+            if readers and not any(grads[a] for s in readers for a in s.args):
+                found.append(x)
+        return found
+
+    def mutation(self) -> list[int]:
+        """Maybe (half or more of the programs that have a writable input) a last step that writes a value in
+        place into an input ``x``, often one an extern op reads: where none does, an mm of ``x`` (a new output)
+        comes before the write in half or more of the programs. The value is one of the program's (a computed one
+        more often than an input), else a scalar multiple of ``x`` or the mean of the latest value. The write and
+        the mm come on False, hypothesis' simplest choice, which it draws more often than True: CI's 60 examples
+        have writes (on True they had none), the simplest program with a write has x read by a kernel and by an
+        mm before the write (the order the scheduler must keep), and a shrunk failure keeps its write (replay it
+        without its last step to see whether the write matters). Returns the outputs added."""
+        targets = self.writable_inputs()
+        if not targets or self.draw(st.booleans()):
+            return []
+        extern_read = [x for x in targets if any(isinstance(s, Step) and s.op in EXTERNS and
+                                                 any(self.aliases(a, x) for a in s.args) for s in self.items)]
+        x = self.draw(st.sampled_from(extern_read if extern_read and not self.draw(st.booleans()) else targets))
+        shape, dtype = tuple(self.metas[x].shape), self.metas[x].dtype
+        sources = [k for k in self.floats() if not self.aliases(k, x) and self.metas[k].dtype == dtype and
+                   _broadcasts(tuple(self.metas[k].shape), shape)]
+        made = [k for k in sources if isinstance(self.items[k], Step)]
+        if sources:
+            v = self.draw(st.sampled_from(made if made and self.draw(st.integers(0, 3)) else sources))
+        elif self.draw(st.booleans()):
+            if not self.try_step("mul_scalar", (x,), value=self.draw(st.sampled_from([0.5, -2.0]))):
+                return []
+            v = len(self.items) - 1
+        else:
+            if not self.try_step("mean", (self.floats()[-1],), dim=None, keepdim=False):
+                return []
+            v = len(self.items) - 1
+        # x.mul_(v) by a v that requires grad: AOTAutograd's graph saves the old x for v's gradient, and its
+        # write-back of x then fails the backward ("modified by an inplace operation"; aot_eager alike)
+        op = self.draw(st.sampled_from(MUTATIONS if not self.requires_grad()[v] else ("copy_", "add_")))
+        added = []
+        if x not in extern_read and not self.draw(st.booleans()):
+            a = self.ranked(x, 2)
+            if a >= 0:
+                w = self.float_input((self.metas[a].shape[1], self.draw(st.sampled_from(SIZES[:6]))), grad=False)
+                if self.try_step("mm", (a, w)):
+                    added.append(len(self.items) - 1)
+        return added if self.try_step(op, (x, v)) else []
 
     # one step
     def step(self) -> None:
@@ -420,6 +528,7 @@ def _extern(b: Builder, a: int, op: str) -> bool:
     return b.try_step(op, (a, w), padding=b.draw(st.integers(0, 1)), stride=b.draw(st.integers(1, 2)))
 
 
+EXTERNS = ("mm", "bmm", "conv1d", "conv2d")
 BUILDERS = {
     **{op: _unary for op in ("exp", "tanh", "sigmoid", "relu", "gelu", "pow", "clamp", "cast", "add_scalar",
                              "mul_scalar")},
@@ -429,7 +538,7 @@ BUILDERS = {
                             "pad")},
     **{op: _indexing for op in ("embedding", "index_select", "gather", "index", "index2", "index_put", "scatter",
                                 "scatter_add")},
-    **{op: _extern for op in ("mm", "bmm", "conv1d", "conv2d")},
+    **{op: _extern for op in EXTERNS},
 }
 OP_NAMES = tuple(sorted(BUILDERS))
 
@@ -452,7 +561,9 @@ def programs(draw) -> Program:
     outs = [made[-1]]
     if len(made) > 1 and draw(st.booleans()):
         outs.append(draw(st.sampled_from(made[:-1])))
-    return Program(tuple(b.items), tuple(outs), draw(st.integers(0, 2**31 - 1)), plans(draw))
+    seed, plan = draw(st.integers(0, 2**31 - 1)), plans(draw)
+    outs += b.mutation()  # drawn last: the program before it is drawn as without mutations
+    return Program(tuple(b.items), tuple(outs), seed, plan)
 
 
 # ------------------------------------------------------------------------------------------------ plans
@@ -542,15 +653,24 @@ def _layout(spec: In):
     return shape, lambda t: t
 
 
-def reference_inputs(program: Program, leaves):
-    """float64 (float32 for a half program) copies of the leaves, and the program's inputs made from them."""
+def reference_inputs(program: Program, leaves, inputs):
+    """float64 (float32 for a half program) copies of the leaves, and the program's inputs made from them (index
+    inputs as given)."""
     ref_leaves, ref_inputs = [], []
-    for spec, leaf in zip(program.inputs, leaves):
+    for spec, leaf, given in zip(program.inputs, leaves, inputs):
         if leaf is None:
             ref_leaves.append(None)
-            ref_inputs.append(None)
+            ref_inputs.append(given)
             continue
-        r = leaf.detach().to(upcast_dtype(leaf.dtype)).requires_grad_(leaf.requires_grad)
+        r = leaf.detach().to(upcast_dtype(leaf.dtype), copy=True).requires_grad_(leaf.requires_grad)
         ref_leaves.append(r)
         ref_inputs.append(_layout(spec)[1](r))
     return ref_leaves, ref_inputs
+
+
+def written(spec: In, leaf: torch.Tensor) -> torch.Tensor:
+    """Which elements of ``leaf`` (the storage of an input laid out by ``spec``) the input's view covers: a
+    write into the input may change those and no others."""
+    mask = torch.zeros(leaf.shape, dtype=torch.bool)
+    _layout(spec)[1](mask).fill_(True)
+    return mask

@@ -6,13 +6,16 @@ alpha, mul, div, where, exp, tanh, sigmoid, gelu, relu, pow, clamp, casts), redu
 softmax, log_softmax, var, layer_norm), views (transpose, permute, reshape, slice, expand, unsqueeze, select,
 cat, pad), indexing (embedding, index_select, gather, ``x[idx]``, ``x[i, j]`` and ``x[i, :, j]``, index_put, scatter,
 scatter_add) and extern
-ops (mm, bmm, conv1d, conv2d). Hypothesis draws it: shapes with sizes 1 and odd ones (7, 129), input layouts
+ops (mm, bmm, conv1d, conv2d), and in half or more of the programs that can have one, a last in-place write into
+a float input (``x.copy_(v)``, ``x.add_(v)``, ``x.mul_(v)``; steps before it read ``x``, an mm often among them).
+Hypothesis draws it: shapes with sizes 1 and odd ones (7, 129), input layouts
 (contiguous, transposed, sliced with a storage offset, expanded), float32, float16 or bfloat16, which inputs
 require grad, a seed for the data (index tensors in range, negative where the op counts from the end), and how
 the compiler plans it (its interpreter plans, small blocks, or a GPU's forms, with codegen's switches flipped).
 Each example runs with the interpreter's bounds-checking mode on (tilefuse.compiler.runtime.interpreter_check), so a
-stray load or store fails at its source. Results are judged by tests/compiler_checks.py's rules (:func:`_problems`
-says where a fuzzer must differ).
+stray load or store fails at its source. Eager, the reference and the compiled call each get inputs of their own;
+after the call, an input written in place must be eager's, and no other input memory may have changed. Results are
+judged by tests/compiler_checks.py's rules (:func:`_problems` says where a fuzzer must differ).
 
 Budget: ``TILEFUSE_FUZZ_EXAMPLES`` examples (default 60, derandomized: CI runs the same examples every time;
 about 25 s on 2 cores). A larger run outside CI: ``TILEFUSE_FUZZ_EXAMPLES=500``, with
@@ -22,6 +25,7 @@ about 25 s on 2 cores). A larger run outside CI: ``TILEFUSE_FUZZ_EXAMPLES=500``,
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 from unittest import mock
@@ -39,15 +43,20 @@ hypothesis = pytest.importorskip("hypothesis")
 from hypothesis import HealthCheck, given, settings  # noqa: E402
 
 from .compiler_fuzz_programs import (In, Program, Step, make_inputs, planned, programs,  # noqa: E402
-                                     reference_inputs, run)
+                                     reference_inputs, run, written)
 
 EXAMPLES = int(os.environ.get("TILEFUSE_FUZZ_EXAMPLES", "60"))
 SEED = os.environ.get("TILEFUSE_FUZZ_SEED", "").strip()
 
 
 # --------------------------------------------------------------------------------------------- checking
-def _grads(outs, leaves, cotangents):
-    wanted = [l for l in leaves if l is not None and l.requires_grad]
+def _wanted(program: Program, leaves) -> list[torch.Tensor]:
+    """The leaves gradients are taken of: those of the inputs that require grad (chosen from the program, as a
+    write into an input, which never requires grad itself, may make its leaf require grad)."""
+    return [l for l, spec in zip(leaves, program.inputs) if spec.grad]
+
+
+def _grads(outs, wanted, cotangents):
     pairs = [(o, c) for o, c in zip(outs, cotangents) if o.requires_grad]
     if not wanted or not pairs:
         return None
@@ -55,34 +64,58 @@ def _grads(outs, leaves, cotangents):
     return [torch.zeros_like(w) if v is None else v for v, w in zip(got, wanted)]
 
 
-def check_program(program: Program) -> None:
-    """Run ``program`` eager, in float64 and compiled by tilefuse; assert the compiled results are eager's."""
+def check_program(program: Program, compile_as: Program | None = None) -> None:
+    """Run ``program`` eager, in float64 and compiled by tilefuse, each on inputs of its own; assert the compiled
+    results, and the inputs it writes in place after the call, are eager's, and that no other input memory
+    changed. ``compile_as``: a different program to compile (a test of this check gives a wrong one)."""
     where = f"program:\n{program.describe()}\nreplay: TILEFUSE_FUZZ_REPLAY={program!r}"
-    leaves, inputs = make_inputs(program)
+    mutated = program.mutated
+    assert not any(program.inputs[k].grad or program.inputs[k].layout == "expanded" for k in mutated), \
+        f"not a program: an input it writes in place requires grad or is expanded\n{where}"
+    leaves, inputs = make_inputs(program)  # eager's
+    own_leaves, own_inputs = make_inputs(program)  # the compiled run's: the same values, in tensors of its own
+    ref_leaves, ref_inputs = reference_inputs(program, *make_inputs(program))
     try:
         eager = run(program, inputs)
     except (RuntimeError, NotImplementedError) as exc:
         if "not implemented" in str(exc).lower():  # an op without a CPU kernel for the dtype: not a program
             hypothesis.reject()
         raise AssertionError(f"eager failed on a generated program ({exc}):\n{where}") from exc
-    ref_leaves, ref_inputs = reference_inputs(program, leaves)
-    ref = run(program, [r if r is not None else i for r, i in zip(ref_inputs, inputs)])
+    ref = run(program, ref_inputs)
     g = torch.Generator().manual_seed(program.seed + 1)
     cots = [torch.randn(o.shape, generator=g).to(o.dtype) for o in eager]
+    compiled = compile_as or program
     cc.reset()
     with config.override(check_bounds=True), planned(program.plan):
         try:
-            out = torch.compile(lambda *args: run(program, args), backend="tilefuse", dynamic=False)(*inputs)
-            grads = _grads(out, leaves, cots)
+            out = torch.compile(lambda *args: run(compiled, args), backend="tilefuse", dynamic=False)(*own_inputs)
+            grads = _grads(out, _wanted(program, own_leaves), cots)
         except Exception as exc:
             raise AssertionError(f"tilefuse raised {type(exc).__name__}: {str(exc)[:2000]}\n{where}") from exc
     assert cc.stats()["graphs"] >= 1, f"tilefuse compiled no graph (Dynamo fell back to eager)\n{where}"
     problems = _problems("forward", list(out), list(eager), list(ref))
-    eager_grads = _grads(eager, leaves, cots)
-    ref_grads = _grads(ref, ref_leaves, [c.to(r.dtype) for c, r in zip(cots, ref)])
+    eager_grads = _grads(eager, _wanted(program, leaves), cots)
+    ref_grads = _grads(ref, _wanted(program, ref_leaves), [c.to(r.dtype) for c, r in zip(cots, ref)])
     if eager_grads is not None:
         problems += _problems("backward", grads, eager_grads, ref_grads)
+    problems += _input_problems(program, own_leaves, own_inputs, leaves, inputs, ref_inputs)
     assert not problems, "; ".join(problems) + "\n" + where
+
+
+def _input_problems(program: Program, own_leaves, own_inputs, leaves, inputs, ref_inputs) -> list[str]:
+    """The inputs after the call: one written in place is eager's (by the outputs' rules); the rest of every
+    input's memory (a sliced input's gaps, the inputs not written) is exactly as eager left it, i.e. unchanged."""
+    item = [k for k, i in enumerate(program.items) if isinstance(i, In)]  # an input's value number
+    mutated = program.mutated
+    problems = _problems("input", [own_inputs[k] for k in mutated], [inputs[k] for k in mutated],
+                         [ref_inputs[k] for k in mutated], names=[f"input v{item[k]} after the call" for k in mutated])
+    for k, spec in enumerate(program.inputs):
+        own, eager = (own_inputs[k], inputs[k]) if leaves[k] is None else (own_leaves[k].detach(), leaves[k].detach())
+        keep = ~written(spec, eager) if k in mutated else torch.ones(eager.shape, dtype=torch.bool)
+        if not torch.equal(own[keep], eager[keep]):
+            problems.append(f"input v{item[k]}: {int((own[keep] != eager[keep]).sum())} elements of its memory "
+                            f"that the program does not write changed in the call")
+    return problems
 
 
 # A value whose exact result is (near) zero while the terms it sums are not (a softmax's gradient summed over
@@ -101,12 +134,12 @@ UNRESOLVED = 0.5
 EAGER_ERROR_FACTOR = 2 * cc.EAGER_ERROR_FACTOR
 
 
-def _problems(what, outs, eagers, refs) -> list[str]:
+def _problems(what, outs, eagers, refs, names=None) -> list[str]:
     """compiler_checks' rules (tree_problems), with a relative error over a norm of at least RMS_FLOOR and the
-    fuzzer's EAGER_ERROR_FACTOR."""
+    fuzzer's EAGER_ERROR_FACTOR. ``names``: each result's name (else ``what[k]``)."""
     problems = []
     for k, (o, e, r) in enumerate(zip(outs, eagers, refs)):
-        name = f"{what}[{k}]"
+        name = names[k] if names else f"{what}[{k}]"
         p = cc.tree_problems(name, o, e, r)
         if p and "relative error" in p[0] and isinstance(r, torch.Tensor):
             keep = torch.isfinite(e) & torch.isfinite(r)
@@ -181,6 +214,36 @@ def test_fuzzer_regression(name):
         check_program(REGRESSIONS[name])
 
 
+# The fuzzer's form of test_compiler_models' mutate_after_a_matmul: x.add_(a) where a = 2x is computed in a kernel
+# that reads x, and an mm reads x in between. The scheduler once put the write into a's kernel, before the mm,
+# which then multiplied the new x (fix: Scheduler._place stops at the last step that reads the written input).
+MUTATION_AFTER_A_GEMM = Program(
+    items=(In((7, 16)), In((16, 5)), Step("mul_scalar", (0,), (("value", 2.0),)), Step("mm", (0, 1)),
+           Step("add_", (0, 2))),
+    outputs=(2, 3), seed=11)
+
+
+def test_input_written_after_a_gemm_that_reads_it():
+    assert MUTATION_AFTER_A_GEMM.mutated == (0,)
+    check_program(MUTATION_AFTER_A_GEMM)
+
+
+def test_check_sees_a_lost_wrong_or_stray_write():
+    """The comparisons of the inputs after the call can fail: compiled without its write, with another one, or
+    writing another input, a program is reported at the input (its output, computed before the write, is right)."""
+    program = Program(items=(In((5, 3)), In((5, 3)), Step("exp", (0,)), Step("add_", (0, 2))), outputs=(2,), seed=3)
+    *rest, write = program.items
+    wrong = {"input v0 after the call:": [tuple(rest), tuple(rest) + (dataclasses.replace(write, op="mul_"),)],
+             "input v1: 15 elements of its memory that the program does not write changed":
+                 [tuple(rest) + (dataclasses.replace(write, args=(1, 2)),)]}
+    for said, compiled in wrong.items():
+        for items in compiled:
+            with pytest.raises(AssertionError) as failed:
+                check_program(program, compile_as=Program(items, program.outputs, program.seed))
+            first = str(failed.value).split("\n")[0]
+            assert said in first and "forward" not in first, first
+
+
 def test_kernel_text_does_not_depend_on_memory_reuse():
     """The same graph compiled again writes the same kernels (code generation is a function of the IR)."""
     program = REGRESSIONS["codegen_cache_keyed_by_identity"]
@@ -198,7 +261,7 @@ def test_kernel_text_does_not_depend_on_memory_reuse():
             seen.append([])
             cc.reset()
             out = torch.compile(lambda *args: run(program, args), backend="tilefuse")(*inputs)
-            _grads(out, leaves, [torch.ones_like(o) for o in out])
+            _grads(out, _wanted(program, leaves), [torch.ones_like(o) for o in out])
     assert all(s == seen[0] for s in seen), "kernel sources differ between compiles of one graph"
 
 
