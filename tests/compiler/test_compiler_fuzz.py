@@ -228,6 +228,27 @@ def test_input_written_after_a_gemm_that_reads_it():
     check_program(MUTATION_AFTER_A_GEMM)
 
 
+# Found by the fuzzer: a write whose value reads the written input at other elements. x.copy_(x[0:1] + 0.5) and
+# x.mul_(exp(mean(x[:, 1:2]))) ran as one kernel writing x while reading x[0] (or the column's mean); with the
+# small blocks several programs ran it and later ones read rows the first had written. The value is now computed
+# into a buffer of its own first (Scheduler._materialize_in_place_sources).
+WRITES_FROM_OTHER_ELEMENTS = {
+    "broadcast_row": Program(
+        items=(In((3, 3, 3)), Step("slice", (0,), (("dim", 0), ("start", 0), ("end", 1), ("step", 1))),
+               Step("add_scalar", (1,), (("value", 0.5),)), Step("add", (1, 0), (("alpha", 1),)), Step("copy_", (0, 2))),
+        outputs=(3,), seed=0, plan=(("form", "small_blocks"),)),
+    "column_mean": Program(
+        items=(In((8, 3, 3)), Step("slice", (0,), (("dim", 1), ("start", 1), ("end", 2), ("step", 2))),
+               Step("mean", (1,), (("dim", -2), ("keepdim", True))), Step("exp", (2,)), Step("mul_", (0, 2))),
+        outputs=(3,), seed=1073741823, plan=(("form", "small_blocks"),)),
+}
+
+
+@pytest.mark.parametrize("name", list(WRITES_FROM_OTHER_ELEMENTS))
+def test_a_write_whose_value_reads_other_elements_of_its_input(name):
+    check_program(WRITES_FROM_OTHER_ELEMENTS[name])
+
+
 def test_check_sees_a_lost_wrong_or_stray_write():
     """The comparisons of the inputs after the call can fail: compiled without its write, with another one, or
     writing another input, a program is reported at the input (its output, computed before the write, is right)."""

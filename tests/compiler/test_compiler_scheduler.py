@@ -230,3 +230,22 @@ def test_independent_one_element_roots_share_a_kernel(monkeypatch, join):
         cc.assert_matches(f"{name} after the call", a, e, r)
     small = [k for k in kernels if "arange" in k.name or "copy" in k.name]
     assert len(small) == (2 if join else 4), [k.name for k in kernels]
+
+
+def test_a_write_reading_its_input_elsewhere_with_nothing_to_materialize_is_a_graph_fallback():
+    """x[i, j] = x[j, i] + 1 as one write node (no pointwise value between to compute into a buffer first) would
+    race between programs: the schedule refuses with the reason, and the graph runs in ATen."""
+    import dataclasses
+
+    from tilefuse.compiler.lowering import GraphFallback
+
+    x = ir.InputNode("x", (6, 6), (6, 1), F32, 0)
+    i0, i1 = ir.loop_vars((6, 6))
+    body = P.build("add", load("x", (i1, i0)), P.const(1.0, F32))
+    w = dataclasses.replace(pointwise("w", (6, 6), body), into="x")
+    with pytest.raises(GraphFallback, match="reads that input at other elements"):
+        scheduler.schedule(graph(x, w, outputs=()))
+    shifted = pointwise("s", (6, 6), body)  # the same value as a node of its own: materialized, then written
+    w2 = dataclasses.replace(pointwise("w", (6, 6), load("s", (6, 6))), into="x")
+    sched = scheduler.schedule(graph(x, shifted, w2, outputs=()))
+    assert [g.roots for g in groups(sched)] == [("s",), ("w",)]

@@ -235,6 +235,35 @@ class Scheduler:
                 roots.add(self.base(out.name))
         return {r for r in roots if isinstance(self.table[r], (ir.Pointwise, ir.Reduction))}
 
+    def _reads_target_elsewhere(self, node) -> bool:
+        """A write into an input whose value (inlined) reads that input at another element than the one it writes:
+        in one kernel, a program could read an element another program has already written."""
+        pos = align(node, tuple(node.shape), ())
+        return any(self.base(ld.buffer) == node.into and tuple(ld.index) != tuple(pos)
+                   for ld in ir.loads(self.root_body(node.name, pos)))
+
+    def _materialize_in_place_sources(self) -> None:
+        """``x.copy_(f(x[other elements]))`` (a shift, a broadcast of one row): the pointwise values the write reads
+        become roots, computed into a buffer of their own before the write, which then reads that buffer element
+        for element. A write that reads the input itself elsewhere, with no value between to materialize, runs the
+        graph in ATen (a clear fallback, not a race between programs)."""
+        writes = [n for n in self.graph.nodes if isinstance(n, ir.Pointwise) and n.into]
+        hazards = [n for n in writes if self._reads_target_elsewhere(n)]
+        if not hazards:
+            return
+        for n in hazards:
+            for ld in ir.loads(n.body):
+                producer = self.table.get(ld.buffer)
+                if isinstance(producer, ir.Pointwise) and not producer.into:
+                    self.roots.add(ld.buffer)
+        self.inline_memo = {}
+        still = [n.name for n in writes if self._reads_target_elsewhere(n)]
+        if still:
+            from .lowering import GraphFallback
+
+            raise GraphFallback(f"the write into input {self.table[still[0]].into} ({still[0]}) reads that input at "
+                                "other elements than it writes, with no value between to compute first")
+
     # -------------------------------------------------------------------------------------- inlining
     def inlined(self, name: str) -> ir.Expr:
         """``name``'s body with every non-root pointwise producer substituted (over its own variables)."""
@@ -271,6 +300,7 @@ class Scheduler:
     # ------------------------------------------------------------------------------------- grouping
     def schedule(self) -> Schedule:
         self.roots = self.forced_roots()
+        self._materialize_in_place_sources()
         for _round in range(4):
             self.inline_memo = {}
             steps, where = self._group()
