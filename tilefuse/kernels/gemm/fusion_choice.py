@@ -83,7 +83,7 @@ def _gpu_ms(fn) -> tuple[float, str]:
 
     Not a CUDA graph: triton's do_bench_cudagraph captures on the capture stream every capture shares, and a
     matmul in it left cuBLAS's workspace for that stream in the timing graph's pool; a compiled graph recorded
-    later used it, and replays read freed memory (decision 060, run 153)."""
+    later used it, and replays read freed memory (decision 060, amended)."""
     import statistics
     import time
 
