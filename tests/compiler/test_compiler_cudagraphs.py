@@ -1456,7 +1456,7 @@ def test_a_failed_capture_runs_uncaptured_with_the_reason(stand_in, monkeypatch)
 
 
 # ------------------------------------------------------------------------------- on a GPU
-def _train(model, compiled, steps, batches, optimizer=torch.optim.AdamW, lr=1e-2):
+def _train(model, compiled, steps, batches, optimizer=torch.optim.AdamW, lr=1e-2, after_step=None):
     opt = optimizer(model.parameters(), lr=lr)
     losses = []
     for x, target in batches[:steps]:
@@ -1465,7 +1465,21 @@ def _train(model, compiled, steps, batches, optimizer=torch.optim.AdamW, lr=1e-2
         loss.backward()
         opt.step()
         losses.append(loss.detach().clone())
+        if after_step is not None:
+            after_step()
     return losses
+
+
+def _mlp_and_its_uncaptured_run(seed: int, steps: int):
+    """Two copies of a CUDA MLP, the first trained ``steps`` steps uncaptured (Dynamo reset after them), the second
+    to capture; the batches, and the first's losses."""
+    torch.manual_seed(seed)
+    base = _mlp(129, 257, 63).cuda()
+    batches = [(torch.randn(33, 129, device="cuda"), torch.randn(33, 63, device="cuda")) for _ in range(steps)]
+    plain, graphed = copy.deepcopy(base), copy.deepcopy(base)
+    ref = _train(plain, torch.compile(plain, backend="tilefuse"), steps, batches)
+    torch._dynamo.reset()
+    return plain, graphed, batches, ref
 
 
 @pytest.mark.usefixtures("small_graphs_recorded")  # (graphs of a few launches: the rule would not record them)
@@ -1498,12 +1512,7 @@ def test_gpu_a_foreign_capture_before_ours_and_empty_cache_between_steps():
     released it into the other pool, ``torch.cuda.empty_cache()`` would give the memory back to the driver and the
     next replay would read it: an illegal memory access (seen when the epilogue choice first timed its split with
     do_bench_cudagraph). The steps must match the uncaptured run's."""
-    torch.manual_seed(3)
-    base = _mlp(129, 257, 63).cuda()
-    batches = [(torch.randn(33, 129, device="cuda"), torch.randn(33, 63, device="cuda")) for _ in range(4)]
-    plain, graphed = copy.deepcopy(base), copy.deepcopy(base)
-    ref = _train(plain, torch.compile(plain, backend="tilefuse"), 4, batches)
-    torch._dynamo.reset()
+    _, graphed, batches, ref = _mlp_and_its_uncaptured_run(3, 4)
     foreign = torch.cuda.CUDAGraph()
     a = torch.randn(96, 80, device="cuda")
     torch.matmul(a, a.t())  # cuBLAS's handle, then the capture stream's workspace inside the capture
@@ -1511,14 +1520,7 @@ def test_gpu_a_foreign_capture_before_ours_and_empty_cache_between_steps():
         torch.matmul(a, a.t())
     del foreign
     compiled = torch.compile(graphed, backend="tilefuse", mode="reduce-overhead")
-    opt, got = torch.optim.AdamW(graphed.parameters(), lr=1e-2), []  # as _train's
-    for x, target in batches:
-        opt.zero_grad()
-        loss = nn.functional.mse_loss(compiled(x), target)
-        loss.backward()
-        opt.step()
-        got.append(loss.detach().clone())
-        torch.cuda.empty_cache()
+    got = _train(graphed, compiled, 4, batches, after_step=torch.cuda.empty_cache)
     torch.cuda.synchronize()
     for step, (g, r) in enumerate(zip(got, ref)):
         assert rel_error(g, r) <= TOL, f"step {step}: {g.item()} vs {r.item()}"
@@ -1534,12 +1536,7 @@ def test_gpu_step_trial_keeps_or_drops_the_recordings_and_steps_stay_right(monke
     52 saves more than half of, and 300 of GPU time, a replay's copies at 30 us), timed on the GPU's clock; the verdict forced (every captured step counts as
     shorter, or none does). Kept, the recordings replay; dropped, their memory goes back and the graphs run
     uncaptured. 20 steps give the uncaptured run's losses and parameters either way."""
-    torch.manual_seed(7)
-    base = _mlp(129, 257, 63).cuda()
-    batches = [(torch.randn(33, 129, device="cuda"), torch.randn(33, 63, device="cuda")) for _ in range(20)]
-    plain, graphed = copy.deepcopy(base), copy.deepcopy(base)
-    ref = _train(plain, torch.compile(plain, backend="tilefuse"), 20, batches)
-    torch._dynamo.reset()
+    plain, graphed, batches, ref = _mlp_and_its_uncaptured_run(7, 20)
     cc.reset()
     monkeypatch.setattr(cudagraphs, "HOST_US_A_LAUNCH", 1e-9)
     monkeypatch.setattr(cudagraphs, "copy_tbps", lambda dev: 2 * 33 * 129 * 4 / 30e6)
