@@ -247,8 +247,8 @@ class Scheduler:
         become roots, computed into a buffer of their own before the write, which then reads that buffer element
         for element. A write that reads the input itself elsewhere, with no value between to materialize, runs the
         graph in ATen (a clear fallback, not a race between programs)."""
-        writes = [n for n in self.graph.nodes if isinstance(n, ir.Pointwise) and n.into]
-        hazards = [n for n in writes if self._reads_target_elsewhere(n)]
+        hazards = [n for n in self.graph.nodes if isinstance(n, ir.Pointwise) and n.into
+                   and self._reads_target_elsewhere(n)]
         if not hazards:
             return
         for n in hazards:
@@ -257,7 +257,7 @@ class Scheduler:
                 if isinstance(producer, ir.Pointwise) and not producer.into:
                     self.roots.add(ld.buffer)
         self.inline_memo = {}
-        still = [n.name for n in writes if self._reads_target_elsewhere(n)]
+        still = [n.name for n in hazards if self._reads_target_elsewhere(n)]
         if still:
             from .lowering import GraphFallback
 
