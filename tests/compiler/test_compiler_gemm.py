@@ -223,6 +223,23 @@ def test_switch_off_keeps_matmuls_in_aten(monkeypatch):
     assert not gemm_kernels() and matmul_externs() and "GEMM lowering is off" in matmul_externs()[0][2]
 
 
+@pytest.mark.parametrize("k", [1, 3])
+def test_a_one_element_output_of_a_one_by_one_product(k):
+    """(1, k) @ (k, 1) and its amax, a 0-d output read at the tile's one element, fused into the GEMM's epilogue:
+    the hook stores it at a tile of addresses (a scalar address failed in Triton), forward and backward against
+    float64 (found by the fuzzer)."""
+    a, b = torch.randn(1, k, requires_grad=True), torch.randn(k, 1)
+    a64 = a.detach().double().requires_grad_()
+    ref = (a64 @ b.double()).amax()
+    ref.backward()
+    cc.reset()
+    with cc.strict():
+        out = cc.compiled(lambda a, b: (a @ b).amax())(a, b)
+        out.backward()
+    cc.assert_matches("amax", out, ref.float(), ref)
+    cc.assert_matches("a.grad", a.grad, a64.grad.float(), a64.grad)
+
+
 def test_a_one_row_product_viewed_with_a_unit_dim_fuses_its_tail():
     """GPT-2's decode step: Conv1D's addmm on one token ((1, 768) @ (768, 3072)) viewed as (1, 1, 3072) and read by
     the tanh GeLU spelled out. The view's unit dimension makes the tail read the product at (0, k1), the tile's own

@@ -78,6 +78,15 @@ class EpilogueWriter(KernelWriter):
             terms.append(f"xindex * e{k}_sn")
         return f"e{k} + " + " + ".join(terms) if terms else f"e{k}"
 
+    def store_address(self, k: int) -> str:
+        """Slot ``k``'s addresses for a store: a whole tile of them. A stride of 0 there is a dimension of size 1
+        (legality keeps a store's elements apart), whose variable is 0 in every unmasked lane, but tl.store takes
+        a tile of values only at a tile of addresses: a one-element output of a 1 x 1 product (an amax of it) was
+        a scalar address."""
+        stride = self.step.operands[k].stride
+        pad = "".join(f" + 0 * {v}" for v, st in (("yindex", stride[-2]), ("xindex", stride[-1])) if not st)
+        return self.slot_address(k) + pad
+
     def slot_mask(self, k: int) -> str:
         stride = self.step.operands[k].stride
         return {(True, True): "mask", (True, False): "ymask", (False, True): "xmask"}.get(
@@ -113,11 +122,11 @@ class EpilogueWriter(KernelWriter):
                 k = self._slot("store", r, self.positions[r])
                 dtype = self.table[r].dtype
                 value = text if dtype == torch.bool else self.stored_text(self.tensor_text(text, reg, top), reg, dtype)
-                top.lines.append(f"    tl.store({self.slot_address(k)}, {value}, mask)")
+                top.lines.append(f"    tl.store({self.store_address(k)}, {value}, mask)")
         for k, op in enumerate(self.step.operands):
             if op.kind == "store" and op.buffer == self.step.name:  # the raw product too (read elsewhere)
                 dtype = self.gemm.dtype
-                top.lines.append(f"    tl.store({self.slot_address(k)}, acc.to({TL_DTYPE[dtype]}), mask)")
+                top.lines.append(f"    tl.store({self.store_address(k)}, acc.to({TL_DTYPE[dtype]}), mask)")
         top.lines.append(f"    return {result}")
         slots = ", ".join(f"e{k}, e{k}_sm, e{k}_sn" for k in range(EPILOGUE_SLOTS))
         sig = f"acc, offs_m, offs_n, mask_m, mask_n, {slots}"
