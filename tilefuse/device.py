@@ -110,6 +110,42 @@ def torch_device() -> torch.device:
     return torch.device(current().torch_device)
 
 
+def queued_behind_a_sleep(call, stream=None, sleep_cycles: int = 0, calls: int = 1):
+    """``calls`` calls of ``call()`` timed on the GPU's clock: ``(the last call's result, host us the calls took,
+    GPU us they took, or None)``. The CUDA ``stream``'s queue is drained (a launch waiting for room in a full
+    queue would count GPU time as host time), the GPU sleeps ``sleep_cycles`` (``torch.cuda._sleep``) while the
+    host queues the calls, and events around them time their work run back to back, with no host time in it.
+    That time counts only if the sleep outlasted the queuing; otherwise the GPU waited for the host, and it is
+    None. ``stream=None``: host time only, nothing synced. The garbage collector waits until the calls are
+    queued. One helper for every caller that times this way (the epilogue choice, a runner's timed call)."""
+    import gc
+    import time
+
+    if stream is not None:
+        stream.synchronize()
+        with torch.cuda.device(stream.device):
+            slept, start, end = (torch.cuda.Event(enable_timing=True) for _ in range(3))
+            slept.record(stream)
+            torch.cuda._sleep(sleep_cycles)  # on the current device: the stream's, inside this block
+            start.record(stream)
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            out = call()
+        host_us = (time.perf_counter() - t0) * 1e6
+    finally:
+        if collecting:
+            gc.enable()
+    if stream is None:
+        return out, host_us, None
+    end.record(stream)
+    end.synchronize()
+    gpu_us = start.elapsed_time(end) * 1e3
+    return out, host_us, (gpu_us if host_us < slept.elapsed_time(start) * 1e3 else None)
+
+
 # ----------------------------------------------------------------------------------- datasheet peaks (data)
 @dataclasses.dataclass(frozen=True)
 class Datasheet:

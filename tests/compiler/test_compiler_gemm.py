@@ -8,6 +8,8 @@ chosen. CPU interpreter, float32 and float16 (and bfloat16 for Linear + GeLU: ti
 widens the interpreter's bf16 dot to float32), sizes <= 129."""
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -325,7 +327,9 @@ def test_gpu_time_is_a_queued_calls_time_unless_the_host_lags(monkeypatch, host_
 
     clock = _FakeClock(call_ms=0.004, host_ms=host_ms)
     sleep_ms = fc.QUEUE_SLEEP_CYCLES / 2e9 * 1e3  # 4 ms
-    monkeypatch.setattr(torch.cuda, "current_stream", lambda *a: type("S", (), {"synchronize": lambda self: None})())
+    stream = type("S", (), {"synchronize": lambda self: None, "device": torch.device("cuda", 0)})()
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda *a: stream)
+    monkeypatch.setattr(torch.cuda, "device", lambda dev: contextlib.nullcontext())
     monkeypatch.setattr(torch.cuda, "Event", clock.event)
     monkeypatch.setattr(torch.cuda, "_sleep", lambda cycles: setattr(clock, "gpu", clock.gpu + cycles / 2e6))
     monkeypatch.setattr(time, "perf_counter", lambda: clock.host)

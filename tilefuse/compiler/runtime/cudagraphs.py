@@ -69,10 +69,8 @@ freed while it was recorded: a second forward before the first one's backward, s
 from __future__ import annotations
 
 import dataclasses
-import gc
 import operator
 import sys
-import time
 import weakref
 from typing import Any, Callable, Collection, Sequence
 
@@ -359,38 +357,18 @@ def replay_cost_blocker(nbytes: int, call_us: float, tbps: float, copy_calls: in
 
 
 def _timed_call(run: Callable, args: list) -> tuple[Any, float, float | None]:
-    """``run(args)`` uncaptured, the host time it took and its GPU time (us; None where not measured). The queue of the
-    CUDA device of ``args`` is drained first, so that no launch waits for room in a full queue, which would count
-    GPU time as host time (with the sync after the call, two syncs a signature); then the GPU sleeps
-    (:data:`SLEEP_CYCLES`) while the call queues its work, so that the events around it time its kernels run back to
-    back. The GPU time counts only if the sleep outlasted the call's host time (else host gaps are in it). Nothing
-    is synced or timed on the GPU while the caller captures a CUDA graph of its own (a sync there is an error), or
-    for arguments on several devices. The garbage collector waits until the call is over."""
+    """``run(args)`` uncaptured, the host time it took and its GPU time (us; None where not measured), timed by
+    :func:`tilefuse.device.queued_behind_a_sleep` on the one CUDA device of ``args``: its queue drained first (with
+    the sync after the call, two syncs a signature), its GPU asleep for :data:`SLEEP_CYCLES` while the call queues.
+    Nothing is synced or timed on the GPU while the caller captures a CUDA graph of its own (a sync there is an
+    error), or for arguments on several devices. The garbage collector waits until the call is over."""
+    from ... import device as tf_device
+
     devices = {a.device for a in args if isinstance(a, torch.Tensor) and a.device.type == "cuda"}
-    timing = len(devices) == 1 and not torch.cuda.is_current_stream_capturing()
-    if timing:
+    stream = None
+    if len(devices) == 1 and not torch.cuda.is_current_stream_capturing():
         stream = torch.cuda.current_stream(next(iter(devices)))
-        stream.synchronize()
-        with torch.cuda.device(stream.device):
-            slept, start, end = (torch.cuda.Event(enable_timing=True) for _ in range(3))
-            slept.record(stream)
-            torch.cuda._sleep(SLEEP_CYCLES)
-            start.record(stream)
-    collecting = gc.isenabled()
-    gc.disable()
-    try:
-        t0 = time.perf_counter_ns()
-        out = run(args)
-        host_us = (time.perf_counter_ns() - t0) / 1e3
-    finally:
-        if collecting:
-            gc.enable()
-    if not timing:
-        return out, host_us, None
-    end.record(stream)
-    end.synchronize()
-    sleep_us, gpu_us = slept.elapsed_time(start) * 1e3, start.elapsed_time(end) * 1e3
-    return out, host_us, (gpu_us if host_us < sleep_us else None)
+    return tf_device.queued_behind_a_sleep(lambda: run(args), stream, SLEEP_CYCLES)
 
 
 _TBPS: dict[int, float] = {}

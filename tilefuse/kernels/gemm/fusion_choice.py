@@ -85,29 +85,18 @@ def _gpu_ms(fn) -> tuple[float, str]:
     matmul in it left cuBLAS's workspace for that stream in the timing graph's pool; a compiled graph recorded
     later used it, and replays read freed memory (decision 060, amended)."""
     import statistics
-    import time
 
     import torch
 
     stream = torch.cuda.current_stream()
     per_call = []
     for _ in range(QUEUED_ROUNDS):
-        slept, start, end = (torch.cuda.Event(enable_timing=True) for _ in range(3))
-        stream.synchronize()
-        slept.record(stream)
-        torch.cuda._sleep(QUEUE_SLEEP_CYCLES)
-        start.record(stream)
-        t0 = time.perf_counter()
-        for _ in range(QUEUED_CALLS):
-            fn()
-        host_ms = (time.perf_counter() - t0) * 1e3
-        end.record(stream)
-        end.synchronize()
-        if host_ms >= slept.elapsed_time(start):
-            tf_config.log(1, f"gemm epilogue choice: queuing {QUEUED_CALLS} calls took {host_ms:.2f} ms, longer than "
-                             f"the GPU's sleep; timing with do_bench, host time included")
+        _, host_us, gpu_us = device.queued_behind_a_sleep(fn, stream, QUEUE_SLEEP_CYCLES, QUEUED_CALLS)
+        if gpu_us is None:
+            tf_config.log(1, f"gemm epilogue choice: queuing {QUEUED_CALLS} calls took {host_us / 1e3:.2f} ms, longer "
+                             f"than the GPU's sleep; timing with do_bench, host time included")
             return _time(fn, None), "do_bench"
-        per_call.append(start.elapsed_time(end) / QUEUED_CALLS)
+        per_call.append(gpu_us / 1e3 / QUEUED_CALLS)
     return float(statistics.median(per_call)), "queued behind a sleep"
 
 
