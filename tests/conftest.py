@@ -21,6 +21,9 @@ os.environ["TILEFUSE_CACHE_DIR"] = _SESSION_CACHE  # child processes (CLI tests)
 
 
 def pytest_collection_modifyitems(config, items):
+    # `slow` tests first (a stable sort): xdist hands tests out in collection order, so a long test collected
+    # last (the real models are) runs alone at the end while the other worker waits
+    items.sort(key=lambda item: "slow" not in item.keywords)
     dev = tf_device.current()
     if dev.is_gpu and not dev.interpreter:
         return

@@ -153,6 +153,7 @@ def test_read_json_guards_the_parse_and_the_content(tmp_cache):
     assert not path.exists() and diskcache.read_json(path) is None  # a miss, silently: nothing is there
 
 
+@pytest.mark.slow
 def test_an_unusable_cache_folder_means_a_private_one_and_one_warning(tmp_path):
     """TILEFUSE_CACHE_DIR under a regular file (mkdir fails, as on a read-only folder): every graph fell back
     to ATen and `tilefuse targets` died with a raw OSError. Now: one warning naming the folder, the compiler

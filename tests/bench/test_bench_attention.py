@@ -31,6 +31,7 @@ def _by(rows):
     return {(r.case, r.impl): r for r in rows}
 
 
+@pytest.mark.slow
 def test_variant_rows_against_inductor():
     opts, logs = _opts(only=("softcap", "alibi", "window"))
     rows = att.run(opts)

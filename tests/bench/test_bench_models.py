@@ -28,6 +28,7 @@ def _fresh():
     torch._dynamo.reset()
 
 
+@pytest.mark.slow
 def test_smoke_rows_for_a_language_model_and_a_unet():
     opts, logs = _opts(only=("gpt2", "unet"), mode="train")
     rows = models_suite.run(opts)
@@ -46,6 +47,7 @@ def test_smoke_rows_for_a_language_model_and_a_unet():
     assert any("geomean" in line for line in logs)
 
 
+@pytest.mark.slow
 def test_a_planted_wrong_gradient_is_a_wrong_row_not_a_timing(monkeypatch):
     real_step = models_suite.Runner.step
 
@@ -165,6 +167,7 @@ def test_a_backend_past_its_time_limit_is_a_not_run_row_and_the_suite_goes_on(mo
     assert by_impl["eager"].ok, by_impl["eager"].status
 
 
+@pytest.mark.slow
 def test_time_limit_in_the_timing_phase():
     opts, logs = _opts()
     rec = opts.recorder("models", compute_bound=True)
@@ -191,6 +194,7 @@ def test_time_limit_in_the_timing_phase():
     assert by_impl["tilefuse"].ok and by_impl["tilefuse"].vs_baseline is None  # no eager time to compare with
 
 
+@pytest.mark.slow
 def test_reduce_overhead_rows_never_crash_the_suite():
     """tilefuse-reduce-overhead is either timed (the mode exists) or a 'not run' row with the backend's words,
     never a default-mode timing under its name."""

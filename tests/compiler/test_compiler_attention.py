@@ -379,6 +379,7 @@ def test_training_dropout_runs_the_kernels_dropout():
     assert (out - no_drop).abs().max() > 1e-3  # dropout did drop something
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["gpt2-sdpa", "gpt2-eager", "llama-sdpa", "llama-eager"])
 def test_transformers_attention_is_found(name):
     """Each layer's attention of the real-model suite's transformers models (two layers), with transformers'

@@ -5,9 +5,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 HERE = Path(__file__).resolve().parents[1]  # tests/
 
 
+@pytest.mark.slow
 def test_bench_graph_kernels_cross_compile_for_sm90_and_gfx942():
     """tests/compile_only/compiler_kernels_checks.py in a child that is not on the interpreter: each of the
     18 bench graphs' kernels for both vendors, sm_90 without spills, the GPU texts of the fast helpers, the

@@ -1704,6 +1704,7 @@ def test_gpu_new_shape_records_and_beyond_the_limit_runs_uncaptured(monkeypatch)
     assert "new input shapes beyond the limit of 2" in reason and calls == 2
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["gpt2", "bert"])
 def test_hugging_face_model_under_the_stand_in_matches_eager(stand_in, name):
     """A real model's graphs (many saved tensors, aliased and non-tensor outputs, integer inputs, an expanded
@@ -1815,6 +1816,7 @@ def _static_cache_decode_check(device):
     return _runner_stats("inference")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("check", [_generate_check, _static_cache_decode_check], ids=["generate", "static-cache"])
 def test_decoding_under_the_stand_in_gives_eagers_results(check, stand_in):
     rows = check(torch.device("cpu"))

@@ -178,6 +178,7 @@ def _fuzz(program: Program) -> None:
     check_program(program)
 
 
+@pytest.mark.slow
 def test_compiler_fuzz():
     test = _fuzz
     if SEED:

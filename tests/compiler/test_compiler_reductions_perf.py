@@ -183,6 +183,7 @@ def test_mixed_row_and_column_reductions(gpu_forms):
     assert "rowloop" in gpu_forms
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("persistent_rows", [16, 1 << 20], ids=["looped", "persistent"])
 @pytest.mark.parametrize("rows,cols", [(200, 67), (1000, 300)])
 def test_gelu_backward_gradient_and_column_sums_in_one_kernel(gpu_forms, persistent_rows, rows, cols):
@@ -197,6 +198,7 @@ def test_gelu_backward_gradient_and_column_sums_in_one_kernel(gpu_forms, persist
     assert big and big[0] == ("looped" if persistent_rows == 16 else "persistent"), backward
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("exact", [True, False], ids=["exact_rows", "masked_rows"])
 @pytest.mark.parametrize("rows,cols", [(200, 67), (1000, 300)])
 def test_gelu_backward_first_stage_as_a_row_loop(gpu_kernels, rows, cols, exact):
@@ -264,6 +266,7 @@ def gpu_kernels(gpu_forms, monkeypatch):
     return collect_kernels(monkeypatch)
 
 
+@pytest.mark.slow
 def test_column_first_stage_with_many_programs_loops_and_second_stage_stays_persistent(gpu_kernels):
     """decision 021: a first stage with many column programs (16384 at 32768 x 4096) ran 744 us persistent, 332
     looped at 64 x 8 with 4 warps; a second stage (few programs) stays persistent. 1000 x 300 in 8 chunks:

@@ -59,6 +59,7 @@ def test_every_step_runs_with_its_limits_and_at_most_8_files_come_back(tmp_path)
     assert any("bench compiler" in c and "--quick" in c for c in calls)
 
 
+@pytest.mark.slow
 def test_a_step_past_its_timeout_leaves_its_partial_csv_and_the_rest_runs(tmp_path):
     env = {"FAKE_SLEEP_attention": "30", "ATTENTION_BUDGET_S": "16", "TOTAL_BUDGET_S": "86",
            "MODELS_INFER_BUDGET_S": "20", "MODELS_TRAIN_BUDGET_S": "20", "COMPILER_BUDGET_S": "20"}

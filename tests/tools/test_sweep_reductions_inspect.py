@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -35,6 +37,7 @@ def test_inspect_lists_the_kernels_of_a_graph_under_each_setting(tmp_path):
                                                 ("persistent", 1024)], out
 
 
+@pytest.mark.slow
 def test_inspect_plans_a_models_sequences_as_their_rows(tmp_path):
     """--seq 64 views the inputs as 16 sequences of 64 tokens, a model's activations, whose weight and bias
     gradients sum over two dims: the backward is the same row loop of 128 programs as over 1024 rows of one dim,

@@ -98,6 +98,7 @@ def test_with_lse_and_varlen_run_as_in_eager_behind_a_graph_break():
     assert all(torch.equal(a, t.grad) for a, t in zip(grads, packed))
 
 
+@pytest.mark.slow
 def test_a_transformers_model_with_the_tilefuse_attention_compiles_without_a_break():
     """``attn_implementation="tilefuse"`` under ``torch.compile``: each layer's attention is the family's op inside
     the compiled graph (no graph break), logits and a gradient as the eager model's."""
