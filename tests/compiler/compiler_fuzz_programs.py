@@ -575,7 +575,8 @@ GPU_TARGET = codegen.LaunchTarget(warp_size=32, interpreter=False, multiprocesso
 FORMS = ("interpreter", "small_blocks", "gpu")
 FLAGS = ("online_softmax", "peel_loop_tail", "fold_even_masks", "pair_row_sums", "rowloop_prefetch", "one_hot_sums",
          "tile_grid_2d", "rowloop_exact_rows", "softmax_reciprocal", "split_siblings", "columns_into_rows",
-         "join_small_reductions", "rowloop_loads_first", "persistent_loads_first", "latency_rows_loads_first")
+         "join_small_reductions", "rowloop_loads_first", "persistent_loads_first", "latency_rows_loads_first",
+         "join_small_pointwise")
 SCALED = {  # thresholds for shapes of a few thousand elements (a GPU's are for millions)
     "split": {"SPLIT_MIN_R": 32, "SPLIT_MIN_CHUNK": 4, "SPLIT_TARGET_PROGRAMS": 8},
     "tuning": {"split_outer_chunks": 4, "split_outer_min_rows": 4, "rowloop_min_programs": 1,
