@@ -253,19 +253,19 @@ def _quiet_transformers():
 _TOKENS = {"pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2}
 
 
-def _gpt2(attn):
+def _gpt2(attn, layers=2):
     def build():
         tf = _quiet_transformers()
-        cfg = tf.GPT2Config(vocab_size=VOCAB, n_positions=64, n_embd=32, n_layer=2, n_head=2, n_inner=64,
+        cfg = tf.GPT2Config(vocab_size=VOCAB, n_positions=64, n_embd=32, n_layer=layers, n_head=2, n_inner=64,
                             resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, **_TOKENS)
         return tf.GPT2LMHeadModel._from_config(cfg, attn_implementation=attn)
     return build
 
 
-def _llama_like(config_cls: str, model_cls: str, attn: str = "sdpa", **extra):
+def _llama_like(config_cls: str, model_cls: str, attn: str = "sdpa", layers: int = 2, **extra):
     def build():
         tf = _quiet_transformers()
-        cfg = getattr(tf, config_cls)(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+        cfg = getattr(tf, config_cls)(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=layers,
                                       num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
                                       attention_dropout=0.0, **_TOKENS, **extra)
         return getattr(tf, model_cls)._from_config(cfg, attn_implementation=attn)
@@ -522,6 +522,14 @@ CASES: dict[str, Case] = {c.name: c for c in [
     _case("gru", lambda: RecurrentLM("gru"), _seq_batch, _next_token_loss, dynamo={"allow_rnn": True}),
     _case("transformer-encoder", EncoderClassifier, _padded_batch, _classify_loss),
     _case("multihead-attention", AttentionBlock, _padded_batch, _classify_loss),
+]}
+
+# The causal LMs at 1024 tokens (long_causal_lm_batch), one layer each: a layer's kernels are the same in every
+# layer, and on the interpreter the second layer doubled the time of a step (two layers took 87 s for GPT-2 and
+# 128 s for Llama in a 2-core CI run, for two steps)
+LONG_CASES: dict[str, Case] = {c.name: c for c in [
+    _case("gpt2-sdpa", _gpt2("sdpa", layers=1), long_causal_lm_batch, hf=True),
+    _case("llama-sdpa", _llama_like("LlamaConfig", "LlamaForCausalLM", layers=1), long_causal_lm_batch, hf=True),
 ]}
 
 # forward kwargs that are targets of the loss, not model inputs (plain PyTorch models)

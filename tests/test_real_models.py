@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import dataclasses
 import time
 
 import pytest
@@ -45,7 +44,7 @@ HF_GENERATE = ["gpt2-sdpa", "llama-sdpa"]
 WHOLE_STEP = ["gpt2-sdpa"]
 # Trained on 16 x 64 tokens as well: a norm's weight gradient over 1024 rows is split in two stages (decision 058),
 # which the 24-token batches never reach; LayerNorm and RMSNorm
-LONG_BATCH = ["gpt2-sdpa", "llama-sdpa"]
+LONG_BATCH = list(rm.LONG_CASES)
 
 
 @pytest.fixture(autouse=True)
@@ -55,8 +54,8 @@ def _fresh_dynamo():
     torch._dynamo.reset()
 
 
-def _case(name: str) -> rm.Case:
-    case = rm.CASES[name]
+def _case(name: str, cases: dict = rm.CASES) -> rm.Case:
+    case = cases[name]
     if case.hf:
         pytest.importorskip("transformers", reason="the Hugging Face families need transformers "
                                                    "(pinned in the Makefile's DEPS)")
@@ -208,10 +207,10 @@ def test_training(name, device):
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("name", LONG_BATCH)
 def test_training_at_1024_tokens(name, device):
-    """One step (the loss, every gradient, the parameters after the update): what the column sums' plan at 1024
-    rows decides. Two steps took 87 s (GPT-2) and 128 s (Llama) of a 2-core CI run, most of it the interpreter
-    running the step's kernels; a second step adds only the optimizer's state, which test_training checks."""
-    case = dataclasses.replace(_case(name), batch=rm.long_causal_lm_batch)
+    """One step (the loss, every gradient, the parameters after the update) of a one-layer model
+    (rm.LONG_CASES): what the column sums' plan at 1024 rows decides. Most of the time is the interpreter running
+    the step's kernels; a second step adds only the optimizer's state, which test_training checks."""
+    case = _case(name, rm.LONG_CASES)
     _train(case, device, _module_compiled(case), "training at 1024 tokens", n_steps=1)
 
 
