@@ -212,6 +212,11 @@ def test_training_at_1024_tokens(name, device):
     the step's kernels; a second step adds only the optimizer's state, which test_training checks."""
     case = _case(name, rm.LONG_CASES)
     _train(case, device, _module_compiled(case), "training at 1024 tokens", n_steps=1)
+    if rm.BACKEND == "tilefuse":  # the plan this test is for: the column sums in row-loop kernels (none at 24 tokens)
+        from tilefuse.compiler import records
+
+        forms = [k.form for r in records.REPORTS if r.kind == "backward" for k in r.kernels]
+        assert "rowloop" in forms, f"no row-loop kernel in the backward at 1024 tokens: {forms}"
 
 
 @pytest.mark.slow  # Dynamo traces the optimizer step too: the heaviest compile in the file
