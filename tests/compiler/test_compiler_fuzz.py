@@ -223,6 +223,13 @@ REGRESSIONS = {
                Step("gelu", (8,), (("approximate", "none"),)), Step("div", (9, 8)),
                Step("add_scalar", (10,), (("value", -2.0),))),
         outputs=(11,), seed=705712),
+    # a looped reduction reads its row once a stage; a write into an input that needs no reduction was stored in
+    # the first loop, and the second one read the written values: var(x + 0.5) with x.copy_(x + 0.5) came out
+    # var + 0.25 (fix: such a write is stored in the last reduction's loop, after that step's loads)
+    "write_into_an_input_a_looped_reduction_reads_again": Program(
+        items=(In((16,)), Step("add_scalar", (0,), (("value", 0.5),)),
+               Step("var", (1,), (("dim", 0), ("correction", 0), ("keepdim", False))), Step("copy_", (0, 1))),
+        outputs=(2,), seed=0, plan=(("form", "small_blocks"),)),
 }
 
 

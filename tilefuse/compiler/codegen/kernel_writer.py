@@ -1371,6 +1371,13 @@ class KernelWriter:
         for r in online:  # the sum runs in its max's loop; what needs only the pair is unchanged
             stage[r] = stage[online[r]]
         last = max(stage.values(), default=0)
+        # a write into an input is stored in the last reduction's loop (or later), after that step's loads: the
+        # loops before it read the row again (var's mean, then its squares), and a write stored in the first loop
+        # changed what the second one read (var(x + 0.5) with x.copy_(x + 0.5) came out var + 0.25)
+        writes = {r for r in full if isinstance(self.table[r], ir.Pointwise) and self.table[r].into}
+        last_reduction = max((stage[r] for r in self.g.roots if isinstance(self.table[r], ir.Reduction)), default=0)
+        for r in writes:
+            stage[r] = max(stage[r], last_reduction)
         for s in range(last + 1):
             reds = [r for r in self.g.roots if isinstance(self.table[r], ir.Reduction) and stage[r] == s]
             for r in list(reds):
@@ -1392,7 +1399,7 @@ class KernelWriter:
                                "        rmask = rindex < rnumel",
                                "        mask = xmask & rmask"]
                 for r in fulls:
-                    if r in self.g.stores:
+                    if r in self.g.stores and r not in writes:
                         text, _ = self.expr(self.bodies[r], loop)
                         self.store_root(r, text, loop, "mask")
                 for r in reds:
@@ -1405,6 +1412,10 @@ class KernelWriter:
                         self.accumulate_online(loop, accs[paired[r]][0], a, v)
                         continue
                     loop.lines.append("        " + self.accumulate(node.kind, a, v, reg))
+                for r in fulls:
+                    if r in self.g.stores and r in writes:
+                        text, _ = self.expr(self.bodies[r], loop)
+                        self.store_root(r, text, loop, "mask")
                 top.lines.extend(self.peeled_loops(loop.lines, even))
                 for r in sorted(reds, key=lambda r: r in online):  # an online sum after its max
                     node = self.table[r]
