@@ -111,9 +111,14 @@ def _patch_once_a_launch(interpreter, tl) -> None:
     executor = interpreter.GridExecutor
     original_call = executor.__call__
     launches: list[set] = []  # the language modules each launch under way has patched (launches nest in hooks)
+    seen: dict = {}  # function -> its language modules: looked up once, not at each of its calls in each program
 
-    def langs(fn) -> set:
-        return {id(v) for v in fn.__globals__.values() if inspect.ismodule(v) and (v is tl or v is tl.core)}
+    def langs(fn) -> frozenset:
+        found = seen.get(fn)
+        if found is None:
+            found = seen[fn] = frozenset(id(v) for v in fn.__globals__.values()
+                                         if inspect.ismodule(v) and (v is tl or v is tl.core))
+        return found
 
     def _patch_lang(fn):
         wanted = langs(fn)
