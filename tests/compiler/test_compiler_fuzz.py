@@ -230,6 +230,14 @@ REGRESSIONS = {
         items=(In((16,)), Step("add_scalar", (0,), (("value", 0.5),)),
                Step("var", (1,), (("dim", 0), ("correction", 0), ("keepdim", False))), Step("copy_", (0, 1))),
         outputs=(2,), seed=0, plan=(("form", "small_blocks"),)),
+    # a functional graph writes inputs back in the inputs' order, here v1's write before v0's, whose value is v1's
+    # old value: one kernel stored v1, then loaded it for v0, and v0 got the new v1 (fix: a write into an input is
+    # scheduled after the input's last reader, and a group's roots run in that order)
+    "second_write_reads_an_input_written_before_it": Program(
+        items=(In((1,)), In((1,)), Step("add", (1, 0), (("alpha", 1),)), Step("add_scalar", (2,), (("value", 0.5),)),
+               Step("unsqueeze", (0,), (("dim", 0),)), In((1, 1)), Step("mm", (4, 5)), Step("copy_", (0, 1)),
+               Step("sum", (7,), (("dim", None), ("keepdim", False))), Step("add_", (1, 8))),
+        outputs=(3, 6), seed=0),
 }
 
 

@@ -24,7 +24,10 @@
    gradients' second stages, one launch instead of two. A pointwise root that saves no bytes likewise joins an
    independent pointwise group of the same space of at most ``join_small_pointwise_elems`` elements
    (:meth:`Scheduler._small_pointwise`): a decode step's per-layer cache positions, and its counter increments.
-   A write into an input (``ir.Pointwise.into``) never joins a group before a step that reads the input.
+   A write into an input (``ir.Pointwise.into``) is placed after the input's last reader (a load of an input is
+   of its old value; a functional graph writes its inputs back in the inputs' order, not after their readers):
+   it never joins a group before a step that reads the input, and in a group it joins, every load of the input
+   is at the element it writes, in a root before it. The finished schedule is checked for that contract.
 3. **Materialize what is shared.** A non-root pointwise node inlined into several groups is recomputed in
    each; when that re-reads more bytes than writing it once and reading it back, it becomes a root and the
    grouping is redone.
@@ -313,7 +316,7 @@ class Scheduler:
     def _group(self):
         steps: list = []  # KernelGroup drafts (dicts) and ExternStep
         where: dict[str, int] = {}  # root / extern output -> step index
-        for node in self.graph.nodes:
+        for node in self._writes_after_readers():
             if isinstance(node, ir.Extern):
                 steps.append(ExternStep(node.name))
                 for k in range(len(node.outputs)):
@@ -328,6 +331,40 @@ class Scheduler:
                 continue
             self._place(node, steps, where)
         return steps, where
+
+    def _writes_after_readers(self) -> list:
+        """The graph's nodes in order, each write into an input moved after the last node that reads the input's
+        old value. A functional graph's loads of an input are of its old value, and ``copy_`` into it need not
+        come after them (``x.mul_(2); y.add_(x.t())`` writes x first, then y reads the old x). ``self.order``
+        follows, so a group's roots (and codegen's loads and stores) run readers first. A node between that
+        reads the written value too cannot be ordered: the graph runs in ATen."""
+        nodes = list(self.graph.nodes)
+        for w in [n for n in nodes if isinstance(n, ir.Pointwise) and n.into]:
+            i = nodes.index(w)
+            later = nodes[i + 1:]
+            last = max((k for k, n in enumerate(later) if w.into in self._old_reads(n)), default=None)
+            if last is None:
+                continue
+            between = later[:last + 1]
+            both = next((n.name for n in between if w.name in self._old_reads(n)), None)
+            if both is not None:
+                from .lowering import GraphFallback
+
+                raise GraphFallback(f"{both} reads both the old value of input {w.into} and its write {w.name}")
+            nodes = nodes[:i] + between + [w] + later[last + 1:]
+        self.order = {n.name: k for k, n in enumerate(nodes)}
+        return nodes
+
+    def _old_reads(self, node) -> set[str]:
+        """The buffers (base nodes) a step made of ``node`` reads: an extern's or a GEMM's operands, a root's
+        inlined loads (a node inlined elsewhere is read by its consumers' roots)."""
+        if isinstance(node, ir.Extern):
+            return {self.base(r.name) for r in _refs(node.args) + _refs(tuple(v for _, v in node.kwargs))}
+        if isinstance(node, ir.Gemm):
+            return {self.base(node.a), self.base(node.b)}
+        if node.name in self.roots and isinstance(node, (ir.Pointwise, ir.Reduction)):
+            return {self.base(ld.buffer) for ld in ir.loads(self.inlined(node.name))}
+        return set()
 
     def _deps(self, body: ir.Expr) -> set[str]:
         out = set()
@@ -511,8 +548,36 @@ class Scheduler:
                 tuple((r, g["bodies"][r]) for r in roots), tuple((r, g["positions"][r]) for r in roots),
                 tuple(origins), tuple((r, cols[r]) for r in roots if r in cols)))
         out_steps = fuse_epilogues(self, out_steps)
+        _check_input_writes(self, out_steps)
         materialized = {m for m in materialized if not _unstored_gemm(self, out_steps, m)}
         return Schedule(self.graph, tuple(out_steps), frozenset(materialized))
+
+
+def _check_input_writes(s: Scheduler, steps: list) -> None:
+    """The schedule's contract with a write into an input, checked on the finished steps (a later pass that broke
+    it would otherwise give a silent wrong result): in the writing kernel every load of the input is at the
+    written element and in a root ordered before the write (codegen loads and stores in root order); no later
+    step reads the input (a load of an input is of its old value)."""
+    from .lowering import GraphFallback
+
+    for k, st in enumerate(steps):
+        if not isinstance(st, KernelGroup):
+            continue
+        for r in st.roots:
+            target = getattr(s.table[r], "into", None)
+            if not target:
+                continue
+            pos, at = tuple(dict(st.positions)[r]), st.roots.index(r)
+            for j, (other, body) in enumerate(st.bodies):
+                for ld in ir.loads(body):
+                    if s.base(ld.buffer) == target and (tuple(ld.index) != pos or j > at):
+                        raise GraphFallback(f"{other} would read input {target} in the kernel that writes it "
+                                            f"({r}) {'at other elements' if tuple(ld.index) != pos else 'after the write'}")
+            late = next((later for later in steps[k + 1:] if target in {s.base(b) for b in _step_reads(s, later)}),
+                        None)
+            if late is not None:
+                raise GraphFallback(f"a step after the write into input {target} ({r}) reads its old value "
+                                    f"({getattr(late, 'name', late)})")
 
 
 def _refs(value) -> tuple:
@@ -611,6 +676,15 @@ def fusion_legality(s: Scheduler, g: dict, node) -> tuple[bool, Optional[dict]]:
                     return False, None
         for ld in ir.loads(new_body):
             if ld.buffer == target and tuple(ld.index) != tuple(pos):
+                return False, None
+    # and the other way round: a node may not read, at other elements, an input the group already writes into
+    # (``x.mul_(2); y.add_(x.t())``: one program would read an element another, or itself, has written)
+    written = {s.table[r].into: positions[r] for r in g["roots"]
+               if isinstance(s.table[r], ir.Pointwise) and s.table[r].into}
+    if written:
+        for ld in ir.loads(new_body):
+            at = written.get(s.base(ld.buffer))
+            if at is not None and tuple(ld.index) != tuple(at):
                 return False, None
     # the group's existing roots stay legal when the space became a reduction space
     bodies = dict(g["bodies"])
