@@ -13,7 +13,8 @@ Half or more of the programs that can have one end with an input mutation (:meth
 of :data:`MUTATIONS` (``x.copy_(v)``, ``x.add_(v)``, ``x.mul_(v)``, whose value is ``x``) writes a value ``v`` of
 the program in place into a float input ``x`` that earlier steps read (often an mm, bmm or convolution): the
 compiler must keep every read of the old ``x`` before the write, and the test compares ``x`` after the call with
-eager's. ``x`` does not require grad, is not "expanded" (eager refuses a write into overlapping memory), and what is
+eager's. One in three of those then writes a second input with a value read from ``x`` after its write, at other
+elements (:meth:`Builder.second_write`). ``x`` does not require grad, is not "expanded" (eager refuses a write into overlapping memory), and what is
 computed from it meets nothing that requires grad (a backward would read ``x`` after the write:
 :meth:`Builder.writable_inputs`). :attr:`Program.mutated` names the inputs written.
 """
@@ -340,7 +341,33 @@ class Builder:
                 w = self.float_input((self.metas[a].shape[1], self.draw(st.sampled_from(SIZES[:6]))), grad=False)
                 if self.try_step("mm", (a, w)):
                     added.append(len(self.items) - 1)
-        return added if self.try_step(op, (x, v)) else []
+        if not self.try_step(op, (x, v)):
+            return []
+        self.second_write(x, len(self.items) - 1)
+        return added
+
+    def second_write(self, x: int, w: int) -> None:
+        """Maybe (on 0, the simplest draw, one time in three) a write into a second input ``y`` of a value read
+        from ``x`` after its write ``w``, at other elements than ``y``'s: ``x`` transposed, or a sum or a row's
+        max over ``x``. The functional graph writes the inputs back in the inputs' order, so one write reads the
+        other input's old or new value: each must be read where it is, before or after that input's write."""
+        if self.draw(st.integers(0, 2)) or self.requires_grad()[w]:
+            return
+        targets = [y for y in self.writable_inputs() if y != x and not self.aliases(y, x)]
+        if not targets:
+            return
+        rank = self.metas[w].dim()
+        how = self.draw(st.sampled_from(["sum", "amax"] + (["transpose"] if rank >= 2 else [])))
+        params = {"transpose": {"d0": 0, "d1": rank - 1}, "sum": {"dim": None, "keepdim": False},
+                  "amax": {"dim": -1, "keepdim": True}}[how] if rank else {"dim": None, "keepdim": False}
+        if not self.try_step(how if rank else "sum", (w,), **params):
+            return
+        u = len(self.items) - 1
+        fits = [y for y in targets if self.metas[y].dtype == self.metas[u].dtype and
+                _broadcasts(tuple(self.metas[u].shape), tuple(self.metas[y].shape))]
+        if not fits or not self.try_step(self.draw(st.sampled_from(MUTATIONS)), (self.draw(st.sampled_from(fits)), u)):
+            self.items.pop()
+            self.metas.pop()
 
     # one step
     def step(self) -> None:
