@@ -154,3 +154,67 @@ def test_extern_result_in_another_layout_is_copied_into_the_graphs_strides():
     assert runtime.extern_layout(None, (0,), (1,), "mkldnn_rnn_layer.3") is None  # ATen's undefined output
     with pytest.raises(runtime.PlanError, match="shape"):
         runtime.extern_layout(same, (3, 4), (4, 1), "mm")
+
+
+class _Counted(nn.Module):
+    """A module that increments a buffer and scales by it (a step count, a warm-up factor), and keeps a running
+    mean of a detached activation, as BatchNorm's running statistics are kept."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(7, 7)
+        self.register_buffer("count", torch.zeros(()))
+        self.register_buffer("ema", torch.zeros(7))
+
+    def forward(self, x):
+        self.count.add_(1)
+        y = torch.tanh(self.lin(x))
+        self.ema.mul_(0.9).add_(y.detach().mean(0) * 0.1)
+        return (y * self.count).sum() + (x * self.ema).sum()
+
+
+def test_a_buffer_written_in_the_forward_is_not_read_again_by_the_backward():
+    """``count.add_(1); y * count``: the min-cut partitioner recomputed ``count + 1`` in the backward from the
+    buffer the forward had already incremented, a gradient twice eager's at the first step (torch 2.13; its
+    aot_eager backend too). The backend marks such reads as values to save. Three steps against a float64
+    eager copy: the gradients, the loss and both buffers."""
+    torch.manual_seed(0)
+    model = _Counted()
+    ref = copy.deepcopy(model).double()
+    compiled = torch.compile(model, backend="tilefuse")
+    for step in range(3):
+        x = torch.randn(5, 7)
+        with cc.strict():
+            loss = compiled(x)
+        loss.backward()
+        ref_loss = ref(x.double())
+        ref_loss.backward()
+        assert _rel(loss, ref_loss) < 1e-5, step
+        for (name, p), r in zip(model.named_parameters(), ref.parameters()):
+            assert _rel(p.grad, r.grad) < 1e-5, f"step {step}: grad of {name}: relative error {_rel(p.grad, r.grad):.3g}"
+        assert model.count.item() == ref.count.item() == step + 1
+        assert _rel(model.ema, ref.ema) < 1e-5, step
+
+
+def test_reads_of_a_written_input_are_marked_to_save_and_views_are_followed():
+    """The marking on a joint graph of its own: the reads of a written placeholder, through a view, are marked
+    MUST_SAVE; the write itself, the view and what reads only other inputs are not."""
+    from torch.utils.checkpoint import CheckpointPolicy
+
+    from tilefuse.compiler import backend
+
+    aten = torch.ops.aten
+    g = torch.fx.Graph()
+    buf, x = g.placeholder("buf"), g.placeholder("x")
+    new = g.call_function(aten.add.Tensor, (buf, 1))
+    view = g.call_function(aten.view.default, (buf, [-1]))
+    through_view = g.call_function(aten.mul.Tensor, (view, 2))
+    other = g.call_function(aten.mul.Tensor, (x, 3))
+    write = g.call_function(aten.copy_.default, (buf, new))
+    g.output((through_view, other, write))
+    pinned = backend.save_reads_of_written_inputs(g)
+    assert set(pinned) == {new, through_view}
+    for n in (new, through_view):
+        assert n.meta["recompute"] == CheckpointPolicy.MUST_SAVE
+    for n in (view, other, write):
+        assert "recompute" not in n.meta

@@ -1,6 +1,7 @@
 """The Dynamo backend: ``torch.compile(model, backend="tilefuse")``.
 
-Capture -> AOTAutograd (forward and backward graphs, torch's min-cut rematerialisation partitioner, the
+Capture -> AOTAutograd (forward and backward graphs, torch's min-cut rematerialisation partitioner with the
+reads of a written input saved rather than recomputed (:func:`save_reads_of_written_inputs`), the
 decomposition table of decompositions.py, input mutations kept in inference graphs as ``copy_``) -> for each
 graph a :class:`runtime.CompiledGraph` (lower -> schedule -> codegen -> cache -> wrapper).
 
@@ -111,7 +112,40 @@ def _account(report: records.GraphReport, elapsed: float | None = None) -> None:
 def _partition_fn():
     from torch._functorch.partitioners import min_cut_rematerialization_partition
 
-    return min_cut_rematerialization_partition
+    def partition(joint_module, joint_inputs, **kwargs):
+        save_reads_of_written_inputs(joint_module.graph)
+        return min_cut_rematerialization_partition(joint_module, joint_inputs, **kwargs)
+    return partition
+
+
+def save_reads_of_written_inputs(graph: torch.fx.Graph) -> list[torch.fx.Node]:
+    """Mark each forward node that reads an input the forward writes into (``copy_`` into a placeholder) as one
+    the backward must get saved, not recompute; returns them. The min-cut partitioner may otherwise recompute
+    such a read in the backward, after the write: a module that increments a buffer and multiplies by it
+    (``self.count.add_(1); y * self.count``) got ``count + 1`` recomputed from the incremented buffer, a gradient
+    twice eager's (torch 2.13, every backend that uses the partitioner). Views of the input are followed to
+    their readers (a saved view would alias the written input)."""
+    from torch.utils.checkpoint import CheckpointPolicy
+
+    aten = torch.ops.aten
+    written = {n.args[0] for n in graph.nodes
+               if n.op == "call_function" and n.target is aten.copy_.default and n.args[0].op == "placeholder"}
+    pinned: list[torch.fx.Node] = []
+    for p in written:
+        stack, seen = list(p.users), set()
+        while stack:
+            u = stack.pop()
+            if u in seen or u.op != "call_function":
+                continue
+            seen.add(u)
+            if u.target is aten.copy_.default and u.args[0] is p:
+                continue  # the write itself
+            if isinstance(u.target, torch._ops.OpOverload) and u.target.is_view:
+                stack.extend(u.users)
+                continue
+            u.meta["recompute"] = CheckpointPolicy.MUST_SAVE
+            pinned.append(u)
+    return pinned
 
 
 _MODES_WARNED: set = set()
