@@ -14,9 +14,9 @@ of :data:`MUTATIONS` (``x.copy_(v)``, ``x.add_(v)``, ``x.mul_(v)``, whose value 
 the program in place into a float input ``x`` that earlier steps read (often an mm, bmm or convolution): the
 compiler must keep every read of the old ``x`` before the write, and the test compares ``x`` after the call with
 eager's. One in three of those then writes a second input with a value read from ``x`` after its write, at other
-elements (:meth:`Builder.second_write`). ``x`` does not require grad, is not "expanded" (eager refuses a write into overlapping memory), and what is
-computed from it meets nothing that requires grad (a backward would read ``x`` after the write:
-:meth:`Builder.writable_inputs`). :attr:`Program.mutated` names the inputs written.
+elements (:meth:`Builder.second_write`). ``x`` does not require grad and is not "expanded" (eager refuses a write
+into overlapping memory); what is computed from it may meet what requires grad (:meth:`Builder.writable_inputs`).
+:attr:`Program.mutated` names the inputs written.
 """
 from __future__ import annotations
 
@@ -284,13 +284,16 @@ class Builder:
                 found.add(k)
         return found
 
-    def writable_inputs(self) -> list[int]:
-        """Float inputs a last step may write in place: not requiring grad, not expanded (overlapping memory),
-        read by a step (the write must come after it), and apart from what requires grad: no step has an argument
-        computed from the input and one that requires grad. Else the backward may read the input after the write:
-        eager's autograd saves the old input (its backward refuses it written since), and AOTAutograd's graph may
-        save the input to recompute a value from it (torch 2.13, backend="aot_eager" alike: y = x + 0.5;
-        out = exp(a * y); x.add_(y) gives a's gradient from the new x, twice eager's)."""
+    def writable_inputs(self, apart_from_grad: bool = False) -> list[int]:
+        """Float inputs a last step may write in place: not requiring grad, not expanded (overlapping memory), and
+        read by a step (the write must come after it). What is computed from the input may meet what requires
+        grad: AOTAutograd's partitioner would recompute such a value in the backward from the written input
+        (torch 2.13, backend="aot_eager" alike: y = x + 0.5; out = exp(a * y); x.add_(y) gives a's gradient from
+        the new x), which the backend prevents (``backend.save_reads_of_written_inputs``). Where eager's autograd
+        saved the input itself, eager's backward refuses the written input, and the program is rejected
+        (:func:`test_compiler_fuzz.check_program`). ``apart_from_grad``: only inputs where no step has an argument
+        computed from the input and one that requires grad (:meth:`mutation` writes a value that requires grad
+        only into those)."""
         grads = self.requires_grad()
         found = []
         for x, spec in enumerate(self.items):
@@ -298,7 +301,7 @@ class Builder:
                 continue
             derived = self.derived(x)
             readers = [s for s in self.items if isinstance(s, Step) and any(a in derived for a in s.args)]
-            if readers and not any(grads[a] for s in readers for a in s.args):
+            if readers and not (apart_from_grad and any(grads[a] for s in readers for a in s.args)):
                 found.append(x)
         return found
 
@@ -318,8 +321,12 @@ class Builder:
                                                  any(self.aliases(a, x) for a in s.args) for s in self.items)]
         x = self.draw(st.sampled_from(extern_read if extern_read and not self.draw(st.booleans()) else targets))
         shape, dtype = tuple(self.metas[x].shape), self.metas[x].dtype
+        # a value that requires grad makes x require grad: AOTAutograd writes it back outside the graph, and may
+        # have saved x for the backward (torch 2.13, aot_eager alike: a version-counter error where eager has
+        # none), so such a value goes only into an input apart from what requires grad
+        grads, apart = self.requires_grad(), x in self.writable_inputs(apart_from_grad=True)
         sources = [k for k in self.floats() if not self.aliases(k, x) and self.metas[k].dtype == dtype and
-                   _broadcasts(tuple(self.metas[k].shape), shape)]
+                   _broadcasts(tuple(self.metas[k].shape), shape) and (apart or not grads[k])]
         made = [k for k in sources if isinstance(self.items[k], Step)]
         if sources:
             v = self.draw(st.sampled_from(made if made and self.draw(st.integers(0, 3)) else sources))
@@ -331,6 +338,10 @@ class Builder:
             if not self.try_step("mean", (self.floats()[-1],), dim=None, keepdim=False):
                 return []
             v = len(self.items) - 1
+            if not apart and self.requires_grad()[v]:
+                self.items.pop()
+                self.metas.pop()
+                return []
         # x.mul_(v) by a v that requires grad: AOTAutograd's graph saves the old x for v's gradient, and its
         # write-back of x then fails the backward ("modified by an inplace operation"; aot_eager alike)
         op = self.draw(st.sampled_from(MUTATIONS if not self.requires_grad()[v] else ("copy_", "add_")))

@@ -7,7 +7,9 @@ softmax, log_softmax, var, layer_norm), views (transpose, permute, reshape, slic
 cat, pad), indexing (embedding, index_select, gather, ``x[idx]``, ``x[i, j]`` and ``x[i, :, j]``, index_put, scatter,
 scatter_add) and extern
 ops (mm, bmm, conv1d, conv2d), and in half or more of the programs that can have one, a last in-place write into
-a float input (``x.copy_(v)``, ``x.add_(v)``, ``x.mul_(v)``; steps before it read ``x``, an mm often among them).
+a float input (``x.copy_(v)``, ``x.add_(v)``, ``x.mul_(v)``; steps before it read ``x``, an mm often among them),
+sometimes followed by a write into a second input of a value read from ``x`` at other elements. A program whose
+eager backward refuses its write (autograd saved the input) is rejected.
 Hypothesis draws it: shapes with sizes 1 and odd ones (7, 129), input layouts
 (contiguous, transposed, sliced with a storage offset, expanded), float32, float16 or bfloat16, which inputs
 require grad, a seed for the data (index tensors in range, negative where the op counts from the end), and how
@@ -81,9 +83,15 @@ def check_program(program: Program, compile_as: Program | None = None) -> None:
         if "not implemented" in str(exc).lower():  # an op without a CPU kernel for the dtype: not a program
             hypothesis.reject()
         raise AssertionError(f"eager failed on a generated program ({exc}):\n{where}") from exc
-    ref = run(program, ref_inputs)
     g = torch.Generator().manual_seed(program.seed + 1)
     cots = [torch.randn(o.shape, generator=g).to(o.dtype) for o in eager]
+    try:
+        eager_grads = _grads(eager, _wanted(program, leaves), cots)
+    except RuntimeError as exc:
+        if "modified by an inplace operation" in str(exc):  # autograd saved the input the program writes
+            hypothesis.reject()
+        raise
+    ref = run(program, ref_inputs)
     compiled = compile_as or program
     cc.reset()
     with config.override(check_bounds=True), planned(program.plan):
@@ -94,7 +102,6 @@ def check_program(program: Program, compile_as: Program | None = None) -> None:
             raise AssertionError(f"tilefuse raised {type(exc).__name__}: {str(exc)[:2000]}\n{where}") from exc
     assert cc.stats()["graphs"] >= 1, f"tilefuse compiled no graph (Dynamo fell back to eager)\n{where}"
     problems = _problems("forward", list(out), list(eager), list(ref))
-    eager_grads = _grads(eager, _wanted(program, leaves), cots)
     ref_grads = _grads(ref, _wanted(program, ref_leaves), [c.to(r.dtype) for c, r in zip(cots, ref)])
     if eager_grads is not None:
         outs = [o.numel() for o in eager]
@@ -238,6 +245,13 @@ REGRESSIONS = {
                Step("unsqueeze", (0,), (("dim", 0),)), In((1, 1)), Step("mm", (4, 5)), Step("copy_", (0, 1)),
                Step("sum", (7,), (("dim", None), ("keepdim", False))), Step("add_", (1, 8))),
         outputs=(3, 6), seed=0),
+    # torch's min-cut partitioner recomputed y = x + 0.5 in the backward from x, which the forward had written:
+    # a's gradient from the new x (fix: the backend marks reads of a written input to be saved). The fuzzer left
+    # such writes out until the fix; since, 200 examples drew none that fails without it, so the program is here.
+    "backward_recomputes_a_read_of_the_written_input": Program(
+        items=(In((6,)), In((6,), grad=True), Step("add_scalar", (0,), (("value", 0.5),)), Step("mul", (1, 2)),
+               Step("exp", (3,)), Step("add_", (0, 2))),
+        outputs=(4,), seed=0),
 }
 
 
