@@ -140,7 +140,7 @@ def save_reads_of_written_inputs(graph: torch.fx.Graph) -> list[torch.fx.Node]:
             seen.add(u)
             if u.target is aten.copy_.default and u.args[0] is p:
                 continue  # the write itself
-            if isinstance(u.target, torch._ops.OpOverload) and u.target.is_view:
+            if getattr(u.target, "is_view", False):  # an OpOverload whose schema aliases an argument, read-only
                 stack.extend(u.users)
                 continue
             u.meta["recompute"] = CheckpointPolicy.MUST_SAVE
