@@ -28,7 +28,7 @@ Modes: ``train`` (AdamW, bf16 autocast), ``infer`` (the model in the dtype, a se
 LMs, ``decode``: batch 1, one token step after a prompt, against transformers' ``StaticCache`` (fixed shapes, so
 a compiled step does not recompile as the sequence grows; the case name says ``-decode-b1``).
 
-Every phase (compile-cold, accuracy, compile-warm, timing) is logged with its wall time as it ends;
+Every phase (compile-cold, accuracy, compile-warm, warm-up, timing) is logged with its wall time as it ends;
 ``--time-limit S`` bounds each model x backend over all its phases (:class:`harness.Deadline`), past which its
 row is "not run: exceeded S s in phase X" and the suite goes on. A ``*-reduce-overhead`` backend that cannot
 compile that mode is a "not run" or "error" row with the backend's own words, never a mislabelled timing.
@@ -62,6 +62,10 @@ RMSE_FACTOR = 3.0
 RMSE_FLOOR = 1e-7  # against results eager computes exactly (an RMSE of 0.0 would admit nothing)
 ROUNDS, STEPS_PER_ROUND = 5, 3
 SMOKE_ROUNDS, SMOKE_STEPS = 2, 1
+# Steps each backend runs after its compile, before the timed rounds: the rows are steady states. tilefuse's
+# reduce-overhead step trial times 5 periods between step starts each way (11 steps, decision 059); inside the
+# timed rounds its GPT-2 training row read 8.95 ms where the trial's captured steps took 7.95 (run 154).
+WARMUP_STEPS, SMOKE_WARMUP_STEPS = 12, 1
 DECODE_ROOM = 8  # cache slots past the prompt: a round's steps (rewound between rounds) and the first step
 
 
@@ -445,7 +449,9 @@ def run_case(rec: harness.Recorder, case: ModelCase, mode: str, dtype: torch.dty
     2. one ``torch._dynamo.reset()``, then per backend **compile-warm** (a second compile, the disk caches warm):
        the models compiled here are the ones timed (a reset after them would throw their compiled code away
        and the first timed round would compile again);
-    3. **timing**: interleaved rounds.
+    3. **warm-up**: per backend :data:`WARMUP_STEPS` steps, so the timed steps are its steady state (a CUDA-graph
+       mode's recordings and step trial are behind it);
+    4. **timing**: interleaved rounds.
 
     ``time_limit``: wall seconds a backend may spend over all its phases; past it (checked between phases and
     by a SIGALRM watchdog inside one) its row is "not run: exceeded N s in phase X" and the others go on.
@@ -581,7 +587,19 @@ def run_case(rec: harness.Recorder, case: ModelCase, mode: str, dtype: torch.dty
         except (Exception, harness.TimeLimitExceeded) as exc:
             give_up(backend, exc)
 
-    # 3. speed: interleaved rounds over the backends that ran and were right
+    # 3. warm-up: each backend's steps until its steady state (WARMUP_STEPS), outside the timed rounds
+    for backend in list(runners):
+        r = runners[backend]
+        try:
+            with limits[backend].phase("warm-up"):
+                r.rewind()
+                for _ in range(SMOKE_WARMUP_STEPS if smoke else WARMUP_STEPS):
+                    r.step(kwargs)
+                _sync(device)
+        except (Exception, harness.TimeLimitExceeded) as exc:
+            give_up(backend, exc)
+
+    # 4. speed: interleaved rounds over the backends that ran and were right
     log(f"  {name:<28} timing {', '.join(runners)}")
     rounds, steps = (SMOKE_ROUNDS, SMOKE_STEPS) if smoke else (ROUNDS, STEPS_PER_ROUND)
     samples: dict[str, list[float]] = {b: [] for b in runners}
