@@ -64,7 +64,7 @@ ROUNDS, STEPS_PER_ROUND = 5, 3
 SMOKE_ROUNDS, SMOKE_STEPS = 2, 1
 # Steps each backend runs after its compile, before the timed rounds: the rows are steady states. tilefuse's
 # reduce-overhead step trial times 5 periods between step starts each way (11 steps, decision 059); inside the
-# timed rounds its GPT-2 training row read 8.95 ms where the trial's captured steps took 7.95 (run 154).
+# timed rounds its GPT-2 training row read 8.95 ms where the trial's captured steps took 7.95 (lab log).
 WARMUP_STEPS, SMOKE_WARMUP_STEPS = 12, 1
 DECODE_ROOM = 8  # cache slots past the prompt: a round's steps (rewound between rounds) and the first step
 
