@@ -191,7 +191,8 @@ def test_a_buffer_written_in_the_forward_is_not_read_again_by_the_backward():
         ref_loss.backward()
         assert _rel(loss, ref_loss) < 1e-5, step
         for (name, p), r in zip(model.named_parameters(), ref.parameters()):
-            assert _rel(p.grad, r.grad) < 1e-5, f"step {step}: grad of {name}: relative error {_rel(p.grad, r.grad):.3g}"
+            err = _rel(p.grad, r.grad)
+            assert err < 1e-5, f"step {step}: grad of {name}: relative error {err:.3g}"
         assert model.count.item() == ref.count.item() == step + 1
         assert _rel(model.ema, ref.ema) < 1e-5, step
 

@@ -359,9 +359,9 @@ class Scheduler:
         """The buffers (base nodes) a step made of ``node`` reads: an extern's or a GEMM's operands, a root's
         inlined loads (a node inlined elsewhere is read by its consumers' roots)."""
         if isinstance(node, ir.Extern):
-            return {self.base(r.name) for r in _refs(node.args) + _refs(tuple(v for _, v in node.kwargs))}
+            return _step_reads(self, ExternStep(node.name))
         if isinstance(node, ir.Gemm):
-            return {self.base(node.a), self.base(node.b)}
+            return _step_reads(self, GemmStep(node.name))
         if node.name in self.roots and isinstance(node, (ir.Pointwise, ir.Reduction)):
             return {self.base(ld.buffer) for ld in ir.loads(self.inlined(node.name))}
         return set()
@@ -571,8 +571,9 @@ def _check_input_writes(s: Scheduler, steps: list) -> None:
             for j, (other, body) in enumerate(st.bodies):
                 for ld in ir.loads(body):
                     if s.base(ld.buffer) == target and (tuple(ld.index) != pos or j > at):
-                        raise GraphFallback(f"{other} would read input {target} in the kernel that writes it "
-                                            f"({r}) {'at other elements' if tuple(ld.index) != pos else 'after the write'}")
+                        how = "at other elements" if tuple(ld.index) != pos else "after the write"
+                        raise GraphFallback(f"{other} would read input {target} {how} in the kernel that writes "
+                                            f"it ({r})")
             late = next((later for later in steps[k + 1:] if target in {s.base(b) for b in _step_reads(s, later)}),
                         None)
             if late is not None:
