@@ -339,14 +339,16 @@ class Scheduler:
         follows, so a group's roots (and codegen's loads and stores) run readers first. A node between that
         reads the written value too cannot be ordered: the graph runs in ATen."""
         nodes = list(self.graph.nodes)
-        for w in [n for n in nodes if isinstance(n, ir.Pointwise) and n.into]:
+        writes = [n for n in nodes if isinstance(n, ir.Pointwise) and n.into]
+        reads = {n.name: self._old_reads(n) for n in nodes} if writes else {}  # once a node, not once a write
+        for w in writes:
             i = nodes.index(w)
             later = nodes[i + 1:]
-            last = max((k for k, n in enumerate(later) if w.into in self._old_reads(n)), default=None)
+            last = max((k for k, n in enumerate(later) if w.into in reads[n.name]), default=None)
             if last is None:
                 continue
             between = later[:last + 1]
-            both = next((n.name for n in between if w.name in self._old_reads(n)), None)
+            both = next((n.name for n in between if w.name in reads[n.name]), None)
             if both is not None:
                 from .lowering import GraphFallback
 
