@@ -33,7 +33,8 @@ REQUIRED_CASES = {
                  "residual_layer_norm", "cross_entropy", "softmax_fwd_bwd", "layer_norm_fwd_bwd",
                  "layer_norm_gelu_fwd_bwd", "cross_entropy_fwd_bwd",
                  # GEMM-bound rows (their Inductor max-autotune impl is "not run" on the interpreter)
-                 "linear_bias_gelu", "swiglu_ffn_fwd_bwd", "attention_projections_fwd_bwd"},
+                 "linear_bias_gelu", "swiglu_ffn_fwd_bwd", "attention_projections_fwd_bwd",
+                 "attention_projections_params_fwd_bwd"},
 }
 
 
@@ -159,6 +160,53 @@ def test_compiler_suite_bytes_are_the_minimum():
     ce = by["cross_entropy"]
     args = cs.prepare(ce, ce.inputs(rows, cols, 1000, torch.float32, "cpu"))
     assert cs.minimal_bytes(ce, args) == 4 * rows * 1000 + 8 * rows + 4
+
+
+def test_compiler_suite_params_row_holds_its_weights_as_parameters():
+    """attention_projections_params_fwd_bwd: the weights are a module's parameters, so AOTAutograd counts them
+    static inputs (used in place under CUDA graphs, not copied a replay), the rotating sets share them and leave
+    them out of their bytes, and the step's outputs and gradients are the plain row's on the same values."""
+    import torch
+    from functorch.compile import make_boxed_func
+    from torch._functorch.aot_autograd import aot_module_simplified
+
+    from tilefuse.bench import compiler_suite as cs
+
+    by = {g.case: g for g in cs.GRAPHS}
+    g, plain = by["attention_projections_params_fwd_bwd"], by["attention_projections_fwd_bwd"]
+    assert g.params and g.backward and not plain.params
+    torch.manual_seed(0)
+    args = cs.prepare(g, cs.as_parameters(g, g.inputs(13, 32, 48, torch.float32, "cpu")))
+    weights = cs.weights_of(g, args)
+    assert len(weights) == 4 and all(isinstance(w, torch.nn.Parameter) and w.requires_grad for w in weights)
+    x, cots = args[0], args[5:]
+    assert len(cots) == 3 and not isinstance(x, torch.nn.Parameter)
+
+    sets = cs.rotating_sets(g, args, 3, lambda: g.inputs(13, 32, 48, torch.float32, "cpu"))
+    assert all(s[1:5] == weights and all(a is b for a, b in zip(s[1:5], weights)) for s in sets)
+    assert sets[1][0] is not x and sets[1][5] is not cots[0]
+    nbytes = lambda ts: sum(t.numel() * t.element_size() for t in ts)  # noqa: E731
+    assert cs.rotating_bytes(g, args) == nbytes([x, *cots])
+    assert cs.rotating_bytes(plain, args) == nbytes(args)
+
+    seen = {}
+
+    def backend(gm, example_inputs):
+        def fw(fgm, inputs):
+            seen["static"] = sorted(torch._guards.TracingContext.get().fw_metadata.static_input_indices)
+            seen["n"] = len(inputs)
+            return make_boxed_func(fgm)
+        return aot_module_simplified(gm, example_inputs, fw_compiler=fw,
+                                     bw_compiler=lambda b, i: make_boxed_func(b))
+
+    torch._dynamo.reset()
+    outs, grads = cs.step_of(g, args, lambda fn: torch.compile(fn, backend=backend))(*args)
+    assert seen["n"] == 5 and len(seen["static"]) == 4, seen  # the four weights, not x
+    want_outs, want_grads = cs.make_step(plain, plain.fn)(*[t.detach().requires_grad_() for t in args[:5]], *cots)
+    assert len(grads) == 5
+    for a, b in zip([*outs, *grads], [*want_outs, *want_grads]):
+        torch.testing.assert_close(a, b)
+    torch._dynamo.reset()
 
 
 def test_compiler_suite_check_catches_a_wrong_answer():

@@ -36,12 +36,13 @@ def _check(graph, result, eager, ref):
 
 @pytest.mark.parametrize("graph", suite.GRAPHS, ids=[g.case for g in suite.GRAPHS])
 def test_memory_bound_graph_bf16_at_size(graph):
-    args = suite.prepare(graph, graph.inputs(suite.ROWS, suite.COLS, suite.VOCAB, torch.bfloat16, "cuda"))
+    args = suite.prepare(graph, suite.as_parameters(
+        graph, graph.inputs(suite.ROWS, suite.COLS, suite.VOCAB, torch.bfloat16, "cuda")))
     ref = suite.reference(graph, args)
-    eager = [t.detach() for t in suite._flat(suite.make_step(graph, graph.fn)(*args))]
+    eager = [t.detach() for t in suite._flat(suite.step_of(graph, args)(*args))]
     cc.reset()
     with cc.strict():
-        step = suite.make_step(graph, cc.compiled(graph.fn))
+        step = suite.step_of(graph, args, cc.compiled)
         result = step(*args)
         torch.cuda.synchronize()
         again = step(*args)  # the second call runs the cached kernels, no compile: same answer

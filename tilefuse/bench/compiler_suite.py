@@ -27,7 +27,10 @@ GEMM-bound rows (``gemm=True`` graphs): LLM shapes, M = GEMM_TOKENS tokens of hi
 GEMM_FFN, in bf16: Linear + bias + GeLU, a SwiGLU FFN and the attention projections (q, k, v, o), each forward
 and forward + backward. They report TFLOP/s (2·M·N·K a GEMM, the backward twice the forward) and are also timed
 against Inductor's ``max-autotune`` mode (impl ``inductor-max-autotune``) in the same run; the baseline stays
-Inductor default. ``--rows`` sets their M too.
+Inductor default. ``--rows`` sets their M too. ``attention_projections_params_fwd_bwd`` is the projections'
+forward + backward with the weights held as a module's parameters, as a model holds them: every backend uses
+them in place (under ``--reduce-overhead`` the plain row copies its rotating weights into the CUDA graph's
+buffers at each replay), and only the tokens and the incoming gradients rotate.
 
 ``--reduce-overhead``: each forward + backward graph is also timed under ``mode="reduce-overhead"``, Inductor's
 CUDA graph trees (impl ``inductor-reduce-overhead``) and tilefuse's CUDA graphs (``tilefuse-reduce-overhead``),
@@ -130,6 +133,9 @@ class Graph:
     # a GEMM-bound graph: inputs (tokens, hidden, ffn, dtype, device); ``flops`` its forward's (tokens, hidden, ffn)
     gemm: bool = False
     flops: Callable[[int, int, int], float] | None = None
+    # the inputs after the first are a module's parameters, as a model holds its weights (step_of): every
+    # backend uses them in place, and only the first input and the incoming gradients rotate
+    params: bool = False
 
     def shape(self, rows, cols, vocab) -> str:
         if self.gemm:
@@ -208,6 +214,10 @@ _GEMM_FORWARD = [
 _N_GEMM_OUTPUTS = {attention_projections: 3}
 GEMM_GRAPHS: list[Graph] = _GEMM_FORWARD + [dataclasses.replace(g, case=f"{g.case}_fwd_bwd", backward=True)
                                             for g in _GEMM_FORWARD]
+# The projections' weights as a module's parameters: the row a training step's layers are like. Under
+# --reduce-overhead the row above copies its four rotating weights into the CUDA graph's buffers at every replay
+# (decision 059); here they are used in place, as in a model.
+GEMM_GRAPHS.append(dataclasses.replace(GEMM_GRAPHS[-1], case="attention_projections_params_fwd_bwd", params=True))
 GRAPHS = GRAPHS + GEMM_GRAPHS
 
 
@@ -237,19 +247,75 @@ def prepare(graph: Graph, inputs: list[torch.Tensor]) -> list:
     return inputs + [torch.randn_like(o) for o in outs]
 
 
-def make_step(graph: Graph, fn: Callable) -> Callable:
-    """A callable over prepare()'s arguments: the forward, or the forward and the gradients of every float input."""
+def make_step(graph: Graph, fn: Callable, bound: bool = False) -> Callable:
+    """A callable over prepare()'s arguments: the forward, or the forward and the gradients of every float input.
+    ``bound``: ``fn`` takes the first input alone, the rest being its module's parameters (:func:`step_of`)."""
+    def forward(inputs):
+        return fn(*inputs[:1]) if bound else fn(*inputs)
+
     if not graph.backward:
-        return fn
+        return lambda *args: forward(args)
 
     def step(*args):
         n_in = len(args) - _n_outputs(graph)
         inputs, cots = args[:n_in], args[n_in:]
-        outs = _outputs(fn(*inputs))
+        outs = _outputs(forward(inputs))
         grads = torch.autograd.grad(outs, differentiable(inputs), cots)
         return outs, grads
 
     return step
+
+
+class Parameters(torch.nn.Module):
+    """A ``params`` graph's weights held as a model holds them: ``forward(x)`` is ``fn(x, *weights)``."""
+
+    def __init__(self, fn: Callable, weights: Sequence[torch.nn.Parameter]):
+        super().__init__()
+        self.fn = fn
+        self.weights = torch.nn.ParameterList(weights)
+
+    def forward(self, x):
+        return self.fn(x, *self.weights)
+
+
+def as_parameters(graph: Graph, inputs: list) -> list:
+    """A ``params`` graph's inputs with the weights (all but the first) made ``nn.Parameter``s; others unchanged."""
+    if not graph.params:
+        return inputs
+    return inputs[:1] + [torch.nn.Parameter(t.detach(), requires_grad=graph.backward) for t in inputs[1:]]
+
+
+def weights_of(graph: Graph, args: Sequence) -> list:
+    """The weights among prepare()'s arguments: the inputs after the first (the incoming gradients left out)."""
+    n_in = len(args) - _n_outputs(graph) if graph.backward else len(args)
+    return list(args[1:n_in])
+
+
+def step_of(graph: Graph, args: Sequence, wrap: Callable[[Callable], Callable] = lambda f: f) -> Callable:
+    """The step over ``args`` (prepare()'s arguments) with ``wrap`` (torch.compile, or nothing for eager) applied
+    to the graph's function; a ``params`` graph's function is a :class:`Parameters` module of ``args``' weights,
+    so every backend sees them as a model's parameters (static inputs in AOTAutograd) and the step's
+    gradients include theirs."""
+    if not graph.params:
+        return make_step(graph, wrap(graph.fn))
+    return make_step(graph, wrap(Parameters(graph.fn, weights_of(graph, args))), bound=True)
+
+
+def rotating_sets(graph: Graph, first: list, n_sets: int, make_inputs: Callable[[], list]) -> list[list]:
+    """``n_sets`` argument lists, ``first`` among them; a ``params`` graph's share ``first``'s weights."""
+    sets = [first]
+    for _ in range(n_sets - 1):
+        inputs = make_inputs()
+        if graph.params:
+            inputs = inputs[:1] + weights_of(graph, first)
+        sets.append(prepare(graph, inputs))
+    return sets
+
+
+def rotating_bytes(graph: Graph, args: Sequence[torch.Tensor]) -> int:
+    """Bytes of one rotating set: every argument, a ``params`` graph's weights left out."""
+    weights = {id(t) for t in weights_of(graph, args)} if graph.params else set()
+    return sum(t.numel() * t.element_size() for t in args if id(t) not in weights)
 
 
 _N_OUTPUTS = {residual_layer_norm: 2, attention_projections: 3}
@@ -307,7 +373,7 @@ def upcast_args(args: Sequence[torch.Tensor]) -> list:
 
 
 def reference(graph: Graph, args) -> list[torch.Tensor]:
-    """Float32 eager on upcast inputs: outputs (and gradients)."""
+    """Float32 eager on upcast inputs: outputs (and gradients; a ``params`` graph's weights passed as inputs)."""
     return [t.detach() for t in _flat(make_step(graph, graph.fn)(*upcast_args(args)))]
 
 
@@ -416,13 +482,12 @@ def time_graph(rec: harness.Recorder, graph: Graph, opts: runner.SuiteOptions, d
     rows, cols, vocab, dtype = _sizes(opts, graph)
     shape = graph.shape(rows, cols, vocab)
     flops = graph_flops(graph, rows, cols, vocab)
-    first = prepare(graph, graph.inputs(rows, cols, vocab, dtype, device))
-    bytes_per_set = sum(t.numel() * t.element_size() for t in first)
-    n_sets = 1 if opts.smoke else harness.rotation_sets(bytes_per_set, _l2_bytes())
-    sets = [first] + [prepare(graph, graph.inputs(rows, cols, vocab, dtype, device)) for _ in range(n_sets - 1)]
+    first = prepare(graph, as_parameters(graph, graph.inputs(rows, cols, vocab, dtype, device)))
+    n_sets = 1 if opts.smoke else harness.rotation_sets(rotating_bytes(graph, first), _l2_bytes())
+    sets = rotating_sets(graph, first, n_sets, lambda: graph.inputs(rows, cols, vocab, dtype, device))
     args = first
     ref = reference(graph, args)
-    eager_step = make_step(graph, graph.fn)
+    eager_step = step_of(graph, args)
     eager = [t.detach() for t in _flat(eager_step(*args))]
     moved = minimal_bytes(graph, args)
     times: dict[str, harness.Row] = {}
@@ -438,7 +503,7 @@ def time_graph(rec: harness.Recorder, graph: Graph, opts: runner.SuiteOptions, d
         else:
             if impl.startswith("tilefuse"):
                 _reset_tilefuse_stats()
-            step = make_step(graph, _compile(impl, graph.fn))
+            step = step_of(graph, args, lambda fn: _compile(impl, fn))
             if impl.endswith("-reduce-overhead"):
                 step = _marking_steps(step)
 
@@ -597,7 +662,7 @@ def compile_times(backend: str, cases: Sequence[str], smoke: bool,
         if graph.gemm:
             dims = (SMOKE_GEMM_TOKENS, SMOKE_GEMM_HIDDEN, SMOKE_GEMM_FFN) if smoke else \
                 (n_rows or GEMM_TOKENS, GEMM_HIDDEN, GEMM_FFN)
-            args = prepare(graph, graph.inputs(*dims, dtype, device))
+            args = prepare(graph, as_parameters(graph, graph.inputs(*dims, dtype, device)))
         else:
             args = prepare(graph, graph.inputs(rows, cols, vocab, dtype, device))
         sync()
@@ -605,7 +670,7 @@ def compile_times(backend: str, cases: Sequence[str], smoke: bool,
         try:
             torch._dynamo.reset()
             start = time.perf_counter()
-            step = make_step(graph, torch.compile(graph.fn, backend=backend))
+            step = step_of(graph, args, lambda fn: torch.compile(fn, backend=backend))
             step(*args)
             sync()
             results[case] = time.perf_counter() - start
