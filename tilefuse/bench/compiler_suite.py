@@ -254,7 +254,7 @@ def make_step(graph: Graph, fn: Callable, bound: bool = False) -> Callable:
         return fn(*inputs[:1]) if bound else fn(*inputs)
 
     if not graph.backward:
-        return lambda *args: forward(args)
+        return (lambda *args: fn(*args[:1])) if bound else fn
 
     def step(*args):
         n_in = len(args) - _n_outputs(graph)
@@ -303,12 +303,11 @@ def step_of(graph: Graph, args: Sequence, wrap: Callable[[Callable], Callable] =
 
 def rotating_sets(graph: Graph, first: list, n_sets: int, make_inputs: Callable[[], list]) -> list[list]:
     """``n_sets`` argument lists, ``first`` among them; a ``params`` graph's share ``first``'s weights."""
+    weights = weights_of(graph, first) if graph.params else None
     sets = [first]
     for _ in range(n_sets - 1):
         inputs = make_inputs()
-        if graph.params:
-            inputs = inputs[:1] + weights_of(graph, first)
-        sets.append(prepare(graph, inputs))
+        sets.append(prepare(graph, inputs if weights is None else inputs[:1] + weights))
     return sets
 
 
