@@ -250,16 +250,14 @@ def prepare(graph: Graph, inputs: list[torch.Tensor]) -> list:
 def make_step(graph: Graph, fn: Callable, bound: bool = False) -> Callable:
     """A callable over prepare()'s arguments: the forward, or the forward and the gradients of every float input.
     ``bound``: ``fn`` takes the first input alone, the rest being its module's parameters (:func:`step_of`)."""
-    def forward(inputs):
-        return fn(*inputs[:1]) if bound else fn(*inputs)
-
+    forward = (lambda *inputs: fn(*inputs[:1])) if bound else fn
     if not graph.backward:
-        return (lambda *args: fn(*args[:1])) if bound else fn
+        return forward
 
     def step(*args):
         n_in = len(args) - _n_outputs(graph)
         inputs, cots = args[:n_in], args[n_in:]
-        outs = _outputs(forward(inputs))
+        outs = _outputs(forward(*inputs))
         grads = torch.autograd.grad(outs, differentiable(inputs), cots)
         return outs, grads
 
